@@ -1,0 +1,1 @@
+"""Training-time reader for pid-platform datasets. Never imports dagster."""

@@ -1,0 +1,103 @@
+"""Catalog: which sources exist and which logical datasets group them.
+
+PiD keeps this in two Python files (``data_source_local.py`` maps a source name to where its
+``wdinfo.json`` files are; ``dataset_definition.py`` maps a dataset to sources). Here it is one
+JSON file, ``catalog.json``, written by the build; paths are relative to the catalog's folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loader.formats.atomic import atomic_write_bytes
+from loader.formats.errors import FormatError
+
+CATALOG_NAME = "catalog.json"
+CATALOG_VERSION = 1
+
+
+class UnknownDatasetError(KeyError):
+    def __str__(self) -> str:  # KeyError would print the message with quotes
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class SourceEntry:
+    name: str
+    manifests: list[str]  # wdinfo.json paths, relative to the catalog folder
+    buckets: list[str] = field(default_factory=list)
+    total_key_count: int = 0
+    data_keys: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    sources: dict[str, SourceEntry]
+    datasets: dict[str, list[str]]  # dataset name -> source names
+    location: str | None = None  # folder the catalog was read from
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format_version": CATALOG_VERSION,
+            "sources": {
+                n: {
+                    "manifests": s.manifests,
+                    "buckets": s.buckets,
+                    "total_key_count": s.total_key_count,
+                    "data_keys": s.data_keys,
+                }
+                for n, s in sorted(self.sources.items())
+            },
+            "datasets": {n: sorted(v) for n, v in sorted(self.datasets.items())},
+        }
+
+    def resolve(self, name: str) -> list[str]:
+        """Manifest paths of a dataset (or of a single source), sorted."""
+        if name in self.datasets:
+            sources = self.datasets[name]
+        elif name in self.sources:
+            sources = [name]
+        else:
+            known = sorted(set(self.datasets) | set(self.sources))
+            raise UnknownDatasetError(
+                f"dataset {name!r} is not in the catalog at {self.location or '?'}; known: {known}"
+            )
+        out: list[str] = []
+        for s in sources:
+            if s not in self.sources:
+                raise UnknownDatasetError(
+                    f"dataset {name!r} names source {s!r}, which the catalog at {self.location} lacks; "
+                    "build that source or fix the dataset definition"
+                )
+            base = self.location or "."
+            out.extend(os.path.normpath(os.path.join(base, m)) for m in self.sources[s].manifests)
+        return sorted(out)
+
+
+def write_catalog(folder: str | os.PathLike[str], catalog: Catalog) -> Path:
+    path = Path(folder) / CATALOG_NAME
+    atomic_write_bytes(path, json.dumps(catalog.to_json(), indent=1).encode() + b"\n")
+    return path
+
+
+def read_catalog(path: str | os.PathLike[str]) -> Catalog:
+    path = Path(path)
+    if path.is_dir():
+        path = path / CATALOG_NAME
+    try:
+        doc = json.loads(path.read_bytes())
+        sources = {
+            n: SourceEntry(
+                n, list(s["manifests"]), list(s.get("buckets", [])), int(s.get("total_key_count", 0)),
+                list(s.get("data_keys", [])),
+            )
+            for n, s in doc["sources"].items()
+        }
+        datasets = {n: list(v) for n, v in doc.get("datasets", {}).items()}
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise FormatError(f"{path}: unreadable catalog ({exc}); re-run the dataset_catalog asset") from None
+    return Catalog(sources, datasets, str(path.parent))

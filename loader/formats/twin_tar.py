@@ -1,0 +1,220 @@
+"""Twin-tar contract: layout, safe sample keys, aspect buckets and a deterministic tar writer.
+
+Layout: ``<out>/<bucket>/<modality>/part_<NNNNNN>/<NNNNNN>.tar`` (``<bucket>`` is absent in
+flat mode). Every modality tar of a shard holds the same keys in the same order; a member is
+``<key>.<ext>``. Headers are normalised (mtime 0, uid/gid 0, no owner names, mode 0644), so the
+same input and plan give byte-identical tars.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+import tarfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from loader.formats.atomic import atomic_writer
+from loader.formats.errors import FormatError
+
+BLOCK = 512
+RECORD = 20 * BLOCK  # GNU tar's default record size; the archive is padded to a multiple of it
+END_OF_ARCHIVE = 2 * BLOCK
+DEFAULT_PART_SIZE = 1000
+USTAR_NAME_MAX = 100
+MAX_KEY_LEN = 80
+MAX_EXT_LEN = 16
+
+# (name, width, height), in the order PiD lists them.
+ASPECT_BUCKETS: tuple[tuple[str, int, int], ...] = (
+    ("aspect_ratio_21_9", 21, 9),
+    ("aspect_ratio_16_9", 16, 9),
+    ("aspect_ratio_3_2", 3, 2),
+    ("aspect_ratio_4_3", 4, 3),
+    ("aspect_ratio_1_1", 1, 1),
+    ("aspect_ratio_3_4", 3, 4),
+    ("aspect_ratio_2_3", 2, 3),
+    ("aspect_ratio_9_16", 9, 16),
+)
+BUCKET_NAMES = tuple(b[0] for b in ASPECT_BUCKETS)
+_LOG_RATIOS = tuple((name, math.log(w / h)) for name, w, h in ASPECT_BUCKETS)
+
+
+def nearest_bucket(width: int, height: int) -> str:
+    """Aspect bucket nearest in log space (so 2:1 and 1:2 are equally far from 1:1)."""
+    if width <= 0 or height <= 0:
+        raise ValueError(f"image size must be positive, got {width}x{height}")
+    r = math.log(width / height)
+    # Ties go to the bucket listed first: deterministic and independent of float noise order.
+    return min(_LOG_RATIOS, key=lambda item: abs(item[1] - r))[0]
+
+
+def shard_relpath(index: int, part_size: int = DEFAULT_PART_SIZE) -> str:
+    """``part_<NNNNNN>/<NNNNNN>.tar``: the path of shard ``index`` under a modality folder."""
+    if index < 0:
+        raise ValueError(f"shard index must be >= 0, got {index}")
+    return f"part_{index // part_size:06d}/{index:06d}.tar"
+
+
+def key_index_relpath(shard_path: str) -> str:
+    """Where the parquet key index of a shard lives, relative to the bucket leaf."""
+    return f"_key_index/{shard_path[: -len('.tar')]}.parquet"
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def sanitize_key(basename: str) -> str:
+    """A WebDataset-safe key: no dot (WebDataset splits at the first dot), no path characters.
+
+    Over-long names are cut and suffixed with a digest so distinct names stay distinct.
+    """
+    key = _UNSAFE.sub("_", basename)
+    if not key:
+        key = "_"
+    if len(key) > MAX_KEY_LEN:
+        digest = hashlib.sha1(basename.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+        key = f"{key[: MAX_KEY_LEN - 13]}_{digest}"
+    return key
+
+
+def disambiguate_key(key: str, basename: str) -> str:
+    """A collision-free variant of ``key`` derived only from the original basename."""
+    digest = hashlib.sha1(basename.encode("utf-8", "surrogateescape")).hexdigest()[:10]
+    return f"{key[: MAX_KEY_LEN - 11]}_{digest}"
+
+
+def sanitize_ext(ext: str) -> str:
+    ext = ext.lower().lstrip(".")
+    ext = re.sub(r"[^a-z0-9]", "", ext)[:MAX_EXT_LEN]
+    return ext or "bin"
+
+
+def member_name(key: str, ext: str) -> str:
+    return f"{key}.{ext}"
+
+
+def padded(size: int) -> int:
+    return -(-size // BLOCK) * BLOCK
+
+
+def member_span(size: int) -> int:
+    """Bytes a member occupies in a tar: one header block plus its padded data."""
+    return BLOCK + padded(size)
+
+
+def tar_size(member_sizes: Sequence[int]) -> int:
+    """Exact size of a tar written by :func:`write_tar` for members of these sizes."""
+    body = sum(member_span(s) for s in member_sizes) + END_OF_ARCHIVE
+    return -(-body // RECORD) * RECORD
+
+
+@dataclass(frozen=True)
+class TarMember:
+    """One member to write: its name in the tar and where its bytes come from."""
+
+    name: str
+    size: int
+    path: str | None = None  # local file: copied with sendfile, never through Python memory
+    data: bytes | None = None
+
+
+def _header(name: str, size: int) -> bytes:
+    if len(name.encode("utf-8")) > USTAR_NAME_MAX:
+        raise FormatError(
+            f"tar member name {name!r} is longer than {USTAR_NAME_MAX} bytes; "
+            "keys are limited at intake, so this is a bug in the caller"
+        )
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mtime = 0
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.type = tarfile.REGTYPE
+    return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict")
+
+
+class SourceChangedError(OSError):
+    """A source file's size differs from the size recorded when the shard was planned."""
+
+
+def _copy_file(out_fd: int, member: TarMember) -> None:
+    assert member.path is not None
+    with open(member.path, "rb") as src:
+        st = os.fstat(src.fileno())
+        if st.st_size != member.size:
+            raise SourceChangedError(
+                f"{member.path}: size is {st.st_size} bytes but {member.size} were planned; "
+                "the source changed during the build - re-run the build"
+            )
+        offset = 0
+        while offset < member.size:
+            sent = os.sendfile(out_fd, src.fileno(), offset, member.size - offset)
+            if sent == 0:
+                raise SourceChangedError(f"{member.path}: file shrank while being copied; re-run the build")
+            offset += sent
+
+
+def write_tar(path: str | os.PathLike[str], members: Sequence[TarMember]) -> list[int]:
+    """Write ``members`` as a normalised USTAR archive, atomically; return header offsets."""
+    offsets: list[int] = []
+    pos = 0
+    with atomic_writer(path) as fh:
+        fd = fh.fileno()
+        for m in members:
+            offsets.append(pos)
+            header = _header(m.name, m.size)
+            fh.write(header)
+            if m.data is not None:
+                if len(m.data) != m.size:
+                    raise SourceChangedError(f"member {m.name}: {len(m.data)} bytes, {m.size} planned")
+                fh.write(m.data)
+            else:
+                fh.flush()  # sendfile writes at the fd's position, behind Python's buffer
+                _copy_file(fd, m)
+            pad = padded(m.size) - m.size
+            if pad:
+                fh.write(b"\0" * pad)
+            pos += member_span(m.size)
+        total = tar_size([m.size for m in members])
+        fh.write(b"\0" * (total - pos))
+    return offsets
+
+
+def iter_member_headers(path: str | os.PathLike[str]) -> list[tuple[str, int, int]]:
+    """``(name, header_offset, size)`` of each regular member, reading headers only."""
+    out: list[tuple[str, int, int]] = []
+    with tarfile.open(path, "r:") as tf:
+        for info in tf:
+            if info.isfile():
+                out.append((info.name, info.offset, info.size))
+    return out
+
+
+def split_member_name(name: str) -> tuple[str, str]:
+    """Split ``dir/key.ext.more`` the WebDataset way: key before the first dot of the basename."""
+    base = name.rsplit("/", 1)[-1]
+    if "." not in base:
+        return name, ""
+    stem, ext = base.split(".", 1)
+    prefix = name[: len(name) - len(base)]
+    return prefix + stem, ext
+
+
+def file_sha256(path: str | os.PathLike[str], bufsize: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(bufsize):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def tar_path(out: str | os.PathLike[str], bucket: str | None, modality: str, rel: str) -> Path:
+    base = Path(out)
+    if bucket:
+        base = base / bucket
+    return base / modality / rel

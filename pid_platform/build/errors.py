@@ -1,0 +1,21 @@
+"""Build errors: each names the file or folder, and the fix."""
+
+
+class BuildError(RuntimeError):
+    """Base class of errors that stop a build."""
+
+
+class SourceNotFoundError(BuildError):
+    pass
+
+
+class NoModalitiesError(BuildError):
+    pass
+
+
+class UnsafeInputError(BuildError):
+    """A file would need pickle to load (refused unless the trusted-data flag is set)."""
+
+
+class OutputNotWritableError(BuildError):
+    pass

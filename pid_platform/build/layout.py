@@ -1,0 +1,35 @@
+"""Where a source's build output lives."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+from pid_platform.build.errors import OutputNotWritableError
+
+STATE_DIR = ".pid-build"  # stamps and intermediate tables; not part of the output contract
+
+
+def bucket_dir(out: Path, bucket: str) -> Path:
+    return out / bucket if bucket else out
+
+
+def stamp_path(out: Path, bucket: str, index: int) -> Path:
+    return out / STATE_DIR / "stamps" / (bucket or "_flat") / f"{index:06d}.json"
+
+
+def ensure_writable(out: str | os.PathLike[str]) -> Path:
+    """Create ``out`` and prove a file can be written there, before any work starts."""
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-probe-{uuid.uuid4().hex}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise OutputNotWritableError(
+            f"output folder {out} is not writable ({exc.strerror or exc}); "
+            "choose another --output-dir or fix its permissions"
+        ) from None
+    return out

@@ -1,0 +1,144 @@
+"""Key indexes, then wdinfo.json per bucket (the commit point), then removal of stale files."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from loader.formats.atomic import atomic_write_bytes
+from loader.formats.errors import FormatError
+from loader.formats.key_index import KeyIndexRow, key_index_table, write_key_index
+from loader.formats.twin_tar import file_sha256, iter_member_headers, key_index_relpath, tar_path
+from loader.formats.wdinfo import (
+    WDINFO_NAME,
+    TarEntry,
+    WdinfoManifest,
+    derive_chunk_size,
+    write_wdinfo,
+)
+from pid_platform.build.layout import STATE_DIR, bucket_dir
+from pid_platform.build.parallel import ordered_map
+from pid_platform.build.plan import ShardPlan
+
+
+def _index_one(args: tuple[Path, ShardPlan]) -> str:
+    out, plan = args
+    members: dict[str, list[tuple[str, int, int]]] = {}
+    for m in plan.modalities:
+        p = tar_path(out, plan.bucket, m, plan.relpath)
+        headers = iter_member_headers(p)
+        expected = [name for name, _ in plan.members(m)]
+        if [h[0] for h in headers] != expected:
+            raise FormatError(
+                f"{p}: members do not match the shard plan (first differences: "
+                f"{[h[0] for h in headers][:3]} vs {expected[:3]}); re-materialize twin_tar_shards"
+            )
+        members[m] = headers
+    rows = [
+        KeyIndexRow(
+            s.key, s.basename, plan.bucket or None, s.width, s.height,
+            {m: members[m][i] for m in plan.modalities},
+        )
+        for i, s in enumerate(plan.samples)
+    ]
+    rel = key_index_relpath(plan.relpath)
+    write_key_index(bucket_dir(out, plan.bucket) / rel, key_index_table(rows, plan.modalities))
+    return rel
+
+
+def write_key_indexes(out: Path, plans: list[ShardPlan], num_workers: int = 1) -> list[str]:
+    return list(ordered_map(_index_one, [(out, p) for p in plans], num_workers))
+
+
+def _sha_cache_path(out: Path, bucket: str, index: int) -> Path:
+    return out / STATE_DIR / "sha256" / (bucket or "_flat") / f"{index:06d}.json"
+
+
+def _hash_one(args: tuple[Path, ShardPlan]) -> dict[str, str]:
+    # Hashing every tar again on each run is the slowest part of a no-op rebuild; the cache is
+    # keyed by each tar's size and mtime, which a rewrite always changes.
+    out, plan = args
+    cache_file = _sha_cache_path(out, plan.bucket, plan.index)
+    try:
+        cache = json.loads(cache_file.read_bytes())
+    except (OSError, ValueError):
+        cache = {}
+    digests, fresh = {}, {}
+    for m in plan.modalities:
+        p = tar_path(out, plan.bucket, m, plan.relpath)
+        st = p.stat()
+        ident = f"{st.st_size}:{st.st_mtime_ns}"
+        hit = cache.get(m)
+        if hit and hit[0] == ident:
+            digests[m] = hit[1]
+        else:
+            digests[m] = file_sha256(p)
+        fresh[m] = [ident, digests[m]]
+    if fresh != cache:
+        atomic_write_bytes(cache_file, json.dumps(fresh).encode())
+    return digests
+
+
+@dataclass(frozen=True)
+class BucketManifest:
+    bucket: str
+    path: Path
+    manifest: WdinfoManifest
+
+
+def write_manifests(out: Path, source: str, plans: list[ShardPlan], num_workers: int = 1) -> list[BucketManifest]:
+    """One wdinfo.json per bucket leaf, each written after all the tars and indexes it lists."""
+    shas = list(ordered_map(_hash_one, [(out, p) for p in plans], num_workers))
+    by_bucket: dict[str, list[tuple[ShardPlan, dict[str, str]]]] = defaultdict(list)
+    for p, sha in zip(plans, shas, strict=True):
+        by_bucket[p.bucket].append((p, sha))
+    written = []
+    for bucket in sorted(by_bucket):
+        entries = []
+        for p, sha in by_bucket[bucket]:
+            idx = key_index_relpath(p.relpath)
+            if not (bucket_dir(out, bucket) / idx).is_file():
+                raise FormatError(f"{bucket_dir(out, bucket) / idx}: key index missing; materialize key_indexes first")
+            entries.append(TarEntry(p.relpath, len(p.samples), {m: p.tar_bytes(m) for m in p.modalities}, sha, idx))
+        modalities = list(by_bucket[bucket][0][0].modalities)
+        manifest = WdinfoManifest(
+            data_keys=modalities, tars=entries, root=".",
+            chunk_size=derive_chunk_size([e.count for e in entries]),
+            bucket=bucket or None, source=source,
+        )
+        path = write_wdinfo(bucket_dir(out, bucket), manifest)
+        written.append(BucketManifest(bucket, path, manifest))
+    return written
+
+
+def remove_unplanned(out: Path, plans: list[ShardPlan]) -> list[Path]:
+    """After the new manifests are in place, delete outputs of an earlier, different sharding.
+
+    Only files this build writes (tars, key indexes, manifests, stamps) are ever removed.
+    """
+    keep: set[Path] = set()
+    buckets = {p.bucket for p in plans}
+    for p in plans:
+        for m in p.modalities:
+            keep.add(tar_path(out, p.bucket, m, p.relpath))
+        keep.add(bucket_dir(out, p.bucket) / key_index_relpath(p.relpath))
+    keep |= {bucket_dir(out, b) / WDINFO_NAME for b in buckets}
+    removed = []
+    for dirpath, dirs, files in os.walk(out):
+        d = Path(dirpath)
+        if d == out:
+            dirs[:] = [x for x in dirs if x != STATE_DIR]
+        for name in files:
+            f = d / name
+            if name.endswith((".tar", ".parquet")) or name == WDINFO_NAME:
+                if f not in keep:
+                    f.unlink()
+                    removed.append(f)
+    for dirpath, _dirs, _files in sorted(os.walk(out), key=lambda x: -len(x[0])):
+        d = Path(dirpath)
+        if d != out and not any(d.iterdir()) and STATE_DIR not in d.parts:
+            d.rmdir()
+    return sorted(removed)

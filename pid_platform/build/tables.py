@@ -1,0 +1,86 @@
+"""Persist samples and shard plans as parquet between build steps (and Dagster assets)."""
+
+from __future__ import annotations
+
+import os
+from itertools import groupby
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from loader.formats.atomic import atomic_writer
+from loader.formats.twin_tar import shard_relpath
+from pid_platform.build.intake import Sample
+from pid_platform.build.plan import ShardPlan
+from pid_platform.build.storage import FileEntry
+
+
+def samples_table(samples: list[Sample], modalities: list[str], shard_of: list[tuple[str, int]] | None = None) -> pa.Table:
+    cols: dict[str, pa.Array] = {
+        "key": pa.array([s.key for s in samples], pa.string()),
+        "basename": pa.array([s.basename for s in samples], pa.string()),
+        "width": pa.array([s.width for s in samples], pa.int32()),
+        "height": pa.array([s.height for s in samples], pa.int32()),
+        "bucket": pa.array([s.bucket for s in samples], pa.string()),
+    }
+    if shard_of is not None:
+        cols["shard_bucket"] = pa.array([b for b, _ in shard_of], pa.string())
+        cols["shard_index"] = pa.array([i for _, i in shard_of], pa.int32())
+    for m in modalities:
+        files = [s.files[m] for s in samples]
+        cols[f"name.{m}"] = pa.array([f.name for f in files], pa.string())
+        cols[f"size.{m}"] = pa.array([f.size for f in files], pa.int64())
+        cols[f"fingerprint.{m}"] = pa.array([f.fingerprint for f in files], pa.string())
+        cols[f"path.{m}"] = pa.array([f.local_path for f in files], pa.string())
+    return pa.table(cols)
+
+
+def _modalities(table: pa.Table) -> list[str]:
+    return [c.split(".", 1)[1] for c in table.column_names if c.startswith("name.")]
+
+
+def table_samples(table: pa.Table) -> list[Sample]:
+    mods = _modalities(table)
+    d = table.to_pydict()
+    out = []
+    for i in range(table.num_rows):
+        files = {
+            m: FileEntry(m, d[f"name.{m}"][i], d[f"size.{m}"][i], d[f"fingerprint.{m}"][i], d[f"path.{m}"][i])
+            for m in mods
+        }
+        out.append(Sample(d["key"][i], d["basename"][i], files, d["width"][i], d["height"][i], d["bucket"][i]))
+    return out
+
+
+def write_table(path: str | os.PathLike[str], table: pa.Table) -> Path:
+    with atomic_writer(path) as fh:
+        pq.write_table(table, fh, compression="zstd")
+    return Path(path)
+
+
+def write_samples(path: Path, samples: list[Sample], modalities: list[str]) -> Path:
+    return write_table(path, samples_table(samples, modalities))
+
+
+def read_samples(path: Path) -> tuple[list[Sample], list[str]]:
+    t = pq.read_table(path)
+    return table_samples(t), _modalities(t)
+
+
+def write_plans(path: Path, plans: list[ShardPlan], modalities: list[str]) -> Path:
+    samples = [s for p in plans for s in p.samples]
+    shard_of = [(p.bucket, p.index) for p in plans for _ in p.samples]
+    return write_table(path, samples_table(samples, modalities, shard_of))
+
+
+def read_plans(path: Path, part_size: int) -> list[ShardPlan]:
+    t = pq.read_table(path)
+    mods = tuple(sorted(_modalities(t)))
+    samples = table_samples(t)
+    d = t.select(["shard_bucket", "shard_index"]).to_pydict()
+    keyed = zip(zip(d["shard_bucket"], d["shard_index"], strict=True), samples, strict=True)
+    plans = []
+    for (bucket, index), group in groupby(keyed, key=lambda x: x[0]):
+        plans.append(ShardPlan(bucket, index, shard_relpath(index, part_size), tuple(s for _, s in group), mods))
+    return plans

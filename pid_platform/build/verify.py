@@ -1,0 +1,62 @@
+"""Checks of built output against its contracts; each returns human-readable problems."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from loader.formats.twin_tar import iter_member_headers, split_member_name, tar_path
+from loader.formats.wdinfo import read_wdinfo
+from pid_platform.build.layout import bucket_dir
+from pid_platform.build.plan import ShardingConfig, ShardPlan, is_oversize_singleton
+
+
+def _keys(path: Path) -> list[str]:
+    return [split_member_name(name)[0] for name, _, _ in iter_member_headers(path)]
+
+
+def twin_key_mismatches(out: Path, plans: list[ShardPlan]) -> list[str]:
+    problems = []
+    for p in plans:
+        seqs = {m: _keys(tar_path(out, p.bucket, m, p.relpath)) for m in p.modalities}
+        first_mod, first = next(iter(seqs.items()))
+        for m, keys in seqs.items():
+            if keys != first:
+                problems.append(
+                    f"{p.bucket or '.'}/{p.relpath}: {m} holds {len(keys)} keys, {first_mod} holds {len(first)}; "
+                    f"sequences differ"
+                )
+    return problems
+
+
+def size_bound_violations(out: Path, plans: list[ShardPlan], config: ShardingConfig) -> list[str]:
+    if config.shard_size > 0:
+        return []
+    problems = []
+    for p in plans:
+        total = sum(tar_path(out, p.bucket, m, p.relpath).stat().st_size for m in p.modalities)
+        if total > config.max_shard_bytes and not is_oversize_singleton(p, config):
+            problems.append(f"{p.bucket or '.'}/{p.relpath}: {total} bytes > bound {config.max_shard_bytes}")
+    return problems
+
+
+def manifest_mismatches(out: Path, buckets: list[str]) -> list[str]:
+    problems = []
+    for b in buckets:
+        path = bucket_dir(out, b) / "wdinfo.json"
+        if not path.is_file():
+            problems.append(f"{path}: missing")
+            continue
+        man = read_wdinfo(path)
+        root = Path(man.root_path())
+        for t in man.tars:
+            for m in man.data_keys:
+                tp = root / m / t.path
+                if not tp.is_file():
+                    problems.append(f"{tp}: listed in {path} but missing")
+                    continue
+                n = len(iter_member_headers(tp))
+                if n != t.count:
+                    problems.append(f"{tp}: holds {n} members, {path} says {t.count}")
+                if t.bytes.get(m) not in (None, tp.stat().st_size):
+                    problems.append(f"{tp}: {tp.stat().st_size} bytes, {path} says {t.bytes[m]}")
+    return problems
