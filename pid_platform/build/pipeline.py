@@ -100,11 +100,14 @@ def run_manifests(out: Path, source: str, plans: list[ShardPlan], *, num_workers
 
 
 def build_source(
-    store: SourceStore, source: str, output_root: Path, config: ShardingConfig, *, num_workers: int = 1,
+    store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int = 1,
     trust_pickle: bool = False, progress: Callable[[int, int], None] | None = None,
 ) -> BuildSummary:
-    """Intake -> twin tars -> key indexes -> wdinfo.json for one source, under ``output_root/source``."""
-    out = Path(output_root) / source
+    """Intake -> twin tars -> key indexes -> wdinfo.json for one source, written under ``out``.
+
+    The Dagster assets put a source under ``<output_root>/<source>``; the CLI writes where told.
+    """
+    out = Path(out)
     _, report, _ = run_intake(store, source, out, config, trust_pickle=trust_pickle, num_workers=num_workers)
     plans, results = run_sharding(store, source, out, config, num_workers=num_workers, progress=progress)
     write_key_indexes(out, plans, num_workers=num_workers)

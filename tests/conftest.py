@@ -1,0 +1,32 @@
+"""Shared fixtures. Real servers live in tests/support/ and are registered here."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pid_platform.sample_data import make_sample_source
+
+pytest_plugins = ["tests.support.seaweedfs"]
+
+# Four photographs x eight aspect ratios: every bucket gets real pictures, and it builds fast.
+TEST_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
+SOURCE = "photos"
+
+
+@pytest.fixture(scope="session")
+def photo_drop_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A raw root holding one clean source, ``photos``, made once per session (read-only use)."""
+    root = tmp_path_factory.mktemp("raw-template")
+    make_sample_source(root / SOURCE, photos=TEST_PHOTOS, with_problems=False)
+    return root
+
+
+@pytest.fixture
+def raw_root(tmp_path: Path, photo_drop_template: Path) -> Path:
+    """A private copy of the template raw root, safe to modify: ``raw_root / "photos" / "image"``..."""
+    dst = tmp_path / "raw"
+    shutil.copytree(photo_drop_template, dst)
+    return dst

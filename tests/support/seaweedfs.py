@@ -1,0 +1,1 @@
+"""Placeholder: the SeaweedFS fixture is being written (see tests/support/seaweedfs.py owner)."""
