@@ -1,8 +1,8 @@
 """``wdinfo.json``: one manifest per bucket leaf, the commit point of a build.
 
 PiD's keys are kept so its readers work (``data_keys``, ``data_list``, ``data_list_key_count``,
-``total_key_count``, ``root``). Added: ``format_version``, ``chunk_size``, and per tar its byte
-sizes, sha256 and key-index path. ``root`` is relative to the manifest's folder, so moved data
+``total_key_count``, ``root``). Added: ``format_version``, ``chunk_size``, and per tar (as lists
+aligned with ``data_list``) its byte sizes and sha256 per modality and its key-index path. ``root`` is relative to the manifest's folder, so moved data
 keeps working; PiD-written manifests (absolute ``root``, no ``chunk_size``) are read as well.
 """
 
@@ -70,10 +70,11 @@ class WdinfoManifest:
             doc["bucket"] = self.bucket
         if self.source is not None:
             doc["source"] = self.source
-        doc["tars"] = [
-            {"path": t.path, "count": t.count, "bytes": t.bytes, "sha256": t.sha256, "key_index": t.key_index}
-            for t in self.tars
-        ]
+        # Per-tar details are columnar (one list per field, aligned with data_list): parsing
+        # a million tars then costs a few flat lists, not a million small dicts.
+        doc["tar_bytes"] = {m: [t.bytes.get(m, 0) for t in self.tars] for m in self.data_keys}
+        doc["tar_sha256"] = {m: [t.sha256.get(m, "") for t in self.tars] for m in self.data_keys}
+        doc["key_index"] = [t.key_index for t in self.tars]
         return doc
 
 
@@ -85,7 +86,8 @@ def derive_chunk_size(counts: list[int]) -> int:
 
 def write_wdinfo(folder: str | os.PathLike[str], manifest: WdinfoManifest) -> Path:
     path = Path(folder) / WDINFO_NAME
-    data = json.dumps(manifest.to_json(), indent=1, sort_keys=False).encode() + b"\n"
+    # Compact: a manifest can list a million tars; `python -m json.tool` pretty-prints it.
+    data = json.dumps(manifest.to_json(), separators=(",", ":")).encode() + b"\n"
     atomic_write_bytes(path, data)
     return path
 
@@ -104,11 +106,19 @@ def parse_wdinfo(doc: dict[str, Any], manifest_dir: str | None, origin: str) -> 
         raise FormatError(
             f"{origin}: data_list has {len(data_list)} entries but data_list_key_count has {len(counts)}"
         )
-    extra = {t["path"]: t for t in doc.get("tars", [])}
-    tars = []
-    for p, c in zip(data_list, counts, strict=True):
-        e = extra.get(p, {})
-        tars.append(TarEntry(p, c, dict(e.get("bytes", {})), dict(e.get("sha256", {})), e.get("key_index")))
+    n = len(data_list)
+    tar_bytes = {m: v for m, v in doc.get("tar_bytes", {}).items() if len(v) == n}
+    tar_sha = {m: v for m, v in doc.get("tar_sha256", {}).items() if len(v) == n}
+    key_index = doc.get("key_index") or [None] * n
+    if len(key_index) != n:
+        raise FormatError(f"{origin}: key_index has {len(key_index)} entries but data_list has {n}")
+    tars = [
+        TarEntry(
+            p, c, {m: int(v[i]) for m, v in tar_bytes.items()}, {m: v[i] for m, v in tar_sha.items() if v[i]},
+            key_index[i],
+        )
+        for i, (p, c) in enumerate(zip(data_list, counts, strict=True))
+    ]
     total = doc.get("total_key_count")
     if total is not None and int(total) != sum(counts):
         raise FormatError(f"{origin}: total_key_count {total} != sum of data_list_key_count {sum(counts)}")
