@@ -1,0 +1,1 @@
+"""Synchronized twin-tar streaming: discovery, expansion, shard lists, resume, pipeline."""

@@ -1,0 +1,72 @@
+"""TwinTarDataset: the IterableDataset that reads twin tars for one data-parallel rank."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from torch.utils.data import IterableDataset
+
+from loader.wds.collate import collate_samples
+from loader.wds.expand import (
+    ExpandOptions,
+    ExpandStats,
+    group_by_keys,
+    process_sample,
+    tar_file_expander,
+    url_opener,
+)
+from loader.wds.schema import ShardTable
+from loader.wds.shardlists import ShardlistBasic, current_worker
+from loader.wds.stages import batched, map_samples, shuffle_buffer, with_sid
+
+
+class TwinTarDataset(IterableDataset):
+    """Samples (or batches) from twin tars.
+
+    Stages, each a small generator: shard list -> url_opener -> tar_file_expander ->
+    process_sample -> group_by_keys -> shuffle buffer -> decode -> user maps -> batching.
+    Every sample carries ``__key__``, ``__sid__`` (shard << 32 | member), ``__epoch__``,
+    ``__pad__`` (a repeat that evens out ranks) and ``__bucket__``.
+    """
+
+    def __init__(
+        self, shards: ShardTable, shardlist: ShardlistBasic, *, modalities: Sequence[str] | None = None,
+        options: ExpandOptions | None = None, shuffle_buffer: int = 0, decoder: Callable[[dict], dict] | None = None,
+        maps: Sequence[Callable[[dict], dict | None]] = (), batch_size: int | None = None,
+        same_aspect_batches: bool = False, collate: Callable[[list[dict]], Any] = collate_samples,
+    ):
+        self.shards = shards
+        self.shardlist = shardlist
+        self.modalities = tuple(modalities) if modalities else None
+        self.options = options or ExpandOptions()
+        self.shuffle_size = shuffle_buffer
+        self.decoder = decoder
+        self.maps = tuple(maps)
+        self.batch_size = batch_size
+        self.same_aspect_batches = same_aspect_batches
+        self.collate = collate
+        self.stats = ExpandStats()  # per process; workers keep their own copy
+
+    def samples(self) -> Iterator[dict]:
+        """Undecoded, unbatched samples for this process (after the shuffle buffer)."""
+        worker_id, _ = current_worker()
+        stream = url_opener(iter(self.shardlist), self.shards)
+        members = map(process_sample, tar_file_expander(stream, self.modalities, self.options, self.stats))
+        out = with_sid(group_by_keys(members, self.stats))
+        sl = self.shardlist
+        rng = random.Random(f"shuffle:{sl.seed}:{sl.epoch}:{sl.rank.group_id}:{worker_id}")
+        return shuffle_buffer(out, self.shuffle_size, rng)
+
+    def __iter__(self) -> Iterator[Any]:
+        out = self.samples()
+        if self.decoder is not None:
+            out = map(self.decoder, out)
+        for fn in self.maps:
+            out = map_samples(out, fn)
+        if self.batch_size is None:
+            yield from out
+            return
+        for batch in batched(out, self.batch_size, self.same_aspect_batches):
+            yield self.collate(batch)

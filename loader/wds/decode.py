@@ -1,0 +1,97 @@
+"""Decoding, safe by default: no pickle and no torch.load of dataset bytes unless trusted."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from loader.wds.errors import UnsafeDataError
+
+IMAGE_EXTS = {"jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif"}
+PICKLE_EXTS = {"pkl", "pickle", "pt", "pth", "ckpt"}
+CAPTION_FIELDS = ("prompt", "prompt_medium", "prompt_short")
+
+
+class Decoder:
+    """``{"__key__", "image.jpg": b"...", "caption.json": b"..."}`` -> ``{"image": PIL, "caption": str}``."""
+
+    def __init__(
+        self, image: str = "pil", caption_fields: Sequence[str] = CAPTION_FIELDS,
+        caption_weights: Sequence[float] | None = None, trusted_data: bool = False, seed: int = 0,
+    ):
+        if image not in ("pil", "tensor", "numpy", "bytes"):
+            raise ValueError(f"image must be 'pil', 'tensor', 'numpy' or 'bytes', got {image!r}")
+        self.image = image
+        self.caption_fields = tuple(caption_fields)
+        self.caption_weights = caption_weights
+        self.trusted_data = trusted_data
+        self.seed = seed
+
+    def _image(self, data: bytes):
+        if self.image == "bytes":
+            return data
+        from PIL import Image
+
+        im = Image.open(io.BytesIO(data))
+        im = im.convert("RGB")
+        if self.image == "pil":
+            return im
+        arr = np.asarray(im)
+        if self.image == "numpy":
+            return arr
+        import torch
+
+        return torch.from_numpy(arr.copy()).permute(2, 0, 1)
+
+    def _caption(self, data: bytes, sample: dict) -> str:
+        doc = json.loads(data)
+        available = [f for f in self.caption_fields if isinstance(doc.get(f), str) and doc[f]]
+        if not available:
+            raise ValueError(f"sample {sample.get('__key__')!r}: caption has none of {self.caption_fields}")
+        weights = None
+        if self.caption_weights is not None:
+            weights = [w for f, w in zip(self.caption_fields, self.caption_weights, strict=True) if f in available]
+        # The choice depends on (seed, epoch, sample) only: a resumed run picks the same caption.
+        rng = random.Random(f"{self.seed}:{sample.get('__epoch__')}:{sample.get('__shard__')}:{sample.get('__index__')}")
+        return doc[rng.choices(available, weights=weights)[0]]
+
+    def _value(self, name: str, ext: str, data: bytes, sample: dict) -> Any:
+        last = ext.rsplit(".", 1)[-1].lower()
+        if last in IMAGE_EXTS:
+            return self._image(data)
+        if last == "json":
+            return self._caption(data, sample) if "caption" in name else json.loads(data)
+        if last == "npy":
+            try:
+                return np.load(io.BytesIO(data), allow_pickle=self.trusted_data)
+            except ValueError as exc:
+                raise UnsafeDataError(
+                    f"sample {sample.get('__key__')!r}: {name}.{ext} holds an object array (pickle); "
+                    "pass trusted_data=True only for data you trust"
+                ) from exc
+        if last in ("txt", "text"):
+            return data.decode("utf-8")
+        if last in PICKLE_EXTS:
+            if not self.trusted_data:
+                raise UnsafeDataError(
+                    f"sample {sample.get('__key__')!r}: member {name}.{ext} would be loaded with pickle; "
+                    "refused - convert it to .npy, or pass trusted_data=True for data you trust"
+                )
+            import torch
+
+            return torch.load(io.BytesIO(data), weights_only=False)
+        return data
+
+    def __call__(self, sample: dict) -> dict:
+        out = {k: v for k, v in sample.items() if k.startswith("__")}
+        for field, data in sample.items():
+            if field.startswith("__"):
+                continue
+            name, _, ext = field.partition(".")
+            out[name] = self._value(name, ext, data, sample)
+        return out

@@ -1,0 +1,203 @@
+"""Find manifests (dataset name, path, folder or glob) and parse them into one ShardTable.
+
+PiD-written manifests are read too: an absolute ``root`` and no ``chunk_size`` (derived).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from loader.formats.catalog import CATALOG_NAME, read_catalog
+from loader.formats.errors import FormatError
+from loader.formats.wdinfo import WDINFO_NAME, derive_chunk_size
+from loader.wds.errors import ManifestError
+from loader.wds.schema import ShardTable, Wdinfo, join_url
+
+CATALOG_ENV = "PID_CATALOG"
+
+
+def _is_url(s: str) -> bool:
+    return "://" in s and not s.startswith("file://")
+
+
+def find_manifests(spec: str | Sequence[str], catalog: str | None = None) -> list[str]:
+    """Manifest paths for a dataset name, a wdinfo.json path/URL, a folder (searched
+    recursively) or a glob; several specs may be given. Sorted, duplicates removed."""
+    specs = [spec] if isinstance(spec, str) else list(spec)
+    found: set[str] = set()
+    for s in specs:
+        found.update(_find_one(s, catalog))
+    return sorted(found)
+
+
+def _find_one(spec: str, catalog: str | None) -> list[str]:
+    spec = spec.removeprefix("file://")
+    if _is_url(spec):
+        return [spec if spec.endswith(".json") else join_url(spec, WDINFO_NAME)]
+    if os.path.isfile(spec):
+        return [os.path.abspath(spec)]
+    if os.path.isdir(spec):
+        hits = sorted(glob.glob(os.path.join(spec, "**", WDINFO_NAME), recursive=True))
+        hits = [h for h in hits if ".pid-build" not in h.split(os.sep)]
+        if not hits:
+            raise ManifestError(f"no {WDINFO_NAME} under folder {spec}; build it first (pid-shard or Dagster)")
+        return [os.path.abspath(h) for h in hits]
+    if any(c in spec for c in "*?["):
+        hits = sorted(glob.glob(spec, recursive=True))
+        manifests = []
+        for h in hits:
+            manifests.extend(_find_one(h, catalog) if os.path.isdir(h) else [os.path.abspath(h)])
+        if not manifests:
+            raise ManifestError(f"glob {spec!r} matched no manifest")
+        return manifests
+    cat_path = catalog or os.environ.get(CATALOG_ENV)
+    if not cat_path:
+        raise ManifestError(
+            f"{spec!r} is not a file, folder or glob, and no catalog is given to resolve it as a dataset "
+            f"name; pass catalog=<output root or {CATALOG_NAME}> or set {CATALOG_ENV}"
+        )
+    try:
+        return read_catalog(cat_path).resolve(spec)
+    except KeyError as exc:
+        raise ManifestError(str(exc)) from None
+
+
+def _read_json(path: str) -> dict:
+    try:
+        if _is_url(path):
+            from loader.io import open_url
+
+            with open_url(path) as fh:
+                return json.loads(fh.read())
+        with open(path, "rb") as fh:
+            return json.loads(fh.read())
+    except FileNotFoundError:
+        raise ManifestError(f"manifest {path} not found") from None
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"manifest {path} is not valid JSON ({exc}); rebuild it") from None
+
+
+def _manifest_dir(path: str) -> str:
+    return path.rsplit("/", 1)[0] if _is_url(path) else os.path.dirname(path)
+
+
+def _bucket_of(doc: dict, path: str) -> str | None:
+    if doc.get("bucket"):
+        return doc["bucket"]
+    leaf = _manifest_dir(path).rstrip("/").rsplit("/", 1)[-1]
+    return leaf if leaf.startswith("aspect_ratio_") else None  # PiD's bucket folders
+
+
+class _Columns:
+    def __init__(self) -> None:
+        self.roots: dict[str, int] = {}
+        self.keys: dict[tuple[str, ...], int] = {}
+        self.sources: dict[str, int] = {}
+        self.buckets: dict[str | None, int] = {}
+        self.root_ids: list[np.ndarray] = []
+        self.keys_ids: list[np.ndarray] = []
+        self.source_ids: list[np.ndarray] = []
+        self.bucket_ids: list[np.ndarray] = []
+        self.paths: list[pa.Array] = []
+        self.counts: list[np.ndarray] = []
+        self.key_indexes: list[pa.Array] = []
+        self.chunk_size = 0
+
+    @staticmethod
+    def _id(table: dict, value) -> int:
+        return table.setdefault(value, len(table))
+
+    def add(self, path: str, doc: dict, modalities: Sequence[str] | None) -> None:
+        try:
+            data_keys = list(doc["data_keys"])
+            data_list = doc["data_list"]
+            counts = np.asarray(doc["data_list_key_count"], dtype=np.int64)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ManifestError(f"{path}: not a wdinfo manifest (missing or malformed {exc})") from None
+        n = len(data_list)
+        if len(counts) != n:
+            raise ManifestError(f"{path}: data_list has {n} entries but data_list_key_count has {len(counts)}")
+        if modalities:
+            missing = [m for m in modalities if m not in data_keys]
+            if missing:
+                raise ManifestError(f"{path}: modalities {missing} requested but the manifest has {data_keys}")
+            keys = tuple(modalities)
+        else:
+            keys = tuple(data_keys)
+        root = str(doc.get("root", "."))
+        mdir = _manifest_dir(path)
+        if not (os.path.isabs(root) or "://" in root):
+            root = join_url(mdir, root) if _is_url(mdir) else os.path.normpath(os.path.join(mdir, root))
+        # PiD: chunk_size absent -> largest per-tar count (skips too few shards on resume, never too many).
+        self.chunk_size = max(self.chunk_size, int(doc.get("chunk_size") or derive_chunk_size(counts.tolist())))
+        ki = doc.get("key_index")
+        if ki and len(ki) == n:
+            key_index = pa.array([join_url(root, k) if k else None for k in ki], pa.string())
+        else:
+            key_index = pa.nulls(n, pa.string())
+        self.paths.append(pa.array(data_list, pa.string()))
+        self.counts.append(counts)
+        self.key_indexes.append(key_index)
+        for ids, table, value in (
+            (self.root_ids, self.roots, root),
+            (self.keys_ids, self.keys, keys),
+            (self.source_ids, self.sources, str(doc.get("source") or mdir)),
+            (self.bucket_ids, self.buckets, _bucket_of(doc, path)),
+        ):
+            ids.append(np.full(n, self._id(table, value), dtype=np.int32))
+
+    def table(self) -> ShardTable:
+        def cat(parts, dtype):
+            return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+        def cat_pa(parts):
+            return pa.concat_arrays(parts) if parts else pa.array([], pa.string())
+
+        return ShardTable(
+            list(self.roots), cat(self.root_ids, np.int32), cat_pa(self.paths), cat(self.counts, np.int64),
+            cat_pa(self.key_indexes), list(self.keys), cat(self.keys_ids, np.int32),
+            list(self.sources), cat(self.source_ids, np.int32), list(self.buckets), cat(self.bucket_ids, np.int32),
+        )
+
+
+def parse_manifests(
+    paths: Iterable[str], *, modalities: Sequence[str] | None = None, aspect_ratios: Iterable[str] | None = None,
+) -> Wdinfo:
+    """One Wdinfo over all manifests (in the sorted order given); optional aspect-bucket filter."""
+    wanted = set(aspect_ratios) if aspect_ratios is not None else None
+    cols = _Columns()
+    used = 0
+    for path in paths:
+        doc = _read_json(path)
+        if wanted is not None and _bucket_of(doc, path) not in wanted:
+            continue
+        try:
+            cols.add(path, doc, modalities)
+        except FormatError as exc:
+            raise ManifestError(str(exc)) from None
+        used += 1
+    if used == 0:
+        raise ManifestError(
+            "no manifest left to read" + (f" after the aspect-ratio filter {sorted(wanted)}" if wanted else "")
+        )
+    table = cols.table()
+    return Wdinfo(table, table.total_samples, cols.chunk_size)
+
+
+def load_wdinfo(
+    spec: str | Sequence[str], *, catalog: str | None = None, modalities: Sequence[str] | None = None,
+    aspect_ratios: Iterable[str] | None = None, broadcast: bool = True,
+) -> Wdinfo:
+    """Discover and parse; with torch.distributed initialised only rank 0 reads, the rest receive."""
+    from loader.wds.distributed import run_on_rank0_and_broadcast
+
+    def work() -> Wdinfo:
+        return parse_manifests(find_manifests(spec, catalog), modalities=modalities, aspect_ratios=aspect_ratios)
+
+    return run_on_rank0_and_broadcast(work) if broadcast else work()

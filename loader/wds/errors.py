@@ -1,0 +1,29 @@
+"""Named loader errors: each says which file, which key, and what to do."""
+
+
+class LoaderError(RuntimeError):
+    pass
+
+
+class ManifestError(LoaderError):
+    """A manifest cannot be found or used as asked (missing modality, no match...)."""
+
+
+class TwinMismatchError(LoaderError):
+    """Zip mode found two modality tars of one shard that disagree on a key or a length."""
+
+
+class MissingKeyError(LoaderError):
+    """Index mode: a key of the index is missing from a modality tar (missing_key_policy='error')."""
+
+
+class ShardReadError(LoaderError):
+    """A tar could not be read to the end (truncated, corrupt)."""
+
+
+class UnsafeDataError(LoaderError):
+    """Decoding would run pickle; refused unless trusted_data=True."""
+
+
+class ResumeStateError(LoaderError):
+    """A resume state does not belong to this dataset or is malformed."""

@@ -1,0 +1,272 @@
+"""Twin-tar expansion: ``url_opener -> tar_file_expander -> group_by_keys``.
+
+Zip mode reads every modality tar of a shard in lockstep and checks that each tuple shares one
+key. Index mode is driven by the parquet key index and tolerates missing, duplicate and
+out-of-order members within a bounded look-ahead. Either way, members come out renamed
+``<key>.<modality>.<ext>`` (``process_sample``) and ``group_by_keys`` turns them into samples;
+an end-of-shard marker keeps two shards' samples from ever merging.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import zip_longest
+from typing import Any
+
+from loader.wds.errors import MissingKeyError, ShardReadError, TwinMismatchError
+from loader.wds.members import iter_members, split_key
+from loader.wds.plan import Task
+from loader.wds.schema import TarSample
+
+log = logging.getLogger(__name__)
+
+EOS = {"__eos__": True}  # end-of-shard marker
+MISSING_POLICIES = ("skip", "error", "partial")
+
+
+@dataclass
+class ExpandStats:
+    """Counts a training job can log; nothing is dropped without being counted here."""
+
+    samples: int = 0
+    shards: int = 0
+    missing_keys: Counter = field(default_factory=Counter)  # modality -> keys skipped or partial
+    duplicates: int = 0
+    unindexed_members: int = 0
+    shard_errors: int = 0
+    zip_fallbacks: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "samples": self.samples, "shards": self.shards, "missing_keys": dict(self.missing_keys),
+            "duplicates": self.duplicates, "unindexed_members": self.unindexed_members,
+            "shard_errors": self.shard_errors, "zip_fallbacks": self.zip_fallbacks,
+        }
+
+
+@dataclass(frozen=True)
+class ExpandOptions:
+    mode: str = "zip"  # "zip" | "index"
+    missing_key_policy: str = "skip"
+    zip_fallback_to_index: bool = False
+    lookahead: int = 1024  # index mode: members read ahead per modality while looking for a key
+    shard_error_policy: str = "raise"  # "raise" | "skip"
+    stream_config: Any = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("zip", "index"):
+            raise ValueError(f"mode must be 'zip' or 'index', got {self.mode!r}")
+        if self.missing_key_policy not in MISSING_POLICIES:
+            raise ValueError(f"missing_key_policy must be one of {MISSING_POLICIES}, got {self.missing_key_policy!r}")
+        if self.shard_error_policy not in ("raise", "skip"):
+            raise ValueError(f"shard_error_policy must be 'raise' or 'skip', got {self.shard_error_policy!r}")
+
+
+def _wanted(task: Task):
+    for a, b in task.ranges:
+        yield from range(a, b)
+
+
+def _read_index(shard: TarSample, modalities: tuple[str, ...]):
+    import pyarrow.parquet as pq
+
+    from loader.wds.members import open_stream
+
+    if not shard.key_index:
+        return None
+    with open_stream(shard.key_index) as fh:
+        table = pq.read_table(fh)
+    cols = set(table.column_names)
+    keys = table.column("key").to_pylist()
+    offsets = {m: table.column(f"offset.{m}").to_pylist() for m in modalities if f"offset.{m}" in cols}
+    return keys, offsets
+
+
+def _zip_members(shard: TarSample, task: Task, modalities: tuple[str, ...], opts: ExpandOptions,
+                 stats: Any) -> Iterator[dict]:
+    first = task.ranges[0][0]
+    starts = {m: 0 for m in modalities}
+    skip = first
+    if first > 0:
+        index = _read_index(shard, modalities)
+        if index is not None and all(m in index[1] for m in modalities):
+            starts = {m: index[1][m][first] for m in modalities}
+            skip = 0
+    iters = [iter_members(shard.url(m), starts[m], opts.stream_config, stats) for m in modalities]
+    wanted = iter(_wanted(task))
+    nxt = next(wanted, None)
+    pos = first - skip
+    for tup in zip_longest(*iters):
+        if nxt is None:
+            return
+        if any(t is None for t in tup):
+            have = [m for m, t in zip(modalities, tup, strict=True) if t is not None]
+            lack = [m for m, t in zip(modalities, tup, strict=True) if t is None]
+            raise TwinMismatchError(
+                f"shard {shard.path}: tars of {lack} end at member {pos} while {have} go on "
+                f"({shard.url(lack[0])} vs {shard.url(have[0])}); rebuild the shard or use mode='index'"
+            )
+        keys = [split_key(name) for name, _ in tup]
+        k0 = keys[0][0]
+        for m, (k, _) in zip(modalities[1:], keys[1:], strict=True):
+            if k != k0:
+                raise TwinMismatchError(
+                    f"shard {shard.path} member {pos}: key {k0!r} in {shard.url(modalities[0])} but {k!r} in "
+                    f"{shard.url(m)}; the twins are out of sync - rebuild the shard or use mode='index'"
+                )
+        if pos == nxt:
+            for m, (key, ext), (_, data) in zip(modalities, keys, tup, strict=True):
+                yield {"key": key, "modality": m, "ext": ext, "data": data, "index": pos}
+            nxt = next(wanted, None)
+        pos += 1
+    if nxt is not None:
+        raise TwinMismatchError(f"shard {shard.path}: ends at member {pos}, manifest promises more (wanted {nxt})")
+
+
+class _Lookahead:
+    """One modality's members, searchable by key within a bounded read-ahead buffer."""
+
+    def __init__(self, it: Iterator[tuple[str, bytes]], known: dict, limit: int, stats: ExpandStats):
+        self.it, self.known, self.limit, self.stats = it, known, limit, stats
+        self.buffer: dict[str, tuple[str, bytes]] = {}
+        self.seen: set[str] = set()
+        self.exhausted = False
+
+    def take(self, key: str) -> tuple[str, bytes] | None:
+        if key in self.buffer:
+            return self.buffer.pop(key)
+        read = 0
+        while not self.exhausted and read < self.limit:
+            try:
+                name, data = next(self.it)
+            except StopIteration:
+                self.exhausted = True
+                break
+            read += 1
+            k, ext = split_key(name, self.known)
+            if k not in self.known:
+                self.stats.unindexed_members += 1
+                continue
+            if k in self.seen or k in self.buffer:
+                self.stats.duplicates += 1  # first copy wins
+                continue
+            self.seen.add(k)
+            if k == key:
+                return ext, data
+            if len(self.buffer) >= self.limit:
+                self.buffer.pop(next(iter(self.buffer)))  # oldest: it can no longer be in order
+            self.buffer[k] = (ext, data)
+        return None
+
+
+def _index_members(shard: TarSample, task: Task, modalities: tuple[str, ...], opts: ExpandOptions,
+                   stats: ExpandStats) -> Iterator[dict]:
+    index = _read_index(shard, modalities)
+    if index is None:
+        raise MissingKeyError(f"shard {shard.path}: mode='index' needs a key index, and its manifest lists none")
+    keys, offsets = index
+    wanted = list(_wanted(task))
+    known = {k: i for i, k in enumerate(keys)}
+    readers = {}
+    for m in modalities:
+        start = min(offsets[m][i] for i in wanted) if m in offsets and wanted else 0
+        readers[m] = _Lookahead(iter_members(shard.url(m), start, opts.stream_config, stats), known,
+                                opts.lookahead, stats)
+    for i in wanted:
+        key = keys[i]
+        found = {m: readers[m].take(key) for m in modalities}
+        lacking = [m for m, v in found.items() if v is None]
+        if lacking:
+            for m in lacking:
+                stats.missing_keys[m] += 1
+            if opts.missing_key_policy == "error":
+                raise MissingKeyError(
+                    f"shard {shard.path}: key {key!r} missing from {[shard.url(m) for m in lacking]}; "
+                    "set missing_key_policy='skip' or 'partial' to read on"
+                )
+            log.warning("shard %s: key %r missing from %s (%s)", shard.path, key, lacking, opts.missing_key_policy)
+            if opts.missing_key_policy == "skip":
+                continue
+        for m, v in found.items():
+            if v is not None:
+                yield {"key": key, "modality": m, "ext": v[0], "data": v[1], "index": i}
+        if lacking:
+            yield {"key": key, "modality": None, "missing": tuple(lacking), "index": i}
+
+
+def url_opener(tasks: Iterable[tuple[int, Task]], shards) -> Iterator[dict]:
+    """Attach the shard description to each task (streams open lazily, one per modality)."""
+    for epoch, task in tasks:
+        yield {"epoch": epoch, "task": task, "shard": shards[task.shard_id]}
+
+
+def tar_file_expander(opened: Iterable[dict], modalities: tuple[str, ...] | None, opts: ExpandOptions,
+                      stats: ExpandStats) -> Iterator[dict]:
+    for item in opened:
+        shard: TarSample = item["shard"]
+        task: Task = item["task"]
+        mods = modalities or shard.keys
+        mode = opts.mode
+        produced = 0
+        try:
+            try:
+                gen = _zip_members if mode == "zip" else _index_members
+                for member in gen(shard, task, mods, opts, stats):
+                    produced += 1
+                    yield {**member, "epoch": item["epoch"], "shard_id": task.shard_id, "pad": task.pad,
+                           "bucket": shard.bucket}
+            except TwinMismatchError:
+                if not (mode == "zip" and opts.zip_fallback_to_index and shard.key_index and produced == 0):
+                    raise
+                stats.zip_fallbacks += 1
+                log.warning("shard %s: zip mode mismatch, falling back to index mode", shard.path)
+                for member in _index_members(shard, task, mods, opts, stats):
+                    yield {**member, "epoch": item["epoch"], "shard_id": task.shard_id, "pad": task.pad,
+                           "bucket": shard.bucket}
+        except ShardReadError:
+            if opts.shard_error_policy == "raise":
+                raise
+            stats.shard_errors += 1
+            log.exception("skipping the rest of shard %s", shard.path)
+        stats.shards += 1
+        yield EOS
+
+
+def process_sample(member: dict) -> dict:
+    """Tag a member with its modality: ``id_0.jpg`` from ``image/`` becomes ``id_0.image.jpg``."""
+    if member is EOS or member.get("modality") is None:
+        return member
+    ext = member["ext"]
+    member["fname"] = f"{member['key']}.{member['modality']}.{ext}" if ext else f"{member['key']}.{member['modality']}"
+    return member
+
+
+def group_by_keys(members: Iterable[dict], stats: ExpandStats) -> Iterator[dict]:
+    """Consecutive members with one key become one sample ``{"__key__", "image.jpg", ...}``."""
+    current: dict | None = None
+    for m in members:
+        if m is EOS or (current is not None and m["key"] != current["__key__"]) or (
+            current is not None and m["index"] != current["__index__"]
+        ):
+            if current is not None:
+                stats.samples += 1
+                yield current
+                current = None
+            if m is EOS:
+                continue
+        if current is None:
+            current = {
+                "__key__": m["key"], "__shard__": m["shard_id"], "__index__": m["index"],
+                "__epoch__": m["epoch"], "__pad__": m["pad"], "__bucket__": m["bucket"],
+            }
+        if m.get("modality") is None:
+            current["__missing__"] = m["missing"]
+            continue
+        suffix = m["fname"][len(m["key"]) + 1 :]  # "<modality>.<ext>"
+        current[suffix] = m["data"]
+    if current is not None:
+        stats.samples += 1
+        yield current

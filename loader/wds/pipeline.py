@@ -1,0 +1,78 @@
+"""``build_dataset``: from a dataset name (or manifests) to a resumable training loader."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from loader.wds.dataset import TwinTarDataset
+from loader.wds.decode import CAPTION_FIELDS, Decoder
+from loader.wds.discovery import load_wdinfo
+from loader.wds.distributed import data_parallel_rank
+from loader.wds.expand import ExpandOptions
+from loader.wds.resume import ResumableLoader
+from loader.wds.schema import Wdinfo
+from loader.wds.shardlists import ShardlistBasic, ShardlistBasicParallelSync
+
+
+def build_dataset(
+    spec: str | Sequence[str] | Wdinfo,
+    *,
+    catalog: str | None = None,
+    modalities: Sequence[str] | None = None,
+    aspect_ratios: Iterable[str] | None = None,
+    mode: str = "zip",
+    missing_key_policy: str = "skip",
+    zip_fallback_to_index: bool = False,
+    shard_error_policy: str = "raise",
+    seed: int = 0,
+    shuffle: bool = True,
+    shuffle_buffer: int = 0,
+    infinite: bool = False,
+    decode: str | None = "pil",
+    caption_fields: Sequence[str] = CAPTION_FIELDS,
+    caption_weights: Sequence[float] | None = None,
+    trusted_data: bool = False,
+    augment: Sequence[Callable[[dict], dict | None]] = (),
+    batch_size: int | None = None,
+    same_aspect_batches: bool = False,
+    group_id: int | None = None,
+    num_groups: int | None = None,
+    dp_group: Any = None,
+    parallel_sync: bool = False,
+    stream_config: Any = None,
+) -> TwinTarDataset:
+    """A TwinTarDataset for this data-parallel rank.
+
+    ``spec`` is a dataset name (resolved through ``catalog``), manifest paths/folders/globs, or
+    an already parsed :class:`Wdinfo`. With tensor/context parallelism pass ``parallel_sync=True``
+    plus ``group_id``/``num_groups`` or ``dp_group``: ranks of one group then read identical
+    streams. Decoding is safe by default (``trusted_data=False``: no pickle, no torch.load).
+    """
+    info = spec if isinstance(spec, Wdinfo) else load_wdinfo(
+        spec, catalog=catalog, modalities=modalities, aspect_ratios=aspect_ratios
+    )
+    counts = info.tar_files.counts
+    common = {"seed": seed, "shuffle": shuffle, "infinite": infinite, "chunk_size": info.chunk_size}
+    if parallel_sync or group_id is not None or dp_group is not None:
+        shardlist: ShardlistBasic = ShardlistBasicParallelSync(
+            counts, group_id=group_id, num_groups=num_groups, dp_group=dp_group, **common
+        )
+    else:
+        shardlist = ShardlistBasic(counts, rank=data_parallel_rank(), **common)
+    options = ExpandOptions(
+        mode=mode, missing_key_policy=missing_key_policy, zip_fallback_to_index=zip_fallback_to_index,
+        shard_error_policy=shard_error_policy, stream_config=stream_config,
+    )
+    decoder = None
+    if decode is not None:
+        decoder = Decoder(image=decode, caption_fields=caption_fields, caption_weights=caption_weights,
+                          trusted_data=trusted_data, seed=seed)
+    return TwinTarDataset(
+        info.tar_files, shardlist, modalities=modalities, options=options, shuffle_buffer=shuffle_buffer,
+        decoder=decoder, maps=augment, batch_size=batch_size, same_aspect_batches=same_aspect_batches,
+    )
+
+
+def make_loader(dataset: TwinTarDataset, *, num_workers: int = 0, **dataloader_kwargs: Any) -> ResumableLoader:
+    return ResumableLoader(dataset, num_workers=num_workers, **dataloader_kwargs)

@@ -1,0 +1,133 @@
+"""ResumableLoader: a DataLoader whose state_dict() is sample-exact and elastic.
+
+Only what this loader has handed to the training loop counts as consumed: samples prefetched
+by workers or waiting in a shuffle buffer are read again after a restore. ``state_dict`` is a
+collective call when torch.distributed is initialised (every rank calls it; all get the same
+merged state), so a checkpoint taken with W ranks and N workers restores with any W' and N'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from torch.utils.data import DataLoader
+
+from loader.wds.consumed import ConsumedSet, split_sid
+from loader.wds.dataset import TwinTarDataset
+from loader.wds.distributed import all_gather_objects
+from loader.wds.errors import ResumeStateError
+
+STATE_VERSION = 1
+
+
+def _identity(x):
+    return x
+
+
+class ResumableLoader:
+    def __init__(self, dataset: TwinTarDataset, *, num_workers: int = 0, **dataloader_kwargs: Any):
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.dataloader_kwargs = dataloader_kwargs
+        self.counts = np.asarray(dataset.shards.counts)
+        self.epoch = dataset.shardlist.epoch
+        self.consumed: dict[int, ConsumedSet] = {}
+        self.rank_consumed_in_epoch = 0  # for WDS_START_INDEX (PiD's per-rank sample count)
+
+    def _mark(self, item: Any) -> None:
+        if isinstance(item, dict) and "__sid__" in item and not isinstance(item["__sid__"], int):
+            sids = item["__sid__"].tolist()
+            epochs = item["__epoch__"].tolist()
+        elif isinstance(item, dict):
+            sids, epochs = [item["__sid__"]], [item["__epoch__"]]
+        else:
+            sids = [s["__sid__"] for s in item]
+            epochs = [s["__epoch__"] for s in item]
+        for sid, ep in zip(sids, epochs, strict=True):
+            cs = self.consumed.get(ep)
+            if cs is None:
+                cs = self.consumed[ep] = ConsumedSet(self.counts)
+            cs.add(*split_sid(sid))
+            if ep == self.epoch:
+                self.rank_consumed_in_epoch += 1
+
+    def __iter__(self) -> Iterator[Any]:
+        sl = self.dataset.shardlist
+        sl.set_epoch(self.epoch)
+        sl.set_consumed({e: c for e, c in self.consumed.items() if e >= self.epoch})
+        loader = DataLoader(
+            self.dataset, batch_size=None, num_workers=self.num_workers, collate_fn=_identity,
+            **self.dataloader_kwargs,
+        )
+        for item in loader:
+            self._mark(item)
+            yield item
+        if not sl.infinite:
+            # This rank has read all of its share; the epoch is over for it.
+            self.consumed.pop(self.epoch, None)
+            self.epoch += 1
+            self.rank_consumed_in_epoch = 0
+
+    def __len__(self) -> int:
+        """Batches (or samples) this rank yields in the current epoch, padding included."""
+        from loader.wds.shardlists import ShardlistBasic
+
+        sl: ShardlistBasic = self.dataset.shardlist
+        _, split = sl.tasks(self.epoch, 0, 1)
+        bs = self.dataset.batch_size or 1
+        return -(-split.per_rank // bs)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Merged consumed-sample state of every rank (a collective call under torch.distributed)."""
+        local = {
+            "epoch": self.epoch,
+            "consumed": {e: c.to_state() for e, c in self.consumed.items()},
+            "rank_consumed": self.rank_consumed_in_epoch,
+        }
+        gathered = all_gather_objects(local)
+        epoch = min(g["epoch"] for g in gathered)
+        merged: dict[int, ConsumedSet] = {}
+        for g in gathered:
+            for e, st in g["consumed"].items():
+                cs = ConsumedSet.from_state(st, self.counts)
+                if e in merged:
+                    merged[e].merge(cs)
+                else:
+                    merged[e] = cs
+        # Epochs every sample of which was consumed are over.
+        while epoch in merged and merged[epoch].complete:
+            del merged[epoch]
+            epoch += 1
+        sl = self.dataset.shardlist
+        return {
+            "version": STATE_VERSION,
+            "fingerprint": self.dataset.shards.fingerprint(),
+            "seed": sl.seed,
+            "shuffle": sl.shuffle,
+            "epoch": epoch,
+            "consumed": {str(e): c.to_state() for e, c in sorted(merged.items()) if e >= epoch},
+            # PiD compatibility: the variables its shard list reads on restart.
+            "WDS_EPOCH_NUM": epoch,
+            "WDS_START_INDEX": max(g["rank_consumed"] for g in gathered),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ResumeStateError(f"resume state version {state.get('version')!r}; this loader reads {STATE_VERSION}")
+        fp = self.dataset.shards.fingerprint()
+        if state.get("fingerprint") != fp:
+            raise ResumeStateError(
+                f"resume state is for another shard list (fingerprint {state.get('fingerprint')} vs {fp}); "
+                "resume with the same manifests, modalities and aspect-ratio filter"
+            )
+        sl = self.dataset.shardlist
+        if state.get("seed") != sl.seed or state.get("shuffle") != sl.shuffle:
+            raise ResumeStateError(
+                f"resume state was taken with seed={state.get('seed')} shuffle={state.get('shuffle')}, "
+                f"this loader has seed={sl.seed} shuffle={sl.shuffle}"
+            )
+        self.epoch = int(state["epoch"])
+        self.consumed = {int(e): ConsumedSet.from_state(st, self.counts) for e, st in state["consumed"].items()}
+        self.rank_consumed_in_epoch = 0

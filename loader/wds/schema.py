@@ -1,0 +1,102 @@
+"""TarSample and Wdinfo, held column-wise so millions of tars cost a few arrays, not objects."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+
+def join_url(root: str, *parts: str) -> str:
+    return "/".join([root.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+@dataclass(frozen=True)
+class TarSample:
+    """One shard: the tar at ``<root>/<modality>/<path>`` for each modality in ``keys``."""
+
+    root: str
+    path: str
+    keys: tuple[str, ...]
+    sample_count: int
+    key_index: str | None = None  # full path/URL of the parquet key index, if any
+    source_id: str = ""
+    bucket: str | None = None
+    shard_id: int = -1  # position in the ShardTable this came from
+
+    def url(self, modality: str) -> str:
+        return join_url(self.root, modality, self.path)
+
+
+class ShardTable(Sequence[TarSample]):
+    """Column-wise list of shards. Strings are Arrow arrays; small lookup lists hold repeats."""
+
+    def __init__(
+        self, roots: list[str], root_ids: np.ndarray, paths: pa.Array, counts: np.ndarray,
+        key_indexes: pa.Array, keys: list[tuple[str, ...]], keys_ids: np.ndarray,
+        sources: list[str], source_ids: np.ndarray, buckets: list[str | None], bucket_ids: np.ndarray,
+    ):
+        self.roots = roots
+        self.root_ids = root_ids.astype(np.int32, copy=False)
+        self.paths = paths
+        self.counts = counts.astype(np.int64, copy=False)
+        self.key_indexes = key_indexes
+        self.keys = keys
+        self.keys_ids = keys_ids.astype(np.int32, copy=False)
+        self.sources = sources
+        self.source_ids = source_ids.astype(np.int32, copy=False)
+        self.buckets = buckets
+        self.bucket_ids = bucket_ids.astype(np.int32, copy=False)
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return TarSample(
+            root=self.roots[self.root_ids[i]],
+            path=self.paths[i].as_py(),
+            keys=self.keys[self.keys_ids[i]],
+            sample_count=int(self.counts[i]),
+            key_index=self.key_indexes[i].as_py(),
+            source_id=self.sources[self.source_ids[i]],
+            bucket=self.buckets[self.bucket_ids[i]],
+            shard_id=i,
+        )
+
+    def __iter__(self) -> Iterator[TarSample]:
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def total_samples(self) -> int:
+        return int(self.counts.sum())
+
+    def fingerprint(self) -> str:
+        """Identity of the shard list (paths and counts): a resume state must match it."""
+        import hashlib
+
+        h = hashlib.sha256()
+        h.update(self.counts.tobytes())
+        for buf in self.paths.buffers():
+            if buf is not None:
+                h.update(buf)
+        h.update(repr(self.keys).encode())
+        return h.hexdigest()[:16]
+
+    def nbytes(self) -> int:
+        arrays = (self.root_ids, self.counts, self.keys_ids, self.source_ids, self.bucket_ids)
+        return int(sum(a.nbytes for a in arrays) + self.paths.nbytes + self.key_indexes.nbytes)
+
+
+@dataclass(frozen=True)
+class Wdinfo:
+    tar_files: ShardTable
+    total_key_count: int
+    chunk_size: int
