@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar
 from urllib.parse import urlparse
 
-from pid_platform.build.errors import SourceNotFoundError
+from pid_platform.build.errors import BuildError, SourceNotFoundError
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,10 @@ class LocalSourceStore(SourceStore):
         src_root = self._source_dir(source).resolve()
         folder = src_root / modality
         out = Listing()
+        if not folder.resolve().is_relative_to(src_root):
+            # A modality folder linked elsewhere would read arbitrary files, like a linked file.
+            out.skipped.append((modality, "symlink_outside_root"))
+            return out
         for name in sorted(os.listdir(folder)):
             rel = f"{modality}/{name}"
             if name.startswith("."):
@@ -110,7 +117,18 @@ class LocalSourceStore(SourceStore):
 
 
 class S3SourceStore(SourceStore):
-    """``s3://bucket/prefix``; the endpoint comes from the argument or ``AWS_ENDPOINT_URL``."""
+    """``s3://bucket/prefix``; the endpoint comes from the argument or ``AWS_ENDPOINT_URL(_S3)``.
+
+    Credentials and region come from boto3's usual chain in the process that makes the store.
+    A pickled store (a build worker's copy) carries the credentials that chain resolved, not a
+    client: forkserver workers see the environment of when the forkserver started, which may
+    predate the credentials. Errors become ``SourceNotFoundError`` / ``BuildError`` naming the
+    object, the endpoint and what to check.
+    """
+
+    # Worker-side clients, one per (endpoint, resolved config) per process: building one costs
+    # ~60 ms and every task unpickles a fresh store.
+    _worker_clients: ClassVar[dict[tuple, Any]] = {}
 
     def __init__(self, uri: str, endpoint_url: str | None = None):
         parsed = urlparse(uri)
@@ -119,34 +137,115 @@ class S3SourceStore(SourceStore):
         self.uri = uri.rstrip("/")
         self.bucket = parsed.netloc
         self.prefix = parsed.path.strip("/")
-        self.endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
-        self._client = None
+        # Same precedence as boto3: the service-specific variable wins.
+        self.endpoint_url = (
+            endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        )
+        self._client: Any = None
+        self._session: Any = None
+        self._resolved: dict[str, str | None] | None = None  # set only in unpickled copies
 
-    def __getstate__(self):  # boto3 clients do not pickle; worker processes make their own
+    def __getstate__(self) -> dict[str, Any]:  # boto3 clients and sessions do not pickle
         state = self.__dict__.copy()
         state["_client"] = None
+        state["_session"] = None
+        state["_resolved"] = self._resolved_config()
         return state
 
+    def __repr__(self) -> str:  # never the credentials
+        return f"S3SourceStore({self.uri!r}, endpoint_url={self.endpoint_url!r})"
+
+    def _resolved_config(self) -> dict[str, str | None]:
+        if self._resolved is not None:
+            return self._resolved
+        if self._session is None:
+            import boto3
+
+            self._session = boto3.session.Session()
+        cfg: dict[str, str | None] = {"region_name": self._session.region_name}
+        creds = self._session.get_credentials()
+        if creds is not None:
+            frozen = creds.get_frozen_credentials()
+            cfg.update(aws_access_key_id=frozen.access_key, aws_secret_access_key=frozen.secret_key,
+                       aws_session_token=frozen.token)
+        return cfg
+
     @property
-    def client(self):
+    def client(self) -> Any:
         if self._client is None:
             import boto3
 
-            self._client = boto3.client("s3", endpoint_url=self.endpoint_url)
+            if self._resolved is None:
+                self._session = self._session or boto3.session.Session()
+                self._client = self._session.client("s3", endpoint_url=self.endpoint_url)
+            else:
+                key = (self.endpoint_url, *sorted(self._resolved.items()))
+                if key not in self._worker_clients:
+                    session = boto3.session.Session(**self._resolved)
+                    self._worker_clients[key] = session.client("s3", endpoint_url=self.endpoint_url)
+                self._client = self._worker_clients[key]
         return self._client
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        """Turn boto3's exceptions into build errors that say what to check."""
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            EndpointConnectionError,
+            NoCredentialsError,
+        )
+
+        where = self.endpoint_url or "the default AWS endpoint"
+        try:
+            yield
+        except ClientError as e:
+            err = e.response.get("Error", {})
+            code, msg = err.get("Code", "?"), err.get("Message", "")
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code == "NoSuchBucket":
+                raise SourceNotFoundError(
+                    f"{what}: bucket {self.bucket!r} does not exist at {where}; "
+                    f"create it or fix the s3:// root"
+                ) from e
+            if code == "PreconditionFailed":
+                raise BuildError(
+                    f"{what}: the object changed since it was listed (its ETag differs); "
+                    f"re-run the build once the source has stopped changing"
+                ) from e
+            if status == 403 or code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied"):
+                raise BuildError(
+                    f"{what}: S3 at {where} refused the request ({code}: {msg}); check "
+                    f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and that this "
+                    f"identity may list and read s3://{self.bucket}"
+                ) from e
+            raise BuildError(f"{what}: S3 at {where} answered {code} (HTTP {status}): {msg}") from e
+        except NoCredentialsError as e:
+            raise BuildError(
+                f"{what}: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
+                f"AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
+            ) from e
+        except EndpointConnectionError as e:
+            raise BuildError(
+                f"{what}: cannot connect to S3 at {where}; check AWS_ENDPOINT_URL "
+                f"(or the endpoint_url argument) and that the server is up"
+            ) from e
+        except BotoCoreError as e:
+            raise BuildError(f"{what}: S3 at {where}: {e}") from e
 
     def _key(self, *parts: str) -> str:
         return "/".join(p for p in (self.prefix, *parts) if p)
 
     def _prefixes(self, prefix: str) -> list[str]:
         out: list[str] = []
-        for page in self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=prefix, Delimiter="/"
-        ):
-            for cp in page.get("CommonPrefixes", []):
-                name = cp["Prefix"][len(prefix) :].strip("/")
-                if name and not name.startswith((".", "_")):
-                    out.append(name)
+        with self._errors(f"listing s3://{self.bucket}/{prefix}"):
+            for page in self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=prefix, Delimiter="/"
+            ):
+                for cp in page.get("CommonPrefixes", []):
+                    name = cp["Prefix"][len(prefix) :].strip("/")
+                    if name and not name.startswith((".", "_")):
+                        out.append(name)
         return sorted(out)
 
     def list_sources(self) -> list[str]:
@@ -157,30 +256,37 @@ class S3SourceStore(SourceStore):
         if not mods:
             raise SourceNotFoundError(
                 f"source {source!r} not found under {self.uri}: no modality folders at "
-                f"s3://{self.bucket}/{self._key(source)}/"
+                f"s3://{self.bucket}/{self._key(source)}/; sources there are {self.list_sources()}"
             )
         return mods
 
     def list_files(self, source: str, modality: str) -> Listing:
         prefix = self._key(source, modality) + "/"
         out = Listing()
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
-            for obj in page.get("Contents", []):
-                name = obj["Key"][len(prefix) :]
-                rel = f"{modality}/{name}"
-                if "/" in name:
-                    out.skipped.append((rel, "nested_object"))
-                elif name.startswith("."):
-                    out.skipped.append((rel, "hidden_file"))
-                else:
-                    etag = str(obj.get("ETag", "")).strip('"')
-                    out.entries.append(FileEntry(modality, name, int(obj["Size"]), f"{obj['Size']}:{etag}"))
+        with self._errors(f"listing s3://{self.bucket}/{prefix}"):
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+                for obj in page.get("Contents", []):
+                    name = obj["Key"][len(prefix) :]
+                    rel = f"{modality}/{name}"
+                    if not name:
+                        continue  # the folder's own marker object ("image/"): no file, no data
+                    if "/" in name:
+                        out.skipped.append((rel, "nested_object"))
+                    elif name.startswith("."):
+                        out.skipped.append((rel, "hidden_file"))
+                    else:
+                        etag = str(obj.get("ETag", "")).strip('"')
+                        out.entries.append(FileEntry(modality, name, int(obj["Size"]), f"{obj['Size']}:{etag}"))
         out.entries.sort(key=lambda e: e.name)
         return out
 
     def read(self, source: str, entry: FileEntry) -> bytes:
-        resp = self.client.get_object(Bucket=self.bucket, Key=self._key(source, entry.modality, entry.name))
-        return resp["Body"].read()
+        key = self._key(source, entry.modality, entry.name)
+        # If-Match: the bytes written to a tar are the bytes that were listed (and checked).
+        etag = entry.fingerprint.partition(":")[2]
+        cond = {"IfMatch": f'"{etag}"'} if etag else {}
+        with self._errors(f"reading s3://{self.bucket}/{key}"):
+            return self.client.get_object(Bucket=self.bucket, Key=key, **cond)["Body"].read()
 
 
 def open_source_store(root: str, endpoint_url: str | None = None) -> SourceStore:
