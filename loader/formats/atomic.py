@@ -25,15 +25,13 @@ def atomic_writer(final: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(final)
-    fh = open(tmp, "wb")
     try:
-        yield fh
-        fh.flush()
-        os.fsync(fh.fileno())
-        fh.close()
+        with open(tmp, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())  # the bytes are on disk before the name says "complete"
         os.replace(tmp, final)
     except BaseException:
-        fh.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise

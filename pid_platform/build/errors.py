@@ -13,6 +13,10 @@ class NoModalitiesError(BuildError):
     pass
 
 
+class NoSamplesError(BuildError):
+    """Intake kept no sample; building would replace good output with nothing."""
+
+
 class UnsafeInputError(BuildError):
     """A file would need pickle to load (refused unless the trusted-data flag is set)."""
 

@@ -9,7 +9,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from loader.formats.twin_tar import disambiguate_key, nearest_bucket, sanitize_key
-from pid_platform.build.errors import NoModalitiesError
+from pid_platform.build.errors import NoModalitiesError, NoSamplesError
 from pid_platform.build.parallel import chunked, ordered_map
 from pid_platform.build.storage import FileEntry, SourceStore
 from pid_platform.build.validate import (
@@ -216,7 +216,9 @@ def intake(
         if key in colliding:
             # Two names that sanitise alike both keep their data under distinct, stable keys.
             key = disambiguate_key(key, stem)
-            report.examples.setdefault("key_collision_renamed", []).append(f"{stem} -> {key}")
+            renamed = report.examples.setdefault("key_collision_renamed", [])
+            if len(renamed) < MAX_EXAMPLES:  # the count is key_collisions; these are examples
+                renamed.append(f"{stem} -> {key}")
         bucket = None
         if classify_aspect_ratio and chk.width:
             bucket = nearest_bucket(chk.width, chk.height)
@@ -226,5 +228,13 @@ def intake(
     if dup:  # only if a digest suffix collided with a natural key: astronomically rare
         raise RuntimeError(f"source {source!r}: keys still collide after disambiguation: {dup[:5]}")
     report.samples = len(samples)
+    if not samples:
+        # Sharding nothing would then remove every tar of the previous good build as stale.
+        reasons = dict(sorted((report.dropped + report.skipped_files).items()))
+        raise NoSamplesError(
+            f"source {source!r} at {store.uri}: no complete, valid sample (modalities {active}; "
+            f"dropped or skipped: {reasons or 'none'}); nothing was written and earlier output is "
+            "kept - fix the drop (every sample needs a valid file in each modality folder) and re-run"
+        )
     return samples, report
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,9 +59,11 @@ def _sha_cache_path(out: Path, bucket: str, index: int) -> Path:
 
 
 def _hash_one(args: tuple[Path, ShardPlan]) -> dict[str, str]:
-    # Hashing every tar again on each run is the slowest part of a no-op rebuild; the cache is
-    # keyed by each tar's size and mtime, which a rewrite always changes.
+    # Hashing every tar again on each run is the slowest part of a no-op rebuild. The cache is
+    # keyed by the shard plan's digest (which fixes the tar's bytes) plus the tar's size, inode and
+    # mtime: size and mtime alone can repeat when a rewrite lands in the same timestamp tick.
     out, plan = args
+    digest = plan.digest()
     cache_file = _sha_cache_path(out, plan.bucket, plan.index)
     try:
         cache = json.loads(cache_file.read_bytes())
@@ -70,7 +73,7 @@ def _hash_one(args: tuple[Path, ShardPlan]) -> dict[str, str]:
     for m in plan.modalities:
         p = tar_path(out, plan.bucket, m, plan.relpath)
         st = p.stat()
-        ident = f"{st.st_size}:{st.st_mtime_ns}"
+        ident = f"{digest}:{st.st_size}:{st.st_ino}:{st.st_mtime_ns}"
         hit = cache.get(m)
         if hit and hit[0] == ident:
             digests[m] = hit[1]
@@ -114,10 +117,29 @@ def write_manifests(out: Path, source: str, plans: list[ShardPlan], num_workers:
     return written
 
 
+# Paths (relative to the output folder) of the files a build writes. Anything else under the
+# output folder - another source's output, a user's files - is never touched.
+_BUCKET = r"(?:aspect_ratio_\d+_\d+/)?"
+_SHARD = r"part_\d{6,}/\d{6,}"  # shard_relpath: six digits, more past a million
+_OWNED = re.compile(
+    rf"^{_BUCKET}(?:[^/]+/{_SHARD}\.tar|_key_index/{_SHARD}\.parquet|{re.escape(WDINFO_NAME)})$"
+)
+
+
+def is_build_output(out: Path, path: Path) -> bool:
+    """Whether ``path`` is a tar, key index or manifest of the layout a build writes under ``out``."""
+    try:
+        rel = path.relative_to(out).as_posix()
+    except ValueError:
+        return False
+    return _OWNED.match(rel) is not None
+
+
 def remove_unplanned(out: Path, plans: list[ShardPlan]) -> list[Path]:
     """After the new manifests are in place, delete outputs of an earlier, different sharding.
 
-    Only files this build writes (tars, key indexes, manifests, stamps) are ever removed.
+    Only files of the layout this build writes (tars, key indexes, manifests) are ever removed,
+    and only folders those removals left empty.
     """
     keep: set[Path] = set()
     buckets = {p.bucket for p in plans}
@@ -131,14 +153,14 @@ def remove_unplanned(out: Path, plans: list[ShardPlan]) -> list[Path]:
         d = Path(dirpath)
         if d == out:
             dirs[:] = [x for x in dirs if x != STATE_DIR]
-        for name in files:
+        for name in sorted(files):
             f = d / name
-            if name.endswith((".tar", ".parquet")) or name == WDINFO_NAME:
-                if f not in keep:
-                    f.unlink()
-                    removed.append(f)
-    for dirpath, _dirs, _files in sorted(os.walk(out), key=lambda x: -len(x[0])):
-        d = Path(dirpath)
-        if d != out and not any(d.iterdir()) and STATE_DIR not in d.parts:
+            if f not in keep and is_build_output(out, f):
+                f.unlink()
+                removed.append(f)
+    # Deepest first, so a part folder goes before the modality folder that held it.
+    emptied = {p for f in removed for p in f.parents if p != out and p.is_relative_to(out)}
+    for d in sorted(emptied, key=lambda p: -len(p.parts)):
+        if d.is_dir() and not any(d.iterdir()):
             d.rmdir()
     return sorted(removed)

@@ -56,6 +56,19 @@ class SourceStore(ABC):
         return f"{self.uri.rstrip('/')}/{source}/{entry.modality}/{entry.name}"
 
 
+def _is_utf8(name: str) -> bool:
+    # os.listdir turns bytes that are not UTF-8 into lone surrogates (PEP 383).
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _printable(name: str) -> str:
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 class LocalSourceStore(SourceStore):
     def __init__(self, root: str | os.PathLike[str]):
         self.root = Path(root).resolve()
@@ -89,6 +102,10 @@ class LocalSourceStore(SourceStore):
             return out
         for name in sorted(os.listdir(folder)):
             rel = f"{modality}/{name}"
+            if not _is_utf8(name):
+                # Keys, key indexes and manifests are UTF-8 text; such a name cannot be carried.
+                out.skipped.append((f"{modality}/{_printable(name)}", "name_not_utf8"))
+                continue
             if name.startswith("."):
                 out.skipped.append((rel, "hidden_file"))
                 continue

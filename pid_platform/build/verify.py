@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loader.formats.twin_tar import iter_member_headers, split_member_name, tar_path
+from loader.formats.key_index import read_key_index
+from loader.formats.twin_tar import file_sha256, iter_member_headers, split_member_name, tar_path
 from loader.formats.wdinfo import read_wdinfo
 from pid_platform.build.layout import bucket_dir
 from pid_platform.build.plan import ShardingConfig, ShardPlan, is_oversize_singleton
@@ -59,4 +60,29 @@ def manifest_mismatches(out: Path, buckets: list[str]) -> list[str]:
                     problems.append(f"{tp}: holds {n} members, {path} says {t.count}")
                 if t.bytes.get(m) not in (None, tp.stat().st_size):
                     problems.append(f"{tp}: {tp.stat().st_size} bytes, {path} says {t.bytes[m]}")
+                if t.sha256.get(m) and file_sha256(tp) != t.sha256[m]:
+                    problems.append(f"{tp}: sha256 differs from the one {path} lists")
+    return problems
+
+
+def key_index_mismatches(out: Path, buckets: list[str]) -> list[str]:
+    """Each listed key index must name every tar member in order, with its exact offset and size."""
+    problems = []
+    for b in buckets:
+        path = bucket_dir(out, b) / "wdinfo.json"
+        man = read_wdinfo(path)
+        root = Path(man.root_path())
+        for t in man.tars:
+            if t.key_index is None:
+                problems.append(f"{path}: {t.path} lists no key index")
+                continue
+            idx = read_key_index(Path(man.manifest_dir or ".") / t.key_index).to_pydict()
+            for m in man.data_keys:
+                headers = iter_member_headers(root / m / t.path)
+                listed = list(zip(idx[f"member.{m}"], idx[f"offset.{m}"], idx[f"size.{m}"], strict=True))
+                if listed != [tuple(h) for h in headers]:
+                    problems.append(f"{t.key_index}: {m} members/offsets/sizes differ from {root / m / t.path}")
+            keys = [split_member_name(n)[0] for n in idx[f"member.{man.data_keys[0]}"]]
+            if keys != idx["key"]:
+                problems.append(f"{t.key_index}: key column differs from the member names")
     return problems

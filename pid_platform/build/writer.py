@@ -44,6 +44,9 @@ def _write_one(args: tuple[SourceStore, str, Path, ShardPlan]) -> ShardResult:
     sizes = {m: plan.tar_bytes(m) for m in plan.modalities}
     if _up_to_date(out, plan):
         return ShardResult(plan.bucket, plan.index, plan.relpath, len(plan.samples), sizes, False)
+    # Invalidate the stamp first: a crash after some of this shard's tars were replaced must not
+    # leave an older stamp vouching for the shard (tar sizes alone often match, e.g. one record).
+    stamp_path(out, plan.bucket, plan.index).unlink(missing_ok=True)
     for m in plan.modalities:
         members = []
         for name, s in plan.members(m):

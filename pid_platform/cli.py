@@ -1,0 +1,229 @@
+"""Command-line builds without Dagster; the same code path (``build_source``) as the assets.
+
+``pid-shard`` mirrors the options of PiD's ``scripts/sharding_wds.py`` and adds what PiD lacks:
+a seed for the shuffle, a trusted-data flag for pickled embeddings and an S3 endpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from loader.formats.errors import FormatError
+from loader.formats.twin_tar import DEFAULT_PART_SIZE, SourceChangedError
+from pid_platform.build.errors import BuildError, OutputNotWritableError
+from pid_platform.build.pipeline import BuildSummary, build_source
+from pid_platform.build.plan import ShardingConfig
+from pid_platform.build.storage import SourceStore, open_source_store
+
+EXIT_BUILD_ERROR = 2  # argparse also exits 2 on bad arguments: "your input is wrong"
+MAX_EXAMPLES_SHOWN = 3
+
+
+def split_input_dir(input_dir: str) -> tuple[str, str]:
+    """``/raw/photos`` -> (``/raw``, ``photos``); ``s3://b/prefix/photos`` -> (``s3://b/prefix``, ``photos``).
+
+    The build reads a *root* holding sources; PiD's ``--input-dir`` names one source folder.
+    """
+    if input_dir.startswith("s3://"):
+        rest = input_dir[len("s3://") :].strip("/")
+        if "/" not in rest:
+            raise ValueError(
+                f"--input-dir {input_dir!r} names a bucket, not a source folder; "
+                "use s3://bucket/prefix/source (the folder holding image/, caption/ ...)"
+            )
+        root, source = rest.rsplit("/", 1)
+        return f"s3://{root}", source
+    if "://" in input_dir and not input_dir.startswith("file://"):
+        raise ValueError(f"--input-dir {input_dir!r}: use a local path or s3://bucket/prefix/source")
+    # abspath, not resolve: a linked source folder keeps the name it was given.
+    path = Path(os.path.abspath(input_dir.removeprefix("file://")))
+    if path.parent == path:
+        raise ValueError(f"--input-dir {input_dir!r} is a filesystem root, not a source folder")
+    return str(path.parent), path.name
+
+
+def check_output_apart(input_root: str, source: str, output_dir: Path) -> None:
+    """Refuse an output folder that overlaps the input.
+
+    The build deletes tars and key indexes of the twin-tar layout that it did not plan under its
+    output folder; an output inside (or around) the raw source could take raw files with it.
+    """
+    if input_root.startswith("s3://"):
+        return
+    src = (Path(input_root) / source).resolve()
+    out = output_dir.resolve()
+    if out == src or out.is_relative_to(src) or src.is_relative_to(out):
+        raise OutputNotWritableError(
+            f"--output-dir {output_dir} overlaps --input-dir {src}; the build removes stale "
+            "tars under its output folder, so choose an output folder outside the source"
+        )
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
+        return value
+
+    return parse
+
+
+def shard_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pid-shard",
+        description=(
+            "Shard one raw source (a folder of modality folders: image/, caption/, umt5/ ...) into "
+            "twin WebDataset tars with wdinfo.json manifests and parquet key indexes."
+        ),
+    )
+    p.add_argument("--input-dir", required=True,
+                   help="source folder holding the modality folders: a local path or s3://bucket/prefix/source")
+    p.add_argument("--output-dir", required=True, type=Path, help="where the shards and manifests go")
+    p.add_argument("--max-shard-size-mb", type=_positive_float, default=500.0,
+                   help="upper bound on a shard's tars, all modalities together (default: 500)")
+    p.add_argument("--shard-size", type=_int_at_least(0), default=0,
+                   help="fixed samples per shard; 0 (default) bounds shards by --max-shard-size-mb")
+    p.add_argument("--part-size", type=_int_at_least(1), default=DEFAULT_PART_SIZE,
+                   help=f"tars per part_<NNNNNN> folder (default: {DEFAULT_PART_SIZE})")
+    p.add_argument("--classify-aspect-ratio", action=argparse.BooleanOptionalAction, default=True,
+                   help="put samples in aspect_ratio_<W>_<H> buckets (default: on)")
+    p.add_argument("--num-workers", type=_int_at_least(1), default=min(8, os.cpu_count() or 1),
+                   help="worker processes; the output does not depend on it (default: CPUs, at most 8)")
+    p.add_argument("--shuffle", action="store_true", help="shuffle samples within each bucket before sharding")
+    p.add_argument("--seed", type=int, default=0, help="seed of --shuffle; same seed, same bytes (default: 0)")
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="accept pickled embeddings (.pkl/.pt ...); loading them can run arbitrary code")
+    p.add_argument("--s3-endpoint-url", default=None,
+                   help="S3 endpoint for s3:// input (default: $AWS_ENDPOINT_URL or AWS)")
+    return p
+
+
+def _human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{n} B"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def _reason_lines(counts: dict[str, int], examples: dict[str, list[str]]) -> list[str]:
+    lines = []
+    for reason, n in sorted(counts.items()):
+        ex = examples.get(reason, [])[:MAX_EXAMPLES_SHOWN]
+        more = f"  (e.g. {', '.join(ex)})" if ex else ""
+        lines.append(f"    {reason:<34} {n:>6}{more}")
+    return lines
+
+
+def format_summary(s: BuildSummary) -> str:
+    """Everything the build did and everything it left out, for a terminal."""
+    r = s.report
+    total_bytes = sum(b.bytes for b in s.buckets.values())
+    written = sum(b.written for b in s.buckets.values())
+    lines = [
+        f"pid-shard: source {s.source!r} -> {s.out}",
+        f"  modalities: {', '.join(r.modalities)} (image modality: {r.image_modality or 'none'})",
+        f"  buckets: {len(s.buckets)}  shards: {s.shards}  samples: {s.samples}  "
+        f"bytes: {total_bytes} ({_human_bytes(total_bytes)})",
+        f"  shards written: {written}  already up to date: {s.shards - written}",
+        f"    {'bucket':<24} {'shards':>7} {'samples':>8} {'bytes':>14}",
+    ]
+    for name, b in s.buckets.items():
+        lines.append(f"    {name or '(flat)':<24} {b.shards:>7} {b.samples:>8} {b.bytes:>14}")
+    lines.append(f"  dropped samples: {r.dropped_total}")
+    lines += _reason_lines(dict(r.dropped), r.examples)
+    orphans = "  ".join(f"{m}={n}" for m, n in sorted(r.orphans.items()))
+    lines.append(f"  orphans per modality: {orphans or 'none'}")
+    lines.append(f"  skipped files: {sum(r.skipped_files.values())}")
+    lines += _reason_lines(dict(r.skipped_files), r.examples)
+    if r.empty_modalities:
+        lines.append(f"  empty modality folders (ignored): {', '.join(r.empty_modalities)}")
+    if r.key_collisions:
+        lines.append(
+            f"  key collisions: {r.key_collisions} samples renamed with a digest suffix "
+            "(original basenames are in the key index)"
+        )
+        for ex in r.examples.get("key_collision_renamed", [])[:MAX_EXAMPLES_SHOWN]:
+            lines.append(f"    {ex}")
+    if s.removed:
+        lines.append(f"  removed stale files of an earlier sharding: {len(s.removed)}")
+    lines.append(f"  manifests: {len(s.manifests)} wdinfo.json")
+    for m in s.manifests:
+        lines.append(f"    {m}")
+    return "\n".join(lines)
+
+
+class _ShardProgress:
+    """A tqdm bar over shards, created on the first report (the total is known only then)."""
+
+    def __init__(self) -> None:
+        self.bar = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="shard", desc="twin tars", file=sys.stderr, dynamic_ncols=True)
+        self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run_shard(args: argparse.Namespace, root: str, source: str) -> BuildSummary:
+    check_output_apart(root, source, args.output_dir)
+    store: SourceStore = open_source_store(root, endpoint_url=args.s3_endpoint_url)
+    config = ShardingConfig(
+        max_shard_size_mb=args.max_shard_size_mb,
+        shard_size=args.shard_size,
+        part_size=args.part_size,
+        classify_aspect_ratio=args.classify_aspect_ratio,
+        shuffle=args.shuffle,
+        seed=args.seed,
+    )
+    progress = _ShardProgress()
+    try:
+        return build_source(
+            store, source, args.output_dir, config,
+            num_workers=args.num_workers, trust_pickle=args.trust_pickle, progress=progress,
+        )
+    finally:
+        progress.close()
+
+
+def shard_main(argv: Sequence[str] | None = None) -> int:
+    parser = shard_parser()
+    args = parser.parse_args(argv)
+    try:
+        root, source = split_input_dir(args.input_dir)
+    except ValueError as exc:
+        parser.error(str(exc))  # exits 2 with the usage line
+    try:
+        summary = run_shard(args, root, source)
+    except (BuildError, FormatError, SourceChangedError) as exc:
+        # Named errors already say which file and what to do; a traceback would bury that.
+        print(f"pid-shard: error: {exc}", file=sys.stderr)
+        return EXIT_BUILD_ERROR
+    try:
+        print(format_summary(summary), flush=True)
+    except BrokenPipeError:  # `pid-shard ... | head`: the build is done, the reader left early
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(shard_main())

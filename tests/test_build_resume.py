@@ -1,0 +1,150 @@
+"""Re-runs: up-to-date shards are kept, changed ones rewritten, stale ones removed - safely."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from loader.formats.twin_tar import SourceChangedError, tar_path
+from pid_platform.build.pipeline import run_intake, run_sharding
+from pid_platform.build.plan import ShardingConfig
+from pid_platform.build.storage import LocalSourceStore
+from tests.test_build_support import (
+    SMALL_BOUND_MB,
+    SOURCE,
+    all_problems,
+    build,
+    index_rows,
+    jpeg_bytes,
+    manifests,
+    output_files,
+    photo,
+    source_file,
+)
+
+CONFIG = ShardingConfig(max_shard_size_mb=SMALL_BOUND_MB)
+
+
+def _reshard(raw_root: Path, out: Path, config: ShardingConfig = CONFIG):
+    """Intake and tar writing only, to see each shard's ShardResult."""
+    store = LocalSourceStore(raw_root)
+    run_intake(store, SOURCE, out, config, trust_pickle=False, num_workers=1)
+    return run_sharding(store, SOURCE, out, config, num_workers=1)
+
+
+def _mtimes(out: Path) -> dict[str, int]:
+    return {p: (out / p).stat().st_mtime_ns for p in output_files(out) if p.endswith(".tar")}
+
+
+def test_rerun_keeps_every_up_to_date_shard(raw_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    first = build(raw_root, out)
+    before, times = output_files(out), _mtimes(out)
+    _plans, results = _reshard(raw_root, out)
+    assert results and not any(r.written for r in results)
+    again = build(raw_root, out)
+    assert sum(b.written for b in again.buckets.values()) == 0
+    assert again.shards == first.shards
+    assert output_files(out) == before
+    assert _mtimes(out) == times  # not rewritten with equal bytes: not touched at all
+
+
+def test_changing_one_source_file_rewrites_only_its_shard(raw_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    build(raw_root, out)
+    before = output_files(out)
+    row = {r["basename"]: r for r in index_rows(out)}["chelsea-3x4"]
+    source_file(raw_root, "caption", "chelsea-3x4").write_text(json.dumps({"prompt": "a cat, re-captioned"}))
+    _plans, results = _reshard(raw_root, out)
+    written = [(r.bucket, r.relpath) for r in results if r.written]
+    assert written == [(row["bucket"], row["tar"])]
+    s = build(raw_root, out)  # the full path, manifests included
+    after = output_files(out)
+    changed = {p for p in after if after[p] != before.get(p)}
+    bucket, tar = row["bucket"], row["tar"]
+    assert changed == {
+        f"{bucket}/caption/{tar}",
+        f"{bucket}/_key_index/{tar[:-4]}.parquet",  # the caption's size moved
+        f"{bucket}/wdinfo.json",  # the caption tar's sha256 moved
+    }
+    assert all_problems(out) == []
+    assert s.samples == 32
+
+
+def test_resharding_removes_stale_tars_after_the_new_manifests(raw_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    fine = build(raw_root, out, max_shard_size_mb=0.1)
+    old_tars = {p for p in output_files(out) if p.endswith(".tar")}
+    coarse = build(raw_root, out, max_shard_size_mb=1.0)
+    assert coarse.shards < fine.shards
+    files = output_files(out)
+    tars = {p for p in files if p.endswith(".tar")}
+    listed = {
+        f"{m.bucket}/{k}/{t}" for m in manifests(out) for t in m.data_list for k in m.data_keys
+    }
+    assert tars == listed
+    assert {str(p.relative_to(out)) for p in coarse.removed} >= old_tars - tars
+    parquets = {p for p in files if p.endswith(".parquet")}
+    assert parquets == {f"{m.bucket}/{t.key_index}" for m in manifests(out) for t in m.tars}
+    assert all_problems(out, max_shard_size_mb=1.0) == []
+    # And back to flat mode: every bucket folder goes.
+    flat = build(raw_root, out, classify_aspect_ratio=False, max_shard_size_mb=1.0)
+    assert not any(p.startswith("aspect_ratio_") for p in output_files(out))
+    assert flat.samples == 32
+
+
+def test_stale_removal_touches_only_files_of_the_build_layout(raw_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    mine = [out / "notes" / "old.tar", out / "other-source" / "image" / "part_000000" / "000000.tar",
+            out / "README.parquet", out / "keep" / "empty"]
+    for p in mine[:3]:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"user data")
+    mine[3].mkdir(parents=True)
+    build(raw_root, out)
+    assert all(p.exists() for p in mine)
+
+
+def test_crash_between_twin_tars_does_not_leave_a_stale_stamp(raw_root: Path, tmp_path: Path) -> None:
+    """A shard whose tars were partly replaced must be rewritten, even if a stamp vouched for it.
+
+    Build A shards 4 samples per tar; build B (8 per tar) rewrites shard 0's caption tar, then
+    fails on a source file that changed since intake. Caption tars of 4 and 8 short captions
+    have the same size (one 10 KiB record), so only the stamp can tell them apart.
+    """
+    out = tmp_path / "out"
+    flat4 = {"classify_aspect_ratio": False, "shard_size": 4}
+    build(raw_root, out, **flat4)
+    b_config = ShardingConfig(classify_aspect_ratio=False, shard_size=8)
+    store = LocalSourceStore(raw_root)
+    samples, _report, _ = run_intake(store, SOURCE, out, b_config, trust_pickle=False, num_workers=1)
+    fifth = samples[5].basename  # in B's shard 0, in A's shard 1
+    changed = source_file(raw_root, "image", fifth)
+    changed.write_bytes(jpeg_bytes(photo("coffee", (200, 300))))
+    with pytest.raises(SourceChangedError, match=changed.name):
+        run_sharding(store, SOURCE, out, b_config, num_workers=1)
+    assert len([n for n in output_files(out) if n.startswith("caption/part_000000/000000.tar")]) == 1
+    build(raw_root, out, **flat4)
+    assert all_problems(out, **flat4) == []
+
+
+def test_manifest_sha256_follows_a_rewrite_that_keeps_size_and_mtime(raw_root: Path, tmp_path: Path) -> None:
+    # Coarse filesystem timestamps (or a copy tool preserving mtimes) can give a rewritten tar
+    # the same size and mtime as before; the manifest must still list its real checksum.
+    out = tmp_path / "out"
+    build(raw_root, out)
+    row = index_rows(out)[0]
+    victim = tar_path(out, row["bucket"], "caption", row["tar"])
+    st = victim.stat()
+    cap = source_file(raw_root, "caption", row["basename"])
+    doc = json.loads(cap.read_bytes())
+    doc["prompt"] = doc["prompt"].swapcase()  # same length, other bytes
+    cap.write_text(json.dumps(doc))
+    _reshard(raw_root, out)
+    assert victim.stat().st_size == st.st_size
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    build(raw_root, out)
+    assert all_problems(out) == []

@@ -1,0 +1,145 @@
+"""Helpers shared by the build tests (no tests here): run a build, read back what it wrote.
+
+The raw drop comes from the ``raw_root`` / ``photo_drop_template`` fixtures: source ``photos``
+with ``image/``, ``caption/`` and ``umt5/`` folders of 32 real photographs.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from loader.formats.key_index import read_key_index
+from loader.formats.wdinfo import WDINFO_NAME, WdinfoManifest, read_wdinfo
+from pid_platform.build.layout import STATE_DIR
+from pid_platform.build.pipeline import BuildSummary, build_source, load_plans
+from pid_platform.build.plan import ShardingConfig, ShardPlan
+from pid_platform.build.storage import LocalSourceStore
+from pid_platform.build.validate import stem_of
+from pid_platform.build.verify import (
+    key_index_mismatches,
+    manifest_mismatches,
+    size_bound_violations,
+    twin_key_mismatches,
+)
+from pid_platform.sample_data import load_photo
+
+SOURCE = "photos"
+MODALITIES = ["caption", "image", "umt5"]
+CLEAN_SAMPLES = 32
+# Small enough that the 32 photographs (2.6 MB) make several shards per bucket.
+SMALL_BOUND_MB = 0.25
+
+
+def build(raw_root: Path, out: Path, *, num_workers: int = 1, trust_pickle: bool = False, **cfg) -> BuildSummary:
+    config = ShardingConfig(**({"max_shard_size_mb": SMALL_BOUND_MB} | cfg))
+    return build_source(
+        LocalSourceStore(raw_root), SOURCE, out, config, num_workers=num_workers, trust_pickle=trust_pickle
+    )
+
+
+def plans_of(out: Path, **cfg) -> list[ShardPlan]:
+    return load_plans(out, ShardingConfig(**({"max_shard_size_mb": SMALL_BOUND_MB} | cfg)))
+
+
+def output_files(out: Path) -> dict[str, bytes]:
+    """Every file of the output contract (the build's private state folder left out)."""
+    files = {}
+    for dirpath, dirs, names in os.walk(out):
+        dirs[:] = sorted(d for d in dirs if d != STATE_DIR)
+        for n in names:
+            p = Path(dirpath) / n
+            files[p.relative_to(out).as_posix()] = p.read_bytes()
+    return dict(sorted(files.items()))
+
+
+def manifests(out: Path) -> list[WdinfoManifest]:
+    return [read_wdinfo(p) for p in sorted(out.rglob(WDINFO_NAME)) if STATE_DIR not in p.parts]
+
+
+def index_rows(out: Path) -> list[dict]:
+    """Key-index rows of every tar, in manifest order, each with ``manifest`` and ``tar`` added."""
+    rows = []
+    for man in manifests(out):
+        for t in man.tars:
+            assert t.key_index is not None
+            table = read_key_index(Path(man.manifest_dir) / t.key_index).to_pylist()
+            rows += [r | {"manifest": man, "tar": t.path} for r in table]
+    return rows
+
+
+def all_problems(out: Path, **cfg) -> list[str]:
+    """Everything ``verify.py`` finds wrong with a build's output."""
+    config = ShardingConfig(**({"max_shard_size_mb": SMALL_BOUND_MB} | cfg))
+    plans = load_plans(out, config)
+    buckets = sorted({p.bucket for p in plans})
+    return (
+        twin_key_mismatches(out, plans)
+        + size_bound_violations(out, plans, config)
+        + manifest_mismatches(out, buckets)
+        + key_index_mismatches(out, buckets)
+    )
+
+
+def source_file(raw_root: Path, modality: str, basename: str) -> Path:
+    """The raw file of ``basename`` in ``modality`` (whatever its extension)."""
+    folder = raw_root / SOURCE / modality
+    hits = [folder / n for n in os.listdir(folder) if stem_of(n) == basename]
+    assert len(hits) == 1, (modality, basename, hits)
+    return hits[0]
+
+
+def accounted(raw_root: Path, summary: BuildSummary) -> tuple[set[str], set[str], set[str]]:
+    """(stems on disk, stems kept, stems the report names as dropped): nothing lost silently."""
+    seen = set()
+    for m in os.listdir(raw_root / SOURCE):
+        folder = raw_root / SOURCE / m
+        seen |= {stem_of(n) for n in os.listdir(folder) if not n.startswith(".")}
+    kept = {r["basename"] for r in index_rows(summary.out)}
+    dropped = {ex for reason in summary.report.dropped for ex in summary.report.examples[reason]}
+    return seen, kept, dropped
+
+
+def assert_nothing_lost(raw_root: Path, summary: BuildSummary) -> None:
+    seen, kept, dropped = accounted(raw_root, summary)
+    assert kept.isdisjoint(dropped)
+    assert seen == kept | dropped, f"unaccounted stems: {sorted(seen - kept - dropped)}"
+    assert summary.report.samples == len(kept) == summary.samples
+
+
+def jpeg_bytes(im: Image.Image, exif_orientation: int | None = None, quality: int = 90) -> bytes:
+    buf = io.BytesIO()
+    kw = {}
+    if exif_orientation:
+        ex = Image.Exif()
+        ex[0x0112] = exif_orientation
+        kw["exif"] = ex.tobytes()
+    im.save(buf, "JPEG", quality=quality, **kw)
+    return buf.getvalue()
+
+
+def photo(name: str = "astronaut", size: tuple[int, int] | None = None) -> Image.Image:
+    im = load_photo(name)
+    return im.resize(size) if size else im
+
+
+def add_sample(
+    raw_root: Path, stem: str, *, image: bytes | None = None, image_ext: str = "jpg",
+    caption: dict | bytes | None = None, embedding: np.ndarray | None = None,
+    modalities: tuple[str, ...] = ("image", "caption", "umt5"),
+) -> None:
+    """Write one sample's files (real photograph defaults) into the modalities named."""
+    src = raw_root / SOURCE
+    if "image" in modalities:
+        data = image if image is not None else jpeg_bytes(photo(size=(96, 96)))
+        (src / "image" / f"{stem}.{image_ext}").write_bytes(data)
+    if "caption" in modalities:
+        doc = caption if caption is not None else {"prompt": f"a photograph called {stem}"}
+        (src / "caption" / f"{stem}.json").write_bytes(doc if isinstance(doc, bytes) else json.dumps(doc).encode())
+    if "umt5" in modalities:
+        np.save(src / "umt5" / f"{stem}.npy", embedding if embedding is not None else np.zeros((8, 64), np.float16))
