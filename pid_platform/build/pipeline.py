@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from loader.formats.atomic import atomic_write_bytes
@@ -87,6 +87,25 @@ def run_sharding(store: SourceStore, source: str, out: Path, config: ShardingCon
     results = write_shards(store, source, out, plans, num_workers=num_workers, progress=step)
     write_plans(state_dir(out) / "plan.parquet", plans, modalities)
     return plans, results
+
+
+def save_sharding_config(out: Path, config: ShardingConfig) -> Path:
+    """Record the config the tars on disk were cut with, for steps that run later on their own."""
+    path = state_dir(out) / "sharding.json"
+    atomic_write_bytes(path, json.dumps(asdict(config), sort_keys=True, indent=1).encode())
+    return path
+
+
+def load_sharding_config(out: Path) -> ShardingConfig:
+    """The config of the last completed sharding of ``out`` (key indexes, manifests and checks
+    must describe the tars that exist, not the config a later run may be asking for)."""
+    path = state_dir(out) / "sharding.json"
+    try:
+        return ShardingConfig(**json.loads(path.read_bytes()))
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"{path}: no sharding recorded for {out}; materialize twin_tar_shards first"
+        ) from None
 
 
 def load_plans(out: Path, config: ShardingConfig) -> list[ShardPlan]:

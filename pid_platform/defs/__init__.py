@@ -1,0 +1,1 @@
+"""Dagster definitions, one folder per domain; each module registers its own definitions."""

@@ -1,0 +1,1 @@
+"""Jobs, the source sensor and the daily rebuild schedule."""

@@ -1,0 +1,82 @@
+"""Sensors: find sources under the raw root and build each new or changed one; refresh the
+catalog after every successful source build."""
+
+import json
+
+import dagster as dg
+
+from pid_platform.build.errors import BuildError
+from pid_platform.defs.automation.fingerprint import source_fingerprint
+from pid_platform.defs.automation.jobs import catalog_job, source_build_job
+from pid_platform.defs.partitions import SOURCES, sources_partitions
+from pid_platform.defs.resources import ShardingResource, SourceStoreResource
+
+
+def _unusable_as_partition(name: str) -> bool:
+    # Dagster refuses partition keys holding "..." or control characters; one such folder must
+    # not fail the whole tick for every other source.
+    return "..." in name or any(ord(c) < 32 for c in name)
+
+
+def build_run_key(source: str, config_version: str, fingerprint: str) -> str:
+    # The daemon drops a run request whose run_key it has seen before, forever: the key must
+    # change whenever the bytes a build would write can change (the input files or the config).
+    return f"{source}:{config_version}:{fingerprint}"
+
+
+@dg.sensor(
+    job=source_build_job,
+    minimum_interval_seconds=60,
+    default_status=dg.DefaultSensorStatus.STOPPED,
+)
+def raw_sources_sensor(
+    context: dg.SensorEvaluationContext, source_store: SourceStoreResource, sharding: ShardingResource
+) -> dg.SensorResult:
+    """Lists the sources under the raw root, adds each new one as a partition of ``sources``, and
+    requests a ``source_build`` run for every source that is new or whose files or sharding config
+    changed since the last request. The cursor holds each source's last run key."""
+    store = source_store.open()
+    config_version = sharding.config().version()
+    seen: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
+    known = set(context.instance.get_dynamic_partitions(SOURCES))
+    new_partitions: list[str] = []
+    requests: list[dg.RunRequest] = []
+    for source in store.list_sources():
+        if _unusable_as_partition(source):
+            context.log.warning(f"source folder {source!r} skipped: rename it (no '...', no control characters)")
+            continue
+        try:
+            fingerprint, files = source_fingerprint(store, source)
+        except (BuildError, OSError) as exc:
+            context.log.warning(f"source {source!r} skipped: {exc}")
+            continue
+        if files == 0:
+            context.log.info(f"source {source!r} has no files yet; waiting")
+            continue
+        if source not in known:
+            new_partitions.append(source)
+        run_key = build_run_key(source, config_version, fingerprint)
+        if seen.get(source) != run_key:
+            seen[source] = run_key
+            requests.append(
+                dg.RunRequest(
+                    run_key=run_key, partition_key=source,
+                    tags={"pid/source": source, "pid/config_version": config_version},
+                )
+            )
+    return dg.SensorResult(
+        run_requests=requests,
+        dynamic_partitions_requests=[sources_partitions.build_add_request(new_partitions)] if new_partitions else [],
+        cursor=json.dumps(seen, sort_keys=True),
+    )
+
+
+@dg.run_status_sensor(
+    run_status=dg.DagsterRunStatus.SUCCESS,
+    monitored_jobs=[source_build_job],
+    request_job=catalog_job,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+)
+def catalog_after_build(context: dg.RunStatusSensorContext) -> dg.RunRequest:
+    """Rewrites the catalog after each successful source build, so new sources become loadable."""
+    return dg.RunRequest(run_key=f"catalog-after:{context.dagster_run.run_id}")

@@ -1,0 +1,1 @@
+"""Blocking checks of built output against its contracts."""

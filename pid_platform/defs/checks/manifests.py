@@ -1,0 +1,20 @@
+"""Blocking check on ``wdinfo_manifests``: what a manifest says matches the tars it lists."""
+
+import dagster as dg
+
+from pid_platform.build.verify import manifest_mismatches
+from pid_platform.defs.checks.common import blocking_source_check, built_plans, result
+from pid_platform.defs.resources import SourceStoreResource
+
+
+@blocking_source_check(
+    "wdinfo_manifests",
+    "Each bucket's wdinfo.json exists, and its per-tar key counts and byte sizes equal the tars on disk.",
+)
+def manifest_counts_match_tars(
+    context: dg.AssetCheckExecutionContext, source_store: SourceStoreResource
+) -> dg.AssetCheckResult:
+    out = source_store.source_out(context.partition_key)
+    _, plans = built_plans(out)
+    buckets = sorted({p.bucket for p in plans})
+    return result(manifest_mismatches(out, buckets), manifests_checked=len(buckets))

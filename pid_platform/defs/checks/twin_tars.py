@@ -1,0 +1,34 @@
+"""Blocking checks on ``twin_tar_shards``: the twin-tar contract, read back from disk."""
+
+import dagster as dg
+
+from pid_platform.build.plan import is_oversize_singleton
+from pid_platform.build.verify import size_bound_violations, twin_key_mismatches
+from pid_platform.defs.checks.common import blocking_source_check, built_plans, result
+from pid_platform.defs.resources import SourceStoreResource
+
+
+@blocking_source_check(
+    "twin_tar_shards",
+    "Every modality tar of a shard holds the same sample keys in the same order.",
+)
+def twin_tar_keys_match(context: dg.AssetCheckExecutionContext, source_store: SourceStoreResource) -> dg.AssetCheckResult:
+    out = source_store.source_out(context.partition_key)
+    _, plans = built_plans(out)
+    return result(twin_key_mismatches(out, plans), shards_checked=len(plans))
+
+
+@blocking_source_check(
+    "twin_tar_shards",
+    "Every shard's tars together stay within max_shard_size_mb, except a shard of one sample "
+    "that is larger than the bound on its own.",
+)
+def shards_within_size_bound(context: dg.AssetCheckExecutionContext, source_store: SourceStoreResource) -> dg.AssetCheckResult:
+    out = source_store.source_out(context.partition_key)
+    config, plans = built_plans(out)
+    return result(
+        size_bound_violations(out, plans, config),
+        shards_checked=len(plans),
+        bound_bytes=config.max_shard_bytes,
+        oversize_single_sample_shards=sum(is_oversize_singleton(p, config) for p in plans),
+    )

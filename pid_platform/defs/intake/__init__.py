@@ -1,0 +1,1 @@
+"""Intake: the sample set of a source (modality intersection, validation, safe keys)."""

@@ -1,0 +1,1 @@
+"""Key indexes, wdinfo.json manifests and the dataset catalog."""

@@ -1,0 +1,1 @@
+"""Twin-tar shards of a source."""

@@ -1,0 +1,76 @@
+"""``twin_tar_shards``: the size-bounded twin tars of one source."""
+
+import hashlib
+from dataclasses import asdict
+
+import dagster as dg
+
+from pid_platform.build.pipeline import run_sharding, save_sharding_config, summarize
+from pid_platform.build.plan import ShardPlan
+from pid_platform.defs.groups import BUILD_GROUP, BUILD_POOL
+from pid_platform.defs.metadata import bucket_label, human_bytes, markdown_table
+from pid_platform.defs.partitions import sources_partitions
+from pid_platform.defs.resources import SHARDING_CODE_VERSION, ShardingResource, SourceStoreResource
+
+
+def _plans_digest(config_version: str, plans: list[ShardPlan]) -> str:
+    # A plan's digest covers its keys, files and place; together they name the bytes on disk.
+    h = hashlib.sha256(config_version.encode())
+    for p in plans:
+        h.update(p.digest().encode())
+    return h.hexdigest()[:16]
+
+
+@dg.asset(
+    partitions_def=sources_partitions,
+    deps=["sample_set"],
+    group_name=BUILD_GROUP,
+    kinds={"python", "webdataset"},
+    code_version=SHARDING_CODE_VERSION,
+    pool=BUILD_POOL,
+)
+def twin_tar_shards(
+    context: dg.AssetExecutionContext, source_store: SourceStoreResource, sharding: ShardingResource
+) -> dg.MaterializeResult:
+    """Twin tars of a source: ``<bucket>/<modality>/part_<NNNNNN>/<NNNNNN>.tar``, one tar per
+    modality per shard, all holding the same keys in the same order, each shard within
+    ``max_shard_size_mb`` (or ``shard_size`` samples).
+
+    Shards whose inputs and plan are unchanged since the last build are kept, not rewritten.
+    Tars of an earlier, different sharding stay in place until ``wdinfo_manifests`` commits
+    the new one.
+    """
+    source = context.partition_key
+    out = source_store.source_out(source)
+    config = sharding.config()
+
+    def progress(done: int, total: int) -> None:
+        if done == total or done % max(1, total // 10) == 0:
+            context.log.info(f"{source}: {done}/{total} shards")
+
+    plans, results = run_sharding(
+        source_store.open(), source, out, config, num_workers=sharding.num_workers, progress=progress
+    )
+    save_sharding_config(out, config)
+    buckets = summarize(results)
+    written = sum(int(r.written) for r in results)
+    table = markdown_table(
+        ("bucket", "shards", "samples", "bytes", "written", "reused"),
+        [(bucket_label(b.bucket), b.shards, b.samples, human_bytes(b.bytes), b.written, b.shards - b.written)
+         for b in buckets.values()],
+    )
+    return dg.MaterializeResult(
+        metadata={
+            "shards": len(plans),
+            "samples": sum(b.samples for b in buckets.values()),
+            "bytes": sum(b.bytes for b in buckets.values()),
+            "buckets": len(buckets),
+            "written": written,
+            "reused": len(results) - written,
+            "config_version": config.version(),
+            "sharding": dg.MetadataValue.json(asdict(config)),
+            "shards_by_bucket": dg.MetadataValue.md(table),
+            "output": dg.MetadataValue.path(str(out)),
+        },
+        data_version=dg.DataVersion(_plans_digest(config.version(), plans)),
+    )

@@ -1,0 +1,129 @@
+"""The sensor -> partition -> run flow, the daily schedule and the catalog sensor, on a real
+temporary instance; the requested runs are executed for real."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from pid_platform.defs.partitions import SOURCES
+from pid_platform.defs.resources import ShardingResource, source_store_from_env
+from pid_platform.sample_data import make_sample_source
+from tests.test_dagster_support import (
+    apply_partition_requests,
+    build_source,
+    dagster_instance,
+    evaluate_sensor,
+    load_defs,
+    manifests,
+    materialized,
+    use_roots,
+)
+
+
+@pytest.fixture
+def out_root(tmp_path: Path, raw_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    out = tmp_path / "out"
+    use_roots(monkeypatch, raw_root, out)
+    return out
+
+
+def _small_source(root: Path) -> Path:
+    return make_sample_source(root, photos=("coffee",), ratios=((3, 4), (9, 16)), with_problems=False)
+
+
+def _run(defs: dg.Definitions, instance: dg.DagsterInstance, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
+    return build_source(defs, instance, request.partition_key, tags={**request.tags, "dagster/run_key": request.run_key})
+
+
+def test_sensor_registers_sources_and_builds_each_once(raw_root: Path, out_root: Path) -> None:
+    _small_source(raw_root / "portraits")
+    with dagster_instance() as instance:
+        defs = load_defs()
+        first = evaluate_sensor(defs, instance, None)
+        assert apply_partition_requests(instance, first) == ["photos", "portraits"]
+        assert [r.partition_key for r in first.run_requests] == ["photos", "portraits"]
+        version = ShardingResource().config().version()
+        assert all(version in r.run_key for r in first.run_requests)
+
+        for request in first.run_requests:
+            result = _run(defs, instance, request)
+            assert result.success and all(e.passed for e in result.get_asset_check_evaluations())
+        assert sum(m["total_key_count"] for m in manifests(out_root / "photos").values()) == 32
+        assert sum(m["total_key_count"] for m in manifests(out_root / "portraits").values()) == 2
+        runs = instance.get_runs(dg.RunsFilter(tags={"dagster/run_key": first.run_requests[0].run_key}))
+        assert len(runs) == 1 and runs[0].tags["dagster/partition"] == "photos"
+
+        # Nothing changed: nothing to do.
+        idle = evaluate_sensor(defs, instance, first.cursor)
+        assert idle.run_requests == [] and not idle.dynamic_partitions_requests
+
+        # A third source: one new partition, one new run; the others are left alone.
+        _small_source(raw_root / "landscapes")
+        third = evaluate_sensor(defs, instance, idle.cursor)
+        assert apply_partition_requests(instance, third) == ["landscapes"]
+        assert [r.partition_key for r in third.run_requests] == ["landscapes"]
+        assert _run(defs, instance, third.run_requests[0]).success
+        assert sorted(instance.get_dynamic_partitions(SOURCES)) == ["landscapes", "photos", "portraits"]
+
+        # A changed file changes that source's run key (a reused key would be dropped forever).
+        caption = raw_root / "portraits" / "caption" / "coffee-3x4.json"
+        caption.write_text(json.dumps({"prompt": "A cup of coffee, seen from above."}))
+        changed = evaluate_sensor(defs, instance, third.cursor)
+        assert [r.partition_key for r in changed.run_requests] == ["portraits"]
+        assert changed.run_requests[0].run_key != first.run_requests[1].run_key
+
+        # A new sharding config asks for every source again, under new keys.
+        resharded = evaluate_sensor(
+            defs, instance, changed.cursor,
+            source_store=source_store_from_env(), sharding=ShardingResource(max_shard_size_mb=1.0),
+        )
+        assert [r.partition_key for r in resharded.run_requests] == ["landscapes", "photos", "portraits"]
+        old_keys = {r.run_key for r in first.run_requests + third.run_requests + changed.run_requests}
+        assert not old_keys & {r.run_key for r in resharded.run_requests}
+
+
+def test_sensor_skips_sources_it_cannot_build_yet(raw_root: Path, out_root: Path) -> None:
+    (raw_root / "incoming" / "image").mkdir(parents=True)  # no files yet: wait for them
+    _small_source(raw_root / "odd...name")  # not a valid partition key: skipped, not fatal
+    with dagster_instance() as instance:
+        result = evaluate_sensor(load_defs(), instance, None)
+        assert [r.partition_key for r in result.run_requests] == ["photos"]
+        assert apply_partition_requests(instance, result) == ["photos"]
+
+
+def test_daily_schedule_requests_every_registered_source(raw_root: Path, out_root: Path) -> None:
+    with dg.instance_for_test() as instance:  # a schedule context needs an instance ref
+        schedule = load_defs().resolve_schedule_def("daily_source_rebuild")
+        when = dt.datetime(2026, 3, 1, 3, tzinfo=dt.UTC)
+        empty = schedule(dg.build_schedule_context(instance=instance, scheduled_execution_time=when))
+        assert isinstance(empty, dg.SkipReason)
+
+        instance.add_dynamic_partitions(SOURCES, ["photos", "portraits"])
+        requests = schedule(dg.build_schedule_context(instance=instance, scheduled_execution_time=when))
+        assert [(r.partition_key, r.run_key) for r in requests] == [
+            ("photos", "daily:2026-03-01:photos"), ("portraits", "daily:2026-03-01:portraits"),
+        ]
+        assert schedule.job_name == "source_build" and schedule.cron_schedule == "0 3 * * *"
+
+
+def test_catalog_follows_a_successful_build(raw_root: Path, out_root: Path) -> None:
+    _small_source(raw_root / "portraits")
+    with dagster_instance() as instance:
+        defs = load_defs()
+        built = build_source(defs, instance, "portraits")
+        assert built.success
+        sensor = defs.resolve_sensor_def("catalog_after_build")
+        context = dg.build_run_status_sensor_context(
+            sensor_name=sensor.name, dagster_event=built.get_run_success_event(),
+            dagster_instance=instance, dagster_run=built.dagster_run,
+        )
+        request = sensor(context)
+        assert isinstance(request, dg.RunRequest)
+        assert sensor.job_name == "catalog_build"
+        catalog = defs.resolve_job_def(sensor.job_name).execute_in_process(instance=instance)
+        assert materialized(catalog)["dataset_catalog"]["sources"] == ["portraits"]

@@ -1,0 +1,168 @@
+"""Materialize the code location's assets for real sources on a real (temporary) instance."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from loader.formats.twin_tar import TarMember, write_tar
+from loader.formats.wdinfo import read_wdinfo
+from pid_platform.sample_data import make_sample_source
+from tests.test_dagster_support import (
+    SOURCE_ASSETS,
+    build_catalog,
+    build_source,
+    check_metadata,
+    check_outcomes,
+    dagster_instance,
+    load_defs,
+    manifests,
+    materialized,
+    tars,
+    use_roots,
+)
+
+ALL_CHECKS = {"twin_tar_keys_match", "shards_within_size_bound", "manifest_counts_match_tars"}
+
+
+@pytest.fixture
+def out_root(tmp_path: Path, raw_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    out = tmp_path / "out"
+    use_roots(monkeypatch, raw_root, out)
+    return out
+
+
+def test_every_asset_materializes_and_every_check_passes(raw_root: Path, out_root: Path) -> None:
+    with dagster_instance() as instance:
+        defs = load_defs()
+        result = build_source(defs, instance, "photos")
+        assert result.success
+        meta = materialized(result)
+        assert set(meta) == set(SOURCE_ASSETS)
+        assert check_outcomes(result) == dict.fromkeys(ALL_CHECKS, True)
+
+        # 4 photographs x 8 aspect ratios, nothing dropped, one bucket per ratio.
+        assert meta["sample_set"]["samples"] == 32
+        assert meta["sample_set"]["dropped_total"] == 0
+        assert meta["sample_set"]["orphans"] == {"caption": 0, "image": 0, "umt5": 0}
+        shards = meta["twin_tar_shards"]
+        assert (shards["samples"], shards["buckets"]) == (32, 8)
+        assert shards["written"] == shards["shards"] and shards["reused"] == 0
+        assert "| aspect_ratio_16_9 |" in shards["shards_by_bucket"]
+        assert meta["key_indexes"]["key_indexes"] == shards["shards"]
+        assert meta["wdinfo_manifests"]["samples"] == 32
+        assert meta["wdinfo_manifests"]["removed_count"] == 0
+
+        src_out = out_root / "photos"
+        found = manifests(src_out)
+        assert len(found) == 8
+        assert sum(m["total_key_count"] for m in found.values()) == 32
+        for path in meta["wdinfo_manifests"]["manifests"]:
+            man = read_wdinfo(path)
+            for t in man.tars:
+                for modality in man.data_keys:
+                    assert (Path(man.root_path()) / modality / t.path).is_file()
+                assert (Path(path).parent / t.key_index).is_file()
+        assert len(tars(src_out)) == shards["shards"] * 3  # image, caption, umt5
+
+        catalog = build_catalog(defs, instance)
+        assert catalog.success
+        cat_meta = materialized(catalog)["dataset_catalog"]
+        assert cat_meta["sources"] == ["photos"] and cat_meta["total_key_count"] == 32
+        doc = json.loads((out_root / "catalog.json").read_text())
+        assert doc["datasets"] == {"all": ["photos"]}
+
+        # The instance knows which source each materialization belongs to.
+        for name in SOURCE_ASSETS:
+            assert instance.get_materialized_partitions(dg.AssetKey(name)) == {"photos"}
+
+
+def test_intake_metadata_counts_what_was_dropped(raw_root: Path, out_root: Path) -> None:
+    make_sample_source(raw_root / "messy", photos=("astronaut",), ratios=((1, 1), (16, 9)), with_problems=True)
+    with dagster_instance() as instance:
+        result = build_source(load_defs(), instance, "messy")
+        assert result.success
+        intake = materialized(result)["sample_set"]
+    # Two crops plus the EXIF-rotated picture survive; three bad samples are counted, not lost.
+    assert intake["samples"] == 3
+    assert intake["dropped_by_reason"] == {
+        "bad_caption: caption": 1, "missing_modality: caption": 1, "unreadable_image: image": 1,
+    }
+    assert intake["orphans"] == {"caption": 0, "image": 1, "umt5": 1}
+    assert intake["examples"]["unreadable_image: image"] == ["truncated"]
+    assert intake["key_collisions"] == 0
+    assert "| dropped: missing_modality: caption | 1 | orphan |" in intake["report"]
+
+
+def test_reshard_rewrites_manifests_and_removes_stale_tars(raw_root: Path, out_root: Path) -> None:
+    src_out = out_root / "photos"
+    with dagster_instance() as instance:
+        defs = load_defs()
+        small = build_source(defs, instance, "photos", max_shard_size_mb=0.25)
+        assert small.success and all(check_outcomes(small).values())
+        small_meta = materialized(small)
+        small_tars = tars(src_out)
+        small_manifests = manifests(src_out)
+        assert small_meta["twin_tar_shards"]["shards"] > 8  # several shards in some buckets
+
+        again = build_source(defs, instance, "photos", max_shard_size_mb=0.25)
+        assert materialized(again)["twin_tar_shards"]["written"] == 0  # unchanged shards are kept
+
+        big = build_source(defs, instance, "photos", max_shard_size_mb=64)
+        assert big.success and all(check_outcomes(big).values())
+        big_meta = materialized(big)
+        assert set(big_meta) == set(SOURCE_ASSETS)  # the whole lineage re-materialized
+
+    assert big_meta["twin_tar_shards"]["config_version"] != small_meta["twin_tar_shards"]["config_version"]
+    assert big_meta["twin_tar_shards"]["shards"] == 8
+    big_manifests = manifests(src_out)
+    assert big_manifests != small_manifests
+    assert all(len(m["data_list"]) == 1 for m in big_manifests.values())
+    assert sum(m["total_key_count"] for m in big_manifests.values()) == 32
+
+    stale = small_tars - tars(src_out)
+    assert stale and not any(p.exists() for p in stale)
+    assert big_meta["wdinfo_manifests"]["removed_count"] >= len(stale)
+    listed = {
+        (src_out / bucket / modality / rel)
+        for bucket, m in big_manifests.items() for modality in m["data_keys"] for rel in m["data_list"]
+    }
+    assert tars(src_out) == listed  # nothing on disk that no manifest lists
+
+
+def _reverse_members(path: Path) -> None:
+    """Rewrite a tar with its members in reverse order: same size, same bytes, keys out of step."""
+    with tarfile.open(path) as tf:
+        members = [TarMember(i.name, i.size, data=tf.extractfile(i).read()) for i in tf if i.isfile()]
+    size = path.stat().st_size
+    write_tar(path, members[::-1])
+    assert path.stat().st_size == size
+
+
+def test_failed_blocking_check_stops_downstream(raw_root: Path, out_root: Path) -> None:
+    src_out = out_root / "photos"
+    manifest = src_out / "aspect_ratio_1_1" / "wdinfo.json"
+    with dagster_instance() as instance:
+        defs = load_defs()
+        assert build_source(defs, instance, "photos").success
+        committed = manifest.read_bytes()
+
+        # Damage the twin contract in a way the shard writer's reuse test (plan + size) misses.
+        _reverse_members(src_out / "aspect_ratio_1_1" / "caption" / "part_000000" / "000000.tar")
+        result = build_source(defs, instance, "photos")
+
+        assert not result.success
+        assert check_outcomes(result) == {"twin_tar_keys_match": False, "shards_within_size_bound": True}
+        problems = check_metadata(result, "twin_tar_keys_match")["problems"]
+        assert any("aspect_ratio_1_1/part_000000/000000.tar" in p for p in problems)
+        # Downstream of the blocked asset nothing ran: no key indexes, no new manifests.
+        assert set(materialized(result)) == {"sample_set", "twin_tar_shards"}
+        started = {e.step_key for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_START}
+        failed = {e.step_key for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE}
+        assert failed == {"twin_tar_shards_twin_tar_keys_match"}
+        assert not started & {"key_indexes", "wdinfo_manifests"}
+        assert manifest.read_bytes() == committed

@@ -1,0 +1,165 @@
+"""The shape of the code location, written down: a change to lineage, partitions, checks, jobs or
+automation fails here until this snapshot is updated on purpose."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from pid_platform.defs.resources import (
+    SHARDING_CODE_VERSION,
+    LocalSourceStoreResource,
+    S3SourceStoreResource,
+    ShardingResource,
+    source_store_from_env,
+)
+from tests.test_dagster_support import load_defs
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCES = 'Dynamic partitions: "sources"'
+BUILD = "webdataset_build"
+
+EXPECTED_ASSETS = {
+    "sample_set": {
+        "deps": [], "group": BUILD, "partitions": SOURCES, "code_version": "intake-v1",
+        "kinds": ["parquet", "python"], "checks": [], "pools": ["pid_build"],
+    },
+    "twin_tar_shards": {
+        "deps": ["sample_set"], "group": BUILD, "partitions": SOURCES, "code_version": "<sharding>",
+        "kinds": ["python", "webdataset"], "checks": ["shards_within_size_bound", "twin_tar_keys_match"],
+        "pools": ["pid_build"],
+    },
+    "key_indexes": {
+        "deps": ["twin_tar_shards"], "group": BUILD, "partitions": SOURCES, "code_version": "<sharding>",
+        "kinds": ["parquet", "python"], "checks": [], "pools": [],
+    },
+    "wdinfo_manifests": {
+        "deps": ["key_indexes"], "group": BUILD, "partitions": SOURCES, "code_version": "<sharding>",
+        "kinds": ["json", "python"], "checks": ["manifest_counts_match_tars"], "pools": [],
+    },
+    "dataset_catalog": {
+        "deps": ["wdinfo_manifests"], "group": "catalog", "partitions": None, "code_version": None,
+        "kinds": ["json", "python"], "checks": [], "pools": [],
+    },
+}
+
+EXPECTED_JOBS = {
+    "source_build": [
+        "key_indexes", "sample_set", "twin_tar_shards", "twin_tar_shards:shards_within_size_bound",
+        "twin_tar_shards:twin_tar_keys_match", "wdinfo_manifests", "wdinfo_manifests:manifest_counts_match_tars",
+    ],
+    "catalog_build": ["dataset_catalog"],
+}
+
+EXPECTED_AUTOMATION = {
+    "raw_sources_sensor": ("sensor", "source_build", "STOPPED"),
+    "catalog_after_build": ("sensor", "catalog_build", "RUNNING"),
+    "daily_source_rebuild": ("schedule 0 3 * * * UTC", "source_build", "STOPPED"),
+}
+
+
+@pytest.fixture(scope="module")
+def defs() -> dg.Definitions:
+    with dg.instance_for_test():
+        return load_defs()
+
+
+def _snapshot_assets(defs: dg.Definitions) -> dict:
+    graph = defs.resolve_asset_graph()
+    out = {}
+    for key in graph.get_all_asset_keys():
+        node = graph.get(key)
+        version = node.code_version
+        out[key.to_user_string()] = {
+            "deps": sorted(k.to_user_string() for k in node.parent_keys),
+            "group": node.group_name,
+            "partitions": str(node.partitions_def) if node.partitions_def else None,
+            "code_version": "<sharding>" if version == SHARDING_CODE_VERSION else version,
+            "kinds": sorted(node.kinds),
+            "checks": sorted(c.name for c in node.check_keys),
+            "pools": sorted(node.pools or ()),
+        }
+    return out
+
+
+def test_assets_lineage_and_checks(defs: dg.Definitions) -> None:
+    assert _snapshot_assets(defs) == EXPECTED_ASSETS
+
+
+def test_every_check_is_blocking_and_per_source(defs: dg.Definitions) -> None:
+    graph = defs.resolve_asset_graph()
+    for check_key in graph.asset_check_keys:
+        spec = graph.get_check_spec(check_key)
+        assert spec.blocking, check_key
+        assert spec.partitions_def is not None and spec.partitions_def.name == "sources", check_key
+
+
+def test_every_asset_is_described(defs: dg.Definitions) -> None:
+    for spec in defs.resolve_all_asset_specs():
+        assert spec.description and len(spec.description) > 40, spec.key
+
+
+def test_jobs_select_what_they_should(defs: dg.Definitions) -> None:
+    jobs = {}
+    for name in EXPECTED_JOBS:
+        layer = defs.resolve_job_def(name).asset_layer
+        keys = [k.to_user_string() for k in layer.selected_asset_keys]
+        checks = [f"{c.asset_key.to_user_string()}:{c.name}" for c in layer.asset_graph.asset_check_keys]
+        jobs[name] = sorted(keys + checks)
+    assert jobs == EXPECTED_JOBS
+
+
+def test_schedules_and_sensors(defs: dg.Definitions) -> None:
+    found = {}
+    for s in defs.sensors or []:
+        sensor = defs.resolve_sensor_def(s.name)
+        found[sensor.name] = ("sensor", sensor.job_name, sensor.default_status.name)
+    for s in defs.schedules or []:
+        schedule = defs.resolve_schedule_def(s.name)
+        found[schedule.name] = (
+            f"schedule {schedule.cron_schedule} {schedule.execution_timezone}", schedule.job_name,
+            schedule.default_status.name,
+        )
+    assert found == EXPECTED_AUTOMATION
+
+
+def test_resources_bind_one_store_key(defs: dg.Definitions) -> None:
+    assert sorted(defs.resources) == ["sharding", "source_store"]
+    assert isinstance(defs.resources["source_store"], LocalSourceStoreResource)
+    sharding = defs.resources["sharding"]
+    assert isinstance(sharding, ShardingResource)
+    assert (sharding.num_workers, sharding.trust_pickle, sharding.datasets) == (2, False, {})
+
+
+def test_store_is_chosen_by_raw_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    local = source_store_from_env({})
+    assert isinstance(local, LocalSourceStoreResource)
+    assert (local.raw_root, local.output_root) == (str(tmp_path / "demo/raw"), str(tmp_path / "demo/out"))
+    s3 = source_store_from_env(
+        {"PID_RAW_ROOT": "s3://drops/raw", "PID_OUTPUT_ROOT": "built", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    )
+    assert isinstance(s3, S3SourceStoreResource)
+    assert (s3.raw_root, s3.endpoint_url, s3.output_root) == ("s3://drops/raw", "http://127.0.0.1:9", str(tmp_path / "built"))
+    with pytest.raises(ValueError, match="local folder"):
+        source_store_from_env({"PID_OUTPUT_ROOT": "s3://drops/out"})
+    with pytest.raises(ValueError, match="plain folder name"):
+        local.source_out("../elsewhere")
+
+
+def test_workspace_loads_as_the_ui_loads_it(tmp_path: Path) -> None:
+    """``dagster definitions validate`` loads workspace.yaml exactly as ``dagster dev`` does."""
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path), "PID_RAW_ROOT": str(tmp_path / "raw"),
+           "PID_OUTPUT_ROOT": str(tmp_path / "out")}
+    dagster = Path(sys.executable).parent / "dagster"
+    proc = subprocess.run(
+        [str(dagster), "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Validation successful for code location pid_platform" in proc.stdout + proc.stderr
