@@ -122,20 +122,44 @@ class TarMember:
     data: bytes | None = None
 
 
+def _header_template() -> bytes:
+    # Every field but name, size and checksum is the same in every header we write.
+    h = bytearray(BLOCK)
+    h[100:108] = b"0000644\0"  # mode
+    h[108:116] = b"0000000\0"  # uid
+    h[116:124] = b"0000000\0"  # gid
+    h[136:148] = b"00000000000\0"  # mtime 0
+    h[148:156] = b"        "  # checksum, counted as spaces
+    h[156:157] = tarfile.REGTYPE
+    h[257:265] = tarfile.POSIX_MAGIC  # "ustar\0" "00"
+    # linkname, uname, gname, prefix: NUL. devmajor/devminor: NUL, as current CPython tarfile
+    # leaves them for regular files (GNU tar writes octal zeros there).
+    return bytes(h)
+
+
+_HEADER_TEMPLATE = _header_template()
+USTAR_SIZE_MAX = 8**11 - 1  # 11 octal digits
+
+
 def _header(name: str, size: int) -> bytes:
-    if len(name.encode("utf-8")) > USTAR_NAME_MAX:
+    """A normalised USTAR header (mtime 0, uid/gid 0, no owner names, mode 0644).
+
+    Built by hand rather than with ``tarfile.TarInfo.tobuf``: about 5x faster per member, and
+    the bytes cannot drift with the Python version (tarfile's devmajor/devminor have changed).
+    """
+    raw = name.encode("utf-8")
+    if len(raw) > USTAR_NAME_MAX:
         raise FormatError(
             f"tar member name {name!r} is longer than {USTAR_NAME_MAX} bytes; "
             "keys are limited at intake, so this is a bug in the caller"
         )
-    info = tarfile.TarInfo(name)
-    info.size = size
-    info.mtime = 0
-    info.mode = 0o644
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    info.type = tarfile.REGTYPE
-    return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict")
+    if not 0 <= size <= USTAR_SIZE_MAX:
+        raise FormatError(f"tar member {name!r}: size {size} does not fit a USTAR header (8 GiB - 1 at most)")
+    h = bytearray(_HEADER_TEMPLATE)
+    h[: len(raw)] = raw
+    h[124:136] = b"%011o\0" % size
+    h[148:155] = b"%06o\0" % sum(h)  # the 8th checksum byte stays a space
+    return bytes(h)
 
 
 class SourceChangedError(OSError):
