@@ -138,7 +138,9 @@ class _Columns:
         self.chunk_size = max(self.chunk_size, int(doc.get("chunk_size") or derive_chunk_size(counts.tolist())))
         ki = doc.get("key_index")
         if ki and len(ki) == n:
-            key_index = pa.array([join_url(root, k) if k else None for k in ki], pa.string())
+            # Key-index paths are relative to the manifest's folder (not to root).
+            base = mdir if _is_url(mdir) else os.path.abspath(mdir)
+            key_index = pa.array([join_url(base, k) if k else None for k in ki], pa.string())
         else:
             key_index = pa.nulls(n, pa.string())
         self.paths.append(pa.array(data_list, pa.string()))
