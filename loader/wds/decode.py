@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from loader.wds.errors import UnsafeDataError
+from loader.wds.errors import DecodeError, UnsafeDataError
 
 IMAGE_EXTS = {"jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif"}
 PICKLE_EXTS = {"pkl", "pickle", "pt", "pth", "ckpt"}
@@ -70,6 +70,8 @@ class Decoder:
             try:
                 return np.load(io.BytesIO(data), allow_pickle=self.trusted_data)
             except ValueError as exc:
+                if "pickle" not in str(exc):
+                    raise  # a truncated or corrupt array: reported as a DecodeError below
                 raise UnsafeDataError(
                     f"sample {sample.get('__key__')!r}: {name}.{ext} holds an object array (pickle); "
                     "pass trusted_data=True only for data you trust"
@@ -82,6 +84,10 @@ class Decoder:
                     f"sample {sample.get('__key__')!r}: member {name}.{ext} would be loaded with pickle; "
                     "refused - convert it to .npy, or pass trusted_data=True for data you trust"
                 )
+            if last in ("pkl", "pickle"):
+                import pickle
+
+                return pickle.loads(data)  # noqa: S301 - trusted_data=True was asked for
             import torch
 
             return torch.load(io.BytesIO(data), weights_only=False)
@@ -93,5 +99,14 @@ class Decoder:
             if field.startswith("__"):
                 continue
             name, _, ext = field.partition(".")
-            out[name] = self._value(name, ext, data, sample)
+            try:
+                out[name] = self._value(name, ext, data, sample)
+            except (UnsafeDataError, DecodeError):
+                raise
+            except Exception as exc:
+                raise DecodeError(
+                    f"sample {sample.get('__key__')!r} (shard {sample.get('__shard__')}, member "
+                    f"{sample.get('__index__')}): cannot decode {field} (member {sample.get('__key__')}.{ext} "
+                    f"of the {name} tar): {type(exc).__name__}: {exc}"
+                ) from exc
         return out

@@ -21,6 +21,10 @@ class ShardReadError(LoaderError):
     """A tar could not be read to the end (truncated, corrupt)."""
 
 
+class DecodeError(LoaderError):
+    """A member's bytes could not be decoded (corrupt image, bad JSON...); names sample and member."""
+
+
 class UnsafeDataError(LoaderError):
     """Decoding would run pickle; refused unless trusted_data=True."""
 

@@ -210,20 +210,24 @@ def tar_file_expander(opened: Iterable[dict], modalities: tuple[str, ...] | None
         task: Task = item["task"]
         mods = modalities or shard.keys
         mode = opts.mode
-        produced = 0
+        last_index = -1  # member index of the last sample zip mode handed on (all modalities)
         try:
             try:
                 gen = _zip_members if mode == "zip" else _index_members
                 for member in gen(shard, task, mods, opts, stats):
-                    produced += 1
+                    last_index = member["index"]
                     yield {**member, "epoch": item["epoch"], "shard_id": task.shard_id, "pad": task.pad,
                            "bucket": shard.bucket}
             except TwinMismatchError:
-                if not (mode == "zip" and opts.zip_fallback_to_index and shard.key_index and produced == 0):
+                if not (mode == "zip" and opts.zip_fallback_to_index and shard.key_index):
                     raise
                 stats.zip_fallbacks += 1
-                log.warning("shard %s: zip mode mismatch, falling back to index mode", shard.path)
-                for member in _index_members(shard, task, mods, opts, stats):
+                log.warning("shard %s: zip mode mismatch after member %d, falling back to index mode",
+                            shard.path, last_index)
+                # Zip mode checks a whole tuple before handing any of it on, so every member up
+                # to last_index is complete: index mode reads the rest of the task.
+                rest = tuple((max(a, last_index + 1), b) for a, b in task.ranges if b > last_index + 1)
+                for member in _index_members(shard, Task(task.shard_id, rest, task.pad), mods, opts, stats):
                     yield {**member, "epoch": item["epoch"], "shard_id": task.shard_id, "pad": task.pad,
                            "bucket": shard.bucket}
         except ShardReadError:

@@ -34,24 +34,31 @@ class ResumableLoader:
         self.counts = np.asarray(dataset.shards.counts)
         self.epoch = dataset.shardlist.epoch
         self.consumed: dict[int, ConsumedSet] = {}
-        self.rank_consumed_in_epoch = 0  # for WDS_START_INDEX (PiD's per-rank sample count)
+        # For WDS_START_INDEX (PiD's per-rank sample count); a PiD-style restart starts from it.
+        self.rank_consumed_in_epoch = dataset.shardlist.start_index
 
     def _mark(self, item: Any) -> None:
         if isinstance(item, dict) and "__sid__" in item and not isinstance(item["__sid__"], int):
             sids = item["__sid__"].tolist()
             epochs = item["__epoch__"].tolist()
+            pads = item["__pad__"].tolist() if "__pad__" in item else [False] * len(sids)
         elif isinstance(item, dict):
-            sids, epochs = [item["__sid__"]], [item["__epoch__"]]
+            sids, epochs, pads = [item["__sid__"]], [item["__epoch__"]], [item.get("__pad__", False)]
         else:
             sids = [s["__sid__"] for s in item]
             epochs = [s["__epoch__"] for s in item]
-        for sid, ep in zip(sids, epochs, strict=True):
+            pads = [s.get("__pad__", False) for s in item]
+        for sid, ep, pad in zip(sids, epochs, pads, strict=True):
+            if ep == self.epoch:
+                self.rank_consumed_in_epoch += 1
+            if pad:
+                # A padding repeat is not its original: the rank that owns the original may
+                # not have handed it over yet, and marking it here would skip it on resume.
+                continue
             cs = self.consumed.get(ep)
             if cs is None:
                 cs = self.consumed[ep] = ConsumedSet(self.counts)
             cs.add(*split_sid(sid))
-            if ep == self.epoch:
-                self.rank_consumed_in_epoch += 1
 
     def __iter__(self) -> Iterator[Any]:
         sl = self.dataset.shardlist
@@ -71,13 +78,21 @@ class ResumableLoader:
             self.rank_consumed_in_epoch = 0
 
     def __len__(self) -> int:
-        """Batches (or samples) this rank yields in the current epoch, padding included."""
+        """Batches (or samples) this rank yields in the current epoch, padding included: each
+        DataLoader worker batches its own part, so the count is summed per worker. What a
+        restored state already consumed is left out. (With same-aspect batches the count is a
+        lower bound: each bucket may end in a partial batch.)"""
         from loader.wds.shardlists import ShardlistBasic
 
         sl: ShardlistBasic = self.dataset.shardlist
-        _, split = sl.tasks(self.epoch, 0, 1)
+        sl.set_consumed({e: c for e, c in self.consumed.items() if e >= self.epoch})  # as __iter__ does
         bs = self.dataset.batch_size or 1
-        return -(-split.per_rank // bs)
+        workers = max(1, self.num_workers)
+        total = 0
+        for w in range(workers):
+            tasks, _ = sl.tasks(self.epoch, w, workers)
+            total += -(-sum(t.size for t in tasks) // bs)
+        return total
 
     def state_dict(self) -> dict[str, Any]:
         """Merged consumed-sample state of every rank (a collective call under torch.distributed)."""

@@ -45,6 +45,7 @@ class ShardlistBasic:
         env_start = os.environ.get(START_INDEX_ENV)
         self.epoch = epoch if epoch is not None else int(env_epoch or 0)
         self.start_index = start_index if start_index is not None else int(env_start or 0)
+        self.start_epoch = self.epoch  # the epoch start_index belongs to (later epochs start at 0)
         self.consumed: dict[int, ConsumedSet] = {}
 
     def set_epoch(self, epoch: int) -> None:
@@ -53,7 +54,8 @@ class ShardlistBasic:
     def set_consumed(self, consumed: dict[int, ConsumedSet]) -> None:
         """Exact resume: these samples are skipped (takes precedence over WDS_START_INDEX)."""
         self.consumed = consumed
-        self.start_index = 0
+        if consumed:
+            self.start_index = 0
 
     def tasks(self, epoch: int, worker_id: int, num_workers: int) -> tuple[list[Task], EpochSplit]:
         tasks, split = plan_epoch(
@@ -61,7 +63,7 @@ class ShardlistBasic:
             group_id=self.rank.group_id, num_groups=self.rank.num_groups,
             worker_id=worker_id, num_workers=num_workers, consumed=self.consumed.get(epoch),
         )
-        if self.start_index and epoch == self.epoch:
+        if self.start_index and epoch == self.start_epoch:
             # As PiD: samples read -> shards read (// chunk_size) -> shards per worker to skip.
             skip = (self.start_index // self.chunk_size) // num_workers
             tasks = tasks[skip:]
