@@ -292,3 +292,17 @@ def test_decoder_refuses_pickle_on_its_own() -> None:
     with pytest.raises(UnsafeDataError, match="x.pickle"):
         Decoder()(sample)
     assert Decoder(trusted_data=True)(sample)["x"] == 1
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_drop_counts_from_workers_reach_the_loader(caption_lacks_k2: Path, num_workers: int) -> None:
+    """Counters live in each DataLoader worker; the loader in the training process sums them."""
+    from loader.wds.pipeline import make_loader
+
+    ds = build_dataset(str(caption_lacks_k2), mode="index", shuffle=False, decode=None, batch_size=1)
+    loader = make_loader(ds, num_workers=num_workers)
+    batches = list(loader)
+    assert sorted(k for b in batches for k in b["__key__"]) == ["k0", "k1", "k3"]
+    assert all("__stats__" not in b for b in batches)  # bookkeeping never reaches the loop
+    assert loader.stats["missing_keys"] == {"caption": 1}
+    assert loader.stats["samples"] == 3

@@ -21,6 +21,14 @@ from loader.wds.schema import ShardTable
 from loader.wds.shardlists import ShardlistBasic, current_worker
 from loader.wds.stages import batched, map_samples, shuffle_buffer, with_sid
 
+STATS_KEY = "__stats__"
+
+
+def _in_worker_process() -> bool:
+    from torch.utils.data import get_worker_info
+
+    return get_worker_info() is not None
+
 
 class TwinTarDataset(IterableDataset):
     """Samples (or batches) from twin tars.
@@ -60,13 +68,21 @@ class TwinTarDataset(IterableDataset):
         return shuffle_buffer(out, self.shuffle_size, rng)
 
     def __iter__(self) -> Iterator[Any]:
+        # Counts start afresh per pass: a DataLoader worker gets a new copy each epoch anyway,
+        # and the in-process case must not count an earlier epoch twice.
+        self.stats = ExpandStats()
+        worker_id, _ = current_worker()
+        in_worker = _in_worker_process()
         out = self.samples()
         if self.decoder is not None:
             out = map(self.decoder, out)
         for fn in self.maps:
             out = map_samples(out, fn)
-        if self.batch_size is None:
-            yield from out
-            return
-        for batch in batched(out, self.batch_size, self.same_aspect_batches):
-            yield self.collate(batch)
+        if self.batch_size is not None:
+            out = map(self.collate, batched(out, self.batch_size, self.same_aspect_batches))
+        for item in out:
+            # Workers are separate processes: their drop counts ride along with what they
+            # yield, so the loader in the training process can report them.
+            if in_worker and isinstance(item, dict):
+                item[STATS_KEY] = (worker_id, self.stats.as_dict())
+            yield item

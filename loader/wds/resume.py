@@ -15,7 +15,7 @@ import numpy as np
 from torch.utils.data import DataLoader
 
 from loader.wds.consumed import ConsumedSet, split_sid
-from loader.wds.dataset import TwinTarDataset
+from loader.wds.dataset import STATS_KEY, TwinTarDataset
 from loader.wds.distributed import all_gather_objects
 from loader.wds.errors import ResumeStateError
 
@@ -24,6 +24,27 @@ STATE_VERSION = 1
 
 def _identity(x):
     return x
+
+
+def _add_stats(into: dict[str, Any], snap: dict[str, Any]) -> None:
+    for k, v in snap.items():
+        if isinstance(v, dict):
+            d = into.setdefault(k, {})
+            for kk, vv in v.items():
+                d[kk] = d.get(kk, 0) + vv
+        else:
+            into[k] = into.get(k, 0) + v
+
+
+class _InProcess(dict):
+    """Live stats view of a dataset iterated in this process (no DataLoader workers)."""
+
+    def __init__(self, dataset: TwinTarDataset):
+        super().__init__()
+        self.dataset = dataset
+
+    def values(self):  # type: ignore[override]
+        return [self.dataset.stats.as_dict()]
 
 
 class ResumableLoader:
@@ -36,6 +57,8 @@ class ResumableLoader:
         self.consumed: dict[int, ConsumedSet] = {}
         # For WDS_START_INDEX (PiD's per-rank sample count); a PiD-style restart starts from it.
         self.rank_consumed_in_epoch = dataset.shardlist.start_index
+        self._done_stats: dict[str, Any] = {}
+        self._live_stats: dict[int, dict[str, Any]] = {}
 
     def _mark(self, item: Any) -> None:
         if isinstance(item, dict) and "__sid__" in item and not isinstance(item["__sid__"], int):
@@ -68,7 +91,14 @@ class ResumableLoader:
             self.dataset, batch_size=None, num_workers=self.num_workers, collate_fn=_identity,
             **self.dataloader_kwargs,
         )
+        self._fold_stats()
+        if self.num_workers == 0:
+            # In-process: the dataset's own counters are the live ones.
+            self._live_stats = _InProcess(self.dataset)
         for item in loader:
+            if isinstance(item, dict) and STATS_KEY in item:
+                worker_id, snapshot = item.pop(STATS_KEY)
+                self._live_stats[worker_id] = snapshot
             self._mark(item)
             yield item
         if not sl.infinite:
@@ -76,6 +106,21 @@ class ResumableLoader:
             self.consumed.pop(self.epoch, None)
             self.epoch += 1
             self.rank_consumed_in_epoch = 0
+
+    def _fold_stats(self) -> None:
+        for snap in self._live_stats.values():
+            _add_stats(self._done_stats, snap)
+        self._live_stats: dict = {}
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """What this rank's readers counted (samples, shards, missing keys, duplicates, shard
+        errors...), summed over workers and epochs; nothing dropped goes unreported."""
+        total: dict[str, Any] = {}
+        _add_stats(total, self._done_stats)
+        for snap in self._live_stats.values():
+            _add_stats(total, snap)
+        return total
 
     def __len__(self) -> int:
         """Batches (or samples) this rank yields in the current epoch, padding included: each
@@ -115,6 +160,8 @@ class ResumableLoader:
         while epoch in merged and merged[epoch].complete:
             del merged[epoch]
             epoch += 1
+        for e in [e for e in self.consumed if e < epoch]:
+            del self.consumed[e]  # over on every rank: no need to keep it in memory either
         sl = self.dataset.shardlist
         return {
             "version": STATE_VERSION,
