@@ -1,0 +1,80 @@
+"""Stream tuning (``StreamConfig``) and the counters every stream reports into (``StreamStats``)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, fields
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """How remote byte streams connect, wait, retry and authenticate.
+
+    Frozen so one config can be shared by every stream of a loader (and pickled to workers).
+    """
+
+    max_retries: int = 8              # reopen attempts per stream before RetryBudgetExceeded
+    backoff_base_s: float = 0.2       # jittered exponential back-off: base * 2**attempt * U(0.5, 1.5), capped
+    backoff_max_s: float = 10.0
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 30.0      # a read that stalls this long counts as a failure -> reopen
+    min_throughput_bps: float = 0.0   # >0: if throughput over `throughput_window_s` stays below this, reconnect
+    throughput_window_s: float = 5.0
+    s3_endpoint_url: str | None = None   # else AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, else AWS default
+    hf_endpoint: str | None = None       # else HF_ENDPOINT env, else https://huggingface.co
+    hf_token: str | None = field(default=None, repr=False)  # else huggingface_hub's lookup; never logged
+    seed: int = 0                        # jitter RNG is seeded from (seed, url): no wall-clock randomness
+
+    def __post_init__(self) -> None:
+        if self.max_retries < 0:
+            raise ValueError(f"StreamConfig.max_retries must be >= 0, got {self.max_retries}")
+        for name in ("backoff_base_s", "backoff_max_s", "min_throughput_bps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"StreamConfig.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("connect_timeout_s", "read_timeout_s", "throughput_window_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"StreamConfig.{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass
+class StreamStats:
+    """Counters shared by any number of streams (and threads) in one process.
+
+    ``opens``: requests made (the first open and every reopen attempt);
+    ``retries``: reopens after a failed or short read (these spend the retry budget);
+    ``reconnects``: reopens because throughput stayed below the floor (free: data was flowing);
+    ``bytes_skipped``: bytes discarded because a server ignored the Range header.
+    """
+
+    bytes_read: int = 0
+    retries: int = 0
+    reconnects: int = 0
+    opens: int = 0
+    bytes_skipped: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self, name, getattr(self, name) + delta)
+
+    def merge(self, other: StreamStats | dict[str, int]) -> StreamStats:
+        """Add ``other``'s counters (e.g. a worker's ``as_dict()``) into this one; return self."""
+        counts = other.as_dict() if isinstance(other, StreamStats) else other
+        self.add(**{k: int(v) for k, v in counts.items() if k in _COUNTERS})
+        return self
+
+    def as_dict(self) -> dict[str, int]:
+        with self._lock:
+            return {name: getattr(self, name) for name in _COUNTERS}
+
+    # A lock does not pickle; stats travel to and from DataLoader workers.
+    def __getstate__(self) -> dict[str, int]:
+        return self.as_dict()
+
+    def __setstate__(self, state: dict[str, int]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+_COUNTERS = tuple(f.name for f in fields(StreamStats) if not f.name.startswith("_"))

@@ -1,0 +1,37 @@
+"""Named stream errors. Messages name the URL (credentials stripped) and the byte offset."""
+
+from __future__ import annotations
+
+
+class StreamError(OSError):
+    """A byte stream could not deliver the bytes it was asked for."""
+
+
+class ObjectChangedError(StreamError):
+    """The object's identity (ETag or size) changed between two opens of one stream."""
+
+
+class RetryBudgetExceeded(StreamError):
+    """A stream failed more often than ``StreamConfig.max_retries`` allows."""
+
+    def __init__(self, url: str, offset: int, retries: int, last_error: BaseException | None):
+        self.url = url
+        self.offset = offset
+        self.retries = retries
+        self.last_error = last_error
+        detail = f"{type(last_error).__name__}: {last_error}" if last_error else "unknown"
+        super().__init__(
+            f"{url}: gave up at byte offset {offset} after {retries} retries; last error: {detail}. "
+            "Check the server or network, or raise StreamConfig.max_retries."
+        )
+
+    def __reduce__(self):  # keep it picklable across DataLoader worker boundaries
+        return (type(self), (self.url, self.offset, self.retries, self.last_error))
+
+
+class TransientError(StreamError):
+    """A failure worth a reopen at the current offset (reset, timeout, 5xx, short body).
+
+    Sources raise it; ``RetryingStream`` catches it. Callers only ever see it inside
+    ``RetryBudgetExceeded.last_error``.
+    """

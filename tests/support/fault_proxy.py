@@ -1,0 +1,259 @@
+"""A byte-transparent TCP proxy on 127.0.0.1 that injects faults into server->client traffic.
+
+It sits in front of any server (the range HTTP server, SeaweedFS S3). Because it never touches
+the bytes, the Host header a client signs (SigV4) is the one the server sees, so signatures stay
+valid. Each accepted connection takes the next ``Fault`` from the plan (``PASS`` once the plan is
+used up); a fault fires once the connection has carried ``after`` response bytes:
+
+* ``rst``: abort the client connection (TCP RST);      * ``fin``: close it cleanly (TCP FIN);
+* ``stall``: forward nothing for ``seconds``, then go on; * ``trickle``: forward at ``bps`` from then on.
+
+Every wait is bounded and interruptible; ``stop()`` (fixture teardown) ends all connections.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import urlsplit
+
+import pytest
+
+_POLL_S = 0.05
+_RECV = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Fault:
+    action: Literal["pass", "rst", "fin", "stall", "trickle"] = "pass"
+    after: int = 0            # response bytes forwarded on this connection before the fault
+    seconds: float = 0.0      # stall length
+    bps: float = 0.0          # trickle rate, bytes per second
+    chunk: int = 256          # trickle piece size
+
+
+PASS = Fault()
+
+
+def drop(after: int, *, rst: bool = True) -> Fault:
+    return Fault("rst" if rst else "fin", after)
+
+
+def stall(after: int, seconds: float) -> Fault:
+    return Fault("stall", after, seconds=seconds)
+
+
+def trickle(after: int, bps: float, chunk: int = 256) -> Fault:
+    return Fault("trickle", after, bps=bps, chunk=chunk)
+
+
+class FaultProxy:
+    def __init__(self, upstream: str | tuple[str, int], plan: Iterable[Fault] = ()):
+        if isinstance(upstream, str):
+            parts = urlsplit(upstream)
+            upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
+        self.upstream = upstream
+        self._plan: deque[Fault] = deque(plan)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._sockets: set[socket.socket] = set()
+        self._threads: list[threading.Thread] = []
+        self.connections = 0
+        self.fired: Counter[str] = Counter()   # faults that actually fired, by action
+        self.bytes_down = 0                    # server -> client bytes forwarded
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(_POLL_S)
+        self._accept_thread = threading.Thread(target=self._accept_loop, name="fault-proxy", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self._listener.getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def set_plan(self, plan: Iterable[Fault]) -> None:
+        """Replace what the next connections get (connections already open keep theirs)."""
+        with self._lock:
+            self._plan = deque(plan)
+
+    @property
+    def plan_left(self) -> int:
+        with self._lock:
+            return len(self._plan)
+
+    def start(self) -> FaultProxy:
+        self._accept_thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._accept_thread.join(timeout=5)
+        self._listener.close()
+        with self._lock:
+            socks, threads = list(self._sockets), list(self._threads)
+        for s in socks:
+            _close(s)
+        for t in threads:
+            t.join(timeout=5)
+
+    def __enter__(self) -> FaultProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- plumbing -----------------------------------------------------------------------------
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.upstream, timeout=5)
+            except OSError:
+                _close(client)
+                continue
+            with self._lock:
+                fault = self._plan.popleft() if self._plan else PASS
+                self.connections += 1
+                self._sockets.update((client, server))
+            for s in (client, server):
+                s.settimeout(_POLL_S)
+            done = _Countdown(2, lambda c=client, s=server: self._forget(c, s))
+            for target, args in ((self._pump_up, (client, server, done)),
+                                 (self._pump_down, (server, client, fault, done))):
+                t = threading.Thread(target=target, args=args, daemon=True)
+                with self._lock:
+                    self._threads.append(t)
+                t.start()
+
+    def _recv(self, s: socket.socket) -> bytes | None:
+        """Next bytes, b"" at EOF, None when stopping or the socket is gone."""
+        while not self._stop.is_set():
+            try:
+                return s.recv(_RECV)
+            except TimeoutError:
+                continue
+            except OSError:
+                return None
+        return None
+
+    def _forget(self, client: socket.socket, server: socket.socket) -> None:
+        _close(client)
+        _close(server)
+        with self._lock:
+            self._sockets.difference_update((client, server))
+
+    def _pump_up(self, client: socket.socket, server: socket.socket, done: _Countdown) -> None:
+        try:
+            while (data := self._recv(client)):
+                try:
+                    server.sendall(data)
+                except OSError:
+                    break
+            with contextlib.suppress(OSError):
+                server.shutdown(socket.SHUT_WR)
+        finally:
+            done.tick()
+
+    def _send(self, client: socket.socket, data: bytes) -> bool:
+        try:
+            client.sendall(data)
+        except OSError:
+            return False
+        with self._lock:
+            self.bytes_down += len(data)
+        return True
+
+    def _pump_down(self, server: socket.socket, client: socket.socket, fault: Fault,
+                   done: _Countdown) -> None:
+        sent = 0
+        armed = fault.action != "pass"
+        trickling = False
+        try:
+            while (data := self._recv(server)):
+                if armed and sent + len(data) > fault.after:
+                    head, data = data[:fault.after - sent], data[fault.after - sent:]
+                    if head and not self._send(client, head):
+                        return
+                    sent += len(head)
+                    armed = False
+                    with self._lock:
+                        self.fired[fault.action] += 1
+                    if fault.action in ("rst", "fin"):
+                        _close(client, rst=fault.action == "rst")
+                        return
+                    if fault.action == "stall" and self._stop.wait(fault.seconds):
+                        return
+                    trickling = fault.action == "trickle"
+                if trickling:
+                    if not self._trickle(client, data, fault):
+                        return
+                elif not self._send(client, data):
+                    return
+                sent += len(data)
+            with contextlib.suppress(OSError):
+                client.shutdown(socket.SHUT_WR)
+        finally:
+            # The client side stays open for _pump_up until the client hangs up, as it would
+            # with the server itself; the last pump to finish closes both sockets.
+            with contextlib.suppress(OSError):
+                server.shutdown(socket.SHUT_RD)
+            done.tick()
+
+    def _trickle(self, client: socket.socket, data: bytes, fault: Fault) -> bool:
+        for i in range(0, len(data), fault.chunk):
+            piece = data[i:i + fault.chunk]
+            if not self._send(client, piece) or self._stop.wait(len(piece) / fault.bps):
+                return False
+        return True
+
+
+class _Countdown:
+    def __init__(self, n: int, then):
+        self._n = n
+        self._then = then
+        self._lock = threading.Lock()
+
+    def tick(self) -> None:
+        with self._lock:
+            self._n -= 1
+            last = self._n == 0
+        if last:
+            self._then()
+
+
+def _close(s: socket.socket, *, rst: bool = False) -> None:
+    with contextlib.suppress(OSError):
+        if rst:  # linger 0: close() sends RST instead of FIN
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        else:
+            s.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        s.close()
+
+
+@pytest.fixture
+def fault_proxy() -> Iterator:
+    """Factory: ``fault_proxy(upstream_url_or_host_port, plan=[...]) -> FaultProxy``."""
+    proxies: list[FaultProxy] = []
+
+    def start(upstream: str | tuple[str, int], plan: Iterable[Fault] = ()) -> FaultProxy:
+        proxy = FaultProxy(upstream, plan).start()
+        proxies.append(proxy)
+        return proxy
+
+    yield start
+    for proxy in proxies:
+        proxy.stop()
