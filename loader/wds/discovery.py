@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import posixpath
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -87,6 +88,14 @@ def _manifest_dir(path: str) -> str:
     return path.rsplit("/", 1)[0] if _is_url(path) else os.path.dirname(path)
 
 
+def _url_join_norm(base: str, rel: str) -> str:
+    """``s3://b/x/y`` + ``../z`` -> ``s3://b/x/z``: object stores take ``./`` literally."""
+    scheme, rest = base.split("://", 1)
+    netloc, _, path = rest.partition("/")
+    joined = posixpath.normpath(posixpath.join("/" + path, rel))
+    return f"{scheme}://{netloc}{joined}"
+
+
 def _bucket_of(doc: dict, path: str) -> str | None:
     if doc.get("bucket"):
         return doc["bucket"]
@@ -133,7 +142,7 @@ class _Columns:
         root = str(doc.get("root", "."))
         mdir = _manifest_dir(path)
         if not (os.path.isabs(root) or "://" in root):
-            root = join_url(mdir, root) if _is_url(mdir) else os.path.normpath(os.path.join(mdir, root))
+            root = _url_join_norm(mdir, root) if _is_url(mdir) else os.path.normpath(os.path.join(mdir, root))
         # PiD: chunk_size absent -> largest per-tar count (skips too few shards on resume, never too many).
         self.chunk_size = max(self.chunk_size, int(doc.get("chunk_size") or derive_chunk_size(counts.tolist())))
         ki = doc.get("key_index")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from itertools import zip_longest
 from typing import Any
 
+from loader.io.config import StreamStats
 from loader.wds.errors import MissingKeyError, ShardReadError, TwinMismatchError
 from loader.wds.members import iter_members, split_key
 from loader.wds.plan import Task
@@ -38,9 +39,11 @@ class ExpandStats:
     unindexed_members: int = 0
     shard_errors: int = 0
     zip_fallbacks: int = 0
+    stream: StreamStats = field(default_factory=StreamStats)  # remote reads: bytes, retries...
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "stream": self.stream.as_dict(),
             "samples": self.samples, "shards": self.shards, "missing_keys": dict(self.missing_keys),
             "duplicates": self.duplicates, "unindexed_members": self.unindexed_members,
             "shard_errors": self.shard_errors, "zip_fallbacks": self.zip_fallbacks,
@@ -77,8 +80,11 @@ def _read_index(shard: TarSample, modalities: tuple[str, ...]):
 
     if not shard.key_index:
         return None
+    import pyarrow as pa
+
     with open_stream(shard.key_index) as fh:
-        table = pq.read_table(fh)
+        data = fh.read()  # small, and parquet wants to seek: remote streams do not
+    table = pq.read_table(pa.BufferReader(data))
     cols = set(table.column_names)
     keys = table.column("key").to_pylist()
     offsets = {m: table.column(f"offset.{m}").to_pylist() for m in modalities if f"offset.{m}" in cols}
@@ -95,7 +101,7 @@ def _zip_members(shard: TarSample, task: Task, modalities: tuple[str, ...], opts
         if index is not None and all(m in index[1] for m in modalities):
             starts = {m: index[1][m][first] for m in modalities}
             skip = 0
-    iters = [iter_members(shard.url(m), starts[m], opts.stream_config, stats) for m in modalities]
+    iters = [iter_members(shard.url(m), starts[m], opts.stream_config, stats.stream) for m in modalities]
     wanted = iter(_wanted(task))
     nxt = next(wanted, None)
     pos = first - skip
@@ -173,7 +179,7 @@ def _index_members(shard: TarSample, task: Task, modalities: tuple[str, ...], op
     readers = {}
     for m in modalities:
         start = min(offsets[m][i] for i in wanted) if m in offsets and wanted else 0
-        readers[m] = _Lookahead(iter_members(shard.url(m), start, opts.stream_config, stats), known,
+        readers[m] = _Lookahead(iter_members(shard.url(m), start, opts.stream_config, stats.stream), known,
                                 opts.lookahead, stats)
     for i in wanted:
         key = keys[i]
