@@ -116,6 +116,8 @@ class _Columns:
         self.paths: list[pa.Array] = []
         self.counts: list[np.ndarray] = []
         self.key_indexes: list[pa.Array] = []
+        self.dirs: dict[str, int] = {}
+        self.dir_ids: list[np.ndarray] = []
         self.chunk_size = 0
 
     @staticmethod
@@ -146,12 +148,9 @@ class _Columns:
         # PiD: chunk_size absent -> largest per-tar count (skips too few shards on resume, never too many).
         self.chunk_size = max(self.chunk_size, int(doc.get("chunk_size") or derive_chunk_size(counts.tolist())))
         ki = doc.get("key_index")
-        if ki and len(ki) == n:
-            # Key-index paths are relative to the manifest's folder (not to root).
-            base = mdir if _is_url(mdir) else os.path.abspath(mdir)
-            key_index = pa.array([join_url(base, k) if k else None for k in ki], pa.string())
-        else:
-            key_index = pa.nulls(n, pa.string())
+        # Key-index paths are relative to the manifest's folder (not to root); kept as written
+        # and joined on access, so a million tars do not hold a million absolute paths.
+        key_index = pa.array(ki, pa.string()) if ki and len(ki) == n else pa.nulls(n, pa.string())
         self.paths.append(pa.array(data_list, pa.string()))
         self.counts.append(counts)
         self.key_indexes.append(key_index)
@@ -160,6 +159,7 @@ class _Columns:
             (self.keys_ids, self.keys, keys),
             (self.source_ids, self.sources, str(doc.get("source") or mdir)),
             (self.bucket_ids, self.buckets, _bucket_of(doc, path)),
+            (self.dir_ids, self.dirs, mdir if _is_url(mdir) else os.path.abspath(mdir)),
         ):
             ids.append(np.full(n, self._id(table, value), dtype=np.int32))
 
@@ -174,6 +174,7 @@ class _Columns:
             list(self.roots), cat(self.root_ids, np.int32), cat_pa(self.paths), cat(self.counts, np.int64),
             cat_pa(self.key_indexes), list(self.keys), cat(self.keys_ids, np.int32),
             list(self.sources), cat(self.source_ids, np.int32), list(self.buckets), cat(self.bucket_ids, np.int32),
+            list(self.dirs), cat(self.dir_ids, np.int32),
         )
 
 
@@ -198,7 +199,10 @@ def parse_manifests(
             "no manifest left to read" + (f" after the aspect-ratio filter {sorted(wanted)}" if wanted else "")
         )
     table = cols.table()
-    return Wdinfo(table, table.total_samples, cols.chunk_size)
+    chunk_size = cols.chunk_size
+    del cols  # the per-manifest arrays; the table holds concatenated copies
+    pa.default_memory_pool().release_unused()  # hand their pages back (mimalloc keeps them otherwise)
+    return Wdinfo(table, table.total_samples, chunk_size)
 
 
 def load_wdinfo(

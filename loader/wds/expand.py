@@ -84,8 +84,12 @@ def _read_index(shard: TarSample, modalities: tuple[str, ...]):
 
     with open_stream(shard.key_index) as fh:
         data = fh.read()  # small, and parquet wants to seek: remote streams do not
-    table = pq.read_table(pa.BufferReader(data))
-    cols = set(table.column_names)
+    # ParquetFile.read, only the columns used, one thread: ~4x cheaper than read_table (the
+    # datasets layer and a thread pool cost more than the decode of a few hundred rows).
+    pf = pq.ParquetFile(pa.BufferReader(data))
+    cols = set(pf.schema_arrow.names)
+    table = pf.read(columns=["key", *(f"offset.{m}" for m in modalities if f"offset.{m}" in cols)],
+                    use_threads=False)
     keys = table.column("key").to_pylist()
     offsets = {m: table.column(f"offset.{m}").to_pylist() for m in modalities if f"offset.{m}" in cols}
     return keys, offsets

@@ -37,6 +37,7 @@ class ShardTable(Sequence[TarSample]):
         self, roots: list[str], root_ids: np.ndarray, paths: pa.Array, counts: np.ndarray,
         key_indexes: pa.Array, keys: list[tuple[str, ...]], keys_ids: np.ndarray,
         sources: list[str], source_ids: np.ndarray, buckets: list[str | None], bucket_ids: np.ndarray,
+        dirs: list[str] | None = None, dir_ids: np.ndarray | None = None,
     ):
         self.roots = roots
         self.root_ids = root_ids.astype(np.int32, copy=False)
@@ -49,6 +50,9 @@ class ShardTable(Sequence[TarSample]):
         self.source_ids = source_ids.astype(np.int32, copy=False)
         self.buckets = buckets
         self.bucket_ids = bucket_ids.astype(np.int32, copy=False)
+        # key_indexes are relative to the manifest folder dirs[dir_ids[i]] (absolute when dirs is None)
+        self.dirs = dirs
+        self.dir_ids = None if dir_ids is None else dir_ids.astype(np.int32, copy=False)
 
     def __len__(self) -> int:
         return len(self.counts)
@@ -65,11 +69,17 @@ class ShardTable(Sequence[TarSample]):
             path=self.paths[i].as_py(),
             keys=self.keys[self.keys_ids[i]],
             sample_count=int(self.counts[i]),
-            key_index=self.key_indexes[i].as_py(),
+            key_index=self._key_index(i),
             source_id=self.sources[self.source_ids[i]],
             bucket=self.buckets[self.bucket_ids[i]],
             shard_id=i,
         )
+
+    def _key_index(self, i: int) -> str | None:
+        ki = self.key_indexes[i].as_py()
+        if not ki or self.dirs is None:
+            return ki or None
+        return join_url(self.dirs[self.dir_ids[i]], ki)
 
     def __iter__(self) -> Iterator[TarSample]:
         return (self[i] for i in range(len(self)))
@@ -92,6 +102,8 @@ class ShardTable(Sequence[TarSample]):
 
     def nbytes(self) -> int:
         arrays = (self.root_ids, self.counts, self.keys_ids, self.source_ids, self.bucket_ids)
+        if self.dir_ids is not None:
+            arrays += (self.dir_ids,)
         return int(sum(a.nbytes for a in arrays) + self.paths.nbytes + self.key_indexes.nbytes)
 
 
