@@ -9,7 +9,12 @@ import pytest
 
 from pid_platform.sample_data import make_sample_source
 
-pytest_plugins = ["tests.support.seaweedfs", "tests.support.http_server", "tests.support.fault_proxy"]
+pytest_plugins = [
+    "tests.support.seaweedfs",
+    "tests.support.http_server",
+    "tests.support.fault_proxy",
+    "tests.support.lerobot_data",
+]
 
 # Four photographs x eight aspect ratios: every bucket gets real pictures, and it builds fast.
 TEST_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")

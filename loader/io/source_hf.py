@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from .config import StreamConfig
 from .source_http import HttpSource
@@ -43,12 +43,15 @@ def hf_endpoint(config: StreamConfig) -> str:
     return (config.hf_endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_HF_ENDPOINT).rstrip("/")
 
 
-def resolve_url(url: str, config: StreamConfig) -> str:
-    from huggingface_hub import hf_hub_url
+_URL_PREFIX = {"dataset": "datasets/", "space": "spaces/", "model": ""}
 
+
+def resolve_url(url: str, config: StreamConfig) -> str:
+    # Built here, not with huggingface_hub.hf_hub_url: that one swaps in `endpoint` only when its
+    # template (frozen from HF_ENDPOINT at import time) still starts with the default endpoint.
     p = parse_hf_url(url)
-    return hf_hub_url(p.repo_id, p.path, repo_type=p.repo_type, revision=p.revision,
-                      endpoint=hf_endpoint(config))
+    rev = quote(p.revision or "main", safe="")
+    return f"{hf_endpoint(config)}/{_URL_PREFIX[p.repo_type]}{p.repo_id}/resolve/{rev}/{quote(p.path)}"
 
 
 def hf_token(config: StreamConfig) -> str | None:
