@@ -49,8 +49,9 @@ def split_input_dir(input_dir: str) -> tuple[str, str]:
 def check_output_apart(input_root: str, source: str, output_dir: Path) -> None:
     """Refuse an output folder that overlaps the input.
 
-    The build deletes tars and key indexes of the twin-tar layout that it did not plan under its
-    output folder; an output inside (or around) the raw source could take raw files with it.
+    A build replaces its output folder with a new version in which, of the files named like the
+    twin-tar layout, only those it planned remain; an output inside (or around) the raw source
+    could take raw files with it.
     """
     if input_root.startswith("s3://"):
         return
@@ -159,7 +160,7 @@ def format_summary(s: BuildSummary) -> str:
         for ex in r.examples.get("key_collision_renamed", [])[:MAX_EXAMPLES_SHOWN]:
             lines.append(f"    {ex}")
     if s.removed:
-        lines.append(f"  removed stale files of an earlier sharding: {len(s.removed)}")
+        lines.append(f"  files of the previous version the new one dropped: {len(s.removed)}")
     lines.append(f"  manifests: {len(s.manifests)} wdinfo.json")
     for m in s.manifests:
         lines.append(f"    {m}")

@@ -1,4 +1,8 @@
-"""A build killed with SIGKILL mid-way never shows a partial tar, and a re-run finishes it exactly."""
+"""A build killed with SIGKILL mid-way never shows a partial tar, and a re-run finishes it exactly.
+
+A build writes into its staging folder beside ``--output-dir`` and publishes it by renaming at
+the end; so the staged tars are watched here, and the output folder must not appear until then.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from pathlib import Path
 
 from loader.formats.atomic import TMP_MARKER
 from pid_platform.build.layout import STATE_DIR
+from pid_platform.build.publish import staging_dir
 from tests.test_build_support import SOURCE, build, output_files
 
 COPIES = 4  # 32 photographs x 4 = 128 one-sample shards: long enough to be caught mid-way
@@ -44,16 +49,16 @@ def _final_files(out: Path) -> list[Path]:
     return found
 
 
-def _stamps(out: Path) -> int:
+def _stamps(staged: Path) -> int:
     # Stamps are committed by rename too: their temporary files are not stamps yet.
-    return sum(TMP_MARKER not in n for _, _, names in os.walk(out / STATE_DIR / "stamps") for n in names)
+    return sum(TMP_MARKER not in n for _, _, names in os.walk(staged / STATE_DIR / "stamps") for n in names)
 
 
-def _check_visible_tars(out: Path, reference: dict[str, bytes], pid: int) -> int:
+def _check_visible_tars(staged: Path, reference: dict[str, bytes], pid: int) -> int:
     """Every tar under a final name is complete; temporary files carry the writer's pid."""
     complete = 0
-    for p in _final_files(out):
-        rel = p.relative_to(out).as_posix()
+    for p in _final_files(staged):
+        rel = p.relative_to(staged).as_posix()
         if TMP_MARKER in p.name:
             assert p.name.endswith(f"{TMP_MARKER}{pid}"), p
             continue
@@ -76,13 +81,14 @@ def test_killed_build_shows_no_partial_tar_and_rerun_matches(raw_root: Path, tmp
     total_tars = sum(p.endswith(".tar") for p in reference)
 
     out = tmp_path / "out"
+    staged = staging_dir(out)
     proc = subprocess.Popen(_pid_shard(raw_root, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
-        while _stamps(out) < 2:  # two shards committed: the writer is in its loop
+        while _stamps(staged) < 2:  # two shards committed: the writer is in its loop
             assert proc.poll() is None, f"pid-shard ended before it was killed: {proc.stderr.read()!r}"
             assert time.monotonic() < deadline, "pid-shard never started writing shards"
-            _check_visible_tars(out, reference, proc.pid)
+            _check_visible_tars(staged, reference, proc.pid)
             time.sleep(0.001)
         proc.send_signal(signal.SIGKILL)
     finally:
@@ -90,12 +96,14 @@ def test_killed_build_shows_no_partial_tar_and_rerun_matches(raw_root: Path, tmp
         proc.stderr.close()
     assert proc.returncode == -signal.SIGKILL
 
-    # At kill time: some shards done, not all; no manifest, so no reader can see a half build.
-    visible = _check_visible_tars(out, reference, proc.pid)
+    # At kill time: some shards done, not all; nothing published and no manifest staged, so no
+    # reader can see a half build.
+    assert not out.exists()
+    visible = _check_visible_tars(staged, reference, proc.pid)
     assert 0 < visible < total_tars
-    assert _stamps(out) < samples
-    assert not list(out.rglob("wdinfo.json"))
-    for p in _final_files(out):
+    assert _stamps(staged) < samples
+    assert not list(staged.rglob("wdinfo.json"))
+    for p in _final_files(staged):
         if p.suffix == ".tar":
             with tarfile.open(p) as tf:
                 assert len(tf.getmembers()) == 1
@@ -106,3 +114,4 @@ def test_killed_build_shows_no_partial_tar_and_rerun_matches(raw_root: Path, tmp
     assert kept >= 2  # the re-run resumed rather than starting over
     assert output_files(out) == reference
     assert not [p for p in out.rglob(f"*{TMP_MARKER}*")]
+    assert not staged.exists()

@@ -1,4 +1,8 @@
-"""Re-runs: up-to-date shards are kept, changed ones rewritten, stale ones removed - safely."""
+"""Re-runs: up-to-date shards are kept, changed ones rewritten, stale ones dropped - safely.
+
+``_reshard`` runs intake and tar writing only: they fill the staging folder beside ``out`` and
+leave ``out`` as it was; the next full build continues from that staging folder.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from loader.formats.twin_tar import SourceChangedError, tar_path
+from loader.formats.atomic import TMP_MARKER
+from loader.formats.twin_tar import SourceChangedError, iter_member_headers, tar_path
+from pid_platform.build.layout import stamp_path
 from pid_platform.build.pipeline import run_intake, run_sharding
 from pid_platform.build.plan import ShardingConfig
+from pid_platform.build.publish import staging_dir
 from pid_platform.build.storage import LocalSourceStore
 from tests.test_build_support import (
     SMALL_BOUND_MB,
@@ -111,13 +118,14 @@ def test_stale_removal_touches_only_files_of_the_build_layout(raw_root: Path, tm
 def test_crash_between_twin_tars_does_not_leave_a_stale_stamp(raw_root: Path, tmp_path: Path) -> None:
     """A shard whose tars were partly replaced must be rewritten, even if a stamp vouched for it.
 
-    Build A shards 4 samples per tar; build B (8 per tar) rewrites shard 0's caption tar, then
+    Build A shards 4 samples per tar; build B (8 per tar) stages shard 0's caption tar, then
     fails on a source file that changed since intake. Caption tars of 4 and 8 short captions
     have the same size (one 10 KiB record), so only the stamp can tell them apart.
     """
     out = tmp_path / "out"
     flat4 = {"classify_aspect_ratio": False, "shard_size": 4}
     build(raw_root, out, **flat4)
+    published = output_files(out)
     b_config = ShardingConfig(classify_aspect_ratio=False, shard_size=8)
     store = LocalSourceStore(raw_root)
     samples, _report, _ = run_intake(store, SOURCE, out, b_config, trust_pickle=False, num_workers=1)
@@ -126,9 +134,17 @@ def test_crash_between_twin_tars_does_not_leave_a_stale_stamp(raw_root: Path, tm
     changed.write_bytes(jpeg_bytes(photo("coffee", (200, 300))))
     with pytest.raises(SourceChangedError, match=changed.name):
         run_sharding(store, SOURCE, out, b_config, num_workers=1)
-    assert len([n for n in output_files(out) if n.startswith("caption/part_000000/000000.tar")]) == 1
+    staged = staging_dir(out)
+    caption0 = tar_path(staged, None, "caption", "part_000000/000000.tar")
+    assert len(iter_member_headers(caption0)) == 8  # B's caption tar is staged ...
+    assert caption0.stat().st_size == tar_path(out, None, "caption", "part_000000/000000.tar").stat().st_size
+    assert not stamp_path(staged, "", 0).exists()  # ... and no stamp vouches for shard 0 there
+    assert not [p for p in staged.rglob(f"*{TMP_MARKER}*")]
+    assert output_files(out) == published  # the failed build never touched the output
     build(raw_root, out, **flat4)
     assert all_problems(out, **flat4) == []
+    caption0_rel = "caption/part_000000/000000.tar"  # A's shard 0 again, not B's staged tar
+    assert output_files(out)[caption0_rel] == published[caption0_rel]
 
 
 def test_manifest_sha256_follows_a_rewrite_that_keeps_size_and_mtime(raw_root: Path, tmp_path: Path) -> None:
@@ -144,7 +160,9 @@ def test_manifest_sha256_follows_a_rewrite_that_keeps_size_and_mtime(raw_root: P
     doc["prompt"] = doc["prompt"].swapcase()  # same length, other bytes
     cap.write_text(json.dumps(doc))
     _reshard(raw_root, out)
-    assert victim.stat().st_size == st.st_size
-    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    rewritten = tar_path(staging_dir(out), row["bucket"], "caption", row["tar"])  # staged, not yet published
+    assert rewritten.stat().st_size == st.st_size
+    os.utime(rewritten, ns=(st.st_atime_ns, st.st_mtime_ns))
     build(raw_root, out)
     assert all_problems(out) == []
+    assert victim.read_bytes() != b"" and victim.stat().st_ino != st.st_ino  # the new tar is published

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import pytest
 
 from loader.formats.twin_tar import TarMember, write_tar
 from loader.formats.wdinfo import read_wdinfo
+from pid_platform.build.publish import staging_dir
+from pid_platform.build.verify import manifest_mismatches
 from pid_platform.sample_data import make_sample_source
 from tests.test_dagster_support import (
     SOURCE_ASSETS,
@@ -22,6 +25,7 @@ from tests.test_dagster_support import (
     load_defs,
     manifests,
     materialized,
+    run_config,
     tars,
     use_roots,
 )
@@ -132,15 +136,30 @@ def test_reshard_rewrites_manifests_and_removes_stale_tars(raw_root: Path, out_r
         for bucket, m in big_manifests.items() for modality in m["data_keys"] for rel in m["data_list"]
     }
     assert tars(src_out) == listed  # nothing on disk that no manifest lists
+    assert not staging_dir(src_out).exists()  # published by renaming: no stage left behind
 
 
-def _reverse_members(path: Path) -> None:
-    """Rewrite a tar with its members in reverse order: same size, same bytes, keys out of step."""
+def _reverse_members_in_place(path: Path) -> None:
+    """Overwrite a tar with its members in reverse order, keeping its size, inode and mtime: keys
+    out of step in a way no stamp can see (the build itself never writes a file in place)."""
     with tarfile.open(path) as tf:
         members = [TarMember(i.name, i.size, data=tf.extractfile(i).read()) for i in tf if i.isfile()]
-    size = path.stat().st_size
-    write_tar(path, members[::-1])
-    assert path.stat().st_size == size
+    st = path.stat()
+    scratch = path.with_name("scratch")
+    write_tar(scratch, members[::-1])
+    data = scratch.read_bytes()
+    scratch.unlink()
+    assert len(data) == st.st_size and len(members) > 1
+    with open(path, "r+b") as fh:
+        fh.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (path.stat().st_ino, path.stat().st_mtime_ns) == (st.st_ino, st.st_mtime_ns)
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under ``folder`` (build state included): its bytes and mtime."""
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def test_failed_blocking_check_stops_downstream(raw_root: Path, out_root: Path) -> None:
@@ -150,19 +169,33 @@ def test_failed_blocking_check_stops_downstream(raw_root: Path, out_root: Path) 
         defs = load_defs()
         assert build_source(defs, instance, "photos").success
         committed = manifest.read_bytes()
+        published = _snapshot(src_out)
 
-        # Damage the twin contract in a way the shard writer's reuse test (plan + size) misses.
-        _reverse_members(src_out / "aspect_ratio_1_1" / "caption" / "part_000000" / "000000.tar")
-        result = build_source(defs, instance, "photos")
+        # Stage a re-sharding (the first two steps only), then damage one freshly written staged
+        # tar in a way the shard writer's reuse test (plan digest + size, mtime, inode) misses.
+        staged_run = defs.resolve_job_def("source_build").execute_in_process(
+            instance=instance, partition_key="photos", run_config=run_config(max_shard_size_mb=0.25),
+            asset_selection=[dg.AssetKey("sample_set"), dg.AssetKey("twin_tar_shards")],
+        )
+        assert staged_run.success
+        # 0.25 MB cuts the 1:1 bucket into shards of 1, 2 and 1 samples: shard 1 is new.
+        staged_tar = staging_dir(src_out) / "aspect_ratio_1_1" / "caption" / "part_000000" / "000001.tar"
+        assert staged_tar.stat().st_nlink == 1  # written for the new sharding, not linked from the output
+        _reverse_members_in_place(staged_tar)
+        result = build_source(defs, instance, "photos", max_shard_size_mb=0.25)
 
         assert not result.success
+        assert materialized(result)["twin_tar_shards"]["written"] == 0  # the damaged stage was kept
         assert check_outcomes(result) == {"twin_tar_keys_match": False, "shards_within_size_bound": True}
         problems = check_metadata(result, "twin_tar_keys_match")["problems"]
-        assert any("aspect_ratio_1_1/part_000000/000000.tar" in p for p in problems)
+        assert any("aspect_ratio_1_1/part_000000/000001.tar" in p for p in problems)
         # Downstream of the blocked asset nothing ran: no key indexes, no new manifests.
         assert set(materialized(result)) == {"sample_set", "twin_tar_shards"}
         started = {e.step_key for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_START}
         failed = {e.step_key for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE}
         assert failed == {"twin_tar_shards_twin_tar_keys_match"}
         assert not started & {"key_indexes", "wdinfo_manifests"}
+        # Nothing was published: the output is byte for byte (and mtime for mtime) the last good one.
         assert manifest.read_bytes() == committed
+        assert _snapshot(src_out) == published
+        assert manifest_mismatches(src_out, sorted(manifests(src_out))) == []

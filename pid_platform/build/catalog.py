@@ -15,6 +15,8 @@ def scan_sources(output_root: Path) -> dict[str, SourceEntry]:
     sources: dict[str, SourceEntry] = {}
     if not output_root.is_dir():
         return sources
+    # Dot-folders are never sources: a build's staging (.<source>.pid-staging) and replaced
+    # (.<source>.pid-old) versions live beside its output until the commit finishes.
     for src in sorted(p for p in output_root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         manifests = sorted(
             m for m in src.rglob(WDINFO_NAME) if STATE_DIR not in m.parts

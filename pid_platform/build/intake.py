@@ -229,7 +229,7 @@ def intake(
         raise RuntimeError(f"source {source!r}: keys still collide after disambiguation: {dup[:5]}")
     report.samples = len(samples)
     if not samples:
-        # Sharding nothing would then remove every tar of the previous good build as stale.
+        # Building on would publish an empty version in place of the previous good build.
         reasons = dict(sorted((report.dropped + report.skipped_files).items()))
         raise NoSamplesError(
             f"source {source!r} at {store.uri}: no complete, valid sample (modalities {active}; "

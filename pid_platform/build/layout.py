@@ -9,6 +9,7 @@ from pathlib import Path
 from pid_platform.build.errors import OutputNotWritableError
 
 STATE_DIR = ".pid-build"  # stamps and intermediate tables; not part of the output contract
+PROBE_PREFIX = ".write-probe-"
 
 
 def bucket_dir(out: Path, bucket: str) -> Path:
@@ -19,17 +20,25 @@ def stamp_path(out: Path, bucket: str, index: int) -> Path:
     return out / STATE_DIR / "stamps" / (bucket or "_flat") / f"{index:06d}.json"
 
 
-def ensure_writable(out: str | os.PathLike[str]) -> Path:
-    """Create ``out`` and prove a file can be written there, before any work starts."""
+def sha_cache_path(out: Path, bucket: str, index: int) -> Path:
+    return out / STATE_DIR / "sha256" / (bucket or "_flat") / f"{index:06d}.json"
+
+
+def ensure_writable(out: str | os.PathLike[str], *, shown_as: Path | None = None) -> Path:
+    """Create ``out`` and prove a file can be written there, before any work starts.
+
+    ``shown_as`` is the folder the error names (the output folder the user chose, when ``out``
+    is the build's staging folder beside it).
+    """
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-probe-{uuid.uuid4().hex}"
+        probe = out / f"{PROBE_PREFIX}{uuid.uuid4().hex}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
         raise OutputNotWritableError(
-            f"output folder {out} is not writable ({exc.strerror or exc}); "
+            f"output folder {shown_as or out} is not writable ({exc.strerror or exc}); "
             "choose another --output-dir or fix its permissions"
         ) from None
     return out

@@ -1,4 +1,4 @@
-"""Key indexes, then wdinfo.json per bucket (the commit point), then removal of stale files."""
+"""Key indexes, then wdinfo.json per bucket, written into the staging folder before its commit."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from loader.formats.wdinfo import (
     derive_chunk_size,
     write_wdinfo,
 )
-from pid_platform.build.layout import STATE_DIR, bucket_dir
+from pid_platform.build.layout import STATE_DIR, bucket_dir, sha_cache_path
 from pid_platform.build.parallel import ordered_map
 from pid_platform.build.plan import ShardPlan
 
@@ -54,17 +54,13 @@ def write_key_indexes(out: Path, plans: list[ShardPlan], num_workers: int = 1) -
     return list(ordered_map(_index_one, [(out, p) for p in plans], num_workers))
 
 
-def _sha_cache_path(out: Path, bucket: str, index: int) -> Path:
-    return out / STATE_DIR / "sha256" / (bucket or "_flat") / f"{index:06d}.json"
-
-
 def _hash_one(args: tuple[Path, ShardPlan]) -> dict[str, str]:
     # Hashing every tar again on each run is the slowest part of a no-op rebuild. The cache is
     # keyed by the shard plan's digest (which fixes the tar's bytes) plus the tar's size, inode and
     # mtime: size and mtime alone can repeat when a rewrite lands in the same timestamp tick.
     out, plan = args
     digest = plan.digest()
-    cache_file = _sha_cache_path(out, plan.bucket, plan.index)
+    cache_file = sha_cache_path(out, plan.bucket, plan.index)
     try:
         cache = json.loads(cache_file.read_bytes())
     except (OSError, ValueError):
@@ -136,7 +132,8 @@ def is_build_output(out: Path, path: Path) -> bool:
 
 
 def remove_unplanned(out: Path, plans: list[ShardPlan]) -> list[Path]:
-    """After the new manifests are in place, delete outputs of an earlier, different sharding.
+    """Delete outputs no plan names: in the staging folder, those an earlier, unfinished build
+    with another sharding left there, so the published version holds only what it lists.
 
     Only files of the layout this build writes (tars, key indexes, manifests) are ever removed,
     and only folders those removals left empty.

@@ -1,16 +1,21 @@
-"""The whole build of one source, step by step; the Dagster assets call the same steps."""
+"""The whole build of one source, step by step; the Dagster assets call the same steps.
+
+Every step takes the source's output folder ``out`` and works in its staging folder beside it
+(``publish.staging_dir``); ``run_manifests`` ends with the commit that publishes it as ``out``.
+"""
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from loader.formats.atomic import atomic_write_bytes
+from pid_platform.build import publish
 from pid_platform.build.intake import IntakeReport, Sample, intake
-from pid_platform.build.layout import STATE_DIR, ensure_writable
+from pid_platform.build.layout import STATE_DIR
 from pid_platform.build.manifests import (
     BucketManifest,
     remove_unplanned,
@@ -23,8 +28,8 @@ from pid_platform.build.tables import read_plans, read_samples, write_plans, wri
 from pid_platform.build.writer import ShardResult, write_shards
 
 
-def state_dir(out: Path) -> Path:
-    return out / STATE_DIR
+def state_dir(folder: Path) -> Path:
+    return folder / STATE_DIR
 
 
 @dataclass
@@ -43,6 +48,7 @@ class BuildSummary:
     report: IntakeReport
     buckets: dict[str, BucketSummary] = field(default_factory=dict)
     manifests: list[Path] = field(default_factory=list)
+    # Tars, key indexes and manifests of the previous version that the new one dropped.
     removed: list[Path] = field(default_factory=list)
 
     @property
@@ -68,54 +74,78 @@ def summarize(results: list[ShardResult]) -> dict[str, BucketSummary]:
 
 def run_intake(store: SourceStore, source: str, out: Path, config: ShardingConfig, *, trust_pickle: bool,
                num_workers: int, progress: Callable | None = None) -> tuple[list[Sample], IntakeReport, Path]:
-    ensure_writable(out)
+    staging = publish.begin(out)
     samples, report = intake(
         store, source, classify_aspect_ratio=config.classify_aspect_ratio, trust_pickle=trust_pickle,
         num_workers=num_workers, progress=progress,
     )
-    path = write_samples(state_dir(out) / "samples.parquet", samples, report.modalities)
-    atomic_write_bytes(state_dir(out) / "intake_report.json", json.dumps(report.to_json(), indent=1).encode())
+    path = write_samples(state_dir(staging) / "samples.parquet", samples, report.modalities)
+    atomic_write_bytes(state_dir(staging) / "intake_report.json", json.dumps(report.to_json(), indent=1).encode())
     return samples, report, path
 
 
 def run_sharding(store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int,
                  progress: Callable[[int, int], None] | None = None) -> tuple[list[ShardPlan], list[ShardResult]]:
-    samples, modalities = read_samples(state_dir(out) / "samples.parquet")
+    """Write the planned tars into the staging folder, hard-linking those ``out`` already holds."""
+    staging = publish.begin(out)
+    samples, modalities = read_samples(state_dir(staging) / "samples.parquet")
     plans = plan_shards(samples, modalities, config)
     done = iter(range(1, len(plans) + 1))
     step = (lambda _res: progress(next(done), len(plans))) if progress else None
-    results = write_shards(store, source, out, plans, num_workers=num_workers, progress=step)
-    write_plans(state_dir(out) / "plan.parquet", plans, modalities)
+    results = write_shards(
+        store, source, staging, plans, previous=publish.final_dir(out), num_workers=num_workers, progress=step
+    )
+    write_plans(state_dir(staging) / "plan.parquet", plans, modalities)
+    save_sharding_config(staging, config)
     return plans, results
 
 
-def save_sharding_config(out: Path, config: ShardingConfig) -> Path:
-    """Record the config the tars on disk were cut with, for steps that run later on their own."""
-    path = state_dir(out) / "sharding.json"
+def save_sharding_config(folder: Path, config: ShardingConfig) -> Path:
+    """Record the config the tars in ``folder`` were cut with, for steps that run later on their own."""
+    path = state_dir(folder) / "sharding.json"
     atomic_write_bytes(path, json.dumps(asdict(config), sort_keys=True, indent=1).encode())
     return path
 
 
-def load_sharding_config(out: Path) -> ShardingConfig:
-    """The config of the last completed sharding of ``out`` (key indexes, manifests and checks
-    must describe the tars that exist, not the config a later run may be asking for)."""
-    path = state_dir(out) / "sharding.json"
+def load_sharding_config(folder: Path) -> ShardingConfig:
+    """The config the tars in ``folder`` (staging or published) were cut with (key indexes,
+    manifests and checks must describe the tars that exist, not the config a later run may be
+    asking for)."""
+    path = state_dir(folder) / "sharding.json"
     try:
         return ShardingConfig(**json.loads(path.read_bytes()))
     except FileNotFoundError:
         raise FileNotFoundError(
-            f"{path}: no sharding recorded for {out}; materialize twin_tar_shards first"
+            f"{path}: no sharding recorded in {folder}; materialize twin_tar_shards first"
         ) from None
 
 
-def load_plans(out: Path, config: ShardingConfig) -> list[ShardPlan]:
-    return read_plans(state_dir(out) / "plan.parquet", config.part_size)
+def load_plans(folder: Path, config: ShardingConfig) -> list[ShardPlan]:
+    return read_plans(state_dir(folder) / "plan.parquet", config.part_size)
 
 
-def run_manifests(out: Path, source: str, plans: list[ShardPlan], *, num_workers: int) -> tuple[list[BucketManifest], list[Path]]:
-    manifests = write_manifests(out, source, plans, num_workers=num_workers)
-    removed = remove_unplanned(out, plans)
-    return manifests, removed
+def run_key_indexes(out: Path, *, num_workers: int) -> tuple[ShardingConfig, list[ShardPlan], list[str]]:
+    """Key indexes of the staged tars, cut with the config recorded beside them."""
+    staging = publish.begin(out)
+    config = load_sharding_config(staging)
+    plans = load_plans(staging, config)
+    return config, plans, write_key_indexes(staging, plans, num_workers=num_workers)
+
+
+def run_manifests(out: Path, source: str, *, num_workers: int) -> tuple[ShardingConfig, list[BucketManifest], list[Path]]:
+    """wdinfo.json per bucket into the staging folder, then the commit that publishes it as ``out``.
+
+    Returns the manifests (at their published paths) and the files of the previous version the
+    new one dropped.
+    """
+    staging = publish.begin(out)
+    config = load_sharding_config(staging)
+    plans = load_plans(staging, config)
+    remove_unplanned(staging, plans)  # an earlier, unfinished build may have left other shards
+    manifests = write_manifests(staging, source, plans, num_workers=num_workers)
+    removed = publish.commit(out)
+    published = [replace(m, path=Path(out) / m.path.relative_to(staging)) for m in manifests]
+    return config, published, removed
 
 
 def build_source(
@@ -128,7 +158,7 @@ def build_source(
     """
     out = Path(out)
     _, report, _ = run_intake(store, source, out, config, trust_pickle=trust_pickle, num_workers=num_workers)
-    plans, results = run_sharding(store, source, out, config, num_workers=num_workers, progress=progress)
-    write_key_indexes(out, plans, num_workers=num_workers)
-    manifests, removed = run_manifests(out, source, plans, num_workers=num_workers)
+    _, results = run_sharding(store, source, out, config, num_workers=num_workers, progress=progress)
+    run_key_indexes(out, num_workers=num_workers)
+    _, manifests, removed = run_manifests(out, source, num_workers=num_workers)
     return BuildSummary(source, out, report, summarize(results), [m.path for m in manifests], removed)

@@ -1,16 +1,19 @@
-"""Write the planned twin tars, in parallel, atomically, and skip shards already up to date."""
+"""Write the planned twin tars into the staging folder, in parallel, atomically, reusing every
+shard already up to date there or in the published output."""
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from loader.formats.atomic import atomic_write_bytes, remove_stale_temp_files
 from loader.formats.twin_tar import TarMember, tar_path, write_tar
-from pid_platform.build.layout import stamp_path
+from pid_platform.build.layout import sha_cache_path, stamp_path
 from pid_platform.build.parallel import ordered_map
 from pid_platform.build.plan import ShardPlan
+from pid_platform.build.publish import link_atomic
 from pid_platform.build.storage import SourceStore
 
 
@@ -21,32 +24,60 @@ class ShardResult:
     relpath: str
     count: int
     bytes: dict[str, int]
-    written: bool  # False when an up-to-date shard from an earlier run was kept
+    written: bool  # False when an up-to-date shard was kept or hard-linked from the published output
 
 
-def _up_to_date(out: Path, plan: ShardPlan) -> bool:
-    sp = stamp_path(out, plan.bucket, plan.index)
+def _tar_stats(folder: Path, plan: ShardPlan) -> dict[str, list[int]] | None:
+    # Size, mtime and inode of each tar: a tar replaced or rewritten behind the build's back
+    # (even with its old size) no longer matches what the stamp recorded when it was written.
+    stats = {}
+    for m in plan.modalities:
+        try:
+            st = os.stat(tar_path(folder, plan.bucket, m, plan.relpath))
+        except FileNotFoundError:
+            return None
+        stats[m] = [st.st_size, st.st_mtime_ns, st.st_ino]
+    return stats
+
+
+def _up_to_date(folder: Path, plan: ShardPlan) -> bool:
     try:
-        stamp = json.loads(sp.read_bytes())
+        stamp = json.loads(stamp_path(folder, plan.bucket, plan.index).read_bytes())
     except (OSError, ValueError):
         return False
     if stamp.get("digest") != plan.digest():
         return False
-    for m in plan.modalities:
-        p = tar_path(out, plan.bucket, m, plan.relpath)
-        if not p.is_file() or p.stat().st_size != plan.tar_bytes(m):
-            return False
-    return True
+    stats = _tar_stats(folder, plan)
+    return (
+        stats is not None
+        and stamp.get("tars") == stats
+        and all(stats[m][0] == plan.tar_bytes(m) for m in plan.modalities)
+    )
 
 
-def _write_one(args: tuple[SourceStore, str, Path, ShardPlan]) -> ShardResult:
-    store, source, out, plan = args
+def _write_stamp(folder: Path, plan: ShardPlan) -> None:
+    # After every tar of the shard: a crash before it means "rewrite the shard".
+    doc = {"digest": plan.digest(), "tars": _tar_stats(folder, plan)}
+    atomic_write_bytes(stamp_path(folder, plan.bucket, plan.index), json.dumps(doc).encode())
+
+
+def _write_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan]) -> ShardResult:
+    store, source, out, previous, plan = args
     sizes = {m: plan.tar_bytes(m) for m in plan.modalities}
-    if _up_to_date(out, plan):
-        return ShardResult(plan.bucket, plan.index, plan.relpath, len(plan.samples), sizes, False)
+    result = ShardResult(plan.bucket, plan.index, plan.relpath, len(plan.samples), sizes, False)
+    if _up_to_date(out, plan):  # written by an earlier, unfinished run of this build
+        return result
     # Invalidate the stamp first: a crash after some of this shard's tars were replaced must not
-    # leave an older stamp vouching for the shard (tar sizes alone often match, e.g. one record).
+    # leave an older stamp vouching for the shard.
     stamp_path(out, plan.bucket, plan.index).unlink(missing_ok=True)
+    if previous is not None and _up_to_date(previous, plan):
+        for m in plan.modalities:
+            link_atomic(tar_path(previous, plan.bucket, m, plan.relpath), tar_path(out, plan.bucket, m, plan.relpath))
+        sha = sha_cache_path(previous, plan.bucket, plan.index)
+        if sha.is_file():  # the checksums of these very files: spares hashing them again
+            link_atomic(sha, sha_cache_path(out, plan.bucket, plan.index))
+        _write_stamp(out, plan)
+        return result
     for m in plan.modalities:
         members = []
         for name, s in plan.members(m):
@@ -56,17 +87,20 @@ def _write_one(args: tuple[SourceStore, str, Path, ShardPlan]) -> ShardResult:
             else:
                 members.append(TarMember(name, f.size, data=store.read(source, f)))
         write_tar(tar_path(out, plan.bucket, m, plan.relpath), members)
-    # The stamp comes after every tar of the shard: a crash before it means "rewrite the shard".
-    atomic_write_bytes(stamp_path(out, plan.bucket, plan.index), json.dumps({"digest": plan.digest()}).encode())
+    _write_stamp(out, plan)
     return ShardResult(plan.bucket, plan.index, plan.relpath, len(plan.samples), sizes, True)
 
 
 def write_shards(
-    store: SourceStore, source: str, out: Path, plans: list[ShardPlan], *, num_workers: int = 1, progress=None
+    store: SourceStore, source: str, out: Path, plans: list[ShardPlan], *, previous: Path | None = None,
+    num_workers: int = 1, progress=None,
 ) -> list[ShardResult]:
+    """Write ``plans`` under ``out`` (a build's staging folder). A shard already up to date in
+    ``out`` is kept; one up to date in ``previous`` (the published output) is hard-linked."""
     remove_stale_temp_files(out)
     results: list[ShardResult] = []
-    for res in ordered_map(_write_one, [(store, source, out, p) for p in plans], num_workers):
+    jobs = [(store, source, out, previous, p) for p in plans]
+    for res in ordered_map(_write_one, jobs, num_workers):
         results.append(res)
         if progress is not None:
             progress(res)

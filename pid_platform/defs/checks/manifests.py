@@ -1,4 +1,5 @@
-"""Blocking check on ``wdinfo_manifests``: what a manifest says matches the tars it lists."""
+"""Blocking check on ``wdinfo_manifests``: what a published manifest says matches the tars it
+lists (it runs after the commit, on the source's output folder)."""
 
 import dagster as dg
 

@@ -1,8 +1,13 @@
-"""Blocking checks on ``twin_tar_shards``: the twin-tar contract, read back from disk."""
+"""Blocking checks on ``twin_tar_shards``: the twin-tar contract, read back from the staged tars.
+
+They read the staging folder, before anything is published: a failure stops the run while the
+source's output folder still holds the previous good version, untouched.
+"""
 
 import dagster as dg
 
 from pid_platform.build.plan import is_oversize_singleton
+from pid_platform.build.publish import staging_dir
 from pid_platform.build.verify import size_bound_violations, twin_key_mismatches
 from pid_platform.defs.checks.common import blocking_source_check, built_plans, result
 from pid_platform.defs.resources import SourceStoreResource
@@ -13,9 +18,9 @@ from pid_platform.defs.resources import SourceStoreResource
     "Every modality tar of a shard holds the same sample keys in the same order.",
 )
 def twin_tar_keys_match(context: dg.AssetCheckExecutionContext, source_store: SourceStoreResource) -> dg.AssetCheckResult:
-    out = source_store.source_out(context.partition_key)
-    _, plans = built_plans(out)
-    return result(twin_key_mismatches(out, plans), shards_checked=len(plans))
+    staged = staging_dir(source_store.source_out(context.partition_key))
+    _, plans = built_plans(staged)
+    return result(twin_key_mismatches(staged, plans), shards_checked=len(plans))
 
 
 @blocking_source_check(
@@ -24,10 +29,10 @@ def twin_tar_keys_match(context: dg.AssetCheckExecutionContext, source_store: So
     "that is larger than the bound on its own.",
 )
 def shards_within_size_bound(context: dg.AssetCheckExecutionContext, source_store: SourceStoreResource) -> dg.AssetCheckResult:
-    out = source_store.source_out(context.partition_key)
-    config, plans = built_plans(out)
+    staged = staging_dir(source_store.source_out(context.partition_key))
+    config, plans = built_plans(staged)
     return result(
-        size_bound_violations(out, plans, config),
+        size_bound_violations(staged, plans, config),
         shards_checked=len(plans),
         bound_bytes=config.max_shard_bytes,
         oversize_single_sample_shards=sum(is_oversize_singleton(p, config) for p in plans),

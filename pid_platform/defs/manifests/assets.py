@@ -5,8 +5,7 @@ from pathlib import Path
 import dagster as dg
 
 from pid_platform.build.catalog import build_catalog
-from pid_platform.build.manifests import write_key_indexes
-from pid_platform.build.pipeline import load_plans, load_sharding_config, run_manifests
+from pid_platform.build.pipeline import run_key_indexes, run_manifests
 from pid_platform.defs.groups import BUILD_GROUP, CATALOG_GROUP
 from pid_platform.defs.metadata import bucket_label, first, markdown_table
 from pid_platform.defs.partitions import sources_partitions
@@ -25,14 +24,12 @@ def key_indexes(
 ) -> dg.MaterializeResult:
     """One parquet key index per twin-tar shard: the sample keys in member order, the original
     basenames, and each member's offset and size per modality (the loader's index mode reads
-    these instead of scanning tars).
+    these instead of scanning tars). Written into the staging folder beside the staged tars.
     """
     source = context.partition_key
     out = source_store.source_out(source)
-    # The tars on disk were cut with the recorded config, whatever a later run asks for.
-    config = load_sharding_config(out)
-    plans = load_plans(out, config)
-    written = write_key_indexes(out, plans, num_workers=sharding.num_workers)
+    # The staged tars were cut with the config recorded beside them, whatever a later run asks for.
+    config, plans, written = run_key_indexes(out, num_workers=sharding.num_workers)
     per_bucket: dict[str, int] = {}
     for p in plans:
         per_bucket[p.bucket] = per_bucket.get(p.bucket, 0) + 1
@@ -60,21 +57,21 @@ def wdinfo_manifests(
 ) -> dg.MaterializeResult:
     """One ``wdinfo.json`` per bucket: the tars, their key counts, byte sizes and checksums.
 
-    This is the commit point of a source's build: written last, atomically, after every tar and
-    key index it lists; only then are the files of an earlier, different sharding removed.
+    This is the commit point of a source's build: the manifests are written last, into the
+    staging folder, after every tar and key index they list; then the staging folder replaces
+    the source's output folder in one swap of folders. ``removed`` lists the files of the
+    previous version that the new one no longer has.
     """
     source = context.partition_key
     out = source_store.source_out(source)
-    config = load_sharding_config(out)
-    plans = load_plans(out, config)
-    manifests, removed = run_manifests(out, source, plans, num_workers=sharding.num_workers)
+    config, manifests, removed = run_manifests(out, source, num_workers=sharding.num_workers)
     rows = [
         (bucket_label(m.bucket), len(m.manifest.tars), m.manifest.total_key_count, m.manifest.chunk_size,
          str(m.path.relative_to(out)))
         for m in manifests
     ]
     if removed:
-        context.log.info(f"{source}: removed {len(removed)} files of an earlier sharding")
+        context.log.info(f"{source}: the new version dropped {len(removed)} files of the previous one")
     return dg.MaterializeResult(
         metadata={
             "manifests": dg.MetadataValue.json([str(m.path) for m in manifests]),

@@ -5,8 +5,9 @@ from dataclasses import asdict
 
 import dagster as dg
 
-from pid_platform.build.pipeline import run_sharding, save_sharding_config, summarize
+from pid_platform.build.pipeline import run_sharding, summarize
 from pid_platform.build.plan import ShardPlan
+from pid_platform.build.publish import staging_dir
 from pid_platform.defs.groups import BUILD_GROUP, BUILD_POOL
 from pid_platform.defs.metadata import bucket_label, human_bytes, markdown_table
 from pid_platform.defs.partitions import sources_partitions
@@ -36,9 +37,10 @@ def twin_tar_shards(
     modality per shard, all holding the same keys in the same order, each shard within
     ``max_shard_size_mb`` (or ``shard_size`` samples).
 
-    Shards whose inputs and plan are unchanged since the last build are kept, not rewritten.
-    Tars of an earlier, different sharding stay in place until ``wdinfo_manifests`` commits
-    the new one.
+    The tars are written into the source's staging folder (``.<source>.pid-staging`` beside its
+    output); shards whose inputs and plan are unchanged since the last build are hard-linked
+    from the published output, not rewritten. The published output does not change until
+    ``wdinfo_manifests`` commits the new version.
     """
     source = context.partition_key
     out = source_store.source_out(source)
@@ -51,7 +53,6 @@ def twin_tar_shards(
     plans, results = run_sharding(
         source_store.open(), source, out, config, num_workers=sharding.num_workers, progress=progress
     )
-    save_sharding_config(out, config)
     buckets = summarize(results)
     written = sum(int(r.written) for r in results)
     table = markdown_table(
@@ -71,6 +72,7 @@ def twin_tar_shards(
             "sharding": dg.MetadataValue.json(asdict(config)),
             "shards_by_bucket": dg.MetadataValue.md(table),
             "output": dg.MetadataValue.path(str(out)),
+            "staging": dg.MetadataValue.path(str(staging_dir(out))),
         },
         data_version=dg.DataVersion(_plans_digest(config.version(), plans)),
     )

@@ -1,0 +1,220 @@
+"""Publishing a source's build: stage a complete new version beside the output, then swap folders.
+
+A build never writes into its output folder F. It writes the whole new version (tars, key
+indexes, ``wdinfo.json`` and its ``.pid-build/`` state) into the staging folder
+S = ``<parent>/.<name>.pid-staging``, hard-linking the unchanged tars from F. The commit renames
+F to ``.<name>.pid-old``, S to F, and deletes the old folder. Until that first rename, F is
+exactly as the last good build left it, however the build fails; a crash between the two
+renames is repaired by the next build step (``begin``).
+
+Files in F that no build writes (a user's notes, another tool's output) are hard-linked into
+S before the swap, so they survive it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+
+from loader.formats.atomic import atomic_write_bytes, is_temp_file, temp_name
+from pid_platform.build.errors import BuildError, OutputNotWritableError
+from pid_platform.build.layout import PROBE_PREFIX, STATE_DIR, ensure_writable
+from pid_platform.build.manifests import is_build_output
+
+STAGING_SUFFIX = ".pid-staging"
+OLD_SUFFIX = ".pid-old"
+# Written into S's state just before the swap: "S is complete; finishing the swap is safe".
+COMMITTING = "COMMITTING"
+
+
+def final_dir(out: str | os.PathLike[str]) -> Path:
+    # Absolute, so that "." has a name and a parent; a linked output folder is published where
+    # the link points (renaming the link itself would move the output away from its target).
+    out = Path(os.path.abspath(out))
+    return out.resolve() if out.is_symlink() else out
+
+
+def staging_dir(out: str | os.PathLike[str]) -> Path:
+    final = final_dir(out)
+    return final.parent / f".{final.name}{STAGING_SUFFIX}"
+
+
+def old_dir(out: str | os.PathLike[str]) -> Path:
+    final = final_dir(out)
+    return final.parent / f".{final.name}{OLD_SUFFIX}"
+
+
+def begin(out: str | os.PathLike[str]) -> Path:
+    """Start (or continue) a build step of ``out``: repair an interrupted commit, return S."""
+    final = final_dir(out)
+    if final.exists() and not final.is_dir():
+        raise OutputNotWritableError(f"output folder {out} is a file; choose another --output-dir")
+    staging = ensure_writable(staging_dir(final), shown_as=Path(out))
+    recover(final)
+    _refuse_old(final)  # before any work: the commit could not move F aside
+    # The step is about to change S: an earlier commit that stopped before its swap no longer
+    # vouches for S being complete.
+    (staging / STATE_DIR / COMMITTING).unlink(missing_ok=True)
+    return staging
+
+
+def recover(out: str | os.PathLike[str]) -> None:
+    """Finish or undo a commit that stopped between or after its renames (F -> old, S -> F)."""
+    final, staging, old = final_dir(out), staging_dir(out), old_dir(out)
+    if not final.exists():
+        if (staging / STATE_DIR / COMMITTING).is_file():
+            os.rename(staging, final)  # S was complete: finish the swap
+            _fsync_dir(final.parent)
+        elif old.exists():
+            os.rename(old, final)  # S was not complete: put the previous version back
+            _fsync_dir(final.parent)
+            return
+        else:
+            return
+    # The marker came into F with S: it says F is the new version, so the old one may go. An F
+    # without it next to an old folder was not made by a swap; both are left for a person.
+    if (final / STATE_DIR / COMMITTING).is_file():
+        _finish(final, old)
+
+
+def commit(out: str | os.PathLike[str]) -> list[Path]:
+    """Publish S as F. S must hold the complete new version (manifests included).
+
+    Returns the build files (tars, key indexes, manifests) of the previous version that the new
+    one no longer has, as paths under ``out``.
+    """
+    final, staging, old = final_dir(out), staging_dir(out), old_dir(out)
+    recover(final)
+    _refuse_old(final)
+    removed: list[Path] = []
+    _clear_carried(staging)  # what an earlier attempt carried over may be out of date
+    if final.exists():
+        new = set(_build_files(staging))
+        removed = [Path(out) / rel for rel in sorted(_build_files(final)) if rel not in new]
+        _carry(final, staging)
+    atomic_write_bytes(staging / STATE_DIR / COMMITTING, b"")
+    if final.exists():
+        os.rename(final, old)
+    os.rename(staging, final)
+    _fsync_dir(final.parent)
+    _finish(final, old)
+    return removed
+
+
+def _refuse_old(final: Path) -> None:
+    old = old_dir(final)
+    if old.exists():
+        raise BuildError(
+            f"{old} holds a previous version of {final} that no build could clear away (an "
+            f"interrupted commit next to an {final.name} it did not make, or files that differ "
+            f"from those in {final}); move what you need into {final}, delete {old}, and re-run"
+        )
+
+
+def link_atomic(src: Path, dst: Path) -> None:
+    """Make ``dst`` a hard link of ``src``, replacing whatever ``dst`` was in one rename.
+
+    Safe for tars because no build modifies a file in place: a new version is always a new
+    file renamed over the old name, so the two names never start to differ in content.
+    """
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(dst)
+    tmp.unlink(missing_ok=True)
+    os.link(src, tmp)
+    os.replace(tmp, dst)
+
+
+def _written_by_build(root: Path, path: Path) -> bool:
+    rel = path.relative_to(root)
+    return (
+        rel.parts[0] == STATE_DIR
+        or is_temp_file(path)
+        or path.name.startswith(PROBE_PREFIX)
+        or is_build_output(root, path)
+    )
+
+
+def _build_files(root: Path) -> list[Path]:
+    """Tars, key indexes and manifests under ``root``, relative to it."""
+    found = []
+    for dirpath, dirs, files in os.walk(root):
+        d = Path(dirpath)
+        if d == root:
+            dirs[:] = [x for x in dirs if x != STATE_DIR]
+        found += [(d / f).relative_to(root) for f in files if is_build_output(root, d / f)]
+    return found
+
+
+def _carry(src: Path, dst: Path) -> list[Path]:
+    """Hard-link into ``dst`` every entry of ``src`` no build writes (empty folders recreated).
+
+    Returns the entries ``dst`` already holds as a different file (nothing is overwritten).
+    """
+    conflicts: list[Path] = []
+
+    def walk(d: Path) -> None:
+        with os.scandir(d) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        if not entries and d != src:
+            (dst / d.relative_to(src)).mkdir(parents=True, exist_ok=True)
+        for e in entries:
+            p = Path(e.path)
+            if d == src and e.name == STATE_DIR:
+                continue
+            if e.is_dir(follow_symlinks=False):
+                walk(p)
+                continue
+            if _written_by_build(src, p):
+                continue
+            target = dst / p.relative_to(src)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(p, target, follow_symlinks=False)  # a symlink is carried as the link
+            except FileExistsError:
+                if not os.path.samestat(os.lstat(p), os.lstat(target)):
+                    conflicts.append(p)
+
+    walk(src)
+    return conflicts
+
+
+def _clear_carried(staging: Path) -> None:
+    """Remove from S what an earlier, interrupted commit carried over from F.
+
+    S is the build's private folder: anything in it no build writes came from ``_carry``, is a
+    second link to a file in F, and is carried again (as F holds it now) right after.
+    """
+    folders = []
+    for dirpath, dirs, files in os.walk(staging):
+        d = Path(dirpath)
+        if d == staging:
+            dirs[:] = [x for x in dirs if x != STATE_DIR]
+        else:
+            folders.append(d)
+        for name in files + [x for x in dirs if (d / x).is_symlink()]:
+            if not _written_by_build(staging, d / name):
+                (d / name).unlink()
+    for d in reversed(folders):  # deepest first
+        with contextlib.suppress(OSError):
+            d.rmdir()  # only succeeds when empty
+
+
+def _finish(final: Path, old: Path) -> None:
+    """Delete the replaced version, then the marker that allowed it."""
+    # A file created in F between the carry-over and the swap went to the old folder with F:
+    # carry it too. If the old folder holds a file F holds differently, keep the old folder
+    # (the next commit names it) rather than delete anything the build did not write.
+    if old.exists() and not _carry(old, final):
+        shutil.rmtree(old)
+    if not old.exists():
+        (final / STATE_DIR / COMMITTING).unlink(missing_ok=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
