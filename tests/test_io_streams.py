@@ -22,14 +22,10 @@ from loader.io import (
     StreamStats,
     open_url,
 )
-from tests.support import fault_proxy as _fault_proxy
-from tests.support import http_server as _http_server
 from tests.support.fault_proxy import PASS, drop, stall, trickle
 from tests.support.seaweedfs import upload_tree
 
 # Fixtures from tests/support (bound here so this module works whether or not conftest lists them).
-http_server = _http_server.http_server
-fault_proxy = _fault_proxy.fault_proxy
 
 BLOB_SIZE = 1_000_000
 # Small waits keep the file fast; the stall (2 s) is far longer than the read timeout (0.5 s),

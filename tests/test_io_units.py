@@ -19,9 +19,6 @@ from loader.io import (
 from loader.io.retrying import jitter_rng
 from loader.io.source import parse_content_range, redact_url
 from loader.io.source_hf import resolve_url
-from tests.support import http_server as _http_server
-
-http_server = _http_server.http_server
 
 
 def test_parse_hf_url() -> None:
