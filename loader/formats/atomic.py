@@ -17,10 +17,12 @@ def temp_name(final: Path) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_writer(final: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+def atomic_writer(final: str | os.PathLike[str], *, durable: bool = True) -> Iterator[BinaryIO]:
     """Open a temporary sibling of ``final``; on success fsync and rename it into place.
 
     On any exception the temporary file is removed and ``final`` is left untouched.
+    ``durable=False`` skips the fsync, for callers that make a whole batch durable at once at
+    their own commit point (a crashed *process* never loses page-cache data, only power loss does).
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -29,7 +31,8 @@ def atomic_writer(final: str | os.PathLike[str]) -> Iterator[BinaryIO]:
         with open(tmp, "wb") as fh:
             yield fh
             fh.flush()
-            os.fsync(fh.fileno())  # the bytes are on disk before the name says "complete"
+            if durable:
+                os.fsync(fh.fileno())  # the bytes are on disk before the name says "complete"
         os.replace(tmp, final)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -183,11 +183,14 @@ def _copy_file(out_fd: int, member: TarMember) -> None:
             offset += sent
 
 
-def write_tar(path: str | os.PathLike[str], members: Sequence[TarMember]) -> list[int]:
-    """Write ``members`` as a normalised USTAR archive, atomically; return header offsets."""
+def write_tar(path: str | os.PathLike[str], members: Sequence[TarMember], *, durable: bool = True) -> list[int]:
+    """Write ``members`` as a normalised USTAR archive, atomically; return header offsets.
+
+    ``durable=False``: no fsync per tar (see ``atomic_writer``); the caller syncs the batch.
+    """
     offsets: list[int] = []
     pos = 0
-    with atomic_writer(path) as fh:
+    with atomic_writer(path, durable=durable) as fh:
         fd = fh.fileno()
         for m in members:
             offsets.append(pos)

@@ -94,6 +94,9 @@ def commit(out: str | os.PathLike[str]) -> list[Path]:
         new = set(_build_files(staging))
         removed = [Path(out) / rel for rel in sorted(_build_files(final)) if rel not in new]
         _carry(final, staging)
+    # Tars are written without a per-file fsync (the writer's hot path); one sync here makes the
+    # whole staged version durable before anything points readers at it.
+    os.sync()
     atomic_write_bytes(staging / STATE_DIR / COMMITTING, b"")
     if final.exists():
         os.rename(final, old)

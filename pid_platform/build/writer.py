@@ -86,7 +86,7 @@ def _write_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan]) -> S
                 members.append(TarMember(name, f.size, path=f.local_path))
             else:
                 members.append(TarMember(name, f.size, data=store.read(source, f)))
-        write_tar(tar_path(out, plan.bucket, m, plan.relpath), members)
+        write_tar(tar_path(out, plan.bucket, m, plan.relpath), members, durable=False)
     _write_stamp(out, plan)
     return ShardResult(plan.bucket, plan.index, plan.relpath, len(plan.samples), sizes, True)
 
