@@ -14,6 +14,7 @@ pytest_plugins = [
     "tests.support.http_server",
     "tests.support.fault_proxy",
     "tests.support.lerobot_data",
+    "tests.support.hub_standin",
 ]
 
 # Four photographs x eight aspect ratios: every bucket gets real pictures, and it builds fast.

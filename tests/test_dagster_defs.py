@@ -22,6 +22,7 @@ from tests.test_dagster_support import load_defs
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = 'Dynamic partitions: "sources"'
+LEROBOT_DATASETS = 'Dynamic partitions: "lerobot_datasets"'
 BUILD = "webdataset_build"
 
 EXPECTED_ASSETS = {
@@ -46,7 +47,18 @@ EXPECTED_ASSETS = {
         "deps": ["wdinfo_manifests"], "group": "catalog", "partitions": None, "code_version": None,
         "kinds": ["json", "python"], "checks": [], "pools": [],
     },
+    "mp4_sidecar": {
+        "deps": [], "group": "lerobot", "partitions": LEROBOT_DATASETS, "code_version": "mp4-sidecar-v3",
+        "kinds": ["numpy", "python"], "checks": ["mp4_sidecar_is_valid"], "pools": [],
+    },
+    "published_mp4_sidecar": {
+        "deps": ["mp4_sidecar"], "group": "lerobot", "partitions": LEROBOT_DATASETS,
+        "code_version": "mp4-sidecar-v3-pointer-v1", "kinds": ["python"], "checks": [], "pools": ["lerobot_publish"],
+    },
 }
+
+# Every check is blocking and has one result per partition of its asset's partitions.
+CHECK_PARTITIONS = {"mp4_sidecar_is_valid": "lerobot_datasets"}
 
 EXPECTED_JOBS = {
     "source_build": [
@@ -54,12 +66,14 @@ EXPECTED_JOBS = {
         "twin_tar_shards:twin_tar_keys_match", "wdinfo_manifests", "wdinfo_manifests:manifest_counts_match_tars",
     ],
     "catalog_build": ["dataset_catalog"],
+    "lerobot_sidecar_build": ["mp4_sidecar", "mp4_sidecar:mp4_sidecar_is_valid", "published_mp4_sidecar"],
 }
 
 EXPECTED_AUTOMATION = {
     "raw_sources_sensor": ("sensor", "source_build", "STOPPED"),
     "catalog_after_build": ("sensor", "catalog_build", "RUNNING"),
     "daily_source_rebuild": ("schedule 0 3 * * * UTC", "source_build", "STOPPED"),
+    "lerobot_datasets_sensor": ("sensor", "lerobot_sidecar_build", "STOPPED"),
 }
 
 
@@ -96,7 +110,8 @@ def test_every_check_is_blocking_and_per_source(defs: dg.Definitions) -> None:
     for check_key in graph.asset_check_keys:
         spec = graph.get_check_spec(check_key)
         assert spec.blocking, check_key
-        assert spec.partitions_def is not None and spec.partitions_def.name == "sources", check_key
+        want = CHECK_PARTITIONS.get(check_key.name, "sources")
+        assert spec.partitions_def is not None and spec.partitions_def.name == want, check_key
 
 
 def test_every_asset_is_described(defs: dg.Definitions) -> None:
@@ -129,7 +144,7 @@ def test_schedules_and_sensors(defs: dg.Definitions) -> None:
 
 
 def test_resources_bind_one_store_key(defs: dg.Definitions) -> None:
-    assert sorted(defs.resources) == ["sharding", "source_store"]
+    assert sorted(defs.resources) == ["lerobot", "sharding", "source_store"]
     assert isinstance(defs.resources["source_store"], LocalSourceStoreResource)
     sharding = defs.resources["sharding"]
     assert isinstance(sharding, ShardingResource)

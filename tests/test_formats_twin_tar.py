@@ -157,3 +157,18 @@ def test_a_changed_source_never_replaces_a_good_tar(tmp_path: Path) -> None:
 def test_names_longer_than_ustar_allows_are_refused(tmp_path: Path) -> None:
     with pytest.raises(FormatError, match="longer than"):
         write_tar(tmp_path / "x.tar", [TarMember("k" * 101, 1, data=b"x")])
+
+
+def test_loader_imports_neither_dagster_nor_the_build_side() -> None:
+    """Training jobs import loader alone: the arrows run pid_platform -> loader, never back."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, loader.wds.pipeline, loader.io, loader.lerobot.meta, loader.lerobot.mp4, "
+        "loader.lerobot.sidecar, loader.lerobot.sidecar.published; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('dagster', 'pid_platform')); "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr

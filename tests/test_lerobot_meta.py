@@ -31,12 +31,10 @@ from loader.lerobot.meta import (
     MetaFileMissingError,
     VideoSpan,
 )
-from tests.support import hub_standin as _hub_standin
 from tests.support.lerobot_data import CAMERAS, LEROBOT_V3_EPISODES, write_v3_dataset
 from tests.support.seaweedfs import upload_tree
 
 # Fixtures from tests/support, bound here so this module works whether or not conftest lists them.
-hub_standin = _hub_standin.hub_standin
 
 # huggingface_hub bakes HF_ENDPOINT into its URL template when first imported; importing it
 # here, before any test sets HF_ENDPOINT, keeps a stand-in's address out of that global state.

@@ -1,0 +1,5 @@
+"""LeRobot sidecars on the build side: publish a built MP4 sidecar, and the ``pid-build-mp4-sidecar`` CLI.
+
+The sidecar itself (format, build, validation) lives in ``loader.lerobot.sidecar``; this package
+only moves finished, complete sidecars to where training finds them.
+"""

@@ -1,0 +1,175 @@
+"""``pid-build-mp4-sidecar``: build a LeRobot v3 dataset's MP4 sidecar, and optionally publish it.
+
+    pid-build-mp4-sidecar --repo-id OWNER/DATASET --revision COMMIT_SHA \\
+        --data-root hf://datasets/OWNER/DATASET@COMMIT_SHA --output /tmp/dataset-mp4-sidecar.npz \\
+        [--workers N] [--episodes 0 3 5 ...] [--push [--push-target git:<url>|s3://...|hub[:org/name]]]
+
+The build is the loader's own (``build_sidecar``), so a sidecar built here is byte-for-byte the
+one training would build. Publishing is explicit (``--push``), only for a sidecar of the whole
+dataset (not ``--episodes``), and only after the sidecar validates against the dataset. Without
+``--push-target`` a sidecar goes where the dataset lives: the Hub repo for an ``hf://`` root, the
+bucket root for an ``s3://`` root. Hub and git pushes need ``--revision`` to be a full commit SHA.
+
+Exit status: 0 done; 1 the build, the validation or the publish failed; 2 the arguments are
+wrong (argparse's own code), including ``--push`` with ``--episodes`` or an unpinned revision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from loader.formats.errors import FormatError
+from loader.io import StreamError
+from loader.lerobot.meta import LeRobotMeta, LeRobotMetaError
+from loader.lerobot.sidecar import SidecarBuildError, build_sidecar, validate_sidecar
+from loader.lerobot.sidecar.publish_layout import Published, PublishError, is_commit_sha
+from pid_platform.lerobot.publish import (
+    GitTarget,
+    HubTarget,
+    PublishTarget,
+    parse_target,
+    publish_sidecar,
+)
+
+PROG = "pid-build-mp4-sidecar"
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Index a LeRobot v3 dataset's MP4 files from their boxes into a schema-v3 "
+                    "sidecar NPZ, and optionally publish it where training looks for it.",
+    )
+    p.add_argument("--repo-id", required=True, help="the dataset's id, OWNER/DATASET")
+    p.add_argument("--revision", required=True,
+                   help="the dataset revision the sidecar indexes: a full commit SHA for Hub and git "
+                        "pushes (a tag or branch would move); any label for a bucket")
+    p.add_argument("--data-root", required=True,
+                   help="where the dataset is read from: a folder, s3://bucket/prefix, "
+                        "hf://datasets/OWNER/DATASET@SHA or http(s)://")
+    p.add_argument("--output", required=True, help="the sidecar NPZ to write (replaced atomically)")
+    p.add_argument("--workers", type=_at_least_one, default=min(8, os.cpu_count() or 1),
+                   help="MP4 files indexed at once; the bytes do not depend on it (default: CPUs, at most 8)")
+    p.add_argument("--episodes", type=int, nargs="+", default=None, metavar="EPISODE",
+                   help="index only the MP4 files of these episodes (a subset sidecar: never published)")
+    p.add_argument("--push", action="store_true",
+                   help="publish the finished sidecar (complete sidecars only)")
+    p.add_argument("--push-target", default=None,
+                   help="git:<url or path> (branch lerobot-sidecars), s3://bucket/prefix "
+                        "(meta/mp4-sidecars/ under it) or hub[:OWNER/DATASET] (branch lerobot-sidecars); "
+                        "default: the Hub for hf:// roots, the root itself for s3:// roots")
+    p.add_argument("--hub-endpoint", default=None, help="Hub endpoint (default: $HF_ENDPOINT or huggingface.co)")
+    p.add_argument("--s3-endpoint-url", default=None, help="S3 endpoint (default: $AWS_ENDPOINT_URL or AWS)")
+    return p
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def push_target(args: argparse.Namespace) -> PublishTarget:
+    """The target ``--push`` publishes to; PublishError says what is wrong with the arguments."""
+    if args.episodes is not None:
+        raise PublishError("--push publishes complete sidecars only, and --episodes builds a subset; "
+                           "drop --episodes to build (and push) the whole dataset's sidecar")
+    spec = args.push_target
+    if spec is None:
+        if args.data_root.startswith("hf://"):
+            spec = "hub"
+        elif args.data_root.startswith("s3://"):
+            spec = args.data_root
+        else:
+            raise PublishError(f"--push: where to? {args.data_root!r} is neither hf:// nor s3://; "
+                               "give --push-target git:<url>, s3://bucket/prefix or hub")
+    target = parse_target(spec, repo_id=args.repo_id, hub_endpoint=args.hub_endpoint,
+                          s3_endpoint_url=args.s3_endpoint_url)
+    if isinstance(target, GitTarget | HubTarget) and not is_commit_sha(args.revision):
+        raise PublishError(f"--push to {target} needs a pinned --revision: a full 40-character commit "
+                           f"SHA, not {args.revision!r} (a branch or tag moves; the sidecar must not)")
+    return target
+
+
+class _Progress:
+    """A tqdm bar over MP4 files, made on the first report (when the total is known)."""
+
+    def __init__(self) -> None:
+        self.bar = None
+
+    def __call__(self, done: int, total: int, rel: str) -> None:
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="file", desc="indexing MP4", file=sys.stderr, dynamic_ncols=True)
+        self.bar.set_postfix_str(rel, refresh=False)
+        self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _fail(message: str, code: int = EXIT_FAILED) -> int:
+    # Named errors already say which file and what to do; a traceback would bury that.
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return code
+
+
+def _published_lines(p: Published) -> list[str]:
+    verb = "already published (nothing changed)" if p.unchanged else "published"
+    lines = [f"  {verb}: {p.target}", f"    sidecar  {p.sidecar_url}", f"    pointer  {p.pointer_url}",
+             f"    sha256   {p.sha256}  ({p.size} bytes)"]
+    if p.commit:
+        lines.append(f"    commit   {p.commit}" + (f"  (parent {p.parent})" if p.parent else ""))
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    target = None
+    if args.push_target is not None and not args.push:
+        return _fail("--push-target is only used with --push (publishing is always explicit)", EXIT_USAGE)
+    if args.push:
+        try:
+            target = push_target(args)
+        except PublishError as exc:
+            return _fail(str(exc), EXIT_USAGE)
+    progress = _Progress()
+    try:
+        meta = LeRobotMeta.load(args.data_root)
+        manifest = build_sidecar(meta, args.output, repo_id=args.repo_id, revision=args.revision,
+                                 data_root=args.data_root, workers=args.workers, episodes=args.episodes,
+                                 progress=progress)
+    except (LeRobotMetaError, SidecarBuildError, FormatError, StreamError, FileNotFoundError, PermissionError) as exc:
+        return _fail(str(exc))
+    finally:
+        progress.close()
+    samples = sum(f.sample_count for f in manifest.files)
+    kind = f"subset (episodes {list(manifest.episodes or ())})" if manifest.subset else "complete"
+    lines = [f"{PROG}: {args.repo_id}@{args.revision} -> {args.output}",
+             f"  {kind}: {len(manifest.files)} MP4 files, {samples} samples, "
+             f"{os.path.getsize(args.output)} bytes"]
+    if target is not None:
+        problems = validate_sidecar(args.output, meta, repo_id=args.repo_id, revision=args.revision,
+                                    require_complete=True)
+        if problems:
+            print("\n".join(lines), flush=True)
+            return _fail("the sidecar does not validate, so it was not pushed:\n  " + "\n  ".join(problems))
+        try:
+            lines += _published_lines(publish_sidecar(args.output, target, revision=args.revision))
+        except PublishError as exc:
+            print("\n".join(lines), flush=True)
+            return _fail(str(exc))
+    print("\n".join(lines), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

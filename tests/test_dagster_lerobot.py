@@ -1,0 +1,218 @@
+"""The LeRobot assets on a real temporary Dagster instance: a real v3 dataset (real encoded video,
+as a clean git checkout), its sidecar built and checked, and published to a real bare git repo."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from loader.lerobot.sidecar import read_sidecar
+from loader.lerobot.sidecar.publish_layout import SIDECAR_BRANCH, SIDECAR_DIR
+from pid_platform.defs.lerobot import checks as lerobot_checks
+from pid_platform.defs.lerobot.partitions import LEROBOT_DATASETS
+from pid_platform.defs.lerobot.pools import PUBLISH_POOL, apply_pool_limits
+from pid_platform.defs.lerobot.resources import LeRobotResource, git_revision, lerobot_from_env
+from tests.test_dagster_support import (
+    check_metadata,
+    check_outcomes,
+    dagster_instance,
+    load_defs,
+    materialized,
+)
+from tests.test_lerobot_publish_support import git, git_bytes, make_source_repo, refs, touch_video
+
+DATASET = "av1"
+JOB = "lerobot_sidecar_build"
+
+
+@pytest.fixture
+def lerobot_env(tmp_path: Path, lerobot_v3_root: Path, monkeypatch: pytest.MonkeyPatch) -> dict:  # noqa: F811
+    """PID_LEROBOT_ROOT with one dataset, ``av1``: a clean clone of a bare repo holding the v3
+    dataset on ``main``; publishing goes back to that bare repo (``git:<root>/{dataset}.git``)."""
+    git_root = tmp_path / "git"
+    git_root.mkdir()
+    bare, sha = make_source_repo(git_root, lerobot_v3_root, name=f"{DATASET}.git")
+    root = tmp_path / "lerobot"
+    root.mkdir()
+    git("clone", "--quiet", str(bare), str(root / DATASET))
+    (root / "notes").mkdir()  # a folder that is not a dataset
+    out = tmp_path / "out"
+    monkeypatch.setenv("PID_LEROBOT_ROOT", str(root))
+    monkeypatch.setenv("PID_OUTPUT_ROOT", str(out))
+    monkeypatch.setenv("PID_LEROBOT_PUBLISH", f"git:{git_root}/{{dataset}}.git")
+    monkeypatch.setenv("PID_LEROBOT_REPO_ID", "pid-tests/{dataset}")
+    return {"root": root, "out": out, "bare": bare, "sha": sha}
+
+
+def _run(defs: dg.Definitions, instance: dg.DagsterInstance, **kwargs) -> dg.ExecuteInProcessResult:
+    if DATASET not in instance.get_dynamic_partitions(LEROBOT_DATASETS):
+        instance.add_dynamic_partitions(LEROBOT_DATASETS, [DATASET])
+    return defs.resolve_job_def(JOB).execute_in_process(instance=instance, partition_key=DATASET,
+                                                        raise_on_error=False, **kwargs)
+
+
+def test_sidecar_is_built_checked_and_published_to_the_git_repo(lerobot_env: dict) -> None:
+    bare, sha = lerobot_env["bare"], lerobot_env["sha"]
+    with dagster_instance() as instance:
+        defs = load_defs()
+        result = _run(defs, instance)
+        assert result.success
+        assert check_outcomes(result) == {"mp4_sidecar_is_valid": True}
+        assert check_metadata(result, "mp4_sidecar_is_valid")["problems_count"] == 0
+        meta = materialized(result)
+        built, published = meta["mp4_sidecar"], meta["published_mp4_sidecar"]
+
+        sidecar = lerobot_env["out"] / "lerobot" / DATASET / "mp4-sidecar.npz"
+        assert built["sidecar"] == str(sidecar) and sidecar.is_file()
+        assert (built["files"], built["samples"], built["rebuilt"]) == (4, 88, True)
+        assert (built["revision"], built["revision_source"]) == (sha, "git HEAD of a clean checkout")
+        assert built["repo_id"] == "pid-tests/av1" and built["schema_version"] == 3
+        assert built["int64_array_bytes"] == 8 * 5 * 88 + _sync_bytes(sidecar)
+        assert 0 < built["compact_index_bytes"] < built["int64_array_bytes"]
+        assert built["sidecar_bytes"] == sidecar.stat().st_size
+        assert 0 < built["header_bytes"] < built["video_bytes"] and 0 < built["header_fraction"] < 1
+        assert "| videos/observation.images.front/chunk-000/file-000.mp4 | av01 | 64x48 |" in built["video_files"]
+
+        assert published["published"] is True and published["unchanged"] is False
+        assert published["parent"] == sha
+        assert refs(bare)["refs/heads/main"] == sha  # the source branch is untouched
+        assert refs(bare)[f"refs/heads/{SIDECAR_BRANCH}"] == published["commit"]
+        assert git_bytes(bare, SIDECAR_BRANCH, f"{SIDECAR_DIR}/{sha}.npz") == sidecar.read_bytes()
+
+        # Nothing changed: the sidecar is kept, the publish is a no-op on the same commit.
+        again = materialized(_run(defs, instance))
+        assert again["mp4_sidecar"]["rebuilt"] is False
+        assert (again["published_mp4_sidecar"]["unchanged"], again["published_mp4_sidecar"]["commit"]) == (
+            True, published["commit"])
+
+
+def _sync_bytes(sidecar: Path) -> int:
+    # int64 bytes = 8 x (5 per-sample arrays x samples + the sync sample indices).
+    with read_sidecar(sidecar) as sc:
+        return 8 * sum(len(sc.arrays(rel)["sync_samples"]) for rel in sc.files)
+
+
+def test_a_failing_check_stops_the_publish(lerobot_env: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A video replaced between the build and the check (really rewritten on disk): the blocking
+    check fails and the publish does not run in that run."""
+    real = lerobot_checks.validate_sidecar
+
+    def replaced_meanwhile(*args, **kwargs):
+        touch_video(lerobot_env["root"] / DATASET)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lerobot_checks, "validate_sidecar", replaced_meanwhile)
+    with dagster_instance() as instance:
+        result = _run(load_defs(), instance)
+        assert not result.success
+        assert check_outcomes(result) == {"mp4_sidecar_is_valid": False}
+        problems = check_metadata(result, "mp4_sidecar_is_valid")["problems"]
+        assert any("changed" in p or "fingerprint" in p for p in problems), problems
+        assert set(materialized(result)) == {"mp4_sidecar"}
+    assert f"refs/heads/{SIDECAR_BRANCH}" not in refs(lerobot_env["bare"])
+
+
+def test_publish_none_builds_and_says_nothing_was_published(lerobot_env: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PID_LEROBOT_PUBLISH", "none")
+    with dagster_instance() as instance:
+        result = _run(load_defs(), instance)
+        assert result.success
+        published = materialized(result)["published_mp4_sidecar"]
+        assert published["published"] is False and "publishing is off" in published["note"]
+    assert set(refs(lerobot_env["bare"])) == {"refs/heads/main"}
+
+
+def test_an_unpinned_dataset_fails_its_git_publish_without_retries(lerobot_env: dict) -> None:
+    checkout = lerobot_env["root"] / DATASET
+    (checkout / "meta" / "stats.json").write_text("{}\n")  # an uncommitted change: not pinned
+    with dagster_instance() as instance:
+        result = _run(load_defs(), instance)
+        assert not result.success
+        assert materialized(result)["mp4_sidecar"]["revision"] == "(unpinned)"
+        failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+        assert "full 40-character commit SHA" in failure.event_specific_data.error.message
+        retries = [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
+        assert retries == []  # a refusal is final; retrying would not pin anything
+
+
+def test_sensor_adds_datasets_and_requests_builds_when_they_change(lerobot_env: dict) -> None:
+    # sqlite storage: it keeps pool limits (the in-memory one has none), as a deployment does.
+    with dg.instance_for_test() as instance:
+        defs = load_defs()
+        sensor = defs.resolve_sensor_def("lerobot_datasets_sensor")
+
+        def tick(cursor: str | None) -> dg.SensorResult:
+            ctx = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs, resources=defs.resources)
+            res = sensor(ctx)
+            for request in res.dynamic_partitions_requests or []:
+                instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+            return res
+
+        first = tick(None)
+        assert [r.partition_key for r in first.run_requests] == [DATASET]  # "notes" is no dataset
+        assert instance.get_dynamic_partitions(LEROBOT_DATASETS) == [DATASET]
+        assert {p.name: p.limit for p in instance.event_log_storage.get_pool_limits()} == {PUBLISH_POOL: 1}
+
+        assert tick(first.cursor).run_requests == []  # nothing changed
+        checkout = lerobot_env["root"] / DATASET
+        (checkout / "meta" / "info.json").write_bytes((checkout / "meta" / "info.json").read_bytes() + b"\n")
+        git("commit", "--quiet", "-am", "touch info.json", cwd=checkout)
+        changed = tick(first.cursor)
+        assert [r.partition_key for r in changed.run_requests] == [DATASET]
+        assert changed.run_requests[0].run_key != first.run_requests[0].run_key
+
+        # An operator's own limit is kept.
+        instance.event_log_storage.set_concurrency_slots(PUBLISH_POOL, 2)
+        tick(changed.cursor)
+        assert {p.name: p.limit for p in instance.event_log_storage.get_pool_limits()} == {PUBLISH_POOL: 2}
+
+
+def test_publish_pool_lets_one_publish_run_at_a_time(lerobot_env: dict) -> None:
+    """With the pool's single slot held by another run, the publish step waits; it runs once freed."""
+    with dg.instance_for_test() as instance:
+        defs = load_defs()
+        assert apply_pool_limits(instance) == {PUBLISH_POOL: 1}
+        assert _run(defs, instance).success  # builds the sidecar (and publishes it once)
+
+        storage = instance.event_log_storage
+        assert storage.claim_concurrency_slot(PUBLISH_POOL, "another-run", "publish").is_claimed
+        done: list[dg.ExecuteInProcessResult] = []
+        worker = threading.Thread(target=lambda: done.append(
+            _run(defs, instance, asset_selection=[dg.AssetKey("published_mp4_sidecar")])))
+        worker.start()
+        time.sleep(1.5)
+        assert not done and worker.is_alive()  # blocked on the pool
+        assert storage.get_concurrency_info(PUBLISH_POOL).pending_step_count == 1
+        storage.free_concurrency_slot_for_step("another-run", "publish")
+        worker.join(timeout=60)
+        assert done and done[0].success
+        assert materialized(done[0])["published_mp4_sidecar"]["unchanged"] is True
+
+
+def test_publish_retries_transient_failures_in_its_own_pool() -> None:
+    with dg.instance_for_test():
+        asset = load_defs().resolve_assets_def("published_mp4_sidecar")
+    policy = asset.op.retry_policy
+    assert policy is not None and (policy.max_retries, policy.backoff) == (3, dg.Backoff.EXPONENTIAL)
+    assert asset.op.pool == PUBLISH_POOL
+
+
+def test_resource_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lerobot_v3_root: Path) -> None:  # noqa: F811
+    monkeypatch.chdir(tmp_path)
+    res = lerobot_from_env({})
+    assert (res.root, res.output_root, res.publish_target) == (
+        str(tmp_path / "demo/lerobot"), str(tmp_path / "demo/out"), "none")
+    assert res.target("x") is None and res.datasets() == []
+    res = LeRobotResource(root="s3://b/lerobot", output_root=str(tmp_path), publish_target="hub",
+                          repo_id_template="org/{dataset}")
+    assert res.data_root("ds") == "s3://b/lerobot/ds" and str(res.target("ds")) == "hub:datasets/org/ds#lerobot-sidecars"
+    assert res.revision("ds") == (None, "not a git checkout (a remote root): unpinned")
+    with pytest.raises(ValueError, match="plain folder name"):
+        res.sidecar_path("../elsewhere")
+    copy = Path(shutil.copytree(lerobot_v3_root, tmp_path / "plain"))
+    assert git_revision(copy) == (None, "not the top of a git checkout: unpinned")

@@ -1,0 +1,91 @@
+"""Helpers shared by the LeRobot publish, CLI and Dagster tests (this module holds no tests).
+
+Real parts only: datasets are written by ``tests.support.lerobot_data`` (real encoded video),
+sidecars are built by ``loader.lerobot.sidecar``, git repositories are real bare repositories
+made with ``git init --bare`` and filled by a real commit and push.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from loader.lerobot.meta import LeRobotMeta
+from loader.lerobot.sidecar import build_sidecar
+
+REPO_ID = "pid-tests/lerobot-av1"
+# A person's commit, not ours: the publisher must set its own identity whatever the environment says.
+_PERSON = {"GIT_AUTHOR_NAME": "Dataset Owner", "GIT_AUTHOR_EMAIL": "owner@example.org",
+           "GIT_COMMITTER_NAME": "Dataset Owner", "GIT_COMMITTER_EMAIL": "owner@example.org"}
+
+
+def git(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, **_PERSON, **(env or {})}, timeout=60)
+    assert proc.returncode == 0, f"git {' '.join(args)}: {proc.stderr}"
+    return proc.stdout.strip()
+
+
+def git_bytes(bare: Path, rev: str, path: str) -> bytes:
+    return subprocess.run(["git", "cat-file", "blob", f"{rev}:{path}"], cwd=bare, capture_output=True,
+                          check=True).stdout
+
+
+def refs(bare: Path) -> dict[str, str]:
+    """Every ref of a repository -> its commit."""
+    out = git("for-each-ref", "--format=%(refname) %(objectname)", cwd=bare)
+    return dict(line.split(" ") for line in out.splitlines())
+
+
+def make_source_repo(tmp: Path, dataset: Path, name: str = "dataset.git") -> tuple[Path, str]:
+    """A bare repository whose ``main`` holds ``dataset``'s files in one commit; (path, commit)."""
+    bare = tmp / name
+    work = tmp / f"{name}-work"
+    git("init", "--quiet", "--bare", "--initial-branch=main", str(bare))
+    shutil.copytree(dataset, work)
+    git("init", "--quiet", "--initial-branch=main", cwd=work)
+    git("add", "--all", cwd=work)
+    git("commit", "--quiet", "-m", "LeRobot v3 dataset", cwd=work)
+    git("push", "--quiet", str(bare), "HEAD:refs/heads/main", cwd=work)
+    return bare, git("rev-parse", "HEAD", cwd=work)
+
+
+def add_commit(bare: Path, files: dict[str, bytes], message: str) -> str:
+    """Someone else's next commit on ``main`` (a newer dataset version); its SHA."""
+    work = bare.parent / f"{bare.name}-next"
+    if not work.exists():
+        git("clone", "--quiet", str(bare), str(work))
+    git("pull", "--quiet", cwd=work)
+    for rel, data in files.items():
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_bytes(data)
+    git("add", "--all", cwd=work)
+    git("commit", "--quiet", "-m", message, cwd=work)
+    git("push", "--quiet", "origin", "HEAD:refs/heads/main", cwd=work)
+    return git("rev-parse", "HEAD", cwd=work)
+
+
+def build(dataset: Path, out: Path, *, revision: str | None, repo_id: str = REPO_ID,
+          episodes: Sequence[int] | None = None) -> Path:
+    """A real sidecar of ``dataset`` (built by the loader), at ``out``."""
+    meta = LeRobotMeta.load(str(dataset))
+    build_sidecar(meta, out, repo_id=repo_id, revision=revision, data_root=str(dataset), episodes=episodes)
+    return out
+
+
+def dataset_files(dataset: Path) -> dict[str, bytes]:
+    return {p.relative_to(dataset).as_posix(): p.read_bytes() for p in sorted(dataset.rglob("*")) if p.is_file()}
+
+
+def touch_video(dataset: Path) -> str:
+    """Rewrite one video in place with the same bytes: its identity (mtime/ctime) changes, so a
+    sidecar built afterwards differs, as after a real re-encode at the same path."""
+    video = sorted(dataset.glob("videos/*/chunk-*/file-*.mp4"))[0]
+    data = video.read_bytes()
+    video.write_bytes(data)
+    st = video.stat()
+    os.utime(video, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    return video.relative_to(dataset).as_posix()
