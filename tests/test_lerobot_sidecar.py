@@ -72,7 +72,7 @@ def test_round_trip_equals_the_box_index(dataset: str, request, tmp_path: Path) 
     root: Path = request.getfixturevalue(dataset)
     calls = []
     manifest = build(root, tmp_path / "sc.npz", workers=2,
-                     progress=lambda done, total, rel: calls.append((done, total, rel)))
+                     progress=lambda done, total, rel, read: calls.append((done, total, rel)))
     meta = LeRobotMeta.load(str(root))
     assert manifest.paths == meta.video_files()
     assert [c[:2] for c in calls] == [(i + 1, len(manifest.files)) for i in range(len(manifest.files))]

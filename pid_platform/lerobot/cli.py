@@ -102,8 +102,10 @@ class _Progress:
 
     def __init__(self) -> None:
         self.bar = None
+        self.bytes_read = 0
 
-    def __call__(self, done: int, total: int, rel: str) -> None:
+    def __call__(self, done: int, total: int, rel: str, bytes_read: int = 0) -> None:
+        self.bytes_read += bytes_read
         if self.bar is None:
             from tqdm import tqdm
 
@@ -155,7 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     kind = f"subset (episodes {list(manifest.episodes or ())})" if manifest.subset else "complete"
     lines = [f"{PROG}: {args.repo_id}@{args.revision} -> {args.output}",
              f"  {kind}: {len(manifest.files)} MP4 files, {samples} samples, "
-             f"{os.path.getsize(args.output)} bytes"]
+             f"{os.path.getsize(args.output)} bytes",
+             f"  indexing read {progress.bytes_read} bytes of MP4 headers (no media data)"]
     if target is not None:
         problems = validate_sidecar(args.output, meta, repo_id=args.repo_id, revision=args.revision,
                                     require_complete=True)

@@ -41,8 +41,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CREATED_BY = "pid-platform loader.lerobot.sidecar"
-# progress(done, total, rel): called in the calling thread after each file is written.
-Progress = Callable[[int, int, str], None]
+# progress(done, total, rel, bytes_read): called in the calling thread after each file is
+# written; bytes_read is what indexing that MP4 read (box headers and moov, never media data).
+Progress = Callable[[int, int, str, int], None]
 
 
 def needed_video_files(meta: LeRobotMeta, episodes: Sequence[int] | None = None) -> list[str]:
@@ -133,13 +134,14 @@ def build_sidecar(meta: LeRobotMeta, output: str | os.PathLike[str], *, repo_id:
                     raise SidecarBuildError(f"cannot index {rel} under {stored_root}: "
                                             f"{type(e).__name__}: {e}") from e
                 entry, arrays = _entry(file_id(i), rel, idx, ident)
+                bytes_read = idx.bytes_read
                 del idx
                 writer.add(entry.id, arrays)
                 del arrays
                 entries.append(entry)
                 _submit(pool, window, todo, data_root, stream_config)
                 if progress is not None:
-                    progress(len(entries), total, rel)
+                    progress(len(entries), total, rel, bytes_read)
             manifest = SidecarManifest(
                 repo_id=repo_id, revision=revision, data_root=stored_root, files=tuple(entries),
                 subset=episodes is not None, episodes=episodes_tuple(episodes),
