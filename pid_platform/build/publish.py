@@ -111,7 +111,7 @@ def _refuse_old(final: Path) -> None:
     if old.exists():
         raise BuildError(
             f"{old} holds a previous version of {final} that no build could clear away (an "
-            f"interrupted commit next to an {final.name} it did not make, or files that differ "
+            f"interrupted commit next to a {final.name} folder it did not make, or files that differ "
             f"from those in {final}); move what you need into {final}, delete {old}, and re-run"
         )
 
