@@ -1,10 +1,16 @@
 """``pid-demo``, the main job: build every asset of the code location from a sample drop.
 
 Makes a raw root of real photographs (``demo/raw/photos``, with some bad files, and a smaller
-``demo/raw/photos-portrait``), points a persistent Dagster instance at ``.dagster_home``, adds one
-``sources`` partition per source, materializes every asset (each source, then the catalog) and
-prints what was built. Its runs are in that instance, so ``dagster dev`` shows them afterwards.
-Running it again reuses what is up to date. Exit status 1 when a run or a check failed.
+``demo/raw/photos-portrait``) and a small LeRobot v3 dataset with real AV1 video
+(``demo/lerobot/so100-pick-demo``), points a persistent Dagster instance at ``.dagster_home``,
+adds one ``sources`` partition per source and one ``lerobot_datasets`` partition per dataset,
+materializes every asset (each source, the catalog, then each dataset's MP4 sidecar, its
+blocking check and its publication) and prints what was built. Its runs are in that instance,
+so ``dagster dev`` shows them afterwards. Running it again reuses what is up to date. Exit
+status 1 when a run or a check failed.
+
+The publication goes where ``PID_LEROBOT_PUBLISH`` says (default ``none``: nothing is published
+and the summary says so); the roots are always the project's ``demo/`` folders.
 """
 
 from __future__ import annotations
@@ -20,14 +26,26 @@ from pathlib import Path
 import dagster as dg
 
 from loader.formats.wdinfo import read_wdinfo
+from loader.lerobot.sidecar import read_sidecar
 from pid_platform.build.layout import STATE_DIR
 from pid_platform.definitions import defs as load_defs
+from pid_platform.defs.lerobot.automation import lerobot_sidecar_job
+from pid_platform.defs.lerobot.partitions import LEROBOT_DATASETS
+from pid_platform.defs.metadata import human_bytes
 from pid_platform.defs.partitions import SOURCES
 from pid_platform.sample_data import PHOTOS, make_sample_source
+from pid_platform.sample_lerobot import write_v3_dataset
 
 # A portrait-only source: a second partition, different buckets, quick to build.
 PORTRAIT_RATIOS = ((3, 4), (2, 3), (9, 16))
 PORTRAIT_PHOTOS = PHOTOS[:6]
+# The LeRobot sample: two cameras (AV1 at g=2, as LeRobot encodes), six episodes of 1.6-2.5 s at
+# 30 fps, three episodes per MP4 (so 2 files per camera). Written in a few seconds.
+LEROBOT_DATASET = "so100-pick-demo"
+LEROBOT_SAMPLE: dict = {
+    "episodes_per_file": 3, "episode_lengths": (60, 75, 54, 66, 48, 72), "fps": 30, "size": (160, 120),
+    "robot_type": "so100", "tasks": ("pick up the cube and place it in the bin", "push the cube to the left"),
+}
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 DAGSTER_YAML = """\
 # Instance of pid-demo and `dagster dev`: Dagster's default storage (sqlite files in this folder).
@@ -44,6 +62,18 @@ class SourceOutcome:
     failed_steps: list[str] = field(default_factory=list)
 
 
+@dataclass
+class LeRobotOutcome:
+    """One ``lerobot_sidecar_build`` run: the assets' metadata as plain values, the check's outcome."""
+
+    dataset: str
+    ok: bool
+    sidecar: dict = field(default_factory=dict)      # mp4_sidecar's metadata; empty when it failed
+    published: dict = field(default_factory=dict)    # published_mp4_sidecar's; empty when it did not run
+    check: dict | None = None                        # {"passed": .., **metadata}; None when it did not run
+    failures: dict[str, str] = field(default_factory=dict)  # failed step -> the first line of its error
+
+
 def prepare_home(home: Path) -> Path:
     home.mkdir(parents=True, exist_ok=True)
     if not (home / "dagster.yaml").exists():
@@ -51,21 +81,33 @@ def prepare_home(home: Path) -> Path:
     return home
 
 
-def ensure_sample_source(raw: Path, name: str, **kwargs) -> bool:
-    """Make ``raw/name`` unless it exists; False when it was already there.
+def _make_once(final: Path, make) -> bool:
+    """``make(folder)`` into a hidden folder, then rename it to ``final``; False when ``final`` exists.
 
-    Written under a hidden name, then renamed: the sensor never sees a half-written source, and
-    an interrupted demo leaves no partial one behind. An existing source is left untouched, so
-    a second run rebuilds nothing.
+    The sensors skip hidden folders, so they never see a half-written source or dataset, and an
+    interrupted demo leaves no partial one behind. An existing one is left untouched, so a second
+    run rebuilds nothing.
     """
-    final = raw / name
     if final.is_dir():
         return False
-    partial = raw / f".{name}.partial"
+    partial = final.parent / f".{final.name}.partial"
     shutil.rmtree(partial, ignore_errors=True)
-    make_sample_source(partial, **kwargs)
+    make(partial)
     partial.rename(final)
     return True
+
+
+def ensure_sample_source(raw: Path, name: str, **kwargs) -> bool:
+    """Make the raw source ``raw/name`` unless it exists; False when it was already there."""
+    return _make_once(raw / name, lambda folder: make_sample_source(folder, **kwargs))
+
+
+def ensure_sample_lerobot(lerobot_root: Path, name: str = LEROBOT_DATASET, **overrides) -> bool:
+    """Make the LeRobot v3 dataset ``lerobot_root/name`` (``LEROBOT_SAMPLE``, with ``overrides``)
+    unless it exists; False when it was already there."""
+    lerobot_root.mkdir(parents=True, exist_ok=True)
+    return _make_once(lerobot_root / name,
+                      lambda folder: write_v3_dataset(folder, **{**LEROBOT_SAMPLE, **overrides}))
 
 
 def _outcome(source: str, result: dg.ExecuteInProcessResult) -> SourceOutcome:
@@ -78,11 +120,84 @@ def _outcome(source: str, result: dg.ExecuteInProcessResult) -> SourceOutcome:
     return SourceOutcome(source, result.success and not failed_checks, failed_checks, failed_steps)
 
 
-def build_everything(raw: Path, out: Path, home: Path, workers: int | None) -> tuple[list[SourceOutcome], bool]:
-    # Set before anything reads them: the instance, and the store resource of the code location.
+def _plain(metadata: dict) -> dict:
+    return {k: v.value if isinstance(v, dg.MetadataValue) else v for k, v in metadata.items()}
+
+
+def _lerobot_outcome(dataset: str, result: dg.ExecuteInProcessResult) -> LeRobotOutcome:
+    assets = {e.materialization.asset_key.to_user_string(): _plain(e.materialization.metadata)
+              for e in result.get_asset_materialization_events()}
+    checks = [{"passed": e.passed, **_plain(e.metadata)} for e in result.get_asset_check_evaluations()]
+    failures = {}
+    for e in result.all_events:
+        if e.event_type == dg.DagsterEventType.STEP_FAILURE:
+            error = e.event_specific_data.error
+            # Dagster wraps what the asset raised; its message is the cause's.
+            while error is not None and error.cause is not None and error.cls_name.startswith("Dagster"):
+                error = error.cause
+            message = (error.message if error else "failed").strip().splitlines()
+            failures[e.step_key] = message[0] if message else "failed"
+    check = checks[0] if checks else None
+    ok = result.success and check is not None and check["passed"]
+    return LeRobotOutcome(dataset, ok, assets.get("mp4_sidecar", {}), assets.get("published_mp4_sidecar", {}),
+                          check, failures)
+
+
+def _measured_index_bytes(instance: dg.DagsterInstance, dataset: str, metadata: dict) -> int | None:
+    """Bytes indexing the MP4s read: measured only when the sidecar is built, so for a kept
+    sidecar it comes from the materialization that built these very bytes (same data version)."""
+    if "index_bytes_read" in metadata:
+        return metadata["index_bytes_read"]
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("mp4_sidecar"), asset_partitions=[dataset]), limit=50
+    ).records
+    versions = [r.asset_materialization.tags.get("dagster/data_version") for r in records]
+    current = versions[0] if versions else None  # the one this run just recorded
+    for record, version in zip(records, versions, strict=True):
+        mat = record.asset_materialization
+        if version == current and "index_bytes_read" in mat.metadata:
+            return _plain(mat.metadata)["index_bytes_read"]
+    return None
+
+
+def build_lerobot(defs: dg.Definitions, instance: dg.DagsterInstance) -> list[LeRobotOutcome]:
+    """One ``lerobot_sidecar_build`` run per dataset under the ``lerobot`` resource's root: the
+    sidecar, its blocking check, then the publish (what ``lerobot_datasets_sensor`` would request)."""
+    datasets = []
+    for dataset in defs.resources["lerobot"].datasets():
+        if "..." in dataset or any(ord(c) < 32 for c in dataset):  # refused as partition keys, as by the sensor
+            print(f"skipped LeRobot dataset folder {dataset!r}: rename it (no '...', no control characters)")
+        else:
+            datasets.append(dataset)
+    known = set(instance.get_dynamic_partitions(LEROBOT_DATASETS))
+    if new := [d for d in datasets if d not in known]:
+        instance.add_dynamic_partitions(LEROBOT_DATASETS, new)
+    job = defs.resolve_job_def(lerobot_sidecar_job.name)
+    outcomes = []
+    for dataset in datasets:
+        print(f"building mp4_sidecar of {dataset} ...", flush=True)
+        result = job.execute_in_process(
+            instance=instance, partition_key=dataset, run_config=QUIET, raise_on_error=False,
+            tags={"pid/lerobot_dataset": dataset, "pid/launched_by": "pid-demo"},
+        )
+        outcome = _lerobot_outcome(dataset, result)
+        if outcome.sidecar:
+            rebuilt = outcome.sidecar["rebuilt"]
+            print(f"   {'built' if rebuilt else 'kept (it still matches the dataset)'}: {outcome.sidecar['sidecar']}")
+            measured = _measured_index_bytes(instance, dataset, outcome.sidecar)
+            if measured is not None:
+                outcome.sidecar["index_bytes_read"] = measured
+        outcomes.append(outcome)
+    return outcomes
+
+
+def build_everything(raw: Path, out: Path, home: Path, workers: int | None,
+                     lerobot_root: Path) -> tuple[list[SourceOutcome], bool, list[LeRobotOutcome]]:
+    # Set before anything reads them: the instance, and the resources of the code location.
     os.environ["DAGSTER_HOME"] = str(home)
     os.environ["PID_RAW_ROOT"] = str(raw)
     os.environ["PID_OUTPUT_ROOT"] = str(out)
+    os.environ["PID_LEROBOT_ROOT"] = str(lerobot_root)
     with dg.DagsterInstance.get() as instance:
         defs = load_defs()
         sources = defs.resources["source_store"].open().list_sources()
@@ -105,7 +220,8 @@ def build_everything(raw: Path, out: Path, home: Path, workers: int | None) -> t
         catalog = defs.resolve_job_def("catalog_build").execute_in_process(
             instance=instance, run_config=QUIET, raise_on_error=False, tags={"pid/launched_by": "pid-demo"}
         )
-    return outcomes, catalog.success
+        lerobot = build_lerobot(defs, instance)
+    return outcomes, catalog.success, lerobot
 
 
 def _table(headers: tuple[str, ...], rows: list[tuple], align: str) -> list[str]:
@@ -153,6 +269,67 @@ def describe_source(out: Path, outcome: SourceOutcome) -> list[str]:
     return lines
 
 
+def _fraction(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.2f}%" if whole else "-"
+
+
+def _video_kinds(sidecar: Path) -> str:
+    """``av01 160x120`` (each codec and size of the sidecar's files, as indexed)."""
+    try:
+        with read_sidecar(sidecar) as sc:
+            files = sc.manifest["files"]
+    except (OSError, ValueError):
+        return "?"
+    return ", ".join(sorted({f"{f['codec']} {f['width']}x{f['height']}" for f in files}))
+
+
+def describe_lerobot(outcome: LeRobotOutcome) -> list[str]:
+    """The dataset's sidecar, check and publish, from the run's metadata."""
+    lines = [f"== lerobot {outcome.dataset}: {'ok' if outcome.ok else 'FAILED'}"]
+    lines += [f"   failed step {step}: {message}" for step, message in sorted(outcome.failures.items())]
+    sc = outcome.sidecar
+    rows: list[tuple[str, str]] = []
+    if sc:
+        video = sc["video_bytes"]
+        if "index_bytes_read" in sc:
+            read = f"{human_bytes(sc['index_bytes_read'])} of {human_bytes(video)} of video " \
+                   f"({_fraction(sc['index_bytes_read'], video)}; boxes only, no media data)"
+        else:  # not measured: what an index from the boxes reads at most
+            read = f"at most {human_bytes(sc['header_bytes'])} (the non-media boxes) of {human_bytes(video)} " \
+                   f"of video ({_fraction(sc['header_bytes'], video)})"
+        revision = sc["revision_source"] if sc["revision"] == "(unpinned)" else \
+            f"revision {sc['revision'][:12]} ({sc['revision_source']})"
+        rows += [
+            ("dataset", f"{sc['data_root']} ({sc['repo_id']}; {revision})"),
+            ("MP4 files", f"{sc['files']} ({_video_kinds(Path(sc['sidecar']))}), {sc['samples']} samples"),
+            ("index read", read),
+            ("sidecar", f"{sc['sidecar']} ({human_bytes(sc['sidecar_bytes'])})"),
+            ("compact index", f"{human_bytes(sc['compact_index_bytes'])} vs {human_bytes(sc['int64_array_bytes'])} "
+                              f"as int64 arrays ({sc['compact_ratio']:.3f}x)"),
+        ]
+    check = outcome.check
+    if check is None:
+        rows.append(("check", "mp4_sidecar_is_valid did not run"))
+    elif check["passed"]:
+        rows.append(("check", f"mp4_sidecar_is_valid passed ({check.get('video_files', '?')} video files validated)"))
+    else:
+        problems = check.get("problems") or []
+        rows.append(("check", f"mp4_sidecar_is_valid FAILED, {check.get('problems_count', len(problems))} "
+                              f"problem(s): {'; '.join(map(str, problems[:3]))}"))
+    pub = outcome.published
+    if not pub:
+        why = "failed" if "published_mp4_sidecar" in outcome.failures else "did not run"
+        rows.append(("publish", f"published_mp4_sidecar {why}"))
+    elif not pub["published"]:
+        rows.append(("publish", f"not published: {pub['note']}"))
+    else:
+        what = "already published, unchanged," if pub["unchanged"] else "published"
+        rows.append(("publish", f"{what} to {pub['target']} ({human_bytes(pub['bytes'])}"
+                                + (f", commit {pub['commit'][:12]})" if pub.get("commit") else ")")))
+    width = max(len(k) for k, _ in rows)
+    return lines + [f"   {k.ljust(width)}  {v}" for k, v in rows]
+
+
 def _workspace_file(root: Path) -> str:
     workspace = Path(__file__).resolve().parents[1] / "workspace.yaml"
     return "workspace.yaml" if workspace.parent == root else str(workspace)
@@ -167,23 +344,29 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = args.root.resolve()
     raw, out, home = root / "demo" / "raw", root / "demo" / "out", prepare_home(root / ".dagster_home")
+    lerobot_root = root / "demo" / "lerobot"
     raw.mkdir(parents=True, exist_ok=True)
     if ensure_sample_source(raw, "photos", with_problems=True):
         print(f"made sample source {raw / 'photos'}")
     if ensure_sample_source(raw, "photos-portrait", photos=PORTRAIT_PHOTOS, ratios=PORTRAIT_RATIOS,
                             with_problems=False):
         print(f"made sample source {raw / 'photos-portrait'}")
+    if ensure_sample_lerobot(lerobot_root):
+        print(f"made sample LeRobot dataset {lerobot_root / LEROBOT_DATASET}")
 
-    outcomes, catalog_ok = build_everything(raw, out, home, args.workers)
+    outcomes, catalog_ok, lerobot = build_everything(raw, out, home, args.workers, lerobot_root)
 
     print()
     for outcome in outcomes:
         print("\n".join(describe_source(out, outcome)))
         print()
+    for dataset in lerobot:
+        print("\n".join(describe_lerobot(dataset)))
+        print()
     print(f"catalog: {out / 'catalog.json'} ({'ok' if catalog_ok else 'FAILED'})")
     print(f"Dagster instance: {home}")
     print(f"see the runs: cd {root} && DAGSTER_HOME={home} dagster dev -w {_workspace_file(root)}")
-    ok = catalog_ok and all(o.ok for o in outcomes)
+    ok = catalog_ok and all(o.ok for o in outcomes) and all(d.ok for d in lerobot)
     if not ok:
         print("pid-demo: some runs or checks failed (see above)", file=sys.stderr)
     return 0 if ok else 1
