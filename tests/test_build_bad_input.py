@@ -18,7 +18,7 @@ import pytest
 from loader.formats.twin_tar import sanitize_key, tar_path
 from pid_platform.build.errors import NoSamplesError, OutputNotWritableError, UnsafeInputError
 from pid_platform.build.layout import STATE_DIR
-from tests.test_build_support import (
+from tests.support.build_data import (
     CLEAN_SAMPLES,
     SOURCE,
     add_sample,
@@ -30,7 +30,7 @@ from tests.test_build_support import (
     photo,
     source_file,
 )
-from tests.test_build_support import build as support_build
+from tests.support.build_data import build as support_build
 
 
 def build(raw_root: Path, out: Path, **kw):

@@ -17,7 +17,7 @@ from pathlib import Path
 from loader.formats.atomic import TMP_MARKER
 from pid_platform.build.layout import STATE_DIR
 from pid_platform.build.publish import staging_dir
-from tests.test_build_support import SOURCE, build, output_files
+from tests.support.build_data import SOURCE, build, output_files
 
 COPIES = 4  # 32 photographs x 4 = 128 one-sample shards: long enough to be caught mid-way
 ARGS = ["--shard-size", "1", "--num-workers", "1"]

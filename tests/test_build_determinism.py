@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tests.test_build_support import build, index_rows, manifests, output_files
+from tests.support.build_data import build, index_rows, manifests, output_files
 
 
 def test_two_builds_are_byte_identical_with_1_and_2_workers(photo_drop_template: Path, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from PIL import Image
 from loader.formats.twin_tar import BUCKET_NAMES, split_member_name, tar_path
 from loader.formats.wdinfo import WDINFO_NAME
 from pid_platform.build.pipeline import BuildSummary
-from tests.test_build_support import (
+from tests.support.build_data import (
     CLEAN_SAMPLES,
     MODALITIES,
     SOURCE,

@@ -33,7 +33,7 @@ from pid_platform.build.pipeline import (
 from pid_platform.build.plan import ShardingConfig
 from pid_platform.build.storage import LocalSourceStore
 from pid_platform.build.verify import manifest_mismatches
-from tests.test_build_support import (
+from tests.support.build_data import (
     SMALL_BOUND_MB,
     SOURCE,
     all_problems,

@@ -19,7 +19,7 @@ from pid_platform.build.pipeline import run_intake, run_sharding
 from pid_platform.build.plan import ShardingConfig
 from pid_platform.build.publish import staging_dir
 from pid_platform.build.storage import LocalSourceStore
-from tests.test_build_support import (
+from tests.support.build_data import (
     SMALL_BOUND_MB,
     SOURCE,
     all_problems,

@@ -6,7 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from loader.formats.twin_tar import tar_path
-from tests.test_build_support import (
+from tests.support.build_data import (
     CLEAN_SAMPLES,
     MODALITIES,
     all_problems,

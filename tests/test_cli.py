@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pid_platform.cli import shard_main, split_input_dir
-from tests.test_build_support import (
+from tests.support.build_data import (
     SOURCE,
     add_sample,
     build,

@@ -13,7 +13,7 @@ import pytest
 from pid_platform.defs.partitions import SOURCES
 from pid_platform.defs.resources import ShardingResource, source_store_from_env
 from pid_platform.sample_data import make_sample_source
-from tests.test_dagster_support import (
+from tests.support.dagster_runs import (
     apply_partition_requests,
     build_source,
     dagster_instance,

@@ -15,7 +15,7 @@ from loader.formats.wdinfo import read_wdinfo
 from pid_platform.build.publish import staging_dir
 from pid_platform.build.verify import manifest_mismatches
 from pid_platform.sample_data import make_sample_source
-from tests.test_dagster_support import (
+from tests.support.dagster_runs import (
     SOURCE_ASSETS,
     build_catalog,
     build_source,

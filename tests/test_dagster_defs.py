@@ -18,7 +18,7 @@ from pid_platform.defs.resources import (
     ShardingResource,
     source_store_from_env,
 )
-from tests.test_dagster_support import load_defs
+from tests.support.dagster_runs import load_defs
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = 'Dynamic partitions: "sources"'

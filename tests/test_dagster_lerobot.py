@@ -17,14 +17,14 @@ from pid_platform.defs.lerobot import checks as lerobot_checks
 from pid_platform.defs.lerobot.partitions import LEROBOT_DATASETS
 from pid_platform.defs.lerobot.pools import PUBLISH_POOL, apply_pool_limits
 from pid_platform.defs.lerobot.resources import LeRobotResource, git_revision, lerobot_from_env
-from tests.test_dagster_support import (
+from tests.support.dagster_runs import (
     check_metadata,
     check_outcomes,
     dagster_instance,
     load_defs,
     materialized,
 )
-from tests.test_lerobot_publish_support import git, git_bytes, make_source_repo, refs, touch_video
+from tests.support.publish_data import git, git_bytes, make_source_repo, refs, touch_video
 
 DATASET = "av1"
 JOB = "lerobot_sidecar_build"

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from pid_platform.defs.resources import S3SourceStoreResource
-from tests.support.seaweedfs import SeaweedS3, upload_tree
-from tests.test_dagster_support import (
+from tests.support.dagster_runs import (
     apply_partition_requests,
     build_source,
     dagster_instance,
@@ -18,6 +17,7 @@ from tests.test_dagster_support import (
     manifests,
     materialized,
 )
+from tests.support.seaweedfs import SeaweedS3, upload_tree
 
 BUCKET = "dagster-raw"
 

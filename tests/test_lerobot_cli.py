@@ -15,14 +15,14 @@ from loader.lerobot.sidecar import read_sidecar, validate_sidecar
 from loader.lerobot.sidecar.publish_layout import SIDECAR_BRANCH, SIDECAR_DIR
 from pid_platform.lerobot.cli import main
 from tests.support.hub_standin import HubStandIn
-from tests.support.seaweedfs import upload_tree
-from tests.test_lerobot_publish_support import (
+from tests.support.publish_data import (
     REPO_ID,
     dataset_files,
     git_bytes,
     make_source_repo,
     refs,
 )
+from tests.support.seaweedfs import upload_tree
 
 CLI = str(Path(sys.executable).parent / "pid-build-mp4-sidecar")
 SHA = "0123456789abcdef0123456789abcdef01234567"

@@ -27,8 +27,7 @@ from pid_platform.lerobot.publish import (
     publish_sidecar,
 )
 from tests.support.hub_standin import HubStandIn
-from tests.support.seaweedfs import upload_tree
-from tests.test_lerobot_publish_support import (
+from tests.support.publish_data import (
     REPO_ID,
     add_commit,
     build,
@@ -39,6 +38,7 @@ from tests.test_lerobot_publish_support import (
     refs,
     touch_video,
 )
+from tests.support.seaweedfs import upload_tree
 
 BRANCH_REF = f"refs/heads/{SIDECAR_BRANCH}"
 
