@@ -219,6 +219,12 @@ def shard_main(argv: Sequence[str] | None = None) -> int:
         # Named errors already say which file and what to do; a traceback would bury that.
         print(f"pid-shard: error: {exc}", file=sys.stderr)
         return EXIT_BUILD_ERROR
+    except OSError as exc:
+        # The file system refused (disk full, a read-only mount, an output folder that is its own
+        # mount point so staging cannot be renamed over it): say so without a traceback.
+        print(f"pid-shard: error: {exc}; the build stopped and the published output is unchanged",
+              file=sys.stderr)
+        return EXIT_BUILD_ERROR
     try:
         print(format_summary(summary), flush=True)
     except BrokenPipeError:  # `pid-shard ... | head`: the build is done, the reader left early

@@ -16,6 +16,7 @@ from loader.formats.atomic import atomic_write_bytes
 from pid_platform.build import publish
 from pid_platform.build.intake import IntakeReport, Sample, intake
 from pid_platform.build.layout import STATE_DIR
+from pid_platform.build.lock import exclusive
 from pid_platform.build.manifests import (
     BucketManifest,
     remove_unplanned,
@@ -72,6 +73,7 @@ def summarize(results: list[ShardResult]) -> dict[str, BucketSummary]:
     return dict(sorted(buckets.items()))
 
 
+@exclusive
 def run_intake(store: SourceStore, source: str, out: Path, config: ShardingConfig, *, trust_pickle: bool,
                num_workers: int, progress: Callable | None = None) -> tuple[list[Sample], IntakeReport, Path]:
     staging = publish.begin(out)
@@ -84,6 +86,7 @@ def run_intake(store: SourceStore, source: str, out: Path, config: ShardingConfi
     return samples, report, path
 
 
+@exclusive
 def run_sharding(store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int,
                  progress: Callable[[int, int], None] | None = None) -> tuple[list[ShardPlan], list[ShardResult]]:
     """Write the planned tars into the staging folder, hard-linking those ``out`` already holds."""
@@ -124,6 +127,7 @@ def load_plans(folder: Path, config: ShardingConfig) -> list[ShardPlan]:
     return read_plans(state_dir(folder) / "plan.parquet", config.part_size)
 
 
+@exclusive
 def run_key_indexes(out: Path, *, num_workers: int) -> tuple[ShardingConfig, list[ShardPlan], list[str]]:
     """Key indexes of the staged tars, cut with the config recorded beside them."""
     staging = publish.begin(out)
@@ -132,6 +136,7 @@ def run_key_indexes(out: Path, *, num_workers: int) -> tuple[ShardingConfig, lis
     return config, plans, write_key_indexes(staging, plans, num_workers=num_workers)
 
 
+@exclusive
 def run_manifests(out: Path, source: str, *, num_workers: int) -> tuple[ShardingConfig, list[BucketManifest], list[Path]]:
     """wdinfo.json per bucket into the staging folder, then the commit that publishes it as ``out``.
 
@@ -148,6 +153,7 @@ def run_manifests(out: Path, source: str, *, num_workers: int) -> tuple[Sharding
     return config, published, removed
 
 
+@exclusive
 def build_source(
     store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int = 1,
     trust_pickle: bool = False, progress: Callable[[int, int], None] | None = None,
