@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from pid_platform.build.errors import BuildError
+from pid_platform.build.errors import BuildError, OutputNotWritableError
 
 F = TypeVar("F", bound=Callable)
 
@@ -45,8 +45,14 @@ def build_lock(out: str | os.PathLike[str]) -> Iterator[None]:
             fd, depth = _held[path]
             _held[path] = (fd, depth - 1)
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise OutputNotWritableError(
+            f"output folder {out} is not writable ({exc.strerror or exc}); "
+            "choose another --output-dir or fix its permissions"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
