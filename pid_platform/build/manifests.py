@@ -90,7 +90,7 @@ class BucketManifest:
 
 def write_manifests(out: Path, source: str, plans: list[ShardPlan], num_workers: int = 1) -> list[BucketManifest]:
     """One wdinfo.json per bucket leaf, each written after all the tars and indexes it lists."""
-    shas = list(ordered_map(_hash_one, [(out, p) for p in plans], num_workers))
+    shas = list(ordered_map(_hash_one, [(out, p) for p in plans], num_workers, threads=True))
     by_bucket: dict[str, list[tuple[ShardPlan, dict[str, str]]]] = defaultdict(list)
     for p, sha in zip(plans, shas, strict=True):
         by_bucket[p.bucket].append((p, sha))

@@ -100,7 +100,7 @@ def write_shards(
     remove_stale_temp_files(out)
     results: list[ShardResult] = []
     jobs = [(store, source, out, previous, p) for p in plans]
-    for res in ordered_map(_write_one, jobs, num_workers):
+    for res in ordered_map(_write_one, jobs, num_workers, threads=True):
         results.append(res)
         if progress is not None:
             progress(res)
