@@ -74,7 +74,11 @@ class ShardingResource(dg.ConfigurableResource):
                                         description="Put images in aspect_ratio_<W>_<H> buckets.")
     shuffle: bool = Field(default=_DEFAULTS.shuffle, description="Shuffle samples within a bucket.")
     seed: int = Field(default=_DEFAULTS.seed, description="Seed of the shuffle.")
-    num_workers: int = Field(default=2, description="Worker processes per build step.")
+    num_workers: int = Field(
+        default=2,
+        description="Parallel workers per build step (processes for intake and key indexes, threads for "
+        "tar writing and hashing).",
+    )
     trust_pickle: bool = Field(default=False,
                                description="Allow embeddings that need pickle to load (trusted data only).")
     datasets: dict[str, list[str]] = Field(default_factory=dict,
