@@ -28,9 +28,9 @@ from loader.lerobot.sidecar.publish_layout import (
     Published,
     PublishError,
     PublishRefused,
-    public_url,
     require_commit_sha,
 )
+from loader.lerobot.sidecar.schema import public_root
 
 REMOTE = "target"
 _GIT_TIMEOUT_S = 600.0
@@ -49,7 +49,7 @@ class GitTarget:
     author_email: str = "pid-platform@localhost"
 
     def __str__(self) -> str:
-        return f"git:{public_url(self.url)}#{self.branch}"
+        return f"git:{public_root(self.url)}#{self.branch}"
 
 
 class _Git:
@@ -85,8 +85,8 @@ class _Git:
     def _clean(self, stderr: bytes) -> str:
         text = stderr.decode(errors="replace").strip()
         # git prints the URL as given; keep a token in it out of our messages.
-        if self.target.url != public_url(self.target.url):
-            text = text.replace(self.target.url, public_url(self.target.url))
+        if self.target.url != public_root(self.target.url):
+            text = text.replace(self.target.url, public_root(self.target.url))
         return text[-2000:]
 
     def remote_refs(self) -> dict[str, str]:
@@ -148,7 +148,7 @@ def publish_git(target: GitTarget, files: dict[str, Path | bytes], *, revision: 
                 sidecar_name: str, pointer_name: str, sha256: str, size: int) -> Published:
     """Commit ``files`` (name in ``meta/mp4-sidecars`` -> content) on ``target.branch``; push it."""
     require_commit_sha(revision, str(target))
-    display = public_url(target.url)
+    display = public_root(target.url)
     with tempfile.TemporaryDirectory(prefix="pid-sidecar-git-") as tmp:
         repo = Path(tmp) / "publish.git"
         repo.mkdir()

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
 
 SIDECAR_BRANCH = "lerobot-sidecars"
 SIDECAR_DIR = "meta/mp4-sidecars"
@@ -120,11 +119,3 @@ def read_pointer(data: bytes, where: str) -> dict:
     if not isinstance(doc, dict) or doc.get("format") != POINTER_FORMAT:
         raise PublishError(f"{where}: not a sidecar pointer (format {doc.get('format') if isinstance(doc, dict) else None!r})")
     return doc
-
-
-def public_url(url: str) -> str:
-    """``url`` without user info, query or fragment (tokens live there), for messages and results."""
-    if "://" not in url:
-        return url
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[-1], parts.path, "", ""))
