@@ -15,6 +15,7 @@ from pid_platform.build.storage import FileEntry, SourceStore
 from pid_platform.build.validate import (
     CAPTION_EXTS,
     IMAGE_EXTS,
+    PICKLE_SNIFF_BYTES,
     ImageInfo,
     check_caption,
     check_image,
@@ -109,8 +110,9 @@ def _check_one(
         is_image = ext in IMAGE_EXTS
         is_caption = ext in CAPTION_EXTS and modality != image_modality
         if not (is_image or is_caption) and modality != image_modality:
-            data = store.read(source, entry)
-            check_pickle(entry.name, data, store.describe(source, entry), trust_pickle)
+            if not trust_pickle:  # embeddings are only sniffed: their head says whether it is pickle
+                head = store.read_head(source, entry, PICKLE_SNIFF_BYTES)
+                check_pickle(entry.name, head, store.describe(source, entry), trust_pickle)
             continue
         data = store.read(source, entry)
         if is_image:

@@ -52,6 +52,10 @@ class SourceStore(ABC):
     @abstractmethod
     def read(self, source: str, entry: FileEntry) -> bytes: ...
 
+    def read_head(self, source: str, entry: FileEntry, n: int) -> bytes:
+        """The first ``n`` bytes (enough to sniff a format without fetching the whole file)."""
+        return self.read(source, entry)[:n]
+
     def describe(self, source: str, entry: FileEntry) -> str:
         return f"{self.uri.rstrip('/')}/{source}/{entry.modality}/{entry.name}"
 
@@ -131,6 +135,11 @@ class LocalSourceStore(SourceStore):
         path = entry.local_path or str(self.root / source / entry.modality / entry.name)
         with open(path, "rb") as fh:
             return fh.read()
+
+    def read_head(self, source: str, entry: FileEntry, n: int) -> bytes:
+        path = entry.local_path or str(self.root / source / entry.modality / entry.name)
+        with open(path, "rb") as fh:
+            return fh.read(n)
 
 
 class S3SourceStore(SourceStore):
@@ -304,6 +313,14 @@ class S3SourceStore(SourceStore):
         cond = {"IfMatch": f'"{etag}"'} if etag else {}
         with self._errors(f"reading s3://{self.bucket}/{key}"):
             return self.client.get_object(Bucket=self.bucket, Key=key, **cond)["Body"].read()
+
+    def read_head(self, source: str, entry: FileEntry, n: int) -> bytes:
+        key = self._key(source, entry.modality, entry.name)
+        etag = entry.fingerprint.partition(":")[2]
+        cond = {"IfMatch": f'"{etag}"'} if etag else {}
+        with self._errors(f"reading s3://{self.bucket}/{key}"):
+            resp = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes=0-{n - 1}", **cond)
+            return resp["Body"].read()
 
 
 def open_source_store(root: str, endpoint_url: str | None = None) -> SourceStore:

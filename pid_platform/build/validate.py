@@ -16,6 +16,7 @@ CAPTION_EXTS = frozenset({"json"})
 # Loading these runs pickle (torch.load included), so they are refused unless trusted.
 PICKLE_EXTS = frozenset({"pkl", "pickle", "pt", "pth", "ckpt"})
 PICKLE_MAGIC = b"\x80"  # PROTO opcode that starts every pickle of protocol >= 2
+PICKLE_SNIFF_BYTES = 256  # the magic byte, and a .npy header's dtype
 
 
 def ext_of(name: str) -> str:
@@ -68,7 +69,7 @@ def check_pickle(name: str, data: bytes, describe: str, trust_pickle: bool) -> N
         return
     ext = ext_of(name)
     looks_pickled = ext in PICKLE_EXTS or (ext not in IMAGE_EXTS | CAPTION_EXTS and data[:1] == PICKLE_MAGIC)
-    if ext == "npy" and b"'descr': '|O'" in data[:256]:
+    if ext == "npy" and b"'descr': '|O'" in data[:PICKLE_SNIFF_BYTES]:
         looks_pickled = True  # object arrays in .npy are stored as pickle
     if looks_pickled:
         raise UnsafeInputError(
