@@ -89,7 +89,14 @@ class ShardTable(Sequence[TarSample]):
         return int(self.counts.sum())
 
     def fingerprint(self) -> str:
-        """Identity of the shard list (paths and counts): a resume state must match it."""
+        """Identity of the shard list (paths and counts): a resume state must match it.
+
+        Computed once: the table never changes, and every checkpoint asks (a million paths
+        are ~100 MB to hash).
+        """
+        cached = self.__dict__.get("_fingerprint")
+        if cached is not None:
+            return cached
         import hashlib
 
         h = hashlib.sha256()
@@ -98,7 +105,8 @@ class ShardTable(Sequence[TarSample]):
             if buf is not None:
                 h.update(buf)
         h.update(repr(self.keys).encode())
-        return h.hexdigest()[:16]
+        self._fingerprint = h.hexdigest()[:16]
+        return self._fingerprint
 
     def nbytes(self) -> int:
         arrays = (self.root_ids, self.counts, self.keys_ids, self.source_ids, self.bucket_ids)
