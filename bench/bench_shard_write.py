@@ -17,7 +17,7 @@ a fresh output folder:
   ``--format=ustar --owner=0 --group=0 --numeric-owner --mtime=@0 --mode=0644``)
 * ``GNU tar -cf + fsync (info)`` - the same plus ``sync <tar>`` after each tar: what durability
   costs GNU tar. Informational, no target: like GNU tar, our writer leaves tars in the page cache;
-  the build makes the whole staged version durable with one sync at its commit point.
+  the build fsyncs the staged version's files once, at its commit point.
 
 Every input file is read once before each run so the page cache is equally warm for every
 contender; outputs are deleted and ``sync`` is run before each run. One untimed warm-up round
@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         s = best[key]
         print(f"{label:<28}{s:>8.2f}{statistics.median(times[key]):>10.2f}{out_bytes / 1e6 / s:>8.0f}"
               f"{tar_s / s:>7.2f}x")
-    print("(neither our writer nor plain GNU tar fsyncs per tar; the build syncs once at its commit point)")
+    print("(neither our writer nor plain GNU tar fsyncs per tar; the build fsyncs the staged files once, at its commit point)")
     r1, r2 = tar_s / best["ours1"], tar_s / best["ours2"]
     print()
     print(f"{'PASS' if r1 >= 1.0 else 'MISS'}: ours with 1 worker >= 1.0x GNU tar ({r1:.2f}x)")

@@ -94,9 +94,10 @@ def commit(out: str | os.PathLike[str]) -> list[Path]:
         new = set(_build_files(staging))
         removed = [Path(out) / rel for rel in sorted(_build_files(final)) if rel not in new]
         _carry(final, staging)
-    # Tars are written without a per-file fsync (the writer's hot path); one sync here makes the
-    # whole staged version durable before anything points readers at it.
-    os.sync()
+    # Tars are written without a per-file fsync (the writer's hot path); here, before anything
+    # points readers at it, the staged version is made durable. Only S's own files: os.sync()
+    # would also wait for every other dirty page on the machine.
+    _fsync_tree(staging)
     atomic_write_bytes(staging / STATE_DIR / COMMITTING, b"")
     if final.exists():
         os.rename(final, old)
@@ -213,6 +214,22 @@ def _finish(final: Path, old: Path) -> None:
         shutil.rmtree(old)
     if not old.exists():
         (final / STATE_DIR / COMMITTING).unlink(missing_ok=True)
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file and folder under ``root`` (cheap for files already on disk, such as
+    tars hard-linked from the published version)."""
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            p = os.path.join(dirpath, name)
+            if os.path.islink(p):
+                continue
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
 
 
 def _fsync_dir(path: Path) -> None:
