@@ -1,0 +1,414 @@
+"""Video of one (episode, camera): which MP4 bytes to fetch, and frames decoded from only those.
+
+``plan_video_span`` is a pure function of the sidecar arrays: it maps the episode's frames to
+samples (nearest presentation time, within the tolerance, as LeRobot's ``decode_video_frames``)
+and the samples to one contiguous byte range of the MP4, from the sync sample at or before the
+first needed frame. ``EpisodeVideo`` decodes frames from that byte range by feeding packets
+straight to a PyAV codec context. Packets rather than a synthesized mini-MP4: the sidecar
+already holds every sample's offset, size and timing, so a packet is a slice of the fetched
+bytes and no container is written, parsed or seeked (and no edit list needs rewriting).
+``DecoderCache`` keeps the open decoders of recently used episodes.
+"""
+
+from __future__ import annotations
+
+import fractions
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import av
+import numpy as np
+
+from .codec import UnsupportedCodecError, decoder_config, open_decoder
+
+if TYPE_CHECKING:
+    from loader.lerobot.sidecar.schema import SidecarFile
+
+__all__ = ["DecoderCache", "EpisodeVideo", "UnsupportedCodecError", "VideoDecodeError",
+           "VideoFrameError", "VideoSpan", "plan_video_span"]
+
+
+class VideoFrameError(ValueError):
+    """No video frame within ``tolerance_s`` of a requested time (or outside the fetched span).
+
+    ``rel``, ``time``, ``nearest`` (the closest sample time, None when there is none) and
+    ``tolerance_s`` are kept as attributes; the message names them and the fix.
+    """
+
+    def __init__(self, message: str, *, rel: str, time: float | None = None,
+                 nearest: float | None = None, tolerance_s: float | None = None):
+        super().__init__(message)
+        self.rel, self.time, self.nearest, self.tolerance_s = rel, time, nearest, tolerance_s
+
+
+class VideoDecodeError(RuntimeError):
+    """The decoder failed on, or produced no frame for, a sample of the fetched span."""
+
+
+@dataclass(frozen=True)
+class VideoSpan:
+    """The decode-order samples ``[first_sample, end_sample)`` of MP4 ``rel`` that one episode
+    needs, held in the bytes ``[byte_start, byte_end)`` of the file."""
+
+    rel: str                     # MP4 path relative to the dataset root
+    first_sample: int            # decode-order index of the sync sample the fetch starts at
+    end_sample: int              # one past the last decode-order sample fetched
+    byte_start: int              # absolute offset in the MP4 of the first fetched byte
+    byte_end: int                # exclusive
+    frame_samples: np.ndarray    # int64, decode-order sample index of episode frame k
+
+    @property
+    def nbytes(self) -> int:
+        """Exactly what will be fetched and held."""
+        return self.byte_end - self.byte_start
+
+
+def plan_video_span(rel: str, arrays: Mapping[str, np.ndarray], *, from_timestamp: float, length: int,
+                    fps: int, tolerance_s: float) -> VideoSpan:
+    """The span of MP4 ``rel`` holding frames ``from_timestamp + k / fps`` (k < ``length``).
+
+    Each frame's sample is the one whose ``sample_pts`` is nearest; it must be closer than
+    ``tolerance_s`` (LeRobot's strict ``<``), else ``VideoFrameError``. The span starts at the
+    last sync sample at or before the earliest needed sample in decode order whose presentation
+    time is not after any needed frame's (so an open GOP's leading pictures keep their
+    references). It ends after the last needed sample or, when presentation order differs from
+    decode order anywhere in the span's GOPs (B-frames), at the end of the last needed GOP, so
+    every needed frame decodes and decoded frames stay contiguous. Pure: no I/O.
+    """
+    if length < 1:
+        raise ValueError(f"{rel}: an episode needs at least one frame, got length={length}")
+    if fps <= 0 or tolerance_s <= 0:
+        raise ValueError(f"{rel}: fps and tolerance_s must be positive, got fps={fps}, tolerance_s={tolerance_s}")
+    pts = np.asarray(arrays["sample_pts"], dtype=np.float64)
+    sync = np.asarray(arrays["sync_samples"]).astype(np.int64)
+    n = len(pts)
+    times = float(from_timestamp) + np.arange(length, dtype=np.float64) / fps
+    samples = _nearest_samples(rel, pts, np.arange(n, dtype=np.int64), times, tolerance_s, "file")
+
+    first_needed, last_needed = int(samples.min()), int(samples.max())
+    i = int(np.searchsorted(sync, first_needed, side="right")) - 1
+    earliest = float(pts[samples].min())
+    while i > 0 and pts[sync[i]] > earliest:
+        i -= 1
+    if i < 0 or pts[sync[i]] > earliest:
+        raise VideoFrameError(
+            f"{rel}: no sync sample (keyframe) at or before sample {first_needed} (t={pts[first_needed]:.6f}s), "
+            "so the episode's first frame cannot be decoded; re-encode the video with a keyframe "
+            "at each episode start, then rebuild the sidecar", rel=rel, time=float(times[0]))
+    first = int(sync[i])
+    j = int(np.searchsorted(sync, last_needed, side="right"))
+    gop_end = int(sync[j]) if j < len(sync) else n
+    reorders = bool(np.any(np.diff(pts[first:gop_end]) < 0))
+    end = gop_end if reorders else last_needed + 1
+
+    offsets = np.asarray(arrays["sample_offsets"][first:end]).astype(np.int64)
+    sizes = np.asarray(arrays["sample_sizes"][first:end]).astype(np.int64)
+    return VideoSpan(rel=rel, first_sample=first, end_sample=end, byte_start=int(offsets.min()),
+                     byte_end=int((offsets + sizes).max()), frame_samples=samples)
+
+
+def _nearest_samples(rel: str, pts: np.ndarray, ids: np.ndarray, times: np.ndarray, tolerance_s: float,
+                     scope: str) -> np.ndarray:
+    """Index (from ``ids``) of the sample nearest each time; VideoFrameError past the tolerance.
+
+    Only samples within ``tolerance_s`` of the asked range can qualify, so those few are sorted
+    (the file's samples are in decode order, not presentation order).
+    """
+    lo, hi = float(times.min()) - tolerance_s, float(times.max()) + tolerance_s
+    near = np.flatnonzero((pts > lo) & (pts < hi))
+    if len(near):
+        cand = near[np.argsort(pts[near], kind="stable")]
+        cand_pts = pts[cand]
+        right = np.clip(np.searchsorted(cand_pts, times), 0, len(cand) - 1)
+        left = np.maximum(right - 1, 0)
+        pick = np.where(np.abs(cand_pts[left] - times) <= np.abs(cand_pts[right] - times), left, right)
+        dist = np.abs(cand_pts[pick] - times)
+        bad = np.flatnonzero(dist >= tolerance_s)
+        if not len(bad):
+            return ids[cand[pick]]
+        k = int(bad[0])
+    else:
+        k = 0
+    t = float(times[k])
+    nearest = float(pts[np.argmin(np.abs(pts - t))]) if len(pts) else None
+    where = "in the file" if scope == "file" else "in the fetched span of this episode"
+    shown = "none" if nearest is None else f"{nearest:.6f}s ({abs(nearest - t):.6f}s away)"
+    raise VideoFrameError(
+        f"{rel}: no video frame {where} within tolerance_s={tolerance_s} of t={t:.6f}s; the nearest "
+        f"sample is at {shown}. The episode's from_timestamp/fps in meta/ do not match this video "
+        "(a synchronization problem when the data was recorded, or a re-encoded video): fix the "
+        "metadata or the video, leave this episode out (episodes=), or raise tolerance_s",
+        rel=rel, time=t, nearest=nearest, tolerance_s=tolerance_s)
+
+
+class EpisodeVideo:
+    """Decodes frames of one (episode, camera) from the fetched span bytes.
+
+    Access pattern served: frames mostly in increasing order, plus windows reaching back (and
+    sometimes forward) a few frames. A forward request keeps feeding packets to the open
+    decoder, jumping to a new decoder at a later sync sample when one lies in between; frames
+    that come out before they are asked for wait in ``pending`` (undecoded to RGB); the last
+    ``keep_frames`` frames handed out stay in ``kept`` for windows; a request behind both
+    restarts at the sync sample at or before it.
+
+    Memory is bounded: ``kept`` holds at most ``keep_frames`` RGB frames and ``pending`` at most
+    ``keep_frames`` YUV frames (when full, the earliest in presentation order are dropped: they
+    are behind the reader), plus the decoder's own reference pictures and the span bytes, which
+    this object holds until ``close()``. Frames handed out are read-only (shared with ``kept``).
+    ``frame`` is thread-safe (one lock per object); decoders of different episodes run in
+    parallel on threads.
+    """
+
+    def __init__(self, span: VideoSpan, file: SidecarFile, arrays: Mapping[str, np.ndarray],
+                 payload: bytes | memoryview, *, tolerance_s: float, keep_frames: int = 8):
+        if keep_frames < 1:
+            raise ValueError(f"keep_frames must be >= 1, got {keep_frames}")
+        if len(payload) != span.nbytes:
+            raise ValueError(f"{span.rel}: got {len(payload)} payload bytes for a span of {span.nbytes} "
+                             f"(bytes {span.byte_start}..{span.byte_end})")
+        self.span, self.rel, self.tolerance_s, self.keep_frames = span, span.rel, tolerance_s, keep_frames
+        self.codec, self._decoder, self._extradata = decoder_config(span.rel, file.stsd)
+        if file.codec != self.codec:
+            raise UnsupportedCodecError(f"{span.rel}: the sidecar says codec {file.codec!r} but its "
+                                        f"'stsd' holds {self.codec!r}; rebuild the sidecar")
+        first, end = span.first_sample, span.end_sample
+        self._first = first
+        self._payload = memoryview(payload).cast("B")
+        self._offsets = np.asarray(arrays["sample_offsets"][first:end]).astype(np.int64) - span.byte_start
+        self._sizes = np.asarray(arrays["sample_sizes"][first:end]).astype(np.int64)
+        # dts: the sum of all earlier durations (the first sample's dts is 0, as stored).
+        durations = arrays["sample_durations"]
+        self._dts = np.zeros(end - first, dtype=np.int64)
+        self._dts[0] = int(np.sum(durations[:first], dtype=np.int64))
+        np.cumsum(np.asarray(durations[first:end - 1]).astype(np.int64), out=self._dts[1:])
+        self._dts[1:] += self._dts[0]
+        self._pts_ticks = self._dts + np.asarray(arrays["sample_composition_offsets"][first:end]).astype(np.int64)
+        # Decoded frames carry their packet's pts: that is how a frame finds its sample.
+        self._sample_of_pts = {int(p): first + i for i, p in enumerate(self._pts_ticks)}
+        if len(self._sample_of_pts) != end - first:
+            raise VideoDecodeError(f"{span.rel}: two samples of the span share a presentation time, so "
+                                   "decoded frames cannot be told apart; re-mux or re-encode the video")
+        self._ids = np.arange(first, end, dtype=np.int64)
+        self._pts = np.asarray(arrays["sample_pts"][first:end], dtype=np.float64)
+        sync = np.asarray(arrays["sync_samples"]).astype(np.int64)
+        self._sync = sync[(sync >= first) & (sync < end)]
+        self._is_sync = np.zeros(end - first, dtype=bool)
+        self._is_sync[self._sync - first] = True
+        self._time_base = fractions.Fraction(1, file.timescale)
+
+        self._lock = threading.Lock()
+        self._ctx: av.CodecContext | None = None
+        self._next = first               # next sample to feed
+        self._flushed = False
+        self._outstanding: set[int] = set()   # fed, not yet out of the decoder
+        self._pending: dict[int, av.VideoFrame] = {}
+        self._kept: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._closed = False
+        self.decode_seconds = 0.0
+        self.frames_decoded = 0
+        self.restarts = 0
+
+    # -- lookups ---------------------------------------------------------------------------------
+
+    def sample_for_time(self, t: float) -> int:
+        """The span's sample nearest ``t`` (seconds in the file); VideoFrameError past the tolerance."""
+        return int(_nearest_samples(self.rel, self._pts, self._ids, np.array([float(t)]), self.tolerance_s,
+                                    "span")[0])
+
+    def frames_at(self, times: Sequence[float]) -> np.ndarray:
+        """(T, H, W, 3) uint8 RGB frames at ``times`` (seconds in the file)."""
+        return np.stack([self.frame(self.sample_for_time(t)) for t in times])
+
+    def frame(self, sample: int) -> np.ndarray:
+        """The (H, W, 3) uint8 RGB frame of decode-order ``sample`` (read-only array)."""
+        sample = int(sample)
+        if not self._first <= sample < self.span.end_sample:
+            raise VideoFrameError(f"{self.rel}: sample {sample} is outside the fetched span "
+                                  f"[{self._first}, {self.span.end_sample}); plan the span from the "
+                                  "frames the episode needs (plan_video_span)", rel=self.rel)
+        with self._lock:
+            if self._closed:
+                raise ValueError(f"{self.rel}: this EpisodeVideo is closed (evicted from the decoder cache?)")
+            rgb = self._kept.get(sample)
+            if rgb is None:
+                frame = self._pending.pop(sample, None)
+                if frame is None:
+                    frame = self._decode_to(sample)
+                started = time.perf_counter()
+                rgb = frame.to_ndarray(format="rgb24")
+                self.decode_seconds += time.perf_counter() - started
+                rgb.flags.writeable = False
+                self._kept[sample] = rgb
+                while len(self._kept) > self.keep_frames:
+                    self._kept.popitem(last=False)
+            else:
+                self._kept.move_to_end(sample)
+            return rgb
+
+    # -- decoding --------------------------------------------------------------------------------
+
+    def _decode_to(self, sample: int) -> av.VideoFrame:
+        start = self._restart_point(sample)
+        if start is not None:
+            self._restart(start)
+        while True:
+            if self._next < self.span.end_sample:
+                frames = self._feed(self._next)
+                self._next += 1
+            elif not self._flushed:
+                frames = self._run(None, self._next - 1)
+                self._flushed = True
+            else:
+                raise VideoDecodeError(f"{self.rel}: the decoder produced no frame for sample {sample} "
+                                       f"(span samples {self._first}..{self.span.end_sample - 1}); the "
+                                       "video or its sidecar is damaged: rebuild the sidecar, check the file")
+            wanted = None
+            for s, f in frames:
+                if s == sample:
+                    wanted = f
+                else:
+                    self._pending[s] = f
+            self._trim_pending()
+            if wanted is not None:
+                return wanted
+
+    def _restart_point(self, sample: int) -> int | None:
+        """The sync sample to open a new decoder at, or None to keep feeding the open one."""
+        i = int(np.searchsorted(self._sync, sample, side="right")) - 1
+        target = self._pts[sample - self._first]
+        while i > 0 and self._pts[self._sync[i] - self._first] > target:
+            i -= 1   # open-GOP leading picture: it references the GOP before
+        sync = int(self._sync[max(i, 0)])
+        if self._ctx is None:
+            return sync
+        if sample in self._outstanding or (sample >= self._next and not self._flushed):
+            # Reachable by feeding on; a sync sample in between makes the packets before it useless.
+            return sync if sync > self._next else None
+        return sync
+
+    def _restart(self, sync: int) -> None:
+        self._ctx = open_decoder(self._decoder, self._extradata)
+        self._next, self._flushed = sync, False
+        self._outstanding.clear()
+        self.restarts += 1
+
+    def _feed(self, sample: int) -> list[tuple[int, av.VideoFrame]]:
+        i = sample - self._first
+        off, size = int(self._offsets[i]), int(self._sizes[i])
+        packet = av.Packet(self._payload[off:off + size])
+        packet.dts = int(self._dts[i])
+        packet.pts = int(self._pts_ticks[i])
+        packet.time_base = self._time_base
+        packet.is_keyframe = bool(self._is_sync[i])
+        self._outstanding.add(sample)
+        return self._run(packet, sample)
+
+    def _run(self, packet: av.Packet | None, sample: int) -> list[tuple[int, av.VideoFrame]]:
+        assert self._ctx is not None
+        started = time.perf_counter()
+        try:
+            frames = self._ctx.decode(packet)
+        except av.error.FFmpegError as e:
+            raise VideoDecodeError(f"{self.rel}: decoding sample {sample} failed ({e}); the fetched bytes "
+                                   "do not match the sidecar (file changed? rebuild the sidecar)") from e
+        finally:
+            self.decode_seconds += time.perf_counter() - started
+        out = []
+        for f in frames:
+            s = self._sample_of_pts.get(f.pts) if f.pts is not None else None
+            if s is None:
+                raise VideoDecodeError(f"{self.rel}: the decoder returned a frame with pts {f.pts}, which "
+                                       "is no sample of the span; the sidecar does not match the file")
+            self._outstanding.discard(s)
+            self.frames_decoded += 1
+            out.append((s, f))
+        return out
+
+    def _trim_pending(self) -> None:
+        if len(self._pending) <= self.keep_frames:
+            return
+        # Drop the frames earliest in presentation: the reader has moved past them.
+        by_time = sorted(self._pending, key=lambda s: self._pts[s - self._first])
+        for s in by_time[:len(self._pending) - self.keep_frames]:
+            del self._pending[s]
+
+    @property
+    def nbytes(self) -> int:
+        """The span bytes this object holds until ``close()``."""
+        return self.span.nbytes
+
+    def __enter__(self) -> EpisodeVideo:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the decoder, the frames and the span bytes (waits for a running ``frame``)."""
+        with self._lock:
+            self._closed = True
+            self._ctx = None
+            self._pending.clear()
+            self._kept.clear()
+            self._payload = memoryview(b"")
+
+
+class DecoderCache:
+    """An LRU of open ``EpisodeVideo`` objects keyed by (episode_index, camera).
+
+    Evicting, discarding or clearing closes the decoder (a ``frame`` running on it finishes
+    first; later calls on it raise).
+    """
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"decoder cache capacity must be >= 1, got {capacity} "
+                             "(video_decoder_cache_size)")
+        self.capacity = capacity
+        self._videos: OrderedDict[Hashable, EpisodeVideo] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> EpisodeVideo | None:
+        with self._lock:
+            video = self._videos.get(key)
+            if video is not None:
+                self._videos.move_to_end(key)
+            return video
+
+    def put(self, key: Hashable, video: EpisodeVideo) -> None:
+        with self._lock:
+            old = self._videos.pop(key, None)
+            self._videos[key] = video
+            evicted = [self._videos.popitem(last=False)[1] for _ in range(len(self._videos) - self.capacity)]
+        if old is not None and old is not video:
+            evicted.append(old)
+        for v in evicted:
+            v.close()
+
+    def discard(self, key: Hashable) -> None:
+        with self._lock:
+            video = self._videos.pop(key, None)
+        if video is not None:
+            video.close()
+
+    def clear(self) -> None:
+        with self._lock:
+            videos = list(self._videos.values())
+            self._videos.clear()
+        for v in videos:
+            v.close()
+
+    def __len__(self) -> int:
+        return len(self._videos)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._videos
+
+    def keys(self) -> list[Hashable]:
+        """Keys from least to most recently used."""
+        with self._lock:
+            return list(self._videos)

@@ -1,0 +1,294 @@
+"""The streaming reader's video layer: byte spans planned from the sidecar, frames decoded from
+only those bytes equal to a whole-file PyAV decode (AV1 and H.264 with B-frames), any access
+order, windows, tolerance errors, codec errors and the decoder LRU."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loader.lerobot.meta import LeRobotMeta
+from loader.lerobot.mp4 import index_mp4
+from loader.lerobot.sidecar import CompactArrays, CompactIndex, SidecarFile, build_sidecar
+from loader.lerobot.streaming.codec import UnsupportedCodecError, decoder_config
+from loader.lerobot.streaming.video import (
+    DecoderCache,
+    EpisodeVideo,
+    VideoFrameError,
+    VideoSpan,
+    plan_video_span,
+)
+from tests.support.lerobot_data import write_v3_dataset
+from tests.support.video import decode_all_frames, encode_plain_mp4, photo_frames
+
+CAMERA = "observation.images.front"
+TOL = 1e-4
+SMALL = dict(cameras=(CAMERA,), size=(32, 24))
+DATASETS = {
+    "av1-faststart": dict(codec="libsvtav1", gop=2, faststart=True, episodes_per_file=3,
+                          episode_lengths=(7, 5, 6, 4)),
+    "av1-moov-last": dict(codec="libsvtav1", gop=2, faststart=False, episodes_per_file=2,
+                          episode_lengths=(6, 5)),
+    "h264-bframes": dict(codec="libx264", gop=12, bframes=2, faststart=False, episodes_per_file=1,
+                         episode_lengths=(14, 9)),
+    "h264-bframes-multi": dict(codec="libx264", gop=12, bframes=2, faststart=False, episodes_per_file=3,
+                               episode_lengths=(15, 11, 13)),
+}
+
+
+@dataclass
+class Built:
+    root: Path
+    meta: LeRobotMeta
+    index: CompactIndex
+    _oracle: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def arrays(self, rel: str) -> CompactArrays:
+        return self.index.arrays(rel)
+
+    def file(self, rel: str) -> SidecarFile:
+        return self.index.file(rel)
+
+    def episode(self, ep: int) -> tuple[str, float, int]:
+        info = self.meta.episode(ep)
+        span = info.videos[CAMERA]
+        return self.meta.video_rel(CAMERA, span.chunk, span.file), span.from_timestamp, info.length
+
+    def plan(self, ep: int) -> VideoSpan:
+        rel, t0, length = self.episode(ep)
+        return plan_video_span(rel, self.arrays(rel), from_timestamp=t0, length=length,
+                               fps=self.meta.fps, tolerance_s=TOL)
+
+    def open(self, span: VideoSpan, **kw) -> EpisodeVideo:
+        """An EpisodeVideo fed ONLY the span's bytes of the file."""
+        payload = (self.root / span.rel).read_bytes()[span.byte_start:span.byte_end]
+        return EpisodeVideo(span, self.file(span.rel), self.arrays(span.rel), payload, tolerance_s=TOL, **kw)
+
+    def oracle(self, rel: str, times: np.ndarray) -> np.ndarray:
+        """Frames of a whole-file av.open decode nearest ``times``."""
+        if rel not in self._oracle:
+            self._oracle[rel] = decode_all_frames(self.root / rel)
+        all_times, frames = self._oracle[rel]
+        picks = [int(np.argmin(np.abs(all_times - t))) for t in times]
+        assert all(abs(all_times[p] - t) < TOL for p, t in zip(picks, times, strict=True))
+        return frames[picks]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory):
+    cache: dict[str, Built] = {}
+    base = tmp_path_factory.mktemp("stream-video")
+
+    def get(name: str) -> Built:
+        if name not in cache:
+            root = write_v3_dataset(base / name, **SMALL, **DATASETS[name])
+            meta = LeRobotMeta.load(str(root))
+            npz = build_sidecar(meta, base / f"{name}.npz", repo_id="pid-test/video", revision="r1",
+                                data_root=str(root)) and base / f"{name}.npz"
+            cache[name] = Built(root, meta, CompactIndex.open(npz, cache_root=base / "indexes"))
+        return cache[name]
+    return get
+
+
+def episode_times(b: Built, ep: int) -> np.ndarray:
+    _, t0, length = b.episode(ep)
+    return t0 + np.arange(length) / b.meta.fps
+
+
+# -- every frame, from the span bytes only ----------------------------------------------------
+
+@pytest.mark.parametrize("name", list(DATASETS))
+def test_every_frame_decoded_from_span_bytes_equals_full_decode(name: str, built) -> None:
+    b = built(name)
+    reorders = "bframes" in DATASETS[name]
+    for ep in range(len(DATASETS[name]["episode_lengths"])):
+        rel, _, length = b.episode(ep)
+        arrays = b.arrays(rel)
+        span = b.plan(ep)
+        sync = np.asarray(arrays["sync_samples"], dtype=np.int64)
+        sizes = np.asarray(arrays["sample_sizes"], dtype=np.int64)
+        n = arrays.sample_count
+        times = episode_times(b, ep)
+
+        assert span.rel == rel and span.frame_samples.dtype == np.int64 and len(span.frame_samples) == length
+        np.testing.assert_allclose(np.asarray(arrays["sample_pts"])[span.frame_samples], times, atol=TOL)
+        assert span.first_sample in sync and span.first_sample <= span.frame_samples.min()
+        if reorders:   # through the end of the last needed GOP
+            assert span.end_sample == n or span.end_sample in sync
+            assert span.end_sample > span.frame_samples.max()
+        else:
+            assert span.end_sample == span.frame_samples.max() + 1
+        # Single-track files: the span's samples are contiguous bytes.
+        assert span.nbytes == int(sizes[span.first_sample:span.end_sample].sum())
+
+        video = b.open(span)
+        got = video.frames_at(times)
+        assert got.dtype == np.uint8 and got.shape == (length, 24, 32, 3)
+        assert np.array_equal(got, b.oracle(rel, times)), f"{name} episode {ep}"
+        for k, s in enumerate(span.frame_samples):
+            assert video.sample_for_time(times[k]) == s
+        assert video.frames_decoded >= length and video.decode_seconds > 0
+        video.close()
+
+
+@pytest.mark.parametrize("name", ["av1-faststart", "h264-bframes-multi"])
+def test_spans_starting_mid_gop_and_crossing_episodes(name: str, built) -> None:
+    """Any run of 3 frames of a file, wherever it starts: the span reaches back to a sync sample."""
+    b = built(name)
+    rel, _, _ = b.episode(0)
+    arrays = b.arrays(rel)
+    fps = b.meta.fps
+    for start in range(arrays.sample_count - 2):
+        span = plan_video_span(rel, arrays, from_timestamp=start / fps, length=3, fps=fps, tolerance_s=TOL)
+        times = (start + np.arange(3)) / fps
+        video = b.open(span)
+        assert np.array_equal(video.frames_at(times), b.oracle(rel, times)), f"frames {start}..{start + 2}"
+
+
+# -- access orders and windows ----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["av1-faststart", "h264-bframes-multi"])
+def test_random_and_backward_access(name: str, built) -> None:
+    b = built(name)
+    ep = 0 if name.startswith("h264") else 1
+    rel, _, length = b.episode(ep)
+    times = episode_times(b, ep)
+    want = b.oracle(rel, times)
+    video = b.open(b.plan(ep), keep_frames=2)
+    rng = np.random.default_rng(7)
+    for k in list(rng.permutation(length)) + list(range(length - 1, -1, -1)) + list(rng.permutation(length)):
+        got = video.frame(video.span.frame_samples[k])
+        assert np.array_equal(got, want[k]), f"frame {k}"
+        assert not got.flags.writeable
+    assert video.restarts > 1   # backward requests beyond what is kept start over
+    assert len(video._kept) <= 2 and len(video._pending) <= 2
+
+
+@pytest.mark.parametrize("name", ["av1-moov-last", "h264-bframes"])
+def test_windows_back_and_forward_decode_once_when_kept(name: str, built) -> None:
+    b = built(name)
+    rel, _, length = b.episode(0)
+    times = episode_times(b, 0)
+    want = b.oracle(rel, times)
+    video = b.open(b.plan(0), keep_frames=8)
+    fps = b.meta.fps
+    for k in range(length):
+        idx = np.clip(np.arange(k - 3, k + 2), 0, length - 1)   # clamped as LeRobot pads
+        window = video.frames_at(times[0] + idx / fps)
+        assert window.shape == (5, 24, 32, 3) and window.flags.writeable
+        assert np.array_equal(window, want[idx]), f"window at frame {k}"
+    # Sequential windows never go back further than the frames kept: one pass, one decoder.
+    assert video.restarts == 1
+    assert video.frames_decoded == video.span.end_sample - video.span.first_sample
+
+
+def test_frame_is_thread_safe(built) -> None:
+    b = built("h264-bframes-multi")
+    rel, _, length = b.episode(1)
+    times = episode_times(b, 1)
+    want = b.oracle(rel, times)
+    video = b.open(b.plan(1), keep_frames=3)
+    errors: list[str] = []
+
+    def worker(seed: int) -> None:
+        order = np.random.default_rng(seed).permutation(length)
+        for k in order:
+            if not np.array_equal(video.frame(video.span.frame_samples[k]), want[k]):
+                errors.append(f"seed {seed} frame {k}")
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+def test_time_outside_tolerance_names_the_file(built) -> None:
+    b = built("av1-faststart")
+    rel, t0, length = b.episode(1)
+    arrays = b.arrays(rel)
+    with pytest.raises(VideoFrameError, match=rf"{rel}.*tolerance_s=0\.0001.*nearest sample") as e:
+        plan_video_span(rel, arrays, from_timestamp=t0 + 0.03, length=length, fps=b.meta.fps, tolerance_s=TOL)
+    assert e.value.rel == rel and e.value.time == pytest.approx(t0 + 0.03)
+    assert e.value.nearest == pytest.approx(t0) and e.value.tolerance_s == TOL
+    with pytest.raises(VideoFrameError, match="no video frame in the file"):   # past the file's end
+        plan_video_span(rel, arrays, from_timestamp=t0, length=100, fps=b.meta.fps, tolerance_s=TOL)
+    with pytest.raises(ValueError, match="length"):
+        plan_video_span(rel, arrays, from_timestamp=t0, length=0, fps=b.meta.fps, tolerance_s=TOL)
+
+    video = b.open(b.plan(1))
+    with pytest.raises(VideoFrameError, match=f"{rel}.*fetched span"):
+        video.sample_for_time(t0 - 1.0 / b.meta.fps)   # a frame of the previous episode
+    with pytest.raises(VideoFrameError, match="outside the fetched span"):
+        video.frame(video.span.end_sample)
+    with pytest.raises(ValueError, match="payload bytes"):
+        EpisodeVideo(video.span, b.file(rel), arrays, b"\0" * (video.span.nbytes - 1), tolerance_s=TOL)
+
+
+def test_unsupported_codec_is_a_clear_error(tmp_path: Path, built) -> None:
+    path = encode_plain_mp4(tmp_path / "mpeg4.mp4", photo_frames(3, (32, 24)), codec="mpeg4")
+    idx = index_mp4(path)
+    assert idx.codec == "mp4v"
+    with pytest.raises(UnsupportedCodecError, match=r"videos/x\.mp4: video codec 'mp4v' is not supported.*re-encode"):
+        decoder_config("videos/x.mp4", idx.stsd)
+
+    b = built("av1-faststart")
+    span = b.plan(0)
+    payload = (b.root / span.rel).read_bytes()[span.byte_start:span.byte_end]
+    wrong = dataclasses.replace(b.file(span.rel), stsd=idx.stsd, codec="mp4v")
+    with pytest.raises(UnsupportedCodecError, match=span.rel):
+        EpisodeVideo(span, wrong, b.arrays(span.rel), payload, tolerance_s=TOL)
+
+
+def test_hevc_decodes_from_a_mid_file_span(tmp_path: Path) -> None:
+    """hvcC extradata: the third codec family, on a file written by libx265."""
+    path = encode_plain_mp4(tmp_path / "hevc.mp4", photo_frames(12, (64, 48)), codec="libx265")
+    idx = index_mp4(path)
+    assert idx.codec in ("hev1", "hvc1")
+    arrays = {name: getattr(idx, name) for name in ("sample_pts", "sample_durations", "sample_composition_offsets",
+                                                    "sample_sizes", "sample_offsets", "sync_samples")}
+    times, frames = decode_all_frames(path)
+    span = plan_video_span("hevc.mp4", arrays, from_timestamp=times[5], length=4, fps=10, tolerance_s=TOL)
+    entry = SidecarFile(id="0", path="hevc.mp4", size=idx.file_size, fingerprint=None, stable=False,
+                        ftyp=idx.ftyp, stsd=idx.stsd, timescale=idx.timescale, track_id=idx.track_id,
+                        codec=idx.codec, width=idx.width, height=idx.height, mdat=tuple(idx.mdat),
+                        edit=idx.edit, sample_count=idx.num_samples)
+    video = EpisodeVideo(span, entry, arrays, path.read_bytes()[span.byte_start:span.byte_end], tolerance_s=TOL)
+    assert np.array_equal(video.frames_at(times[5:9]), frames[5:9])
+
+
+# -- the decoder cache --------------------------------------------------------------------------
+
+def test_decoder_cache_evicts_and_closes(built) -> None:
+    b = built("av1-faststart")
+    videos = [b.open(b.plan(ep)) for ep in range(3)]
+    cache = DecoderCache(2)
+    for ep, v in enumerate(videos):
+        cache.put((ep, CAMERA), v)
+    assert len(cache) == 2 and (0, CAMERA) not in cache and cache.get((0, CAMERA)) is None
+    with pytest.raises(ValueError, match="closed"):
+        videos[0].frame(videos[0].span.frame_samples[0])
+    assert cache.get((1, CAMERA)) is videos[1]          # now the most recent
+    cache.put((3, CAMERA), b.open(b.plan(3)))
+    assert cache.keys() == [(1, CAMERA), (3, CAMERA)]   # episode 2 was least recently used
+    with pytest.raises(ValueError, match="closed"):
+        videos[2].frame(videos[2].span.frame_samples[0])
+    videos[1].frame(videos[1].span.frame_samples[0])    # still open
+    cache.discard((1, CAMERA))
+    with pytest.raises(ValueError, match="closed"):
+        videos[1].frame(videos[1].span.frame_samples[0])
+    last = cache.get((3, CAMERA))
+    cache.clear()
+    assert len(cache) == 0
+    with pytest.raises(ValueError, match="closed"):
+        last.frame(last.span.frame_samples[0])
+    with pytest.raises(ValueError, match="video_decoder_cache_size"):
+        DecoderCache(0)
