@@ -7,7 +7,8 @@ first needed frame. ``EpisodeVideo`` decodes frames from that byte range by feed
 straight to a PyAV codec context. Packets rather than a synthesized mini-MP4: the sidecar
 already holds every sample's offset, size and timing, so a packet is a slice of the fetched
 bytes and no container is written, parsed or seeked (and no edit list needs rewriting).
-``DecoderCache`` keeps the open decoders of recently used episodes.
+``DecoderCache`` (in ``decoder_cache``, re-exported here) keeps the open decoders of recently
+used episodes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import fractions
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,7 @@ import av
 import numpy as np
 
 from .codec import UnsupportedCodecError, decoder_config, open_decoder
+from .decoder_cache import DecoderCache
 
 if TYPE_CHECKING:
     from loader.lerobot.sidecar.schema import SidecarFile
@@ -221,7 +223,11 @@ class EpisodeVideo:
 
     def frames_at(self, times: Sequence[float]) -> np.ndarray:
         """(T, H, W, 3) uint8 RGB frames at ``times`` (seconds in the file)."""
-        return np.stack([self.frame(self.sample_for_time(t)) for t in times])
+        asked = np.asarray(times, dtype=np.float64).reshape(-1)
+        if not len(asked):
+            raise ValueError(f"{self.rel}: frames_at needs at least one time")
+        samples = _nearest_samples(self.rel, self._pts, self._ids, asked, self.tolerance_s, "span")
+        return np.stack([self.frame(s) for s in samples.tolist()])
 
     def frame(self, sample: int) -> np.ndarray:
         """The (H, W, 3) uint8 RGB frame of decode-order ``sample`` (read-only array)."""
@@ -355,60 +361,3 @@ class EpisodeVideo:
             self._pending.clear()
             self._kept.clear()
             self._payload = memoryview(b"")
-
-
-class DecoderCache:
-    """An LRU of open ``EpisodeVideo`` objects keyed by (episode_index, camera).
-
-    Evicting, discarding or clearing closes the decoder (a ``frame`` running on it finishes
-    first; later calls on it raise).
-    """
-
-    def __init__(self, capacity: int):
-        if capacity < 1:
-            raise ValueError(f"decoder cache capacity must be >= 1, got {capacity} "
-                             "(video_decoder_cache_size)")
-        self.capacity = capacity
-        self._videos: OrderedDict[Hashable, EpisodeVideo] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable) -> EpisodeVideo | None:
-        with self._lock:
-            video = self._videos.get(key)
-            if video is not None:
-                self._videos.move_to_end(key)
-            return video
-
-    def put(self, key: Hashable, video: EpisodeVideo) -> None:
-        with self._lock:
-            old = self._videos.pop(key, None)
-            self._videos[key] = video
-            evicted = [self._videos.popitem(last=False)[1] for _ in range(len(self._videos) - self.capacity)]
-        if old is not None and old is not video:
-            evicted.append(old)
-        for v in evicted:
-            v.close()
-
-    def discard(self, key: Hashable) -> None:
-        with self._lock:
-            video = self._videos.pop(key, None)
-        if video is not None:
-            video.close()
-
-    def clear(self) -> None:
-        with self._lock:
-            videos = list(self._videos.values())
-            self._videos.clear()
-        for v in videos:
-            v.close()
-
-    def __len__(self) -> int:
-        return len(self._videos)
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._videos
-
-    def keys(self) -> list[Hashable]:
-        """Keys from least to most recently used."""
-        with self._lock:
-            return list(self._videos)
