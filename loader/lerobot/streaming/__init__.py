@@ -5,3 +5,13 @@ them with its own exact-coverage episode pool, byte budget and decoders. Episode
 their parquet rows and the MP4 byte spans of the GOPs they need (located through the MP4
 sidecar), decoded from those bytes, and yielded as the items LeRobot's map-style dataset gives.
 """
+
+from .dataset import StreamingLeRobotDataset
+from .loader import StreamingLoader, make_loader
+from .options import StreamingOptions
+from .ownership import NoEpisodesError
+from .planner import EpisodeTooLargeError
+from .state import StreamResumeError
+
+__all__ = ["EpisodeTooLargeError", "NoEpisodesError", "StreamResumeError", "StreamingLeRobotDataset",
+           "StreamingLoader", "StreamingOptions", "make_loader"]

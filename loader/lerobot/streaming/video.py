@@ -343,6 +343,10 @@ class EpisodeVideo:
             del self._pending[s]
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def nbytes(self) -> int:
         """The span bytes this object holds until ``close()``."""
         return self.span.nbytes

@@ -1,0 +1,91 @@
+"""The streaming reader's options: LeRobot's names and defaults, validated where they are defined.
+
+Every option is per rank unless its comment says otherwise; a rank with N DataLoader workers
+gives each worker 1/N of the episode pool, the byte budget and the decoder cache
+(``per_worker``). Unknown names, non-positive numbers and unknown strategies are refused here,
+so every entry point (the dataset, a trainer's config, the Dagster check) gets the same message.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+SAMPLING_STRATEGIES = ("remaining", "round_robin")
+DEFAULT_SEED = 42   # what seed=None means (LeRobot's fixed streaming seed)
+_GB = 1 << 30
+
+
+@dataclass(frozen=True)
+class StreamingOptions:
+    streaming_episode_pool_size: int = 32        # complete episodes mixed per rank (pool/N per worker)
+    streaming_sampling_strategy: str = "remaining"
+    streaming_prefetch_episodes: int = 8         # episodes fetched ahead per worker
+    streaming_byte_budget_gb: float = 8.0        # MP4 payload bytes held per rank
+    streaming_decode_threads: int = 2            # sample assembly + decode threads per worker
+    streaming_decoded_queue_size: int = 8        # decoded samples kept ahead, in planner order
+    video_decoder_cache_size: int | None = None  # open decoders per rank; None: pool x cameras
+    streaming_native_http_connections: int | None = None   # HTTP requests in flight per rank; None: no cap
+    streaming_native_http_subranges: int = 1     # parallel sub-ranges per HTTP range read
+    streaming_sidecar_lock_timeout_s: float = 1800.0
+    max_num_shards: int = 16                     # episodes fetched in parallel per worker
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.name in ("video_decoder_cache_size", "streaming_native_http_connections"):
+                continue
+            if f.name == "streaming_sampling_strategy":
+                if value not in SAMPLING_STRATEGIES:
+                    raise ValueError(f"streaming_sampling_strategy must be one of {list(SAMPLING_STRATEGIES)}, "
+                                     f"got {value!r}")
+                continue
+            floats = f.name in ("streaming_byte_budget_gb", "streaming_sidecar_lock_timeout_s")
+            ok_type = (isinstance(value, int | float) if floats else isinstance(value, int)) and not isinstance(value, bool)
+            if not ok_type:
+                want = "a number" if floats else "an integer"
+                raise ValueError(f"{f.name} must be {want}, got {value!r}")
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{f.name} must be positive and finite, got {value!r}")
+
+    @classmethod
+    def from_kwargs(cls, options: dict[str, Any]) -> StreamingOptions:
+        """Build from ``**streaming_options``; an unknown name is a ValueError naming it."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            hints = []
+            for name in unknown:
+                close = difflib.get_close_matches(name, sorted(known), n=1)
+                hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            raise ValueError(f"unknown streaming option{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
+                             f"known options: {', '.join(sorted(known))}")
+        return cls(**options)
+
+    @property
+    def byte_budget(self) -> int:
+        """The per-rank byte budget in bytes (GiB, as LeRobot counts it)."""
+        return int(self.streaming_byte_budget_gb * _GB)
+
+    def per_worker(self, num_workers: int, cameras: int) -> WorkerShare:
+        """What one of ``num_workers`` DataLoader workers (0 means the training process) gets."""
+        n = max(1, num_workers)
+        pool = max(1, self.streaming_episode_pool_size // n)
+        decoders = self.video_decoder_cache_size or self.streaming_episode_pool_size * max(1, cameras)
+        conns = self.streaming_native_http_connections
+        return WorkerShare(
+            pool_size=pool,
+            byte_budget=max(1, self.byte_budget // n),
+            decoder_cache=max(1, decoders // n),
+            http_connections=None if conns is None else max(1, conns // n),
+        )
+
+
+@dataclass(frozen=True)
+class WorkerShare:
+    pool_size: int
+    byte_budget: int
+    decoder_cache: int
+    http_connections: int | None
