@@ -7,6 +7,8 @@ Fixtures (bind them in a test module, or list this module in ``pytest_plugins``)
                             MP4 (2 files per camera), data and episode metadata spread over two chunks
   ``lerobot_v3_h264_root``  H.264 with B-frames (g=12, bf=2; ctts + encoder-delay edit list),
                             one episode per MP4 with ``moov`` after ``mdat``, 3 episodes
+  ``lerobot_stream_h264_root`` H.264 with B-frames (g=12, bf=2), ``moov`` after ``mdat``, 2 cameras,
+                            5 episodes, 2 episodes per MP4 and per data file (3 of each), 48x32
 """
 
 from __future__ import annotations
@@ -28,13 +30,15 @@ from pid_platform.sample_lerobot import (
 )
 
 __all__ = ["CAMERAS", "CODEBASE_VERSION", "DATA_PATH", "DEFAULT_TASKS", "EPISODES_PATH",
-           "LEROBOT_V3_EPISODES", "LEROBOT_V3_H264_EPISODES", "PHOTOS", "STATE_NAMES", "VIDEO_PATH",
-           "lerobot_v3_h264_root", "lerobot_v3_root", "write_v3_dataset"]
+           "LEROBOT_STREAM_H264_EPISODES", "LEROBOT_V3_EPISODES", "LEROBOT_V3_H264_EPISODES", "PHOTOS", "STATE_NAMES", "VIDEO_PATH",
+           "lerobot_stream_h264_root", "lerobot_v3_h264_root", "lerobot_v3_root",
+           "write_v3_dataset"]
 
 # -- fixtures -------------------------------------------------------------------------------------
 
 LEROBOT_V3_EPISODES = (6, 9, 12, 7, 10)
 LEROBOT_V3_H264_EPISODES = (14, 8, 11)
+LEROBOT_STREAM_H264_EPISODES = (12, 9, 16, 10, 13)
 
 
 @pytest.fixture(scope="session")
@@ -54,3 +58,13 @@ def lerobot_v3_h264_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_v3_dataset(tmp_path_factory.mktemp("lerobot-v3-h264"), episodes_per_file=1,
                             episode_lengths=LEROBOT_V3_H264_EPISODES, codec="libx264", gop=12,
                             bframes=2, faststart=False, legacy_task_index=True)
+
+
+@pytest.fixture(scope="session")
+def lerobot_stream_h264_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """H.264 with B-frames (g=12, bf=2, moov after mdat), 2 cameras, 5 episodes of 9-16 frames:
+    2 episodes per MP4 and per data file (3 files of each, the last with one episode), 48x32
+    frames. Episodes longer than a GOP and episodes that start mid-file. Read-only."""
+    return write_v3_dataset(tmp_path_factory.mktemp("lerobot-stream-h264"), episodes_per_file=2,
+                            episode_lengths=LEROBOT_STREAM_H264_EPISODES, codec="libx264", gop=12,
+                            bframes=2, faststart=False, data_episodes_per_file=2, size=(48, 32))
