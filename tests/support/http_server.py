@@ -3,7 +3,10 @@
 Serves a directory with ``Range: bytes=a-b | a- | -n`` (206 + Content-Range, 416), HEAD,
 strong ETags (content hash) and If-Match (412). Knobs for tests: ``forbidden`` paths answer 403,
 ``ignore_range`` answers every GET with 200 and the whole file, ``require_bearer`` answers 401
-without ``Authorization: Bearer <token>``. Every request is recorded in ``requests``.
+without ``Authorization: Bearer <token>``, ``delay_s`` waits that long before answering each GET
+(so concurrent requests really overlap), and setting ``fail_gets = n`` answers the next ``n``
+GETs with 503. Every request is recorded in ``requests``; ``max_in_flight`` is the most GETs
+that were being answered at once (``reset_in_flight()`` starts a new measurement).
 
 Fixture ``http_server(root, **options) -> RangeHTTPServer``; servers stop at teardown.
 """
@@ -15,6 +18,7 @@ import hashlib
 import re
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -38,11 +42,15 @@ class Request:
 
 class RangeHTTPServer:
     def __init__(self, root: str | Path, *, forbidden: set[str] | tuple[str, ...] = (),
-                 ignore_range: bool = False, require_bearer: str | None = None):
+                 ignore_range: bool = False, require_bearer: str | None = None, delay_s: float = 0.0):
         self.root = Path(root).resolve()
         self.forbidden = {p.lstrip("/") for p in forbidden}   # paths relative to root
         self.ignore_range = ignore_range
         self.require_bearer = require_bearer
+        self.delay_s = delay_s
+        self.fail_gets = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
         self.requests: list[Request] = []
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
@@ -70,6 +78,23 @@ class RangeHTTPServer:
     def gets(self, path: str | None = None) -> list[Request]:
         with self._lock:
             return [r for r in self.requests if r.method == "GET" and (path is None or r.path == path)]
+
+    def reset_in_flight(self) -> None:
+        with self._lock:
+            self.max_in_flight = self.in_flight
+
+    def _enter_get(self) -> bool:
+        """Count a GET in flight; True when it must fail with 503 (``fail_gets``)."""
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            fail = self.fail_gets > 0
+            self.fail_gets -= fail
+            return fail
+
+    def _leave_get(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
 
     def start(self) -> RangeHTTPServer:
         self._thread.start()
@@ -118,9 +143,16 @@ class _Handler(BaseHTTPRequestHandler):
         self._serve(body=False)
 
     def do_GET(self) -> None:
-        self._serve(body=True)
+        owner = self.server_owner
+        fail = owner._enter_get()
+        try:
+            if owner.delay_s:
+                time.sleep(owner.delay_s)
+            self._serve(body=True, unavailable=fail)
+        finally:
+            owner._leave_get()
 
-    def _serve(self, body: bool) -> None:
+    def _serve(self, body: bool, unavailable: bool = False) -> None:
         owner = self.server_owner
         rel = unquote(urlsplit(self.path).path).lstrip("/")
         rng = self.headers.get("Range")
@@ -140,6 +172,8 @@ class _Handler(BaseHTTPRequestHandler):
                 except OSError:  # the client (or a fault proxy) hung up mid-body
                     self.close_connection = True
 
+        if unavailable:
+            return reply(503, {"Retry-After": "0"})
         if owner.require_bearer and self.headers.get("Authorization") != f"Bearer {owner.require_bearer}":
             return reply(401, {})
         if rel in owner.forbidden:
@@ -180,7 +214,7 @@ def _parse_range(header: str | None, size: int) -> tuple[int, int] | str | None:
 
 @pytest.fixture
 def http_server() -> Iterator:
-    """Factory: ``http_server(root, forbidden=..., ignore_range=..., require_bearer=...)``."""
+    """Factory: ``http_server(root, forbidden=..., ignore_range=..., require_bearer=..., delay_s=...)``."""
     servers: list[RangeHTTPServer] = []
 
     def start(root: str | Path, **options: object) -> RangeHTTPServer:
