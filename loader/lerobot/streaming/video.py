@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import av
 import numpy as np
+from av.video.reformatter import VideoReformatter
 
 from .codec import UnsupportedCodecError, decoder_config, open_decoder
 from .decoder_cache import DecoderCache
@@ -209,6 +210,10 @@ class EpisodeVideo:
         self._outstanding: set[int] = set()   # fed, not yet out of the decoder
         self._pending: dict[int, av.VideoFrame] = {}
         self._kept: OrderedDict[int, np.ndarray] = OrderedDict()
+        # One YUV->RGB converter for all frames of the span: frame.to_ndarray() builds a new
+        # swscale context (with its own thread pool) per frame, which cost several times the
+        # decode itself. Single-threaded: parallelism comes from episodes on threads.
+        self._to_rgb = VideoReformatter()
         self._closed = False
         self.decode_seconds = 0.0
         self.frames_decoded = 0
@@ -245,7 +250,7 @@ class EpisodeVideo:
                 if frame is None:
                     frame = self._decode_to(sample)
                 started = time.perf_counter()
-                rgb = frame.to_ndarray(format="rgb24")
+                rgb = self._to_rgb.reformat(frame, format="rgb24", threads=1).to_ndarray()
                 self.decode_seconds += time.perf_counter() - started
                 rgb.flags.writeable = False
                 self._kept[sample] = rgb
