@@ -287,9 +287,6 @@ def _same_items(got: list[dict], want: list[dict]) -> None:
         assert_item_equal(g, w, where=f"index {int(w['index'])}")
 
 
-FAST = None
-
-
 def _fast():
     from loader.io import StreamConfig
 
@@ -320,11 +317,7 @@ def test_s3_with_resets_and_stalls_gives_the_same_items(s3_env, fault_proxy, ler
                                  streaming_episode_pool_size=3, stream_config=_fast())
     # Faults only for the payload reads (metadata and sidecar were read above, fault-free).
     proxy = fault_proxy(s3_env.endpoint_url, [drop(1_500), stall(800, 1.0), drop(3_000, rst=False)] * 4)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
-    from loader.io.source_s3 import s3_client
-
-    if hasattr(s3_client, "cache_clear"):
-        s3_client.cache_clear()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)   # clients are keyed by endpoint: new ones use it
     _same_items(list(ds), local_items)
     assert proxy.fired, "no fault fired: the test would prove nothing"
 
