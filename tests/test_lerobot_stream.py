@@ -338,3 +338,50 @@ def test_http_root_with_503s_resets_and_stalls_gives_the_same_items(http_server,
     _same_items(list(faulty), local_items)
     assert proxy.fired and server.fail_gets == 0
     assert faulty.stats()["retries"] > 0
+
+
+# -- a killed trainer leaves nothing behind ----------------------------------------------------------
+
+_TRAINER = """
+import os, sys, time
+from loader.lerobot.streaming import StreamingLeRobotDataset, make_loader
+ds = StreamingLeRobotDataset("local/arm", root=sys.argv[1], streaming_episode_pool_size=2)
+loader = make_loader(ds, batch_size=1, num_workers=2)
+for i, batch in enumerate(loader):
+    if i == 1:
+        kids = open(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read().split()
+        print(" ".join(kids), flush=True)
+    time.sleep(0.5)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_workers_end_when_the_trainer_is_killed(lerobot_v3_root: Path, tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "HF_LEROBOT_HOME": str(tmp_path / "home"), "PYTHONPATH": str(Path.cwd())}
+    proc = subprocess.Popen([sys.executable, "-c", _TRAINER, str(lerobot_v3_root)], stdout=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        workers = [int(p) for p in proc.stdout.readline().split()]
+        assert len(workers) >= 2, workers
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in workers if _alive(p)], "DataLoader workers outlived a kill -9 of the trainer"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
