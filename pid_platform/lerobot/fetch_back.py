@@ -97,7 +97,7 @@ def _fetch_git(target: GitTarget, revision: str | None, dest: Path) -> Path:
 
         doc = read_pointer(blob(pointer_path), where)
         name = pointed_sidecar(doc, where)
-        data = blob(f"{SIDECAR_DIR}/{name}")
+        data = blob(f"{SIDECAR_DIR}/{name}")  # in memory: a sidecar is megabytes, not gigabytes
     check_pointed_bytes(doc, where, name, hashlib.sha256(data).hexdigest(), len(data))
     with atomic_writer(dest) as out:
         out.write(data)
