@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from pid_platform.build.errors import BuildError, OutputNotWritableError
+from pid_platform.build.layout import final_dir
 
 F = TypeVar("F", bound=Callable)
 
@@ -29,7 +30,8 @@ class BuildInProgressError(BuildError):
 
 
 def lock_path(out: str | os.PathLike[str]) -> Path:
-    final = Path(out).absolute()
+    # Lock what is staged: ``out`` and a link to it stage in one folder, so they share one lock.
+    final = final_dir(out)
     return final.parent / f".{final.name}.pid-lock"
 
 

@@ -20,20 +20,13 @@ from pathlib import Path
 
 from loader.formats.atomic import atomic_write_bytes, is_temp_file, temp_name
 from pid_platform.build.errors import BuildError, OutputNotWritableError
-from pid_platform.build.layout import PROBE_PREFIX, STATE_DIR, ensure_writable
+from pid_platform.build.layout import PROBE_PREFIX, STATE_DIR, ensure_writable, final_dir
 from pid_platform.build.manifests import is_build_output
 
 STAGING_SUFFIX = ".pid-staging"
 OLD_SUFFIX = ".pid-old"
 # Written into S's state just before the swap: "S is complete; finishing the swap is safe".
 COMMITTING = "COMMITTING"
-
-
-def final_dir(out: str | os.PathLike[str]) -> Path:
-    # Absolute, so that "." has a name and a parent; a linked output folder is published where
-    # the link points (renaming the link itself would move the output away from its target).
-    out = Path(os.path.abspath(out))
-    return out.resolve() if out.is_symlink() else out
 
 
 def staging_dir(out: str | os.PathLike[str]) -> Path:
