@@ -108,6 +108,8 @@ def shard_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of --shuffle; same seed, same bytes (default: 0)")
     p.add_argument("--trust-pickle", action="store_true",
                    help="accept pickled embeddings (.pkl/.pt ...); loading them can run arbitrary code")
+    p.add_argument("--force", action="store_true",
+                   help="build into a non-empty --output-dir that pid-shard did not make (its files are kept)")
     p.add_argument("--s3-endpoint-url", default=None,
                    help="S3 endpoint for s3:// input (default: $AWS_ENDPOINT_URL or AWS)")
     return p
@@ -202,7 +204,7 @@ def run_shard(args: argparse.Namespace, root: str, source: str) -> BuildSummary:
     try:
         return build_source(
             store, source, args.output_dir, config,
-            num_workers=args.num_workers, trust_pickle=args.trust_pickle, progress=progress,
+            num_workers=args.num_workers, trust_pickle=args.trust_pickle, progress=progress, force=args.force,
         )
     finally:
         progress.close()

@@ -23,3 +23,7 @@ class UnsafeInputError(BuildError):
 
 class OutputNotWritableError(BuildError):
     pass
+
+
+class ForeignOutputError(OutputNotWritableError):
+    """The output folder holds files but no mark of a previous build: it is someone else's."""

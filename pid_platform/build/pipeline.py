@@ -75,8 +75,10 @@ def summarize(results: list[ShardResult]) -> dict[str, BucketSummary]:
 
 @exclusive
 def run_intake(store: SourceStore, source: str, out: Path, config: ShardingConfig, *, trust_pickle: bool,
-               num_workers: int, progress: Callable | None = None) -> tuple[list[Sample], IntakeReport, Path]:
-    staging = publish.begin(out)
+               num_workers: int, progress: Callable | None = None,
+               force: bool = False) -> tuple[list[Sample], IntakeReport, Path]:
+    """``force``: build into a non-empty folder that no build made (its files are kept)."""
+    staging = publish.begin(out, first_step=True, force=force)
     samples, report = intake(
         store, source, classify_aspect_ratio=config.classify_aspect_ratio, trust_pickle=trust_pickle,
         num_workers=num_workers, progress=progress,
@@ -156,14 +158,15 @@ def run_manifests(out: Path, source: str, *, num_workers: int) -> tuple[Sharding
 @exclusive
 def build_source(
     store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int = 1,
-    trust_pickle: bool = False, progress: Callable[[int, int], None] | None = None,
+    trust_pickle: bool = False, progress: Callable[[int, int], None] | None = None, force: bool = False,
 ) -> BuildSummary:
     """Intake -> twin tars -> key indexes -> wdinfo.json for one source, written under ``out``.
 
     The Dagster assets put a source under ``<output_root>/<source>``; the CLI writes where told.
     """
     out = Path(out)
-    _, report, _ = run_intake(store, source, out, config, trust_pickle=trust_pickle, num_workers=num_workers)
+    _, report, _ = run_intake(store, source, out, config, trust_pickle=trust_pickle, num_workers=num_workers,
+                              force=force)
     _, results = run_sharding(store, source, out, config, num_workers=num_workers, progress=progress)
     run_key_indexes(out, num_workers=num_workers)
     _, manifests, removed = run_manifests(out, source, num_workers=num_workers)
