@@ -5,15 +5,22 @@ HOSTILE_CASES_TABLE
 
 from __future__ import annotations
 
+import io
+import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from loader.wds.pipeline import build_dataset
+from pid_platform.build.errors import UnsafeInputError
 from pid_platform.build.lock import BuildInProgressError
 from pid_platform.cli import shard_main
 from tests.support.build_data import SOURCE, build
+from tests.support.loader_data import jpeg_bytes, write_hand_shards
 
 HOLD_LOCK = """
 import sys, time
@@ -62,3 +69,83 @@ def test_a_folder_no_build_made_is_refused_and_never_emptied(raw_root: Path, tmp
     assert "previous version the new one dropped" not in summary
     assert {p: (out / p).read_bytes() for p in foreign} == foreign
     assert sorted(out.glob("aspect_ratio_*/wdinfo.json"))
+
+
+# --------------------------------------------------------------------------- pickle look-alikes
+
+
+def _npy_with_header(header: str, payload: bytes) -> bytes:
+    """A version 1.0 .npy file with this exact header text (padded as numpy pads it)."""
+    pad = (-(10 + len(header) + 1)) % 64
+    text = (header + " " * pad + "\n").encode("latin1")
+    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text + payload
+
+
+def _structured_object_npy() -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.zeros(2, dtype=[("a", "f4"), ("nested", [("b", "|O")])]), allow_pickle=True)
+    return buf.getvalue()
+
+
+class _Payload:
+    def __reduce__(self):
+        return (print, ("pickle ran",))
+
+
+PICKLE_LOOKALIKES = {
+    "protocol-0 pickle named .npy": ("npy", pickle.dumps(np.zeros(3), protocol=0)),
+    "structured .npy with a nested object field": ("npy", _structured_object_npy()),
+    "object .npy, header 'descr':'|O' without spaces": (
+        "npy", _npy_with_header("{'descr':'|O','fortran_order':False,'shape':(1,),}", pickle.dumps([None]))),
+    **{f"protocol-{p} pickle named .bin": ("bin", pickle.dumps({"x": [_Payload(), 1.5]}, protocol=p))
+       for p in range(6)},
+}
+
+
+@pytest.mark.parametrize("case", sorted(PICKLE_LOOKALIKES))
+def test_pickle_look_alikes_are_refused_unless_trusted(raw_root: Path, tmp_path: Path, case: str) -> None:
+    ext, data = PICKLE_LOOKALIKES[case]
+    emb = raw_root / SOURCE / "umt5"
+    (emb / "astronaut-1x1.npy").unlink()
+    (emb / f"astronaut-1x1.{ext}").write_bytes(data)
+    with pytest.raises(UnsafeInputError, match=rf"umt5/astronaut-1x1\.{ext}: pickle data"):
+        build(raw_root, tmp_path / "out")
+    assert build(raw_root, tmp_path / "out", trust_pickle=True).samples > 0
+
+
+NOT_PICKLES = {
+    "raw float16 .bin": ("bin", np.linspace(-1, 1, 256, dtype=np.float16).tobytes()),
+    "safetensors whose header length starts with 0x80": (
+        "bin", (0x280).to_bytes(8, "little") + b'{"__metadata__":{}}'.ljust(0x280)),
+    "numbers as text": ("bin", b"1.5,2.0,3.25\n" * 20),
+    "structured numeric .npy": ("npy", _npy_with_header(
+        "{'descr':[('a','<f4'),('b','<i2')],'fortran_order':False,'shape':(1,),}", bytes(6))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NOT_PICKLES))
+def test_embeddings_that_only_resemble_pickles_are_built(raw_root: Path, tmp_path: Path, case: str) -> None:
+    ext, data = NOT_PICKLES[case]
+    emb = raw_root / SOURCE / "umt5"
+    (emb / "astronaut-1x1.npy").unlink()
+    (emb / f"astronaut-1x1.{ext}").write_bytes(data)
+    assert build(raw_root, tmp_path / "out").samples > 0
+
+
+class _MakesDir:
+    def __init__(self, path: Path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+@pytest.mark.parametrize("protocol", [0, 5])
+def test_the_loader_never_unpickles_a_bin_member(tmp_path: Path, protocol: int) -> None:
+    marker = tmp_path / "pickle-ran"
+    payload = pickle.dumps(_MakesDir(marker), protocol=protocol)
+    write_hand_shards(tmp_path / "ds", [{"image": [("k.jpg", jpeg_bytes(0))], "emb": [("k.bin", payload)]}])
+    for trusted in (False, True):  # trusted_data covers .pkl/.pt/object .npy, never .bin
+        [sample] = list(build_dataset(str(tmp_path / "ds"), trusted_data=trusted, shuffle=False))
+        assert sample["emb"] == payload
+    assert not marker.exists()

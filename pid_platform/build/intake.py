@@ -21,6 +21,7 @@ from pid_platform.build.validate import (
     check_image,
     check_pickle,
     ext_of,
+    sniff_size,
     stem_of,
 )
 
@@ -112,6 +113,8 @@ def _check_one(
         if not (is_image or is_caption) and modality != image_modality:
             if not trust_pickle:  # embeddings are only sniffed: their head says whether it is pickle
                 head = store.read_head(source, entry, PICKLE_SNIFF_BYTES)
+                if sniff_size(head) > len(head):  # a long .npy header: parse all of it
+                    head = store.read_head(source, entry, sniff_size(head))
                 check_pickle(entry.name, head, store.describe(source, entry), trust_pickle)
             continue
         data = store.read(source, entry)
