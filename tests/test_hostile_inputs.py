@@ -19,8 +19,9 @@ from loader.wds.pipeline import build_dataset
 from pid_platform.build.errors import UnsafeInputError
 from pid_platform.build.lock import BuildInProgressError
 from pid_platform.cli import shard_main
-from tests.support.build_data import SOURCE, build
-from tests.support.loader_data import jpeg_bytes, write_hand_shards
+from tests.support.build_data import SOURCE, add_sample, build, index_rows, jpeg_bytes, photo
+from tests.support.loader_data import jpeg_bytes as small_jpeg
+from tests.support.loader_data import write_hand_shards
 
 HOLD_LOCK = """
 import sys, time
@@ -144,8 +145,27 @@ class _MakesDir:
 def test_the_loader_never_unpickles_a_bin_member(tmp_path: Path, protocol: int) -> None:
     marker = tmp_path / "pickle-ran"
     payload = pickle.dumps(_MakesDir(marker), protocol=protocol)
-    write_hand_shards(tmp_path / "ds", [{"image": [("k.jpg", jpeg_bytes(0))], "emb": [("k.bin", payload)]}])
+    write_hand_shards(tmp_path / "ds", [{"image": [("k.jpg", small_jpeg(0))], "emb": [("k.bin", payload)]}])
     for trusted in (False, True):  # trusted_data covers .pkl/.pt/object .npy, never .bin
         [sample] = list(build_dataset(str(tmp_path / "ds"), trusted_data=trusted, shuffle=False))
         assert sample["emb"] == payload
     assert not marker.exists()
+
+
+# --------------------------------------------------------------------------- images
+
+
+def test_decoded_images_are_the_displayed_image_the_bucket_promises(raw_root: Path, tmp_path: Path) -> None:
+    # Stored 320x180 (landscape pixels), EXIF orientation 6: displayed 180x320, portrait.
+    stored = photo("coffee", (320, 180))
+    data = jpeg_bytes(stored, exif_orientation=6)
+    add_sample(raw_root, "sideways", image=data)
+    out = tmp_path / "out"
+    build(raw_root, out)
+    [row] = [r for r in index_rows(out) if r["key"] == "sideways"]
+    assert (row["bucket"], row["width"], row["height"]) == ("aspect_ratio_9_16", 180, 320)
+    ds = str(out / "aspect_ratio_9_16")
+    [pil] = [s for s in build_dataset(ds, decode="pil", shuffle=False) if s["__key__"] == "sideways"]
+    assert pil["image"].size == (180, 320)
+    [raw] = [s for s in build_dataset(ds, decode="bytes", shuffle=False) if s["__key__"] == "sideways"]
+    assert raw["image"] == data  # decode="bytes": the file as stored, EXIF and all
