@@ -8,8 +8,10 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +24,7 @@ from pid_platform.cli import shard_main
 from tests.support.build_data import SOURCE, add_sample, build, index_rows, jpeg_bytes, photo
 from tests.support.loader_data import jpeg_bytes as small_jpeg
 from tests.support.loader_data import write_hand_shards
+from tests.support.procs import descendants, wait_gone
 
 HOLD_LOCK = """
 import sys, time
@@ -169,3 +172,32 @@ def test_decoded_images_are_the_displayed_image_the_bucket_promises(raw_root: Pa
     assert pil["image"].size == (180, 320)
     [raw] = [s for s in build_dataset(ds, decode="bytes", shuffle=False) if s["__key__"] == "sideways"]
     assert raw["image"] == data  # decode="bytes": the file as stored, EXIF and all
+
+
+# --------------------------------------------------------------------------- kills
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_kill_9_of_pid_shard_leaves_no_worker_behind(raw_root: Path, tmp_path: Path) -> None:
+    # 800 more samples: intake checks them in chunks of 64 in a process pool, for a few seconds.
+    small = jpeg_bytes(photo("rocket", (48, 32)))
+    for i in range(800):
+        add_sample(raw_root, f"extra-{i:03d}", image=small)
+    cmd = [sys.executable, "-m", "pid_platform.cli", "--input-dir", str(raw_root / SOURCE),
+           "--output-dir", str(tmp_path / "out"), "--num-workers", "2"]
+    proc = subprocess.Popen(cmd, env=os.environ | {"PYTHONPATH": str(REPO)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started: set[int] = set()
+    deadline = time.monotonic() + 120
+    # Kill while the pool works: its two workers plus multiprocessing's helper(s) are running.
+    while len(started) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        started |= descendants(proc.pid)
+        time.sleep(0.01)
+    time.sleep(0.2)
+    started |= descendants(proc.pid)
+    assert len(started) >= 3 and proc.poll() is None, "the build ended before the kill; give it more samples"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    left = wait_gone(started, timeout=10)
+    assert not left, f"still running 10 s after kill -9 of pid-shard: {sorted(left)}"

@@ -147,7 +147,7 @@ class S3SourceStore(SourceStore):
 
     Credentials and region come from boto3's usual chain in the process that makes the store.
     A pickled store (a build worker's copy) carries the credentials that chain resolved, not a
-    client: forkserver workers see the environment of when the forkserver started, which may
+    client: spawned workers see the environment of when the pool started them, which may
     predate the credentials. Errors become ``SourceNotFoundError`` / ``BuildError`` naming the
     object, the endpoint and what to check.
     """

@@ -45,10 +45,20 @@ def pytest_configure(config: pytest.Config) -> None:
 _SUBREAPER = pytest.StashKey[bool]()
 
 
+def _own_helpers() -> set[int]:
+    """multiprocessing's resource tracker and forkserver *of the pytest process itself* (a test
+    that ran a pool in-process): they live as long as pytest and end when it exits."""
+    from multiprocessing import forkserver, resource_tracker
+
+    pids = {getattr(resource_tracker._resource_tracker, "_pid", None),
+            getattr(forkserver._forkserver, "_forkserver_pid", None)}
+    return {p for p in pids if p}
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     me = os.getpid()
-    running = {p for p in descendants(me) if alive(p)}
+    running = {p for p in descendants(me) if alive(p)} - _own_helpers()
     left = wait_gone(running, GRACE_S)
     if left:
         described = {p: cmdline(p) for p in sorted(left)}
