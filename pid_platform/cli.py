@@ -7,6 +7,7 @@ a seed for the shuffle, a trusted-data flag for pickled embeddings and an S3 end
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -66,8 +67,8 @@ def check_output_apart(input_root: str, source: str, output_dir: Path) -> None:
 
 def _positive_float(text: str) -> float:
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
 
 
@@ -191,7 +192,6 @@ class _ShardProgress:
 
 def run_shard(args: argparse.Namespace, root: str, source: str) -> BuildSummary:
     check_output_apart(root, source, args.output_dir)
-    store: SourceStore = open_source_store(root, endpoint_url=args.s3_endpoint_url)
     config = ShardingConfig(
         max_shard_size_mb=args.max_shard_size_mb,
         shard_size=args.shard_size,
@@ -200,6 +200,7 @@ def run_shard(args: argparse.Namespace, root: str, source: str) -> BuildSummary:
         shuffle=args.shuffle,
         seed=args.seed,
     )
+    store: SourceStore = open_source_store(root, endpoint_url=args.s3_endpoint_url)
     progress = _ShardProgress()
     try:
         return build_source(

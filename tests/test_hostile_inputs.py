@@ -17,13 +17,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loader.wds.pipeline import build_dataset
-from pid_platform.build.errors import UnsafeInputError
+from loader.wds.errors import ResumeStateError
+from loader.wds.pipeline import build_dataset, make_loader
+from pid_platform.build.errors import ShardingConfigError, UnsafeInputError
 from pid_platform.build.lock import BuildInProgressError
+from pid_platform.build.plan import ShardingConfig
 from pid_platform.cli import shard_main
+from pid_platform.defs.resources import ShardingResource
 from tests.support.build_data import SOURCE, add_sample, build, index_rows, jpeg_bytes, photo
+from tests.support.loader_data import caption_bytes, write_hand_shards
 from tests.support.loader_data import jpeg_bytes as small_jpeg
-from tests.support.loader_data import write_hand_shards
 from tests.support.procs import descendants, wait_gone
 
 HOLD_LOCK = """
@@ -201,3 +204,69 @@ def test_kill_9_of_pid_shard_leaves_no_worker_behind(raw_root: Path, tmp_path: P
     proc.wait()
     left = wait_gone(started, timeout=10)
     assert not left, f"still running 10 s after kill -9 of pid-shard: {sorted(left)}"
+
+
+# --------------------------------------------------------------------------- settings and resume states
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e999"])
+def test_a_shard_size_bound_that_is_not_finite_is_refused_before_intake(
+    raw_root: Path, tmp_path: Path, value: str, capsys
+) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exc:
+        shard_main(["--input-dir", str(raw_root / SOURCE), "--output-dir", str(out), "--max-shard-size-mb", value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--max-shard-size-mb: must be a finite number > 0" in err and "Traceback" not in err
+    assert not out.exists() and not (tmp_path / ".out.pid-staging").exists()
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("max_shard_size_mb", float("inf")), ("max_shard_size_mb", float("nan")), ("max_shard_size_mb", 0),
+    ("part_size", 0), ("shard_size", -1), ("part_size", 2.5), ("shuffle", "yes"),
+])
+def test_sharding_settings_are_checked_where_they_are_defined(field: str, value) -> None:
+    with pytest.raises(ShardingConfigError, match=rf"sharding setting {field}="):
+        ShardingConfig(**{field: value})
+    if not isinstance(value, str | float) or field == "max_shard_size_mb":  # what pydantic lets through
+        # The Dagster resource builds the same config, so it gets the same error.
+        with pytest.raises(ShardingConfigError, match=rf"sharding setting {field}="):
+            ShardingResource(**{field: value}).config()
+
+
+def _two_modality_set(folder: Path) -> str:
+    keys = [f"k{i}" for i in range(6)]
+    write_hand_shards(folder, [{"image": [(f"{k}.jpg", small_jpeg(i)) for i, k in enumerate(keys[:3])],
+                                "caption": [(f"{k}.json", caption_bytes(k)) for k in keys[:3]]},
+                               {"image": [(f"{k}.jpg", small_jpeg(i)) for i, k in enumerate(keys[3:])],
+                                "caption": [(f"{k}.json", caption_bytes(k)) for k in keys[3:]]}])
+    return str(folder)
+
+
+def _state_after(spec: str, modalities: list[str], batches: int) -> dict:
+    loader = make_loader(build_dataset(spec, modalities=modalities, decode=None, batch_size=2))
+    it = iter(loader)
+    for _ in range(batches):
+        next(it)
+    return loader.state_dict()
+
+
+def test_resume_states_are_checked_field_by_field(tmp_path: Path) -> None:
+    spec = _two_modality_set(tmp_path / "ds")
+    good = _state_after(spec, ["caption", "image"], 1)
+    for bad, field in [({"epoch": -5}, "'epoch'"), ({"epoch": "0"}, "'epoch'"),
+                       ({"consumed": {"x": {}}}, "'consumed'"), ({"consumed": {"0": {"done": 7}}}, "'consumed.0'"),
+                       ({"consumed": []}, "'consumed'")]:
+        loader = make_loader(build_dataset(spec, modalities=["caption", "image"], decode=None, batch_size=2))
+        with pytest.raises(ResumeStateError, match=field):
+            loader.load_state_dict(good | bad)
+
+
+def test_the_same_modalities_in_another_order_resume(tmp_path: Path) -> None:
+    spec = _two_modality_set(tmp_path / "ds")
+    state = _state_after(spec, ["image", "caption"], 1)
+    restored = make_loader(build_dataset(spec, modalities=["caption", "image"], decode=None, batch_size=2))
+    restored.load_state_dict(state)
+    rest = [k for batch in restored for k in batch["__key__"]]
+    assert len(rest) == 4 and len(set(rest)) == 4

@@ -89,7 +89,7 @@ class ShardTable(Sequence[TarSample]):
         return int(self.counts.sum())
 
     def fingerprint(self) -> str:
-        """Identity of the shard list (paths and counts): a resume state must match it.
+        """Identity of the shard list (paths, counts, modalities): a resume state must match it.
 
         Computed once: the table never changes, and every checkpoint asks (a million paths
         are ~100 MB to hash).
@@ -104,7 +104,9 @@ class ShardTable(Sequence[TarSample]):
         for buf in self.paths.buffers():
             if buf is not None:
                 h.update(buf)
-        h.update(repr(self.keys).encode())
+        # Modalities as a set: asking for ["image", "caption"] or ["caption", "image"] reads the
+        # same shard list.
+        h.update(repr([tuple(sorted(k)) for k in self.keys]).encode())
         self._fingerprint = h.hexdigest()[:16]
         return self._fingerprint
 
