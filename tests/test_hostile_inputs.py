@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loader.wds.errors import ResumeStateError
+from loader.wds.errors import DecodeError, ResumeStateError
 from loader.wds.pipeline import build_dataset, make_loader
 from pid_platform.build.errors import ShardingConfigError, UnsafeInputError
 from pid_platform.build.lock import BuildInProgressError
@@ -270,3 +270,32 @@ def test_the_same_modalities_in_another_order_resume(tmp_path: Path) -> None:
     restored.load_state_dict(state)
     rest = [k for batch in restored for k in batch["__key__"]]
     assert len(rest) == 4 and len(set(rest)) == 4
+
+
+# --------------------------------------------------------------------------- captions
+
+BAD_UTF8 = b"a caption with a stray \xff\xfe byte"
+
+
+def test_a_txt_caption_that_is_not_utf8_is_dropped_at_intake(raw_root: Path, tmp_path: Path) -> None:
+    captions = raw_root / SOURCE / "caption"
+    (captions / "astronaut-1x1.json").unlink()
+    (captions / "astronaut-1x1.txt").write_bytes(BAD_UTF8)
+    (captions / "chelsea-1x1.json").unlink()
+    (captions / "chelsea-1x1.txt").write_text("A cat, in plain text.", encoding="utf-8")
+    summary = build(raw_root, tmp_path / "out")
+    assert summary.report.examples["bad_caption: caption"] == ["astronaut-1x1"]
+    assert "chelsea-1x1" in {r["key"] for r in index_rows(tmp_path / "out")}
+
+
+def test_one_undecodable_caption_is_skipped_and_counted_under_skip(tmp_path: Path) -> None:
+    keys = ["bad", "good1", "good2"]
+    write_hand_shards(tmp_path / "ds", [{
+        "image": [(f"{k}.jpg", small_jpeg(i)) for i, k in enumerate(keys)],
+        "caption": [("bad.txt", BAD_UTF8), ("good1.txt", b"one"), ("good2.txt", b"two")],
+    }])
+    with pytest.raises(DecodeError, match="'bad'"):
+        list(make_loader(build_dataset(str(tmp_path / "ds"), shuffle=False)))
+    loader = make_loader(build_dataset(str(tmp_path / "ds"), shuffle=False, on_decode_error="skip"))
+    assert [s["__key__"] for s in loader] == ["good1", "good2"]
+    assert loader.stats["decode_errors"] == 1 and loader.stats["decode_error_keys"] == {"bad": 1}

@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 EOS = {"__eos__": True}  # end-of-shard marker
 MISSING_POLICIES = ("skip", "error", "partial")
+DECODE_ERROR_POLICIES = ("raise", "skip")
+MAX_KEYS_KEPT = 1000  # keys listed per counter in the stats; the count itself is exact
 
 
 @dataclass
@@ -39,6 +41,8 @@ class ExpandStats:
     unindexed_members: int = 0
     shard_errors: int = 0
     zip_fallbacks: int = 0
+    decode_errors: int = 0  # samples skipped under on_decode_error="skip"
+    decode_error_keys: Counter = field(default_factory=Counter)  # their keys (the first MAX_KEYS_KEPT)
     stream: StreamStats = field(default_factory=StreamStats)  # remote reads: bytes, retries...
 
     def as_dict(self) -> dict[str, Any]:
@@ -47,7 +51,13 @@ class ExpandStats:
             "samples": self.samples, "shards": self.shards, "missing_keys": dict(self.missing_keys),
             "duplicates": self.duplicates, "unindexed_members": self.unindexed_members,
             "shard_errors": self.shard_errors, "zip_fallbacks": self.zip_fallbacks,
+            "decode_errors": self.decode_errors, "decode_error_keys": dict(self.decode_error_keys),
         }
+
+    def note_decode_error(self, key: str) -> None:
+        self.decode_errors += 1
+        if key in self.decode_error_keys or len(self.decode_error_keys) < MAX_KEYS_KEPT:
+            self.decode_error_keys[key] += 1
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ def build_dataset(
     caption_fields: Sequence[str] = CAPTION_FIELDS,
     caption_weights: Sequence[float] | None = None,
     trusted_data: bool = False,
+    on_decode_error: str = "raise",
     augment: Sequence[Callable[[dict], dict | None]] = (),
     batch_size: int | None = None,
     same_aspect_batches: bool = False,
@@ -48,6 +49,9 @@ def build_dataset(
     an already parsed :class:`Wdinfo`. With tensor/context parallelism pass ``parallel_sync=True``
     plus ``group_id``/``num_groups`` or ``dp_group``: ranks of one group then read identical
     streams. Decoding is safe by default (``trusted_data=False``: no pickle, no torch.load).
+    ``on_decode_error="skip"`` leaves out a sample that cannot be decoded and counts it (with its
+    key) in the loader's ``stats`` (``decode_errors``, ``decode_error_keys``); ``"raise"`` (the
+    default) stops with the ``DecodeError``.
     """
     info = spec if isinstance(spec, Wdinfo) else load_wdinfo(
         spec, catalog=catalog, modalities=modalities, aspect_ratios=aspect_ratios
@@ -71,6 +75,7 @@ def build_dataset(
     return TwinTarDataset(
         info.tar_files, shardlist, modalities=modalities, options=options, shuffle_buffer=shuffle_buffer,
         decoder=decoder, maps=augment, batch_size=batch_size, same_aspect_batches=same_aspect_batches,
+        on_decode_error=on_decode_error,
     )
 
 

@@ -127,7 +127,7 @@ def _check_one(
         elif modality == image_modality:
             return _Checked(f"not_an_image: {modality}")
         elif is_caption:
-            reason = check_caption(data)
+            reason = check_caption(data, ext)
             if reason:
                 return _Checked(reason.split(":", 1)[0] + f": {modality}")
     if info is None:

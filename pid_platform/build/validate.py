@@ -14,7 +14,7 @@ from PIL import Image
 from pid_platform.build.errors import UnsafeInputError
 
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif"})
-CAPTION_EXTS = frozenset({"json"})
+CAPTION_EXTS = frozenset({"json", "txt"})
 # Loading these runs pickle (torch.load included), so they are refused unless trusted.
 PICKLE_EXTS = frozenset({"pkl", "pickle", "pt", "pth", "ckpt"})
 PICKLE_SNIFF_BYTES = 256  # enough opcodes to recognise a pickle stream; most .npy headers
@@ -60,7 +60,15 @@ def check_image(data: bytes) -> ImageInfo | str:
     return ImageInfo(w, h)
 
 
-def check_caption(data: bytes) -> str | None:
+def check_caption(data: bytes, ext: str = "json") -> str | None:
+    """A ``.json`` caption needs a non-empty string ``prompt``; a ``.txt`` one non-empty UTF-8
+    text (the loader decodes it as UTF-8: one bad file would otherwise stop an epoch)."""
+    if ext == "txt":
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return f"bad_caption: not UTF-8 text ({exc})"
+        return None if text.strip() else "bad_caption: empty text"
     try:
         doc = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
