@@ -19,7 +19,7 @@ import pytest
 
 from loader.wds.errors import DecodeError, ResumeStateError
 from loader.wds.pipeline import build_dataset, make_loader
-from pid_platform.build.errors import ShardingConfigError, UnsafeInputError
+from pid_platform.build.errors import NoSamplesError, ShardingConfigError, UnsafeInputError
 from pid_platform.build.lock import BuildInProgressError
 from pid_platform.build.plan import ShardingConfig
 from pid_platform.cli import shard_main
@@ -299,3 +299,21 @@ def test_one_undecodable_caption_is_skipped_and_counted_under_skip(tmp_path: Pat
     loader = make_loader(build_dataset(str(tmp_path / "ds"), shuffle=False, on_decode_error="skip"))
     assert [s["__key__"] for s in loader] == ["good1", "good2"]
     assert loader.stats["decode_errors"] == 1 and loader.stats["decode_error_keys"] == {"bad": 1}
+
+
+# --------------------------------------------------------------------------- nothing beside the output
+
+
+def test_a_build_leaves_nothing_beside_its_output_folder(raw_root: Path, tmp_path: Path) -> None:
+    parent = tmp_path / "shards"
+    build(raw_root, parent / "out")
+    assert sorted(os.listdir(parent)) == ["out"]  # no .out.pid-lock, no .out.pid-staging
+
+
+def test_a_build_that_fails_early_leaves_no_empty_staging_folder(raw_root: Path, tmp_path: Path) -> None:
+    for jpg in (raw_root / SOURCE / "image").iterdir():
+        jpg.write_bytes(b"not a picture")
+    parent = tmp_path / "shards"
+    with pytest.raises(NoSamplesError):
+        build(raw_root, parent / "out")
+    assert sorted(os.listdir(parent)) == []

@@ -58,6 +58,23 @@ def begin(out: str | os.PathLike[str], *, first_step: bool = False, force: bool 
     return staging
 
 
+def discard_empty_staging(out: str | os.PathLike[str]) -> bool:
+    """Remove S if it holds no file (a build that failed before writing anything, e.g. intake
+    with no valid sample): no empty folder is left beside the output. A staging folder with
+    files is kept, for the next build to continue from. Call it holding the build lock."""
+    staging = staging_dir(out)
+    if not staging.is_dir():
+        return False
+    folders = []
+    for dirpath, dirs, files in os.walk(staging):
+        if files or any(os.path.islink(os.path.join(dirpath, d)) for d in dirs):
+            return False
+        folders.append(dirpath)
+    for d in reversed(folders):  # deepest first
+        os.rmdir(d)
+    return True
+
+
 def recover(out: str | os.PathLike[str]) -> None:
     """Finish or undo a commit that stopped between or after its renames (F -> old, S -> F)."""
     final, staging, old = final_dir(out), staging_dir(out), old_dir(out)
