@@ -6,6 +6,7 @@ HOSTILE_CASES_TABLE
 from __future__ import annotations
 
 import io
+import json
 import os
 import pickle
 import signal
@@ -17,7 +18,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loader.wds.errors import DecodeError, ResumeStateError
+from loader.formats.errors import FormatError
+from loader.formats.wdinfo import read_wdinfo
+from loader.wds.errors import (
+    ChecksumError,
+    CountMismatchError,
+    DecodeError,
+    ManifestError,
+    ResumeStateError,
+)
 from loader.wds.pipeline import build_dataset, make_loader
 from pid_platform.build.errors import NoSamplesError, ShardingConfigError, UnsafeInputError
 from pid_platform.build.lock import BuildInProgressError
@@ -317,3 +326,89 @@ def test_a_build_that_fails_early_leaves_no_empty_staging_folder(raw_root: Path,
     with pytest.raises(NoSamplesError):
         build(raw_root, parent / "out")
     assert sorted(os.listdir(parent)) == []
+
+
+# --------------------------------------------------------------------------- manifests the reader checks
+
+
+def _six_samples(folder: Path) -> Path:
+    """Two shards of three samples (k0-k2, k3-k5), with key indexes; returns the manifest."""
+    shards = []
+    for part in (range(3), range(3, 6)):
+        shards.append({"image": [(f"k{i}.jpg", small_jpeg(i)) for i in part],
+                       "caption": [(f"k{i}.json", caption_bytes(f"k{i}")) for i in part]})
+    return write_hand_shards(folder, shards)
+
+
+def _edit(manifest: Path, **changes) -> None:
+    doc = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps(doc | changes))
+
+
+MANIFEST_LIES = {
+    "negative count": ({"data_list_key_count": [-1, 4], "total_key_count": 3}, r"data_list_key_count\[0\] is -1"),
+    "total is not the sum": ({"data_list_key_count": [3, 3], "total_key_count": 9}, "total_key_count 9"),
+    "fractional count": ({"data_list_key_count": [1.5, 3], "total_key_count": 4.5}, "whole numbers"),
+    "root leaves the folder": ({"root": "../sibling"}, "root '../sibling' leaves"),
+    "data_list entry climbs out": ({"data_list": ["../../etc/x.tar", "part_000000/000001.tar"]}, "'../../etc/x.tar'"),
+    "absolute data_list entry": ({"data_list": ["/etc/x.tar", "part_000000/000001.tar"]}, "'/etc/x.tar'"),
+    "key_index entry climbs out": ({"key_index": ["../../x.parquet", None]}, "'../../x.parquet'"),
+    "modality name climbs out": ({"data_keys": ["../image", "caption"]}, "data_keys"),
+    "future format version": ({"format_version": 99}, "format_version 99 is newer"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MANIFEST_LIES))
+def test_the_reader_refuses_manifests_that_break_the_format(tmp_path: Path, case: str) -> None:
+    changes, message = MANIFEST_LIES[case]
+    manifest = _six_samples(tmp_path / "ds")
+    _edit(manifest, **changes)
+    with pytest.raises(ManifestError, match=message):
+        build_dataset(str(tmp_path / "ds"))
+    with pytest.raises(FormatError, match=message):  # one reader: the build's checks refuse it alike
+        read_wdinfo(manifest)
+
+
+def test_an_absolute_root_is_still_read(tmp_path: Path) -> None:
+    manifest = _six_samples(tmp_path / "ds")
+    _edit(manifest, root=str(manifest.parent.resolve()))
+    assert len(list(build_dataset(str(tmp_path / "ds"), decode=None))) == 6
+
+
+@pytest.mark.parametrize("mode", ["zip", "index"])
+@pytest.mark.parametrize("counts", [[2, 3], [3, 2]], ids=["tar-holds-more", "last-tar-holds-more"])
+def test_a_tar_holding_more_samples_than_its_count_is_a_shard_error(tmp_path: Path, mode: str, counts) -> None:
+    manifest = _six_samples(tmp_path / "ds")
+    _edit(manifest, data_list_key_count=counts, total_key_count=5)  # consistent, and a lie
+    with pytest.raises(CountMismatchError, match="rebuild the manifest"):
+        list(build_dataset(str(tmp_path / "ds"), mode=mode, decode=None, shuffle=False))
+    loader = make_loader(build_dataset(str(tmp_path / "ds"), mode=mode, decode=None, shuffle=False,
+                                       shard_error_policy="skip"))
+    list(loader)
+    assert loader.stats["shard_errors"] == 1
+
+
+@pytest.mark.parametrize("mode", ["zip", "index"])
+def test_a_tar_holding_fewer_samples_than_its_count_is_a_shard_error(tmp_path: Path, mode: str) -> None:
+    manifest = _six_samples(tmp_path / "ds")
+    _edit(manifest, data_list_key_count=[4, 3], total_key_count=7)
+    with pytest.raises(CountMismatchError):
+        list(build_dataset(str(tmp_path / "ds"), mode=mode, decode=None, shuffle=False))
+
+
+@pytest.mark.parametrize("mode", ["zip", "index"])
+def test_verify_sha256_catches_a_tar_changed_in_place(raw_root: Path, tmp_path: Path, mode: str) -> None:
+    out = tmp_path / "out"
+    build(raw_root, out, classify_aspect_ratio=False, shard_size=8)
+    assert len(list(build_dataset(str(out), verify="sha256", mode=mode, decode=None))) == 32
+    tar = out / "image" / "part_000000" / "000001.tar"
+    data = bytearray(tar.read_bytes())
+    data[2000] ^= 0xFF  # inside the first member's JPEG data: same size, still a valid tar
+    tar.write_bytes(bytes(data))
+    assert len(list(build_dataset(str(out), mode=mode, decode=None))) == 32  # unnoticed without verify
+    with pytest.raises(ChecksumError, match="000001.tar"):
+        list(build_dataset(str(out), verify="sha256", mode=mode, decode=None))
+    loader = make_loader(build_dataset(str(out), verify="sha256", mode=mode, decode=None,
+                                       shard_error_policy="skip"))
+    list(loader)
+    assert loader.stats["shard_errors"] == 1
