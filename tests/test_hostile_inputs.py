@@ -412,3 +412,36 @@ def test_verify_sha256_catches_a_tar_changed_in_place(raw_root: Path, tmp_path: 
                                        shard_error_policy="skip"))
     list(loader)
     assert loader.stats["shard_errors"] == 1
+
+
+# --------------------------------------------------------------------------- smaller ones
+
+
+def test_a_dangling_link_is_counted_as_broken_wherever_it_points(raw_root: Path, tmp_path: Path) -> None:
+    (raw_root / SOURCE / "image" / "dangling.jpg").symlink_to(tmp_path / "elsewhere" / "gone.jpg")
+    (raw_root / SOURCE / "caption" / "dangling-too.json").symlink_to("no-such-file.json")
+    summary = build(raw_root, tmp_path / "out")
+    assert summary.report.skipped_files["broken_symlink"] == 2
+    assert "symlink_outside_root" not in summary.report.skipped_files
+
+
+def test_a_modality_folder_linked_to_another_is_not_a_second_modality(raw_root: Path, tmp_path: Path) -> None:
+    (raw_root / SOURCE / "picture").symlink_to(raw_root / SOURCE / "image")
+    summary = build(raw_root, tmp_path / "out")
+    assert summary.report.modalities == ["caption", "image", "umt5"]
+    assert summary.report.skipped_files["duplicate_modality"] == 1
+    assert summary.report.examples["duplicate_modality"] == ["picture"]
+
+
+def test_a_resume_state_from_before_a_rebuild_that_renamed_a_sample_is_refused(
+    raw_root: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    build(raw_root, out, classify_aspect_ratio=False, shard_size=8)
+    state = _state_after(str(out), ["caption", "image"], 1)
+    for f in sorted((raw_root / SOURCE).glob("*/chelsea-1x1.*")):  # same counts, a new name
+        f.rename(f.with_name(f.name.replace("chelsea-1x1", "chelsea-1x1b")))
+    build(raw_root, out, classify_aspect_ratio=False, shard_size=8)
+    restored = make_loader(build_dataset(str(out), modalities=["caption", "image"], decode=None, batch_size=2))
+    with pytest.raises(ResumeStateError, match="another shard list"):
+        restored.load_state_dict(state)

@@ -9,6 +9,7 @@ lays the checked columns side by side. PiD-written manifests are read too: an ab
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import posixpath
@@ -124,6 +125,8 @@ class _Columns:
         self.chunk_size = 0
         self.keep_sha256 = keep_sha256
         self.sha256: list[tuple[int, dict[str, list]]] = []  # per manifest: (tars, modality -> digests)
+        self.checksums = hashlib.sha256()  # over every listed tar checksum, for the fingerprint
+        self.any_checksum = False
 
     @staticmethod
     def _id(table: dict, value) -> int:
@@ -158,6 +161,14 @@ class _Columns:
                     f"{lacking}; rebuild the manifest with pid-shard, or read without verify"
                 )
             self.sha256.append((n, {m: cols.tar_sha256[m] for m in keys if m in cols.tar_sha256}))
+        for m in sorted(keys):
+            digests = cols.tar_sha256.get(m)
+            if digests:
+                # A rebuild can change a tar (a renamed sample) and keep its name and count: its
+                # checksum tells the shard lists apart, so an old resume state is refused.
+                self.checksums.update(f"{len(self.counts)}:{m}:".encode())
+                self.checksums.update("\n".join(d or "" for d in digests).encode())
+                self.any_checksum = True
         self.paths.append(pa.array(cols.data_list, pa.string()))
         self.counts.append(counts)
         self.key_indexes.append(key_index)
@@ -189,6 +200,7 @@ class _Columns:
             cat_pa(self.key_indexes), list(self.keys), cat(self.keys_ids, np.int32),
             list(self.sources), cat(self.source_ids, np.int32), list(self.buckets), cat(self.bucket_ids, np.int32),
             list(self.dirs), cat(self.dir_ids, np.int32), sha256=self._sha256_columns(),
+            checksums_digest=self.checksums.hexdigest() if self.any_checksum else "",
         )
 
 

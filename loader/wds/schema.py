@@ -97,7 +97,8 @@ class ShardTable(Sequence[TarSample]):
         return int(self.counts.sum())
 
     def fingerprint(self) -> str:
-        """Identity of the shard list (paths, counts, modalities): a resume state must match it.
+        """Identity of the shard list (paths, counts, modalities and, where the manifests list
+        them, the tars' checksums): a resume state must match it.
 
         Computed once: the table never changes, and every checkpoint asks (a million paths
         are ~100 MB to hash).
@@ -115,6 +116,8 @@ class ShardTable(Sequence[TarSample]):
         # Modalities as a set: asking for ["image", "caption"] or ["caption", "image"] reads the
         # same shard list.
         h.update(repr([tuple(sorted(k)) for k in self.keys]).encode())
+        if self.checksums_digest:  # the manifests list tar checksums: content counts too
+            h.update(self.checksums_digest.encode())
         self._fingerprint = h.hexdigest()[:16]
         return self._fingerprint
 

@@ -157,6 +157,8 @@ def intake(
         listing = store.list_files(source, m)
         for rel, reason in listing.skipped:
             report.note(reason, rel, report.skipped_files)
+        if listing.duplicate_of is not None:
+            continue  # a link to another modality folder: its files are read once, there
         report.files_seen[m] = len(listing.entries)
         if listing.entries:
             listings[m] = listing.entries
