@@ -1,6 +1,69 @@
-"""Hostile inputs and kills: what each gets (the one list; see the table in docs/formats.md too).
+"""Hostile inputs and kills: the one list of what each gets.
 
-HOSTILE_CASES_TABLE
+Cases tested here (``::`` = this module) and where older ones live. "exit 2" is ``pid-shard``'s
+named-error exit without a traceback; every drop or skip is counted in a report or in
+``loader.stats``. The reader's own checks are listed in docs/formats.md, section 5.
+
+Output folder and build processes
+  two builds through ``out`` and ``link-to-out``   BuildInProgressError: one lock on the resolved folder
+                                                   (::test_a_build_through_a_link_to_a_folder_being_built_is_refused)
+  a second build of the same output                BuildInProgressError (test_build_lock.py)
+  a non-empty folder no build made                 ForeignOutputError / exit 2, nothing deleted; --force
+                                                   builds and keeps its files (::test_a_folder_no_build_made_...)
+  files a user put into a built output             carried into every new version (test_build_publish.py)
+  output inside / around the input                 exit 2 (test_cli.py::test_output_inside_the_input_is_refused)
+  unwritable output                                exit 2 before any work (test_cli.py, test_build_bad_input.py)
+  kill -9 of pid-shard while its pool works        every worker and helper ends (::test_kill_9_of_pid_shard_...)
+  kill -9 during a build, at many points           no partial version, rerun byte-identical (test_build_crash.py)
+  any build                                        nothing left beside the output; an early failure leaves
+                                                   no empty staging folder (::test_a_build_leaves_nothing_...,
+                                                   ::test_a_build_that_fails_early_...)
+  a process a test leaves running                  the session fails (tests/support/leaks.py, test_leak_check.py)
+
+Settings and resume states
+  --max-shard-size-mb inf / nan / 1e999            exit 2 with usage, before intake (::test_a_shard_size_bound_...)
+  ShardingConfig / Dagster resource out of range   ShardingConfigError naming the field (::test_sharding_settings_...)
+  bad option values (0, -1)                        exit 2 with usage (test_cli.py::test_bad_option_values_...)
+  resume state: epoch -5, bad consumed, ...        ResumeStateError naming the field (::test_resume_states_...)
+  the same modalities in another order             resumes (::test_the_same_modalities_in_another_order_resume)
+  state from before a rebuild that renamed a sample  ResumeStateError: checksums are in the fingerprint
+                                                   (::test_a_resume_state_from_before_a_rebuild_...)
+  state of another dataset / seed                  ResumeStateError (test_loader_resume.py::test_resume_state_must_match)
+
+Raw files at intake
+  pickle named .npy, structured .npy with an object field, object .npy without header spaces,
+  pickle of protocol 0-5 named .bin                UnsafeInputError / exit 2 unless --trust-pickle
+                                                   (::test_pickle_look_alikes_are_refused_unless_trusted)
+  .pkl/.pt embeddings, object .npy                 UnsafeInputError (test_build_bad_input.py, test_cli.py)
+  raw float .bin, safetensors starting 0x80, numbers as text, numeric structured .npy
+                                                   built (::test_embeddings_that_only_resemble_pickles_are_built)
+  .txt caption not UTF-8 (or blank)                dropped: bad_caption (::test_a_txt_caption_that_is_not_utf8_...)
+  .json caption not JSON / without prompt          dropped: bad_caption (test_build_bad_input.py)
+  truncated / unreadable image, zero-byte file     dropped (test_build_bad_input.py)
+  EXIF-rotated JPEG                                bucket and index use the displayed size, the loader returns
+                                                   the displayed pixels (::test_decoded_images_are_the_displayed_...)
+  dangling link (inside or outside)                skipped: broken_symlink (::test_a_dangling_link_...)
+  link out of the source (file or folder)          skipped: symlink_outside_root (test_build_bad_input.py)
+  modality folder linked to another                skipped: duplicate_modality (::test_a_modality_folder_linked_...)
+  hidden files, ambiguous basenames, non-UTF-8 names, key collisions, orphans
+                                                   skipped / dropped / renamed and reported (test_build_bad_input.py)
+
+Manifests and tars at read time
+  negative, fractional, misaligned counts; total != sum; root, data_list, key_index or data_keys
+  leaving the manifest's folder; format_version 99  ManifestError (FormatError in the build) naming the field
+                                                   (::test_the_reader_refuses_manifests_that_break_the_format)
+  PiD's absolute root                              read (::test_an_absolute_root_is_still_read)
+  a tar with more / fewer samples than its count   CountMismatchError; counted skip under shard_error_policy="skip"
+                                                   (::test_a_tar_holding_more_..., ::test_a_tar_holding_fewer_...)
+  a tar changed in place (same size)               verify="sha256": ChecksumError / counted skip (::test_verify_...)
+  truncated or missing tar                         ShardReadError / counted skip (test_loader_expand.py)
+  twins out of sync, missing/duplicate keys        TwinMismatchError or index-mode policies (test_loader_expand.py)
+  undecodable member (bad UTF-8 caption, corrupt image)
+                                                   DecodeError naming sample and member; on_decode_error="skip"
+                                                   skips and counts it with its key (::test_one_undecodable_...)
+  pickle members (.pkl, object .npy)               UnsafeDataError unless trusted_data (test_loader_expand.py)
+  a pickle in a .bin member                        bytes, never unpickled, trusted or not
+                                                   (::test_the_loader_never_unpickles_a_bin_member)
 """
 
 from __future__ import annotations
