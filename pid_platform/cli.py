@@ -7,6 +7,7 @@ a seed for the shuffle, a trusted-data flag for pickled embeddings and an S3 end
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -66,8 +67,8 @@ def check_output_apart(input_root: str, source: str, output_dir: Path) -> None:
 
 def _positive_float(text: str) -> float:
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
 
 
@@ -108,6 +109,8 @@ def shard_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of --shuffle; same seed, same bytes (default: 0)")
     p.add_argument("--trust-pickle", action="store_true",
                    help="accept pickled embeddings (.pkl/.pt ...); loading them can run arbitrary code")
+    p.add_argument("--force", action="store_true",
+                   help="build into a non-empty --output-dir that pid-shard did not make (its files are kept)")
     p.add_argument("--s3-endpoint-url", default=None,
                    help="S3 endpoint for s3:// input (default: $AWS_ENDPOINT_URL or AWS)")
     return p
@@ -189,7 +192,6 @@ class _ShardProgress:
 
 def run_shard(args: argparse.Namespace, root: str, source: str) -> BuildSummary:
     check_output_apart(root, source, args.output_dir)
-    store: SourceStore = open_source_store(root, endpoint_url=args.s3_endpoint_url)
     config = ShardingConfig(
         max_shard_size_mb=args.max_shard_size_mb,
         shard_size=args.shard_size,
@@ -198,11 +200,12 @@ def run_shard(args: argparse.Namespace, root: str, source: str) -> BuildSummary:
         shuffle=args.shuffle,
         seed=args.seed,
     )
+    store: SourceStore = open_source_store(root, endpoint_url=args.s3_endpoint_url)
     progress = _ShardProgress()
     try:
         return build_source(
             store, source, args.output_dir, config,
-            num_workers=args.num_workers, trust_pickle=args.trust_pickle, progress=progress,
+            num_workers=args.num_workers, trust_pickle=args.trust_pickle, progress=progress, force=args.force,
         )
     finally:
         progress.close()

@@ -70,7 +70,8 @@ class LeRobotOutcome:
     ok: bool
     sidecar: dict = field(default_factory=dict)      # mp4_sidecar's metadata; empty when it failed
     published: dict = field(default_factory=dict)    # published_mp4_sidecar's; empty when it did not run
-    check: dict | None = None                        # {"passed": .., **metadata}; None when it did not run
+    check: dict | None = None                        # mp4_sidecar_is_valid: {"passed": .., **metadata}; None: did not run
+    stream_check: dict | None = None                 # published_sidecar_streams, the same way
     failures: dict[str, str] = field(default_factory=dict)  # failed step -> the first line of its error
 
 
@@ -127,7 +128,7 @@ def _plain(metadata: dict) -> dict:
 def _lerobot_outcome(dataset: str, result: dg.ExecuteInProcessResult) -> LeRobotOutcome:
     assets = {e.materialization.asset_key.to_user_string(): _plain(e.materialization.metadata)
               for e in result.get_asset_materialization_events()}
-    checks = [{"passed": e.passed, **_plain(e.metadata)} for e in result.get_asset_check_evaluations()]
+    checks = {e.check_name: {"passed": e.passed, **_plain(e.metadata)} for e in result.get_asset_check_evaluations()}
     failures = {}
     for e in result.all_events:
         if e.event_type == dg.DagsterEventType.STEP_FAILURE:
@@ -137,10 +138,10 @@ def _lerobot_outcome(dataset: str, result: dg.ExecuteInProcessResult) -> LeRobot
                 error = error.cause
             message = (error.message if error else "failed").strip().splitlines()
             failures[e.step_key] = message[0] if message else "failed"
-    check = checks[0] if checks else None
-    ok = result.success and check is not None and check["passed"]
+    check, stream_check = checks.get("mp4_sidecar_is_valid"), checks.get("published_sidecar_streams")
+    ok = result.success and all(c is not None and c["passed"] for c in (check, stream_check))
     return LeRobotOutcome(dataset, ok, assets.get("mp4_sidecar", {}), assets.get("published_mp4_sidecar", {}),
-                          check, failures)
+                          check=check, stream_check=stream_check, failures=failures)
 
 
 def _measured_index_bytes(instance: dg.DagsterInstance, dataset: str, metadata: dict) -> int | None:
@@ -326,6 +327,18 @@ def describe_lerobot(outcome: LeRobotOutcome) -> list[str]:
         what = "already published, unchanged," if pub["unchanged"] else "published"
         rows.append(("publish", f"{what} to {pub['target']} ({human_bytes(pub['bytes'])}"
                                 + (f", commit {pub['commit'][:12]})" if pub.get("commit") else ")")))
+    streamed = outcome.stream_check
+    if streamed is None:
+        rows.append(("streamed", "published_sidecar_streams did not run"))
+    elif not streamed["published"]:
+        rows.append(("streamed", "published_sidecar_streams passed: nothing published to read back"))
+    elif streamed["passed"]:
+        read = human_bytes(streamed["sidecar_bytes_fetched"])
+        rows.append(("streamed", f"published_sidecar_streams passed (read back {read}, a batch of "
+                                 f"{streamed['batch_size']} in {streamed['seconds']:.1f} s)"))
+    else:
+        problems = "; ".join(map(str, streamed["problems"][:3]))
+        rows.append(("streamed", f"published_sidecar_streams FAILED: {problems}"))
     width = max(len(k) for k, _ in rows)
     return lines + [f"   {k.ljust(width)}  {v}" for k, v in rows]
 

@@ -10,6 +10,7 @@ import pytest
 from pid_platform.sample_data import make_sample_source
 
 pytest_plugins = [
+    "tests.support.leaks",  # fails the run if a process the suite started outlives it
     "tests.support.seaweedfs",
     "tests.support.http_server",
     "tests.support.fault_proxy",

@@ -105,13 +105,14 @@ def test_resharding_removes_stale_tars_after_the_new_manifests(raw_root: Path, t
 
 def test_stale_removal_touches_only_files_of_the_build_layout(raw_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
+    build(raw_root, out)  # a folder no build made is refused (test_hostile_inputs); this one is ours
     mine = [out / "notes" / "old.tar", out / "other-source" / "image" / "part_000000" / "000000.tar",
             out / "README.parquet", out / "keep" / "empty"]
     for p in mine[:3]:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(b"user data")
     mine[3].mkdir(parents=True)
-    build(raw_root, out)
+    build(raw_root, out, shard_size=4)  # a re-shard: the previous version's tars are dropped
     assert all(p.exists() for p in mine)
 
 

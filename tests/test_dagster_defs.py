@@ -53,12 +53,13 @@ EXPECTED_ASSETS = {
     },
     "published_mp4_sidecar": {
         "deps": ["mp4_sidecar"], "group": "lerobot", "partitions": LEROBOT_DATASETS,
-        "code_version": "mp4-sidecar-v3-pointer-v1", "kinds": ["python"], "checks": [], "pools": ["lerobot_publish"],
+        "code_version": "mp4-sidecar-v3-pointer-v1", "kinds": ["python"], "checks": ["published_sidecar_streams"],
+        "pools": ["lerobot_publish"],
     },
 }
 
 # Every check is blocking and has one result per partition of its asset's partitions.
-CHECK_PARTITIONS = {"mp4_sidecar_is_valid": "lerobot_datasets"}
+CHECK_PARTITIONS = {"mp4_sidecar_is_valid": "lerobot_datasets", "published_sidecar_streams": "lerobot_datasets"}
 
 EXPECTED_JOBS = {
     "source_build": [
@@ -66,7 +67,10 @@ EXPECTED_JOBS = {
         "twin_tar_shards:twin_tar_keys_match", "wdinfo_manifests", "wdinfo_manifests:manifest_counts_match_tars",
     ],
     "catalog_build": ["dataset_catalog"],
-    "lerobot_sidecar_build": ["mp4_sidecar", "mp4_sidecar:mp4_sidecar_is_valid", "published_mp4_sidecar"],
+    "lerobot_sidecar_build": [
+        "mp4_sidecar", "mp4_sidecar:mp4_sidecar_is_valid", "published_mp4_sidecar",
+        "published_mp4_sidecar:published_sidecar_streams",
+    ],
 }
 
 EXPECTED_AUTOMATION = {

@@ -51,6 +51,7 @@ def test_demo_builds_everything_and_is_idempotent(project: Path, capsys: pytest.
     assert "boxes only, no media data" in lerobot and "as int64 arrays" in lerobot
     assert "mp4_sidecar_is_valid passed (4 video files validated)" in lerobot
     assert "not published: publishing is off" in lerobot
+    assert "published_sidecar_streams passed: nothing published to read back" in lerobot
 
     assert demo.main(["--root", str(project), "--workers", "1"]) == 0
     again = capsys.readouterr().out

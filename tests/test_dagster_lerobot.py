@@ -1,11 +1,14 @@
 """The LeRobot assets on a real temporary Dagster instance: a real v3 dataset (real encoded video,
-as a clean git checkout), its sidecar built and checked, and published to a real bare git repo."""
+as a clean git checkout), its sidecar built and checked, published to a real bare git repo (or a
+bucket on the real SeaweedFS server), read back from there and streamed one batch."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import dagster as dg
@@ -17,6 +20,8 @@ from pid_platform.defs.lerobot import checks as lerobot_checks
 from pid_platform.defs.lerobot.partitions import LEROBOT_DATASETS
 from pid_platform.defs.lerobot.pools import PUBLISH_POOL, apply_pool_limits
 from pid_platform.defs.lerobot.resources import LeRobotResource, git_revision, lerobot_from_env
+from pid_platform.lerobot import stream_check
+from pid_platform.lerobot.publish import GitTarget, publish_sidecar
 from tests.support.dagster_runs import (
     check_metadata,
     check_outcomes,
@@ -24,7 +29,18 @@ from tests.support.dagster_runs import (
     load_defs,
     materialized,
 )
-from tests.support.publish_data import git, git_bytes, make_source_repo, refs, touch_video
+from tests.support.lerobot_data import CAMERAS
+from tests.support.publish_data import (
+    build,
+    commit_on_branch,
+    git,
+    git_bytes,
+    make_source_repo,
+    refs,
+    serve_partial_clones,
+    touch_video,
+)
+from tests.support.seaweedfs import upload_tree
 
 DATASET = "av1"
 JOB = "lerobot_sidecar_build"
@@ -37,6 +53,7 @@ def lerobot_env(tmp_path: Path, lerobot_v3_root: Path, monkeypatch: pytest.Monke
     git_root = tmp_path / "git"
     git_root.mkdir()
     bare, sha = make_source_repo(git_root, lerobot_v3_root, name=f"{DATASET}.git")
+    serve_partial_clones(bare)  # as a git host does: publish and read-back fetch trees, not videos
     root = tmp_path / "lerobot"
     root.mkdir()
     git("clone", "--quiet", str(bare), str(root / DATASET))
@@ -62,7 +79,7 @@ def test_sidecar_is_built_checked_and_published_to_the_git_repo(lerobot_env: dic
         defs = load_defs()
         result = _run(defs, instance)
         assert result.success
-        assert check_outcomes(result) == {"mp4_sidecar_is_valid": True}
+        assert check_outcomes(result) == {"mp4_sidecar_is_valid": True, "published_sidecar_streams": True}
         assert check_metadata(result, "mp4_sidecar_is_valid")["problems_count"] == 0
         meta = materialized(result)
         built, published = meta["mp4_sidecar"], meta["published_mp4_sidecar"]
@@ -83,6 +100,17 @@ def test_sidecar_is_built_checked_and_published_to_the_git_repo(lerobot_env: dic
         assert refs(bare)["refs/heads/main"] == sha  # the source branch is untouched
         assert refs(bare)[f"refs/heads/{SIDECAR_BRANCH}"] == published["commit"]
         assert git_bytes(bare, SIDECAR_BRANCH, f"{SIDECAR_DIR}/{sha}.npz") == sidecar.read_bytes()
+
+        # The sidecar read back from the branch streamed a batch shaped like the dataset's features.
+        streamed = check_metadata(result, "published_sidecar_streams")
+        assert streamed["problems_count"] == 0 and streamed["batch_size"] == 4
+        assert streamed["sidecar_bytes_fetched"] == sidecar.stat().st_size
+        assert streamed["payload_bytes_fetched"] > 0 and streamed["seconds"] > 0
+        assert set(streamed["keys"]) == {*CAMERAS, "observation.state", "action", "timestamp", "frame_index",
+                                         "episode_index", "index", "task_index", "task"}
+        for camera in CAMERAS:
+            assert f"| {camera} | (4, 3, 48, 64) float32 |" in streamed["shapes"]
+        assert "| index | (4,) int64 |" in streamed["shapes"] and "| task | 4 str |" in streamed["shapes"]
 
         # Nothing changed: the sidecar is kept, the publish is a no-op on the same commit.
         again = materialized(_run(defs, instance))
@@ -124,6 +152,8 @@ def test_publish_none_builds_and_says_nothing_was_published(lerobot_env: dict, m
         assert result.success
         published = materialized(result)["published_mp4_sidecar"]
         assert published["published"] is False and "publishing is off" in published["note"]
+        assert check_outcomes(result)["published_sidecar_streams"] is True
+        assert check_metadata(result, "published_sidecar_streams")["published"] is False
     assert set(refs(lerobot_env["bare"])) == {"refs/heads/main"}
 
 
@@ -200,6 +230,105 @@ def test_publish_retries_transient_failures_in_its_own_pool() -> None:
     policy = asset.op.retry_policy
     assert policy is not None and (policy.max_retries, policy.backoff) == (3, dg.Backoff.EXPONENTIAL)
     assert asset.op.pool == PUBLISH_POOL
+
+
+# -- the published sidecar, read back from its target and streamed ------------------------------
+
+def _edit_before_the_read_back(monkeypatch: pytest.MonkeyPatch, edit) -> None:
+    """Run ``edit`` (a real change at the target) once, after the publish and right before the
+    check reads the sidecar back: as if the publish itself had left that behind."""
+    real = stream_check.fetch_published_sidecar
+    pending = [edit]
+
+    def fetch_after_edit(*args, **kwargs):
+        while pending:
+            pending.pop()()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(stream_check, "fetch_published_sidecar", fetch_after_edit)
+
+
+def _stream_problems(result: dg.ExecuteInProcessResult) -> list[str]:
+    assert not result.success
+    assert check_outcomes(result) == {"mp4_sidecar_is_valid": True, "published_sidecar_streams": False}
+    assert set(materialized(result)) == {"mp4_sidecar", "published_mp4_sidecar"}
+    return check_metadata(result, "published_sidecar_streams")["problems"]
+
+
+def test_npz_bytes_that_differ_from_the_pointer_fail_the_stream_check(lerobot_env: dict,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    bare, sha = lerobot_env["bare"], lerobot_env["sha"]
+    npz = f"{SIDECAR_DIR}/{sha}.npz"
+
+    def flip_a_byte() -> None:
+        data = bytearray(git_bytes(bare, SIDECAR_BRANCH, npz))
+        data[len(data) // 2] ^= 0xFF
+        commit_on_branch(bare, SIDECAR_BRANCH, {npz: bytes(data)}, "edit the sidecar by hand")
+
+    _edit_before_the_read_back(monkeypatch, flip_a_byte)
+    with dagster_instance() as instance:
+        defs = load_defs()
+        [problem] = _stream_problems(_run(defs, instance))
+        assert problem.startswith("PublishError: ") and f"#{SIDECAR_BRANCH}:{SIDECAR_DIR}/{sha}.json" in problem
+        assert f"{sha}.npz has sha256" in problem and "the pointer says" in problem and "publish it again" in problem
+
+        # The next run publishes the built sidecar over the edit, and that streams.
+        again = _run(defs, instance)
+        assert again.success and materialized(again)["published_mp4_sidecar"]["unchanged"] is False
+        assert check_outcomes(again)["published_sidecar_streams"] is True
+
+
+def test_a_sidecar_of_another_dataset_fails_the_stream_check(lerobot_env: dict, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole, self-consistent publish (pointer and sha256 agree) of a sidecar that does not
+    belong to this dataset: only streaming through it catches this."""
+    bare, sha = lerobot_env["bare"], lerobot_env["sha"]
+    other = build(lerobot_env["root"] / DATASET, tmp_path / "other.npz", revision=sha, repo_id="pid-tests/other")
+    _edit_before_the_read_back(monkeypatch, lambda: publish_sidecar(other, GitTarget(str(bare))))
+    with dagster_instance() as instance:
+        [problem] = _stream_problems(_run(load_defs(), instance))
+    assert problem.startswith("SidecarError: ") and "not a usable MP4 sidecar of pid-tests/av1" in problem
+    assert "built for repo 'pid-tests/other', not 'pid-tests/av1'" in problem
+
+
+def test_a_missing_publish_fails_the_stream_check(lerobot_env: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    bare = lerobot_env["bare"]
+    _edit_before_the_read_back(monkeypatch, lambda: git("branch", "--quiet", "-D", SIDECAR_BRANCH, cwd=bare))
+    with dagster_instance() as instance:
+        [problem] = _stream_problems(_run(load_defs(), instance))
+    assert problem.startswith("NothingPublishedError: ") and f"has no branch {SIDECAR_BRANCH}" in problem
+
+
+def test_s3_publish_is_read_back_and_streamed(tmp_path: Path, s3_env, lerobot_v3_root: Path,  # noqa: F811
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dataset and sidecar in a bucket on the real SeaweedFS server; then a pointer rewritten
+    with a wrong sha256 after the publish."""
+    bucket = s3_env.make_bucket(f"lerobot-{uuid.uuid4().hex[:12]}")
+    upload_tree(s3_env.client(), lerobot_v3_root, bucket, f"lerobot/{DATASET}")
+    monkeypatch.setenv("PID_LEROBOT_ROOT", f"s3://{bucket}/lerobot")
+    monkeypatch.setenv("PID_OUTPUT_ROOT", str(tmp_path / "out"))
+    monkeypatch.setenv("PID_LEROBOT_PUBLISH", f"s3://{bucket}/lerobot/{{dataset}}")
+    monkeypatch.setenv("PID_LEROBOT_REPO_ID", "pid-tests/{dataset}")
+    with dagster_instance() as instance:
+        defs = load_defs()
+        result = _run(defs, instance)
+        assert result.success
+        assert check_outcomes(result) == {"mp4_sidecar_is_valid": True, "published_sidecar_streams": True}
+        streamed = check_metadata(result, "published_sidecar_streams")
+        assert streamed["target"] == f"s3://{bucket}/lerobot/{DATASET}" and streamed["batch_size"] == 4
+        assert streamed["sidecar_bytes_fetched"] == materialized(result)["published_mp4_sidecar"]["bytes"]
+
+        pointer_key = f"lerobot/{DATASET}/{SIDECAR_DIR}/current.json"  # unpinned: a bucket has no commits
+
+        def wrong_sha() -> None:
+            client = s3_env.client()
+            doc = json.loads(client.get_object(Bucket=bucket, Key=pointer_key)["Body"].read())
+            client.put_object(Bucket=bucket, Key=pointer_key, Body=json.dumps({**doc, "sha256": "0" * 64}).encode())
+
+        _edit_before_the_read_back(monkeypatch, wrong_sha)
+        [problem] = _stream_problems(_run(defs, instance))
+    assert problem.startswith("PublishError: ") and f"s3://{bucket}/{pointer_key}" in problem
+    assert f"the pointer says {'0' * 64}" in problem
 
 
 def test_resource_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lerobot_v3_root: Path) -> None:  # noqa: F811

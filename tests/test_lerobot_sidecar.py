@@ -86,7 +86,7 @@ def test_round_trip_equals_the_box_index(dataset: str, request, tmp_path: Path) 
         for i, rel in enumerate(sc.files):
             idx = index_mp4(fs.url(str(root), rel))
             entry = m["files"][i]
-            assert entry["id"] == f"f{i:05d}" and entry["path"] == rel
+            assert entry["id"] == str(i) and entry["path"] == rel
             ident = fs.file_identity(str(root), rel)
             assert (entry["size"], entry["fingerprint"], entry["stable"]) == (ident.size, ident.fingerprint, True)
             f = sc.file(rel)
@@ -99,10 +99,11 @@ def test_round_trip_equals_the_box_index(dataset: str, request, tmp_path: Path) 
                 want = np.float64 if name == "sample_pts" else np.int64
                 assert arrays[name].dtype == want, name
                 np.testing.assert_array_equal(arrays[name], getattr(idx, name), err_msg=name)
-    # np.load reads it too: it is an ordinary NPZ (no pickles).
+    # np.load reads it too: it is an ordinary NPZ (no pickles), in LeRobot's layout.
     with np.load(tmp_path / "sc.npz", allow_pickle=False) as z:
-        assert "f00000/sample_sizes" in z.files and MANIFEST_MEMBER in z.files
-        assert json.loads(z[MANIFEST_MEMBER].tobytes())["schema_version"] == 3
+        assert "0/sample_sizes" in z.files and MANIFEST_MEMBER == "manifest_json" in z.files
+        payload = json.loads(bytes(z[MANIFEST_MEMBER]).decode("utf-8"))
+        assert payload["version"] == payload["sidecar"]["schema_version"] == 3
 
 
 def test_h264_b_frames_keep_composition_offsets(lerobot_v3_h264_root: Path, tmp_path: Path) -> None:
@@ -183,36 +184,36 @@ def test_wrong_schema_version_and_missing_arrays_are_clear(av1_root: Path, tmp_p
     build(av1_root, out)
     with zipfile.ZipFile(out) as zf:
         members = {n: zf.read(n) for n in zf.namelist()}
-    manifest = json.loads(np.lib.format.read_array(
+    payload = json.loads(np.lib.format.read_array(
         __import__("io").BytesIO(members[f"{MANIFEST_MEMBER}.npy"])).tobytes())
 
     def rewrite(path: Path, drop: str | None = None, version: int | None = None) -> Path:
-        m = dict(manifest, schema_version=version or manifest["schema_version"])
+        p = dict(payload, version=version or payload["version"])
         with zipfile.ZipFile(path, "w") as zf:
             for name, data in members.items():
                 if name == drop:
                     continue
                 if name == f"{MANIFEST_MEMBER}.npy":
                     with zf.open(name, "w") as fh:
-                        np.lib.format.write_array(fh, np.frombuffer(json.dumps(m).encode(), np.uint8))
+                        np.lib.format.write_array(fh, np.array(json.dumps(p).encode()))
                 else:
                     zf.writestr(name, data)
         return path
 
     old = rewrite(tmp_path / "v2.npz", version=2)
-    with pytest.raises(SidecarSchemaError, match="schema version 2.*reads version 3.*rebuild"):
+    with pytest.raises(SidecarSchemaError, match="manifest_json has version 2.*reads version 3.*rebuild"):
         read_sidecar(old)
-    gone = rewrite(tmp_path / "gone.npz", drop="f00001/sample_offsets.npy")
-    with pytest.raises(SidecarError, match=r"missing \(f00001/sample_offsets\).*rebuild"):
+    gone = rewrite(tmp_path / "gone.npz", drop="1/sample_offsets.npy")
+    with pytest.raises(SidecarSchemaError, match=r"missing \(1/sample_offsets\).*rebuild"):
         read_sidecar(gone)
     np.savez(tmp_path / "legacy.npz", sample_pts=np.zeros(3))   # no manifest: an older layout
-    with pytest.raises(SidecarSchemaError, match="no __manifest__"):
+    with pytest.raises(SidecarSchemaError, match="neither a manifest_json.*nor a __manifest__"):
         read_sidecar(tmp_path / "legacy.npz")
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
     with pytest.raises(SidecarError, match="not a sidecar NPZ"):
         read_sidecar(tmp_path / "junk.npz")
     meta = LeRobotMeta.load(str(av1_root))
-    assert any("schema version 2" in p for p in validate_sidecar(old, meta))
+    assert any("version 2" in p for p in validate_sidecar(old, meta))
     assert validate_sidecar(tmp_path / "absent.npz", meta) == [f"{tmp_path / 'absent.npz'}: no sidecar file"]
 
 

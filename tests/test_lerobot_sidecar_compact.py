@@ -114,7 +114,7 @@ def test_only_needed_files_are_materialised(sidecars: dict[str, Path], tmp_path:
     with read_sidecar(sidecars["h264"]) as sc:
         rels = sc.files
     a = CompactIndex.open(sidecars["h264"], cache_root=tmp_path, files=rels[:2])
-    assert sorted(p.name for p in a.directory.glob("*.cidx")) == ["f00000.cidx", "f00001.cidx"]
+    assert sorted(p.name for p in a.directory.glob("*.cidx")) == ["0.cidx", "1.cidx"]
     with pytest.raises(KeyError, match="was not opened"):
         a.arrays(rels[3])
     first = a.path_of(rels[1]).stat()
@@ -202,7 +202,7 @@ def test_pickles_for_dataloader_workers_and_clears_dead_temps(sidecars: dict[str
                                                               tmp_path: Path) -> None:
     idx = CompactIndex.open(sidecars["av1"], cache_root=tmp_path, files=[])
     idx.directory.mkdir(parents=True)   # files=[]: nothing converted, no directory yet
-    dead = idx.directory / "f00000.cidx.tmp-999999"   # what a killed conversion leaves
+    dead = idx.directory / "0.cidx.tmp-999999"   # what a killed conversion leaves
     dead.write_bytes(b"partial")
     with read_sidecar(sidecars["av1"]) as sc:
         rel = sc.files[0]

@@ -29,7 +29,7 @@ from loader.lerobot.sidecar import (
 from loader.lerobot.sidecar import ensure as ensure_mod
 from loader.lerobot.sidecar.ensure import lock_path
 from loader.lerobot.sidecar.locks import process_lock
-from loader.lerobot.sidecar.schema import MANIFEST_MEMBER
+from loader.lerobot.sidecar.schema import LEGACY_MANIFEST_MEMBER
 
 REPO = "pid-test/robot-arm"
 REV = "0123456789abcdef0123456789abcdef01234567"
@@ -114,7 +114,7 @@ def test_old_schema_cache_entry_is_rebuilt(ds: Path, tmp_path: Path, builds: lis
     entry = sidecar_cache_path(cache, repo_id=REPO, revision=REV, data_root=str(ds))
     entry.parent.mkdir(parents=True)
     manifest = b'{"schema_version": 2, "files": []}'
-    np.savez(entry.with_suffix(""), **{MANIFEST_MEMBER: np.frombuffer(manifest, np.uint8)})
+    np.savez(entry.with_suffix(""), **{LEGACY_MANIFEST_MEMBER: np.frombuffer(manifest, np.uint8)})
     assert entry.exists()
     assert ensure(ds, cache) == entry and len(builds) == 1
     with read_sidecar(entry) as sc:

@@ -192,3 +192,196 @@ def test_resume_state_is_checked(lerobot_v3_root: Path) -> None:
         other.load_state_dict(state)
     with pytest.raises(ValueError, match="'epoch' must be an integer >= 0"):
         loader.load_state_dict({**state, "epoch": -5})
+
+
+# -- ranks: real gloo process groups ------------------------------------------------------------------
+
+def _rank_epochs(rank: int, world: int, root: str, home: str) -> dict:
+    """Every (workers, strategy) epoch on this rank, then an exact resume after 3 batches."""
+    import os
+
+    os.environ["HF_LEROBOT_HOME"] = home
+    out = {}
+    for workers in (0, 1, 2):
+        for strategy in ("remaining", "round_robin"):
+            ds = StreamingLeRobotDataset(REPO, root=root, streaming_sampling_strategy=strategy,
+                                         streaming_episode_pool_size=2)
+            loader = make_loader(ds, batch_size=2, num_workers=workers)
+            batches = [b["index"].tolist() for b in loader]
+            out[workers, strategy] = {"batches": batches, "padding": loader.stats()["padding_samples"]}
+
+    def new():
+        return make_loader(StreamingLeRobotDataset(REPO, root=root, streaming_episode_pool_size=2),
+                           batch_size=2, num_workers=2)
+
+    first, taken = new(), []
+    for step, batch in enumerate(first):
+        taken.append(batch["index"].tolist())
+        if step == 2:
+            state = first.state_dict()      # a collective: both ranks call it
+            break
+    resumed = new()
+    resumed.load_state_dict(state)
+    out["resume"] = {"taken": taken, "rest": [b["index"].tolist() for b in resumed], "state": state}
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_ranks(lerobot_v3_root: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    from tests.support.dist import run_distributed
+
+    home = tmp_path_factory.mktemp("lerobot-home-2ranks")
+    return run_distributed(_rank_epochs, 2, args=(str(lerobot_v3_root), str(home)), timeout=240)
+
+
+@pytest.mark.parametrize("strategy", ["remaining", "round_robin"])
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_two_ranks_cover_every_frame_once(two_ranks: list[dict], lerobot_v3_root: Path, workers: int,
+                                          strategy: str) -> None:
+    frames = MapStyleOracle(lerobot_v3_root).indices()
+    per_rank = [two_ranks[r][workers, strategy] for r in (0, 1)]
+    flat = [[i for b in rank["batches"] for i in b] for rank in per_rank]
+    # Whole episodes per rank: no frame is read by both ranks.
+    assert not set(flat[0]) & set(flat[1])
+    assert set(flat[0]) | set(flat[1]) == set(frames)
+    padding = sum(rank["padding"] for rank in per_rank)
+    assert sum(map(len, flat)) == len(frames) + padding
+    # Same samples and the same number of batches on every rank: no rank waits at the end.
+    assert len(flat[0]) == len(flat[1]) and len(per_rank[0]["batches"]) == len(per_rank[1]["batches"])
+
+
+def test_two_ranks_resume_continues_each_ranks_order(two_ranks: list[dict]) -> None:
+    for r in (0, 1):
+        res = two_ranks[r]["resume"]
+        uninterrupted = two_ranks[r][2, "remaining"]["batches"]
+        assert res["taken"] + res["rest"] == uninterrupted
+    assert two_ranks[0]["resume"]["state"] == two_ranks[1]["resume"]["state"]
+
+
+def test_a_two_rank_state_resumes_on_one_rank_exactly_once(two_ranks: list[dict], lerobot_v3_root: Path) -> None:
+    state = two_ranks[0]["resume"]["state"]
+    done = {i for r in (0, 1) for b in two_ranks[r]["resume"]["taken"] for i in b}
+    loader = make_loader(stream(lerobot_v3_root, streaming_episode_pool_size=2), batch_size=4, num_workers=0)
+    loader.load_state_dict(state)
+    rest = batch_indices(loader)
+    frames = set(MapStyleOracle(lerobot_v3_root).indices())
+    assert not done & set(rest)
+    assert done | set(rest) == frames and len(rest) == len(frames - done)
+
+
+# -- roots: local, s3:// (real SeaweedFS), http:// (real range server), with faults ------------------
+
+def _signature(items) -> list[tuple]:
+    return [(int(i["index"]), float(i["observation.images.front"].sum()), float(i["observation.images.wrist"].sum()),
+             tuple(i["action"].tolist())) for i in items]
+
+
+@pytest.fixture(scope="module")
+def local_items(lerobot_v3_root: Path) -> list[dict]:
+    return list(stream(lerobot_v3_root, delta_timestamps=DELTAS, streaming_episode_pool_size=3))
+
+
+def _same_items(got: list[dict], want: list[dict]) -> None:
+    assert [int(i["index"]) for i in got] == [int(i["index"]) for i in want]
+    for g, w in zip(got, want, strict=True):
+        assert_item_equal(g, w, where=f"index {int(w['index'])}")
+
+
+def _fast():
+    from loader.io import StreamConfig
+
+    return StreamConfig(max_retries=30, backoff_base_s=0.01, backoff_max_s=0.05, read_timeout_s=0.5,
+                        connect_timeout_s=2.0)
+
+
+def test_s3_root_gives_the_same_items(s3_env, lerobot_v3_root: Path, local_items: list[dict]) -> None:
+    from tests.support.seaweedfs import upload_tree
+
+    bucket = s3_env.make_bucket("lerobot-stream")
+    upload_tree(s3_env.client(), lerobot_v3_root, bucket, "datasets/arm")
+    ds = StreamingLeRobotDataset(REPO, root=f"s3://{bucket}/datasets/arm", delta_timestamps=DELTAS,
+                                 streaming_episode_pool_size=3, stream_config=_fast())
+    _same_items(list(ds), local_items)
+    assert ds.stats()["requests"] > 0
+
+
+def test_s3_with_resets_and_stalls_gives_the_same_items(s3_env, fault_proxy, lerobot_v3_root: Path,
+                                                        local_items: list[dict],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.support.fault_proxy import drop, stall
+    from tests.support.seaweedfs import upload_tree
+
+    bucket = s3_env.make_bucket("lerobot-stream-faults")
+    upload_tree(s3_env.client(), lerobot_v3_root, bucket, "datasets/arm")
+    ds = StreamingLeRobotDataset(REPO, root=f"s3://{bucket}/datasets/arm", delta_timestamps=DELTAS,
+                                 streaming_episode_pool_size=3, stream_config=_fast())
+    # Faults only for the payload reads (metadata and sidecar were read above, fault-free).
+    proxy = fault_proxy(s3_env.endpoint_url, [drop(1_500), stall(800, 1.0), drop(3_000, rst=False)] * 4)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)   # clients are keyed by endpoint: new ones use it
+    _same_items(list(ds), local_items)
+    assert proxy.fired, "no fault fired: the test would prove nothing"
+
+
+def test_http_root_with_503s_resets_and_stalls_gives_the_same_items(http_server, fault_proxy, lerobot_v3_root: Path,
+                                                                    local_items: list[dict]) -> None:
+    from tests.support.fault_proxy import drop, stall
+
+    server = http_server(lerobot_v3_root)
+    clean = StreamingLeRobotDataset(REPO, root=server.url + "/", delta_timestamps=DELTAS,
+                                    streaming_episode_pool_size=3, stream_config=_fast(),
+                                    streaming_native_http_subranges=2, streaming_native_http_connections=2)
+    _same_items(list(clean), local_items)
+    proxy = fault_proxy(server.url, [drop(1_500), stall(800, 1.0), drop(3_000, rst=False)] * 4)
+    faulty = StreamingLeRobotDataset(REPO, root=proxy.url + "/", delta_timestamps=DELTAS,
+                                     streaming_episode_pool_size=3, stream_config=_fast())
+    server.fail_gets = 6     # and the next six GETs answer 503
+    _same_items(list(faulty), local_items)
+    assert proxy.fired and server.fail_gets == 0
+    assert faulty.stats()["retries"] > 0
+
+
+# -- a killed trainer leaves nothing behind ----------------------------------------------------------
+
+_TRAINER = """
+import os, sys, time
+from loader.lerobot.streaming import StreamingLeRobotDataset, make_loader
+ds = StreamingLeRobotDataset("local/arm", root=sys.argv[1], streaming_episode_pool_size=2)
+loader = make_loader(ds, batch_size=1, num_workers=2)
+for i, batch in enumerate(loader):
+    if i == 1:
+        kids = open(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read().split()
+        print(" ".join(kids), flush=True)
+    time.sleep(0.5)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_workers_end_when_the_trainer_is_killed(lerobot_v3_root: Path, tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "HF_LEROBOT_HOME": str(tmp_path / "home"), "PYTHONPATH": str(Path.cwd())}
+    proc = subprocess.Popen([sys.executable, "-c", _TRAINER, str(lerobot_v3_root)], stdout=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        workers = [int(p) for p in proc.stdout.readline().split()]
+        assert len(workers) >= 2, workers
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in workers if _alive(p)], "DataLoader workers outlived a kill -9 of the trainer"
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError
@@ -92,45 +96,168 @@ def write_wdinfo(folder: str | os.PathLike[str], manifest: WdinfoManifest) -> Pa
     return path
 
 
-def parse_wdinfo(doc: dict[str, Any], manifest_dir: str | None, origin: str) -> WdinfoManifest:
+_ESCAPING = re.compile(r"(?:^|\n|/)\.\.(?:/|\n|$)|(?:^|\n)/|\\")
+
+
+def _escaping_entry(paths: list, field_name: str, origin: str) -> None:
+    """Refuse a path list with an absolute entry or one that climbs out with ``..``.
+
+    Substring tests over the joined list: a million entries cost a few ms, not a Python loop
+    per entry.
+    """
+    try:
+        joined = "\n".join(paths)
+    except TypeError:
+        raise FormatError(f"{origin}: {field_name} must list strings (paths)") from None
+    if joined.count("\n") != len(paths) - 1 and paths:
+        raise FormatError(f"{origin}: a {field_name} entry holds a line break; rebuild the manifest")
+    # Substring tests run at memory speed; the regular expression only confirms a suspect.
+    suspect = ".." in joined or "\\" in joined or joined.startswith("/") or "\n/" in joined
+    if suspect and _ESCAPING.search(joined) is not None:
+        entry = next(p for p in paths if _ESCAPING.search(p))  # the error path: a loop is fine
+        raise FormatError(
+            f"{origin}: {field_name} entry {entry!r} leaves the manifest's folder (absolute, '..' or a "
+            "backslash); entries are relative paths below it - refusing to read files elsewhere"
+        )
+
+
+@dataclass(frozen=True)
+class WdinfoColumns:
+    """A manifest checked against everything the format states, held as columns.
+
+    The one reader of ``wdinfo.json``: :func:`parse_wdinfo` (one ``TarEntry`` per tar, for the
+    build and its checks) and the training loader's discovery (a million tars as arrays) both
+    start here, so neither accepts what the other refuses.
+    """
+
+    data_keys: list[str]
+    data_list: list[str]
+    counts: np.ndarray  # int64, aligned with data_list
+    root: str  # as written: relative to the manifest folder, absolute (PiD) or a URL
+    chunk_size: int
+    format_version: int
+    bucket: str | None
+    source: str | None
+    key_index: list[str | None] | None  # relative to the manifest folder
+    tar_bytes: dict[str, list]  # modality -> sizes (lists of another length are left out)
+    tar_sha256: dict[str, list]  # modality -> hex digests ("" where unknown)
+
+    @property
+    def total_key_count(self) -> int:
+        return int(self.counts.sum())
+
+
+def check_wdinfo(doc: Any, origin: str) -> WdinfoColumns:
+    """Check a parsed ``wdinfo.json`` against the format; ``FormatError`` names what is wrong.
+
+    Refused: a ``format_version`` newer than this reader; negative, fractional or misaligned
+    counts; a ``total_key_count`` that is not their sum; a relative ``root``, a ``data_list``
+    or ``key_index`` entry or a ``data_keys`` name that leaves the manifest's folder (absolute
+    roots, as PiD writes them, and URLs are accepted); a ``key_index`` list of another length.
+    """
+    if not isinstance(doc, dict):
+        raise FormatError(f"{origin}: not a wdinfo manifest (a JSON object is expected)")
+    version = doc.get("format_version", 0)  # 0: written by PiD
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise FormatError(f"{origin}: format_version {version!r} is not a version number; rebuild the manifest")
+    if version > FORMAT_VERSION:
+        raise FormatError(
+            f"{origin}: format_version {version} is newer than this reader (it reads up to {FORMAT_VERSION}); "
+            "upgrade pid-platform's loader to read it"
+        )
     try:
         data_keys = list(doc["data_keys"])
         data_list = list(doc["data_list"])
-        counts = [int(c) for c in doc["data_list_key_count"]]
-    except (KeyError, TypeError) as exc:
+        raw_counts = doc["data_list_key_count"]
+        counts = np.asarray(raw_counts)
+    except (KeyError, TypeError, ValueError) as exc:
         raise FormatError(
             f"{origin}: not a wdinfo manifest (missing or malformed {exc}); "
             "expected keys data_keys, data_list, data_list_key_count"
         ) from None
-    if len(data_list) != len(counts):
-        raise FormatError(
-            f"{origin}: data_list has {len(data_list)} entries but data_list_key_count has {len(counts)}"
-        )
     n = len(data_list)
-    tar_bytes = {m: v for m, v in doc.get("tar_bytes", {}).items() if len(v) == n}
-    tar_sha = {m: v for m, v in doc.get("tar_sha256", {}).items() if len(v) == n}
-    key_index = doc.get("key_index") or [None] * n
-    if len(key_index) != n:
-        raise FormatError(f"{origin}: key_index has {len(key_index)} entries but data_list has {n}")
-    tars = [
-        TarEntry(
-            p, c, {m: int(v[i]) for m, v in tar_bytes.items()}, {m: v[i] for m, v in tar_sha.items() if v[i]},
-            key_index[i],
+    if counts.ndim != 1 or len(counts) != n:
+        raise FormatError(f"{origin}: data_list has {n} entries but data_list_key_count has {counts.size}")
+    if n and counts.dtype.kind not in "iu":
+        raise FormatError(f"{origin}: data_list_key_count must list whole numbers (samples per tar)")
+    counts = counts.astype(np.int64, copy=False) if n else np.zeros(0, np.int64)
+    if n and counts.min() < 0:
+        bad = int(np.flatnonzero(counts < 0)[0])
+        raise FormatError(
+            f"{origin}: data_list_key_count[{bad}] is {int(counts[bad])} for {data_list[bad]!r}; "
+            "a tar holds 0 or more samples - rebuild the manifest"
         )
-        for i, (p, c) in enumerate(zip(data_list, counts, strict=True))
-    ]
     total = doc.get("total_key_count")
-    if total is not None and int(total) != sum(counts):
-        raise FormatError(f"{origin}: total_key_count {total} != sum of data_list_key_count {sum(counts)}")
+    if total is not None and (not isinstance(total, int) or total != int(counts.sum())):
+        raise FormatError(
+            f"{origin}: total_key_count {total!r} != sum of data_list_key_count {int(counts.sum())}; "
+            "the manifest is inconsistent - rebuild it"
+        )
+    if not data_keys or not all(isinstance(k, str) and k and k not in (".", "..") for k in data_keys) or any(
+        "/" in k or "\\" in k for k in data_keys
+    ):
+        raise FormatError(f"{origin}: data_keys {data_keys!r} must be modality folder names (no '/', not '..')")
+    root = doc.get("root", ".")
+    if not isinstance(root, str):
+        raise FormatError(f"{origin}: root must be a string, got {root!r}")
+    if not (os.path.isabs(root) or "://" in root):
+        norm = posixpath.normpath(root.replace("\\", "/"))
+        if norm == ".." or norm.startswith("../"):
+            raise FormatError(
+                f"{origin}: root {root!r} leaves the manifest's folder; a relative root must stay below "
+                "it (write an absolute root or URL to read data elsewhere)"
+            )
+    _escaping_entry(data_list, "data_list", origin)
+    key_index = doc.get("key_index") or None
+    if key_index is not None:
+        if not isinstance(key_index, list) or len(key_index) != n:
+            got = len(key_index) if isinstance(key_index, list) else type(key_index).__name__
+            raise FormatError(f"{origin}: key_index has {got} entries but data_list has {n}")
+        _escaping_entry([k for k in key_index if k is not None], "key_index", origin)
     chunk = doc.get("chunk_size")
-    return WdinfoManifest(
+    if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0):
+        raise FormatError(f"{origin}: chunk_size {chunk!r} must be a whole number >= 0")
+    per_tar = {}
+    for name in ("tar_bytes", "tar_sha256"):
+        value = doc.get(name) or {}
+        if not isinstance(value, dict):
+            raise FormatError(f"{origin}: {name} must map modality -> list")
+        per_tar[name] = {m: v for m, v in value.items() if isinstance(v, list) and len(v) == n}
+    return WdinfoColumns(
         data_keys=data_keys,
-        tars=tars,
-        root=str(doc.get("root", ".")),
-        chunk_size=int(chunk) if chunk else derive_chunk_size(counts),
-        format_version=int(doc.get("format_version", 0)),  # 0: written by PiD
+        data_list=data_list,
+        counts=counts,
+        root=root,
+        chunk_size=chunk or (int(counts.max()) if n else 0),  # derive_chunk_size, without a list
+        format_version=version,
         bucket=doc.get("bucket"),
         source=doc.get("source"),
+        key_index=key_index,
+        tar_bytes=per_tar["tar_bytes"],
+        tar_sha256=per_tar["tar_sha256"],
+    )
+
+
+def parse_wdinfo(doc: dict[str, Any], manifest_dir: str | None, origin: str) -> WdinfoManifest:
+    cols = check_wdinfo(doc, origin)
+    n = len(cols.data_list)
+    key_index = cols.key_index or [None] * n
+    counts = cols.counts.tolist()
+    tars = [
+        TarEntry(
+            p, c, {m: int(v[i]) for m, v in cols.tar_bytes.items()},
+            {m: v[i] for m, v in cols.tar_sha256.items() if v[i]}, key_index[i],
+        )
+        for i, (p, c) in enumerate(zip(cols.data_list, counts, strict=True))
+    ]
+    return WdinfoManifest(
+        data_keys=cols.data_keys,
+        tars=tars,
+        root=cols.root,
+        chunk_size=cols.chunk_size,
+        format_version=cols.format_version,
+        bucket=cols.bucket,
+        source=cols.source,
         manifest_dir=manifest_dir,
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -9,7 +10,9 @@ from typing import Any
 from torch.utils.data import IterableDataset
 
 from loader.wds.collate import collate_samples
+from loader.wds.errors import DecodeError
 from loader.wds.expand import (
+    DECODE_ERROR_POLICIES,
     ExpandOptions,
     ExpandStats,
     group_by_keys,
@@ -22,6 +25,7 @@ from loader.wds.shardlists import ShardlistBasic, current_worker
 from loader.wds.stages import batched, map_samples, shuffle_buffer, with_sid
 
 STATS_KEY = "__stats__"
+log = logging.getLogger(__name__)
 
 
 def _in_worker_process() -> bool:
@@ -44,7 +48,11 @@ class TwinTarDataset(IterableDataset):
         options: ExpandOptions | None = None, shuffle_buffer: int = 0, decoder: Callable[[dict], dict] | None = None,
         maps: Sequence[Callable[[dict], dict | None]] = (), batch_size: int | None = None,
         same_aspect_batches: bool = False, collate: Callable[[list[dict]], Any] = collate_samples,
+        on_decode_error: str = "raise",
     ):
+        if on_decode_error not in DECODE_ERROR_POLICIES:
+            raise ValueError(f"on_decode_error must be one of {DECODE_ERROR_POLICIES}, got {on_decode_error!r}")
+        self.on_decode_error = on_decode_error
         self.shards = shards
         self.shardlist = shardlist
         self.modalities = tuple(modalities) if modalities else None
@@ -67,6 +75,20 @@ class TwinTarDataset(IterableDataset):
         rng = random.Random(f"shuffle:{sl.seed}:{sl.epoch}:{sl.rank.group_id}:{worker_id}")
         return shuffle_buffer(out, self.shuffle_size, rng)
 
+    def _decoded(self, samples: Iterator[dict]) -> Iterator[dict]:
+        """Decode each sample; under ``on_decode_error="skip"`` a sample that cannot be decoded
+        (a corrupt image, a caption that is not UTF-8...) is counted in the stats, with its key,
+        and left out instead of ending the epoch. Unsafe data (pickle) always raises."""
+        assert self.decoder is not None
+        for s in samples:
+            try:
+                yield self.decoder(s)
+            except DecodeError as exc:
+                if self.on_decode_error == "raise":
+                    raise
+                self.stats.note_decode_error(str(s.get("__key__")))
+                log.warning("skipping a sample that cannot be decoded: %s", exc)
+
     def __iter__(self) -> Iterator[Any]:
         # Counts start afresh per pass: a DataLoader worker gets a new copy each epoch anyway,
         # and the in-process case must not count an earlier epoch twice.
@@ -75,7 +97,7 @@ class TwinTarDataset(IterableDataset):
         in_worker = _in_worker_process()
         out = self.samples()
         if self.decoder is not None:
-            out = map(self.decoder, out)
+            out = self._decoded(out)
         for fn in self.maps:
             out = map_samples(out, fn)
         if self.batch_size is not None:

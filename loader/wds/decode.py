@@ -35,10 +35,12 @@ class Decoder:
     def _image(self, data: bytes):
         if self.image == "bytes":
             return data
-        from PIL import Image
+        from PIL import Image, ImageOps
 
         im = Image.open(io.BytesIO(data))
-        im = im.convert("RGB")
+        # The displayed image: the build buckets and indexes the size after EXIF orientation,
+        # so the pixels handed on must be turned the same way (decode="bytes" keeps the file).
+        im = ImageOps.exif_transpose(im).convert("RGB")
         if self.image == "pil":
             return im
         arr = np.asarray(im)

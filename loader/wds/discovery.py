@@ -1,11 +1,15 @@
 """Find manifests (dataset name, path, folder or glob) and parse them into one ShardTable.
 
-PiD-written manifests are read too: an absolute ``root`` and no ``chunk_size`` (derived).
+Every manifest is checked by the one wdinfo reader, ``loader.formats.wdinfo.check_wdinfo``
+(counts, totals, paths that stay in the manifest's folder, format version); this module only
+lays the checked columns side by side. PiD-written manifests are read too: an absolute
+``root`` and no ``chunk_size`` (derived).
 """
 
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import posixpath
@@ -16,7 +20,7 @@ import pyarrow as pa
 
 from loader.formats.catalog import CATALOG_NAME, read_catalog
 from loader.formats.errors import FormatError
-from loader.formats.wdinfo import WDINFO_NAME, derive_chunk_size
+from loader.formats.wdinfo import WDINFO_NAME, check_wdinfo
 from loader.wds.errors import ManifestError
 from loader.wds.schema import ShardTable, Wdinfo, join_url
 
@@ -104,7 +108,7 @@ def _bucket_of(doc: dict, path: str) -> str | None:
 
 
 class _Columns:
-    def __init__(self) -> None:
+    def __init__(self, keep_sha256: bool = False) -> None:
         self.roots: dict[str, int] = {}
         self.keys: dict[tuple[str, ...], int] = {}
         self.sources: dict[str, int] = {}
@@ -119,21 +123,19 @@ class _Columns:
         self.dirs: dict[str, int] = {}
         self.dir_ids: list[np.ndarray] = []
         self.chunk_size = 0
+        self.keep_sha256 = keep_sha256
+        self.sha256: list[tuple[int, dict[str, list]]] = []  # per manifest: (tars, modality -> digests)
+        self.checksums = hashlib.sha256()  # over every listed tar checksum, for the fingerprint
+        self.any_checksum = False
 
     @staticmethod
     def _id(table: dict, value) -> int:
         return table.setdefault(value, len(table))
 
     def add(self, path: str, doc: dict, modalities: Sequence[str] | None) -> None:
-        try:
-            data_keys = list(doc["data_keys"])
-            data_list = doc["data_list"]
-            counts = np.asarray(doc["data_list_key_count"], dtype=np.int64)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ManifestError(f"{path}: not a wdinfo manifest (missing or malformed {exc})") from None
-        n = len(data_list)
-        if len(counts) != n:
-            raise ManifestError(f"{path}: data_list has {n} entries but data_list_key_count has {len(counts)}")
+        cols = check_wdinfo(doc, path)  # FormatError names the manifest and the field
+        data_keys, counts = cols.data_keys, cols.counts
+        n = len(cols.data_list)
         if modalities:
             missing = [m for m in modalities if m not in data_keys]
             if missing:
@@ -141,27 +143,50 @@ class _Columns:
             keys = tuple(modalities)
         else:
             keys = tuple(data_keys)
-        root = str(doc.get("root", "."))
+        root = cols.root
         mdir = _manifest_dir(path)
         if not (os.path.isabs(root) or "://" in root):
             root = _url_join_norm(mdir, root) if _is_url(mdir) else os.path.normpath(os.path.join(mdir, root))
         # PiD: chunk_size absent -> largest per-tar count (skips too few shards on resume, never too many).
-        self.chunk_size = max(self.chunk_size, int(doc.get("chunk_size") or derive_chunk_size(counts.tolist())))
-        ki = doc.get("key_index")
+        self.chunk_size = max(self.chunk_size, cols.chunk_size)
         # Key-index paths are relative to the manifest's folder (not to root); kept as written
         # and joined on access, so a million tars do not hold a million absolute paths.
-        key_index = pa.array(ki, pa.string()) if ki and len(ki) == n else pa.nulls(n, pa.string())
-        self.paths.append(pa.array(data_list, pa.string()))
+        ki = cols.key_index
+        key_index = pa.array(ki, pa.string()) if ki else pa.nulls(n, pa.string())
+        if self.keep_sha256:
+            lacking = [m for m in keys if m not in cols.tar_sha256 or not all(cols.tar_sha256[m])]
+            if lacking and n:
+                raise ManifestError(
+                    f"{path}: verify='sha256' needs every tar's checksum, and tar_sha256 lacks some for "
+                    f"{lacking}; rebuild the manifest with pid-shard, or read without verify"
+                )
+            self.sha256.append((n, {m: cols.tar_sha256[m] for m in keys if m in cols.tar_sha256}))
+        for m in sorted(keys):
+            digests = cols.tar_sha256.get(m)
+            if digests:
+                # A rebuild can change a tar (a renamed sample) and keep its name and count: its
+                # checksum tells the shard lists apart, so an old resume state is refused.
+                self.checksums.update(f"{len(self.counts)}:{m}:".encode())
+                self.checksums.update("\n".join(d or "" for d in digests).encode())
+                self.any_checksum = True
+        self.paths.append(pa.array(cols.data_list, pa.string()))
         self.counts.append(counts)
         self.key_indexes.append(key_index)
         for ids, table, value in (
             (self.root_ids, self.roots, root),
             (self.keys_ids, self.keys, keys),
-            (self.source_ids, self.sources, str(doc.get("source") or mdir)),
+            (self.source_ids, self.sources, str(cols.source or mdir)),
             (self.bucket_ids, self.buckets, _bucket_of(doc, path)),
             (self.dir_ids, self.dirs, mdir if _is_url(mdir) else os.path.abspath(mdir)),
         ):
             ids.append(np.full(n, self._id(table, value), dtype=np.int32))
+
+    def _sha256_columns(self) -> dict[str, pa.Array] | None:
+        if not self.keep_sha256:
+            return None
+        mods = sorted({m for _, part in self.sha256 for m in part})
+        return {m: pa.array([d for n, part in self.sha256 for d in part.get(m) or [None] * n], pa.string())
+                for m in mods}
 
     def table(self) -> ShardTable:
         def cat(parts, dtype):
@@ -174,16 +199,22 @@ class _Columns:
             list(self.roots), cat(self.root_ids, np.int32), cat_pa(self.paths), cat(self.counts, np.int64),
             cat_pa(self.key_indexes), list(self.keys), cat(self.keys_ids, np.int32),
             list(self.sources), cat(self.source_ids, np.int32), list(self.buckets), cat(self.bucket_ids, np.int32),
-            list(self.dirs), cat(self.dir_ids, np.int32),
+            list(self.dirs), cat(self.dir_ids, np.int32), sha256=self._sha256_columns(),
+            checksums_digest=self.checksums.hexdigest() if self.any_checksum else "",
         )
 
 
 def parse_manifests(
     paths: Iterable[str], *, modalities: Sequence[str] | None = None, aspect_ratios: Iterable[str] | None = None,
+    keep_sha256: bool = False,
 ) -> Wdinfo:
-    """One Wdinfo over all manifests (in the sorted order given); optional aspect-bucket filter."""
+    """One Wdinfo over all manifests (in the sorted order given); optional aspect-bucket filter.
+
+    ``keep_sha256``: keep every tar's checksum in the table (for ``verify="sha256"``; 64 bytes
+    per tar and modality), and refuse manifests that lack them.
+    """
     wanted = set(aspect_ratios) if aspect_ratios is not None else None
-    cols = _Columns()
+    cols = _Columns(keep_sha256)
     used = 0
     for path in paths:
         doc = _read_json(path)
@@ -207,12 +238,13 @@ def parse_manifests(
 
 def load_wdinfo(
     spec: str | Sequence[str], *, catalog: str | None = None, modalities: Sequence[str] | None = None,
-    aspect_ratios: Iterable[str] | None = None, broadcast: bool = True,
+    aspect_ratios: Iterable[str] | None = None, broadcast: bool = True, keep_sha256: bool = False,
 ) -> Wdinfo:
     """Discover and parse; with torch.distributed initialised only rank 0 reads, the rest receive."""
     from loader.wds.distributed import run_on_rank0_and_broadcast
 
     def work() -> Wdinfo:
-        return parse_manifests(find_manifests(spec, catalog), modalities=modalities, aspect_ratios=aspect_ratios)
+        return parse_manifests(find_manifests(spec, catalog), modalities=modalities, aspect_ratios=aspect_ratios,
+                               keep_sha256=keep_sha256)
 
     return run_on_rank0_and_broadcast(work) if broadcast else work()

@@ -31,3 +31,11 @@ class UnsafeDataError(LoaderError):
 
 class ResumeStateError(LoaderError):
     """A resume state does not belong to this dataset or is malformed."""
+
+
+class CountMismatchError(ShardReadError):
+    """A tar holds fewer or more samples than its manifest counts (a skip under shard_error_policy='skip')."""
+
+
+class ChecksumError(ShardReadError):
+    """verify='sha256': a tar's bytes do not hash to the checksum its manifest lists."""

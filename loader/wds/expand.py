@@ -17,7 +17,7 @@ from itertools import zip_longest
 from typing import Any
 
 from loader.io.config import StreamStats
-from loader.wds.errors import MissingKeyError, ShardReadError, TwinMismatchError
+from loader.wds.errors import CountMismatchError, MissingKeyError, ShardReadError, TwinMismatchError
 from loader.wds.members import iter_members, split_key
 from loader.wds.plan import Task
 from loader.wds.schema import TarSample
@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 EOS = {"__eos__": True}  # end-of-shard marker
 MISSING_POLICIES = ("skip", "error", "partial")
+DECODE_ERROR_POLICIES = ("raise", "skip")
+MAX_KEYS_KEPT = 1000  # keys listed per counter in the stats; the count itself is exact
 
 
 @dataclass
@@ -39,6 +41,8 @@ class ExpandStats:
     unindexed_members: int = 0
     shard_errors: int = 0
     zip_fallbacks: int = 0
+    decode_errors: int = 0  # samples skipped under on_decode_error="skip"
+    decode_error_keys: Counter = field(default_factory=Counter)  # their keys (the first MAX_KEYS_KEPT)
     stream: StreamStats = field(default_factory=StreamStats)  # remote reads: bytes, retries...
 
     def as_dict(self) -> dict[str, Any]:
@@ -47,7 +51,13 @@ class ExpandStats:
             "samples": self.samples, "shards": self.shards, "missing_keys": dict(self.missing_keys),
             "duplicates": self.duplicates, "unindexed_members": self.unindexed_members,
             "shard_errors": self.shard_errors, "zip_fallbacks": self.zip_fallbacks,
+            "decode_errors": self.decode_errors, "decode_error_keys": dict(self.decode_error_keys),
         }
+
+    def note_decode_error(self, key: str) -> None:
+        self.decode_errors += 1
+        if key in self.decode_error_keys or len(self.decode_error_keys) < MAX_KEYS_KEPT:
+            self.decode_error_keys[key] += 1
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,7 @@ class ExpandOptions:
     lookahead: int = 1024  # index mode: members read ahead per modality while looking for a key
     shard_error_policy: str = "raise"  # "raise" | "skip"
     stream_config: Any = None
+    verify: str | None = None  # "sha256": hash each tar whole while streaming, against its manifest
 
     def __post_init__(self) -> None:
         if self.mode not in ("zip", "index"):
@@ -66,6 +77,8 @@ class ExpandOptions:
             raise ValueError(f"missing_key_policy must be one of {MISSING_POLICIES}, got {self.missing_key_policy!r}")
         if self.shard_error_policy not in ("raise", "skip"):
             raise ValueError(f"shard_error_policy must be 'raise' or 'skip', got {self.shard_error_policy!r}")
+        if self.verify not in (None, "sha256"):
+            raise ValueError(f"verify must be None or 'sha256', got {self.verify!r}")
 
 
 def _wanted(task: Task):
@@ -91,8 +104,19 @@ def _read_index(shard: TarSample, modalities: tuple[str, ...]):
     table = pf.read(columns=["key", *(f"offset.{m}" for m in modalities if f"offset.{m}" in cols)],
                     use_threads=False)
     keys = table.column("key").to_pylist()
+    if len(keys) != shard.sample_count:
+        raise CountMismatchError(
+            f"shard {shard.path}: its key index {shard.key_index} lists {len(keys)} samples, the manifest "
+            f"counts {shard.sample_count}; rebuild the manifest or the shard, or set shard_error_policy='skip'"
+        )
     offsets = {m: table.column(f"offset.{m}").to_pylist() for m in modalities if f"offset.{m}" in cols}
     return keys, offsets
+
+
+def _checksum(shard: TarSample, modality: str, opts: ExpandOptions) -> str | None:
+    if opts.verify is None:
+        return None
+    return (shard.sha256 or {}).get(modality)
 
 
 def _zip_members(shard: TarSample, task: Task, modalities: tuple[str, ...], opts: ExpandOptions,
@@ -100,18 +124,28 @@ def _zip_members(shard: TarSample, task: Task, modalities: tuple[str, ...], opts
     first = task.ranges[0][0]
     starts = {m: 0 for m in modalities}
     skip = first
-    if first > 0:
+    verify = opts.verify is not None
+    if first > 0 and not verify:  # a checksum covers the whole tar: read it from byte 0
         index = _read_index(shard, modalities)
         if index is not None and all(m in index[1] for m in modalities):
             starts = {m: index[1][m][first] for m in modalities}
             skip = 0
-    iters = [iter_members(shard.url(m), starts[m], opts.stream_config, stats.stream) for m in modalities]
+    iters = [iter_members(shard.url(m), starts[m], opts.stream_config, stats.stream, _checksum(shard, m, opts))
+             for m in modalities]
     wanted = iter(_wanted(task))
     nxt = next(wanted, None)
     pos = first - skip
+    # The task that reads a shard's last sample also reads on to the tar's end: a member past
+    # the manifest's count is an error, not a sample silently never served.
+    to_the_end = verify or task.ranges[-1][1] >= shard.sample_count
     for tup in zip_longest(*iters):
-        if nxt is None:
+        if nxt is None and not to_the_end:
             return
+        if pos >= shard.sample_count:
+            raise CountMismatchError(
+                f"shard {shard.path}: {shard.url(modalities[0])} holds more than the {shard.sample_count} "
+                "samples its manifest counts; rebuild the manifest or the shard, or set shard_error_policy='skip'"
+            )
         if any(t is None for t in tup):
             have = [m for m, t in zip(modalities, tup, strict=True) if t is not None]
             lack = [m for m, t in zip(modalities, tup, strict=True) if t is None]
@@ -133,7 +167,10 @@ def _zip_members(shard: TarSample, task: Task, modalities: tuple[str, ...], opts
             nxt = next(wanted, None)
         pos += 1
     if nxt is not None:
-        raise TwinMismatchError(f"shard {shard.path}: ends at member {pos}, manifest promises more (wanted {nxt})")
+        raise CountMismatchError(
+            f"shard {shard.path}: {shard.url(modalities[0])} ends after {pos} samples, its manifest counts "
+            f"{shard.sample_count}; rebuild the manifest or the shard, or set shard_error_policy='skip'"
+        )
 
 
 class _Lookahead:
@@ -182,9 +219,9 @@ def _index_members(shard: TarSample, task: Task, modalities: tuple[str, ...], op
     known = {k: i for i, k in enumerate(keys)}
     readers = {}
     for m in modalities:
-        start = min(offsets[m][i] for i in wanted) if m in offsets and wanted else 0
-        readers[m] = _Lookahead(iter_members(shard.url(m), start, opts.stream_config, stats.stream), known,
-                                opts.lookahead, stats)
+        start = min(offsets[m][i] for i in wanted) if m in offsets and wanted and not opts.verify else 0
+        members = iter_members(shard.url(m), start, opts.stream_config, stats.stream, _checksum(shard, m, opts))
+        readers[m] = _Lookahead(members, known, opts.lookahead, stats)
     for i in wanted:
         key = keys[i]
         found = {m: readers[m].take(key) for m in modalities}
@@ -205,6 +242,10 @@ def _index_members(shard: TarSample, task: Task, modalities: tuple[str, ...], op
                 yield {"key": key, "modality": m, "ext": v[0], "data": v[1], "index": i}
         if lacking:
             yield {"key": key, "modality": None, "missing": tuple(lacking), "index": i}
+    if opts.verify is not None:
+        for r in readers.values():  # read each tar to its end: its checksum is compared there
+            for _ in r.it:
+                pass
 
 
 def url_opener(tasks: Iterable[tuple[int, Task]], shards) -> Iterator[dict]:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import tarfile
 from collections.abc import Iterator
 
 from webdataset.tariterators import tar_file_iterator
 
-from loader.wds.errors import ShardReadError
+from loader.wds.errors import ChecksumError, ShardReadError
 
 
 def _reraise(exc: Exception) -> bool:
@@ -26,25 +27,55 @@ def open_stream(url: str, start: int = 0, stream_config=None, stats=None):
     return open_url(url, start=start, config=stream_config, stats=stats)
 
 
-def iter_members(url: str, start: int = 0, stream_config=None, stats=None) -> Iterator[tuple[str, bytes]]:
-    """``(member name, bytes)`` of each regular file, from byte ``start`` (a header boundary)."""
+class _Hashing:
+    """A read-only stream that hashes every byte read through it."""
+
+    def __init__(self, raw):
+        self.raw = raw
+        self.digest = hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.digest.update(data)
+        return data
+
+
+def iter_members(url: str, start: int = 0, stream_config=None, stats=None,
+                 sha256: str | None = None) -> Iterator[tuple[str, bytes]]:
+    """``(member name, bytes)`` of each regular file, from byte ``start`` (a header boundary).
+
+    ``sha256``: the tar's checksum from its manifest; read from byte 0, every byte is hashed and,
+    once the members are exhausted, the rest of the file too, then compared (``ChecksumError``).
+    """
+    if sha256 is not None and start:
+        raise ValueError("a checksum covers the whole tar: read it from byte 0")
     try:
         stream = open_stream(url, start, stream_config, stats)
     except FileNotFoundError:
         raise ShardReadError(f"{url}: tar not found; is the manifest stale? rebuild or re-sync the dataset") from None
     with stream:
-        it = tar_file_iterator(stream, skip_meta=None, handler=_reraise)
+        source = _Hashing(stream) if sha256 is not None else stream
+        it = tar_file_iterator(source, skip_meta=None, handler=_reraise)
         while True:
             try:
                 item = next(it)
             except StopIteration:
-                return
+                break
             except (tarfile.TarError, EOFError, OSError) as exc:
                 raise ShardReadError(
                     f"{url}: unreadable tar after byte {start} ({type(exc).__name__}: {exc}); "
                     "the file is truncated or corrupt - rebuild the shard or set shard_error_policy='skip'"
                 ) from exc
             yield item["fname"], item["data"]
+        if sha256 is not None:
+            while source.read(1 << 20):
+                pass
+            got = source.digest.hexdigest()
+            if got != sha256:
+                raise ChecksumError(
+                    f"{url}: sha256 {got} differs from the {sha256} its manifest lists; the tar changed or "
+                    "is damaged - rebuild or re-sync it, or set shard_error_policy='skip'"
+                )
 
 
 def split_key(name: str, known: dict | set | None = None) -> tuple[str, str]:

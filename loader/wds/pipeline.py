@@ -33,6 +33,7 @@ def build_dataset(
     caption_fields: Sequence[str] = CAPTION_FIELDS,
     caption_weights: Sequence[float] | None = None,
     trusted_data: bool = False,
+    on_decode_error: str = "raise",
     augment: Sequence[Callable[[dict], dict | None]] = (),
     batch_size: int | None = None,
     same_aspect_batches: bool = False,
@@ -41,6 +42,7 @@ def build_dataset(
     dp_group: Any = None,
     parallel_sync: bool = False,
     stream_config: Any = None,
+    verify: str | None = None,
 ) -> TwinTarDataset:
     """A TwinTarDataset for this data-parallel rank.
 
@@ -48,10 +50,17 @@ def build_dataset(
     an already parsed :class:`Wdinfo`. With tensor/context parallelism pass ``parallel_sync=True``
     plus ``group_id``/``num_groups`` or ``dp_group``: ranks of one group then read identical
     streams. Decoding is safe by default (``trusted_data=False``: no pickle, no torch.load).
+    ``on_decode_error="skip"`` leaves out a sample that cannot be decoded and counts it (with its
+    key) in the loader's ``stats`` (``decode_errors``, ``decode_error_keys``); ``"raise"`` (the
+    default) stops with the ``DecodeError``. ``verify="sha256"`` reads every tar whole and checks
+    it against the checksum its manifest lists (``ChecksumError``, a shard error: counted and
+    skipped under ``shard_error_policy="skip"``); manifests without checksums are refused then.
     """
     info = spec if isinstance(spec, Wdinfo) else load_wdinfo(
-        spec, catalog=catalog, modalities=modalities, aspect_ratios=aspect_ratios
+        spec, catalog=catalog, modalities=modalities, aspect_ratios=aspect_ratios, keep_sha256=verify == "sha256",
     )
+    if verify is not None and info.tar_files.sha256 is None:
+        raise ValueError("verify='sha256' needs the manifests' checksums: pass a spec, or parse with keep_sha256=True")
     counts = info.tar_files.counts
     common = {"seed": seed, "shuffle": shuffle, "infinite": infinite, "chunk_size": info.chunk_size}
     if parallel_sync or group_id is not None or dp_group is not None:
@@ -62,7 +71,7 @@ def build_dataset(
         shardlist = ShardlistBasic(counts, rank=data_parallel_rank(), **common)
     options = ExpandOptions(
         mode=mode, missing_key_policy=missing_key_policy, zip_fallback_to_index=zip_fallback_to_index,
-        shard_error_policy=shard_error_policy, stream_config=stream_config,
+        shard_error_policy=shard_error_policy, stream_config=stream_config, verify=verify,
     )
     decoder = None
     if decode is not None:
@@ -71,6 +80,7 @@ def build_dataset(
     return TwinTarDataset(
         info.tar_files, shardlist, modalities=modalities, options=options, shuffle_buffer=shuffle_buffer,
         decoder=decoder, maps=augment, batch_size=batch_size, same_aspect_batches=same_aspect_batches,
+        on_decode_error=on_decode_error,
     )
 
 

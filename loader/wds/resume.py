@@ -176,20 +176,46 @@ class ResumableLoader:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; a state that does not fit raises ``ResumeStateError``
+        naming the field."""
+        if not isinstance(state, dict):
+            raise ResumeStateError(f"resume state must be a dict (from state_dict()), got {type(state).__name__}")
         if state.get("version") != STATE_VERSION:
-            raise ResumeStateError(f"resume state version {state.get('version')!r}; this loader reads {STATE_VERSION}")
+            raise ResumeStateError(
+                f"resume state field 'version' is {state.get('version')!r}; this loader reads {STATE_VERSION}"
+            )
         fp = self.dataset.shards.fingerprint()
         if state.get("fingerprint") != fp:
             raise ResumeStateError(
-                f"resume state is for another shard list (fingerprint {state.get('fingerprint')} vs {fp}); "
-                "resume with the same manifests, modalities and aspect-ratio filter"
+                f"resume state is for another shard list (field 'fingerprint' {state.get('fingerprint')!r}, "
+                f"this dataset {fp}); resume with the same manifests, modalities and aspect-ratio filter"
             )
         sl = self.dataset.shardlist
         if state.get("seed") != sl.seed or state.get("shuffle") != sl.shuffle:
             raise ResumeStateError(
-                f"resume state was taken with seed={state.get('seed')} shuffle={state.get('shuffle')}, "
-                f"this loader has seed={sl.seed} shuffle={sl.shuffle}"
+                f"resume state was taken with seed={state.get('seed')!r} shuffle={state.get('shuffle')!r} "
+                f"(fields 'seed', 'shuffle'), this loader has seed={sl.seed} shuffle={sl.shuffle}"
             )
-        self.epoch = int(state["epoch"])
-        self.consumed = {int(e): ConsumedSet.from_state(st, self.counts) for e, st in state["consumed"].items()}
+        epoch = state.get("epoch")
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise ResumeStateError(f"resume state field 'epoch' is {epoch!r}; it must be a whole number >= 0")
+        raw = state.get("consumed")
+        if not isinstance(raw, dict):
+            raise ResumeStateError(f"resume state field 'consumed' is {type(raw).__name__}; it must be a dict")
+        consumed: dict[int, ConsumedSet] = {}
+        for e, st in raw.items():
+            try:
+                ep = int(e)
+            except (TypeError, ValueError):
+                ep = -1
+            if ep < epoch:
+                raise ResumeStateError(
+                    f"resume state field 'consumed' has key {e!r}; keys are epochs >= 'epoch' ({epoch})"
+                )
+            try:
+                consumed[ep] = ConsumedSet.from_state(st, self.counts)
+            except (ResumeStateError, TypeError, AttributeError) as exc:
+                raise ResumeStateError(f"resume state field 'consumed.{e}': {exc}") from None
+        self.epoch = epoch
+        self.consumed = consumed
         self.rank_consumed_in_epoch = 0

@@ -25,6 +25,7 @@ class TarSample:
     source_id: str = ""
     bucket: str | None = None
     shard_id: int = -1  # position in the ShardTable this came from
+    sha256: dict[str, str] | None = None  # modality -> hex digest, kept only for verify="sha256"
 
     def url(self, modality: str) -> str:
         return join_url(self.root, modality, self.path)
@@ -38,6 +39,7 @@ class ShardTable(Sequence[TarSample]):
         key_indexes: pa.Array, keys: list[tuple[str, ...]], keys_ids: np.ndarray,
         sources: list[str], source_ids: np.ndarray, buckets: list[str | None], bucket_ids: np.ndarray,
         dirs: list[str] | None = None, dir_ids: np.ndarray | None = None,
+        sha256: dict[str, pa.Array] | None = None, checksums_digest: str = "",
     ):
         self.roots = roots
         self.root_ids = root_ids.astype(np.int32, copy=False)
@@ -53,6 +55,11 @@ class ShardTable(Sequence[TarSample]):
         # key_indexes are relative to the manifest folder dirs[dir_ids[i]] (absolute when dirs is None)
         self.dirs = dirs
         self.dir_ids = None if dir_ids is None else dir_ids.astype(np.int32, copy=False)
+        # Per-modality tar checksums, only when asked for (verify="sha256"): 64 bytes per tar each.
+        self.sha256 = sha256
+        # Digest of every listed tar checksum (empty without any): part of the fingerprint, so a
+        # rebuild that changed a tar's content under the same name and count is another list.
+        self.checksums_digest = checksums_digest
 
     def __len__(self) -> int:
         return len(self.counts)
@@ -73,6 +80,7 @@ class ShardTable(Sequence[TarSample]):
             source_id=self.sources[self.source_ids[i]],
             bucket=self.buckets[self.bucket_ids[i]],
             shard_id=i,
+            sha256=None if self.sha256 is None else {m: a[i].as_py() for m, a in self.sha256.items()},
         )
 
     def _key_index(self, i: int) -> str | None:
@@ -89,7 +97,8 @@ class ShardTable(Sequence[TarSample]):
         return int(self.counts.sum())
 
     def fingerprint(self) -> str:
-        """Identity of the shard list (paths and counts): a resume state must match it.
+        """Identity of the shard list (paths, counts, modalities and, where the manifests list
+        them, the tars' checksums): a resume state must match it.
 
         Computed once: the table never changes, and every checkpoint asks (a million paths
         are ~100 MB to hash).
@@ -104,7 +113,11 @@ class ShardTable(Sequence[TarSample]):
         for buf in self.paths.buffers():
             if buf is not None:
                 h.update(buf)
-        h.update(repr(self.keys).encode())
+        # Modalities as a set: asking for ["image", "caption"] or ["caption", "image"] reads the
+        # same shard list.
+        h.update(repr([tuple(sorted(k)) for k in self.keys]).encode())
+        if self.checksums_digest:  # the manifests list tar checksums: content counts too
+            h.update(self.checksums_digest.encode())
         self._fingerprint = h.hexdigest()[:16]
         return self._fingerprint
 

@@ -23,3 +23,11 @@ class UnsafeInputError(BuildError):
 
 class OutputNotWritableError(BuildError):
     pass
+
+
+class ForeignOutputError(OutputNotWritableError):
+    """The output folder holds files but no mark of a previous build: it is someone else's."""
+
+
+class ShardingConfigError(BuildError, ValueError):
+    """A sharding setting is out of range (the message names the field)."""

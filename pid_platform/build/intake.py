@@ -21,6 +21,7 @@ from pid_platform.build.validate import (
     check_image,
     check_pickle,
     ext_of,
+    sniff_size,
     stem_of,
 )
 
@@ -112,6 +113,8 @@ def _check_one(
         if not (is_image or is_caption) and modality != image_modality:
             if not trust_pickle:  # embeddings are only sniffed: their head says whether it is pickle
                 head = store.read_head(source, entry, PICKLE_SNIFF_BYTES)
+                if sniff_size(head) > len(head):  # a long .npy header: parse all of it
+                    head = store.read_head(source, entry, sniff_size(head))
                 check_pickle(entry.name, head, store.describe(source, entry), trust_pickle)
             continue
         data = store.read(source, entry)
@@ -124,7 +127,7 @@ def _check_one(
         elif modality == image_modality:
             return _Checked(f"not_an_image: {modality}")
         elif is_caption:
-            reason = check_caption(data)
+            reason = check_caption(data, ext)
             if reason:
                 return _Checked(reason.split(":", 1)[0] + f": {modality}")
     if info is None:
@@ -154,6 +157,8 @@ def intake(
         listing = store.list_files(source, m)
         for rel, reason in listing.skipped:
             report.note(reason, rel, report.skipped_files)
+        if listing.duplicate_of is not None:
+            continue  # a link to another modality folder: its files are read once, there
         report.files_seen[m] = len(listing.entries)
         if listing.entries:
             listings[m] = listing.entries

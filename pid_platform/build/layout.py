@@ -12,6 +12,17 @@ STATE_DIR = ".pid-build"  # stamps and intermediate tables; not part of the outp
 PROBE_PREFIX = ".write-probe-"
 
 
+def final_dir(out: str | os.PathLike[str]) -> Path:
+    """The folder a build of ``out`` publishes, stages beside and locks.
+
+    Absolute, so that "." has a name and a parent; a linked output folder is published where
+    the link points (renaming the link itself would move the output away from its target), so
+    ``out`` and a link to it are one output: one staging folder, one lock.
+    """
+    path = Path(os.path.abspath(out))
+    return path.resolve() if path.is_symlink() else path
+
+
 def bucket_dir(out: Path, bucket: str) -> Path:
     return out / bucket if bucket else out
 

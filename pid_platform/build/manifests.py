@@ -9,10 +9,18 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError
 from loader.formats.key_index import KeyIndexRow, key_index_table, write_key_index
-from loader.formats.twin_tar import file_sha256, iter_member_headers, key_index_relpath, tar_path
+from loader.formats.twin_tar import (
+    file_sha256,
+    iter_member_headers,
+    key_index_relpath,
+    shard_relpath,
+    tar_path,
+)
 from loader.formats.wdinfo import (
     WDINFO_NAME,
     TarEntry,
@@ -161,3 +169,29 @@ def remove_unplanned(out: Path, plans: list[ShardPlan]) -> list[Path]:
         if d.is_dir() and not any(d.iterdir()):
             d.rmdir()
     return sorted(removed)
+
+
+def listed_outputs(folder: Path) -> set[Path] | None:
+    """The build files (relative to ``folder``) that the build state in ``folder`` lists: every
+    planned shard's tars and key index, and one manifest per bucket. ``None`` when the folder
+    carries no readable build state (it was not made by a build).
+
+    This, not the file-name pattern, says what a previous version owned: a file that merely
+    looks like a tar of the layout was put there by someone else and is never deleted.
+    """
+    state = folder / STATE_DIR
+    try:
+        part_size = int(json.loads((state / "sharding.json").read_bytes())["part_size"])
+        plan = state / "plan.parquet"
+        mods = [c.split(".", 1)[1] for c in pq.read_schema(plan).names if c.startswith("name.")]
+        shards = pq.read_table(plan, columns=["shard_bucket", "shard_index"]).to_pydict()
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    base = Path()
+    listed: set[Path] = set()
+    for bucket, index in set(zip(shards["shard_bucket"], shards["shard_index"], strict=True)):
+        rel = shard_relpath(index, part_size)
+        listed.update(tar_path(base, bucket, m, rel) for m in mods)
+        listed.add(bucket_dir(base, bucket) / key_index_relpath(rel))
+        listed.add(bucket_dir(base, bucket) / WDINFO_NAME)
+    return listed

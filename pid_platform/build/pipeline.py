@@ -6,17 +6,20 @@ Every step takes the source's output folder ``out`` and works in its staging fol
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TypeVar
 
 from loader.formats.atomic import atomic_write_bytes
 from pid_platform.build import publish
 from pid_platform.build.intake import IntakeReport, Sample, intake
 from pid_platform.build.layout import STATE_DIR
-from pid_platform.build.lock import exclusive
+from pid_platform.build.lock import build_lock
 from pid_platform.build.manifests import (
     BucketManifest,
     remove_unplanned,
@@ -27,6 +30,26 @@ from pid_platform.build.plan import ShardingConfig, ShardPlan, plan_shards
 from pid_platform.build.storage import SourceStore
 from pid_platform.build.tables import read_plans, read_samples, write_plans, write_samples
 from pid_platform.build.writer import ShardResult, write_shards
+
+F = TypeVar("F", bound=Callable)
+
+
+def build_step(fn: F) -> F:
+    """Run ``fn`` holding the build lock of its ``out`` argument; if it fails, remove a staging
+    folder it left empty (still under the lock, so no other build's staging is touched)."""
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        out = sig.bind_partial(*args, **kwargs).arguments["out"]
+        with build_lock(out):
+            try:
+                return fn(*args, **kwargs)
+            except BaseException:
+                publish.discard_empty_staging(out)
+                raise
+
+    return wrapper  # type: ignore[return-value]
 
 
 def state_dir(folder: Path) -> Path:
@@ -73,10 +96,12 @@ def summarize(results: list[ShardResult]) -> dict[str, BucketSummary]:
     return dict(sorted(buckets.items()))
 
 
-@exclusive
+@build_step
 def run_intake(store: SourceStore, source: str, out: Path, config: ShardingConfig, *, trust_pickle: bool,
-               num_workers: int, progress: Callable | None = None) -> tuple[list[Sample], IntakeReport, Path]:
-    staging = publish.begin(out)
+               num_workers: int, progress: Callable | None = None,
+               force: bool = False) -> tuple[list[Sample], IntakeReport, Path]:
+    """``force``: build into a non-empty folder that no build made (its files are kept)."""
+    staging = publish.begin(out, first_step=True, force=force)
     samples, report = intake(
         store, source, classify_aspect_ratio=config.classify_aspect_ratio, trust_pickle=trust_pickle,
         num_workers=num_workers, progress=progress,
@@ -86,7 +111,7 @@ def run_intake(store: SourceStore, source: str, out: Path, config: ShardingConfi
     return samples, report, path
 
 
-@exclusive
+@build_step
 def run_sharding(store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int,
                  progress: Callable[[int, int], None] | None = None) -> tuple[list[ShardPlan], list[ShardResult]]:
     """Write the planned tars into the staging folder, hard-linking those ``out`` already holds."""
@@ -127,7 +152,7 @@ def load_plans(folder: Path, config: ShardingConfig) -> list[ShardPlan]:
     return read_plans(state_dir(folder) / "plan.parquet", config.part_size)
 
 
-@exclusive
+@build_step
 def run_key_indexes(out: Path, *, num_workers: int) -> tuple[ShardingConfig, list[ShardPlan], list[str]]:
     """Key indexes of the staged tars, cut with the config recorded beside them."""
     staging = publish.begin(out)
@@ -136,7 +161,7 @@ def run_key_indexes(out: Path, *, num_workers: int) -> tuple[ShardingConfig, lis
     return config, plans, write_key_indexes(staging, plans, num_workers=num_workers)
 
 
-@exclusive
+@build_step
 def run_manifests(out: Path, source: str, *, num_workers: int) -> tuple[ShardingConfig, list[BucketManifest], list[Path]]:
     """wdinfo.json per bucket into the staging folder, then the commit that publishes it as ``out``.
 
@@ -153,17 +178,18 @@ def run_manifests(out: Path, source: str, *, num_workers: int) -> tuple[Sharding
     return config, published, removed
 
 
-@exclusive
+@build_step
 def build_source(
     store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int = 1,
-    trust_pickle: bool = False, progress: Callable[[int, int], None] | None = None,
+    trust_pickle: bool = False, progress: Callable[[int, int], None] | None = None, force: bool = False,
 ) -> BuildSummary:
     """Intake -> twin tars -> key indexes -> wdinfo.json for one source, written under ``out``.
 
     The Dagster assets put a source under ``<output_root>/<source>``; the CLI writes where told.
     """
     out = Path(out)
-    _, report, _ = run_intake(store, source, out, config, trust_pickle=trust_pickle, num_workers=num_workers)
+    _, report, _ = run_intake(store, source, out, config, trust_pickle=trust_pickle, num_workers=num_workers,
+                              force=force)
     _, results = run_sharding(store, source, out, config, num_workers=num_workers, progress=progress)
     run_key_indexes(out, num_workers=num_workers)
     _, manifests, removed = run_manifests(out, source, num_workers=num_workers)

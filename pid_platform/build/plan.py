@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import numbers
 import random
 from collections import defaultdict
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ from loader.formats.twin_tar import (
     shard_relpath,
     tar_size,
 )
+from pid_platform.build.errors import ShardingConfigError
 from pid_platform.build.intake import Sample
 
 FLAT = ""  # bucket name used in flat mode (no aspect-ratio folders)
@@ -36,6 +39,30 @@ class ShardingConfig:
     classify_aspect_ratio: bool = True
     shuffle: bool = False
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        # Checked here, where the settings are defined, so the CLI, the Dagster resource and a
+        # state file read back all get the same named error before any work starts.
+        def refuse(name: str, want: str) -> None:
+            raise ShardingConfigError(
+                f"sharding setting {name}={getattr(self, name)!r} is invalid: it must be {want}"
+            )
+
+        def is_int(v: object) -> bool:
+            return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+        m = self.max_shard_size_mb
+        if isinstance(m, bool) or not isinstance(m, numbers.Real) or not math.isfinite(m) or m <= 0:
+            refuse("max_shard_size_mb", "a finite number of MiB > 0")
+        if not is_int(self.shard_size) or self.shard_size < 0:
+            refuse("shard_size", "a whole number >= 0 (0: bound shards by max_shard_size_mb)")
+        if not is_int(self.part_size) or self.part_size < 1:
+            refuse("part_size", "a whole number >= 1")
+        if not is_int(self.seed):
+            refuse("seed", "a whole number")
+        for flag in ("classify_aspect_ratio", "shuffle"):
+            if not isinstance(getattr(self, flag), bool):
+                refuse(flag, "true or false")
 
     @property
     def max_shard_bytes(self) -> int:

@@ -19,21 +19,14 @@ import shutil
 from pathlib import Path
 
 from loader.formats.atomic import atomic_write_bytes, is_temp_file, temp_name
-from pid_platform.build.errors import BuildError, OutputNotWritableError
-from pid_platform.build.layout import PROBE_PREFIX, STATE_DIR, ensure_writable
-from pid_platform.build.manifests import is_build_output
+from pid_platform.build.errors import BuildError, ForeignOutputError, OutputNotWritableError
+from pid_platform.build.layout import PROBE_PREFIX, STATE_DIR, ensure_writable, final_dir
+from pid_platform.build.manifests import is_build_output, listed_outputs
 
 STAGING_SUFFIX = ".pid-staging"
 OLD_SUFFIX = ".pid-old"
 # Written into S's state just before the swap: "S is complete; finishing the swap is safe".
 COMMITTING = "COMMITTING"
-
-
-def final_dir(out: str | os.PathLike[str]) -> Path:
-    # Absolute, so that "." has a name and a parent; a linked output folder is published where
-    # the link points (renaming the link itself would move the output away from its target).
-    out = Path(os.path.abspath(out))
-    return out.resolve() if out.is_symlink() else out
 
 
 def staging_dir(out: str | os.PathLike[str]) -> Path:
@@ -46,18 +39,40 @@ def old_dir(out: str | os.PathLike[str]) -> Path:
     return final.parent / f".{final.name}{OLD_SUFFIX}"
 
 
-def begin(out: str | os.PathLike[str]) -> Path:
-    """Start (or continue) a build step of ``out``: repair an interrupted commit, return S."""
+def begin(out: str | os.PathLike[str], *, first_step: bool = False, force: bool = False) -> Path:
+    """Start (or continue) a build step of ``out``: repair an interrupted commit, return S.
+
+    ``first_step`` (intake): also refuse an output folder no build made, unless ``force``.
+    """
     final = final_dir(out)
     if final.exists() and not final.is_dir():
         raise OutputNotWritableError(f"output folder {out} is a file; choose another --output-dir")
-    staging = ensure_writable(staging_dir(final), shown_as=Path(out))
     recover(final)
     _refuse_old(final)  # before any work: the commit could not move F aside
+    if first_step:
+        check_ours(out, force=force)
+    staging = ensure_writable(staging_dir(final), shown_as=Path(out))
     # The step is about to change S: an earlier commit that stopped before its swap no longer
     # vouches for S being complete.
     (staging / STATE_DIR / COMMITTING).unlink(missing_ok=True)
     return staging
+
+
+def discard_empty_staging(out: str | os.PathLike[str]) -> bool:
+    """Remove S if it holds no file (a build that failed before writing anything, e.g. intake
+    with no valid sample): no empty folder is left beside the output. A staging folder with
+    files is kept, for the next build to continue from. Call it holding the build lock."""
+    staging = staging_dir(out)
+    if not staging.is_dir():
+        return False
+    folders = []
+    for dirpath, dirs, files in os.walk(staging):
+        if files or any(os.path.islink(os.path.join(dirpath, d)) for d in dirs):
+            return False
+        folders.append(dirpath)
+    for d in reversed(folders):  # deepest first
+        os.rmdir(d)
+    return True
 
 
 def recover(out: str | os.PathLike[str]) -> None:
@@ -92,8 +107,15 @@ def commit(out: str | os.PathLike[str]) -> list[Path]:
     _clear_carried(staging)  # what an earlier attempt carried over may be out of date
     if final.exists():
         new = set(_build_files(staging))
-        removed = [Path(out) / rel for rel in sorted(_build_files(final)) if rel not in new]
-        _carry(final, staging)
+        owned = listed_outputs(final) or set()
+        removed = [Path(out) / rel for rel in sorted(_build_files(final)) if rel in owned and rel not in new]
+        clashes = _carry(final, staging, owned)
+        if clashes:
+            raise BuildError(
+                f"{clashes[0]} (and {len(clashes) - 1} more) in {final} was not written by a build of it, "
+                "and the new version writes a file of the same name; move those files out of "
+                f"{final} and re-run (nothing was published)"
+            )
     # Tars are written without a per-file fsync (the writer's hot path); here, before anything
     # points readers at it, the staged version is made durable. Only S's own files: os.sync()
     # would also wait for every other dirty page on the machine.
@@ -130,14 +152,36 @@ def link_atomic(src: Path, dst: Path) -> None:
     os.replace(tmp, dst)
 
 
-def _written_by_build(root: Path, path: Path) -> bool:
+def _written_by_build(root: Path, path: Path, listed: set[Path]) -> bool:
+    """Whether the build that made ``root`` wrote ``path``: its state, its temporary files, and
+    the outputs its state lists (``listed``) - not whatever merely looks like a tar."""
     rel = path.relative_to(root)
     return (
         rel.parts[0] == STATE_DIR
         or is_temp_file(path)
         or path.name.startswith(PROBE_PREFIX)
-        or is_build_output(root, path)
+        or rel in listed
     )
+
+
+def check_ours(out: str | os.PathLike[str], *, force: bool = False) -> None:
+    """Refuse to publish over a non-empty folder no build made, unless ``force``.
+
+    A published version carries its build state (``.pid-build/``); a folder with files and
+    without it is someone else's, and a build replaces what it publishes.
+    """
+    final = final_dir(out)
+    if force or not final.is_dir() or (final / STATE_DIR).is_dir():
+        return
+    with os.scandir(final) as it:
+        names = sorted(e.name for e in it)
+    if names:
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        raise ForeignOutputError(
+            f"output folder {out} holds files ({shown}) but no {STATE_DIR}/ of a previous build, so it "
+            "was not made by pid-shard; choose an empty or new folder, or pass --force (force=True) to "
+            "build into it anyway (files no build wrote are kept)"
+        )
 
 
 def _build_files(root: Path) -> list[Path]:
@@ -151,12 +195,15 @@ def _build_files(root: Path) -> list[Path]:
     return found
 
 
-def _carry(src: Path, dst: Path) -> list[Path]:
-    """Hard-link into ``dst`` every entry of ``src`` no build writes (empty folders recreated).
+def _carry(src: Path, dst: Path, owned: set[Path] | None = None) -> list[Path]:
+    """Hard-link into ``dst`` every entry of ``src`` its build did not write (empty folders
+    recreated); ``owned``: the outputs ``src``'s build state lists (read from it if not given).
 
     Returns the entries ``dst`` already holds as a different file (nothing is overwritten).
     """
     conflicts: list[Path] = []
+    if owned is None:
+        owned = listed_outputs(src) or set()
 
     def walk(d: Path) -> None:
         with os.scandir(d) as it:
@@ -170,7 +217,7 @@ def _carry(src: Path, dst: Path) -> list[Path]:
             if e.is_dir(follow_symlinks=False):
                 walk(p)
                 continue
-            if _written_by_build(src, p):
+            if _written_by_build(src, p, owned):
                 continue
             target = dst / p.relative_to(src)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -191,6 +238,7 @@ def _clear_carried(staging: Path) -> None:
     second link to a file in F, and is carried again (as F holds it now) right after.
     """
     folders = []
+    owned = listed_outputs(staging) or set()
     for dirpath, dirs, files in os.walk(staging):
         d = Path(dirpath)
         if d == staging:
@@ -198,7 +246,7 @@ def _clear_carried(staging: Path) -> None:
         else:
             folders.append(d)
         for name in files + [x for x in dirs if (d / x).is_symlink()]:
-            if not _written_by_build(staging, d / name):
+            if not _written_by_build(staging, d / name, owned):
                 (d / name).unlink()
     for d in reversed(folders):  # deepest first
         with contextlib.suppress(OSError):

@@ -33,6 +33,9 @@ class Listing:
     entries: list[FileEntry] = field(default_factory=list)
     # (path relative to the source, reason) of every file that was looked at and not used.
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    # Set when the modality folder is a link to another modality folder of the source: the same
+    # files again, so not a modality of its own.
+    duplicate_of: str | None = None
 
 
 class SourceStore(ABC):
@@ -104,6 +107,13 @@ class LocalSourceStore(SourceStore):
             # A modality folder linked elsewhere would read arbitrary files, like a linked file.
             out.skipped.append((modality, "symlink_outside_root"))
             return out
+        if folder.is_symlink():
+            target = folder.resolve()
+            for other in self.list_modalities(source):
+                if other != modality and not (src_root / other).is_symlink() and (src_root / other).resolve() == target:
+                    out.skipped.append((modality, "duplicate_modality"))
+                    out.duplicate_of = other
+                    return out
         for name in sorted(os.listdir(folder)):
             rel = f"{modality}/{name}"
             if not _is_utf8(name):
@@ -115,13 +125,13 @@ class LocalSourceStore(SourceStore):
                 continue
             p = folder / name
             if p.is_symlink():
+                if not p.exists():  # dangling, wherever it points: nothing to read, nothing to leak
+                    out.skipped.append((rel, "broken_symlink"))
+                    continue
                 target = p.resolve()
                 # Following a link out of the source would let one drop read arbitrary files.
                 if not target.is_relative_to(src_root):
                     out.skipped.append((rel, "symlink_outside_root"))
-                    continue
-                if not target.exists():
-                    out.skipped.append((rel, "broken_symlink"))
                     continue
             if not p.is_file():
                 out.skipped.append((rel, "not_a_regular_file"))
@@ -147,7 +157,7 @@ class S3SourceStore(SourceStore):
 
     Credentials and region come from boto3's usual chain in the process that makes the store.
     A pickled store (a build worker's copy) carries the credentials that chain resolved, not a
-    client: forkserver workers see the environment of when the forkserver started, which may
+    client: spawned workers see the environment of when the pool started them, which may
     predate the credentials. Errors become ``SourceNotFoundError`` / ``BuildError`` naming the
     object, the endpoint and what to check.
     """

@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import io
 import json
+import pickletools
 import warnings
 from dataclasses import dataclass
 
+from numpy.lib import format as npy_format
 from PIL import Image
 
 from pid_platform.build.errors import UnsafeInputError
 
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif"})
-CAPTION_EXTS = frozenset({"json"})
+CAPTION_EXTS = frozenset({"json", "txt"})
 # Loading these runs pickle (torch.load included), so they are refused unless trusted.
 PICKLE_EXTS = frozenset({"pkl", "pickle", "pt", "pth", "ckpt"})
-PICKLE_MAGIC = b"\x80"  # PROTO opcode that starts every pickle of protocol >= 2
-PICKLE_SNIFF_BYTES = 256  # the magic byte, and a .npy header's dtype
+PICKLE_SNIFF_BYTES = 256  # enough opcodes to recognise a pickle stream; most .npy headers
+NPY_MAGIC = b"\x93NUMPY"
+NPY_MAX_HEADER = 10000  # np.load's own limit without allow_pickle: a longer header never loads
+# pickletools' messages when the bytes run out mid-stream (a pickle longer than the sniffed head),
+# as opposed to an unknown opcode or an impossible stack (bytes that are not a pickle).
+_TRUNCATED = ("exhausted", "not enough data", "no newline found", "but only")
 
 
 def ext_of(name: str) -> str:
@@ -54,7 +60,15 @@ def check_image(data: bytes) -> ImageInfo | str:
     return ImageInfo(w, h)
 
 
-def check_caption(data: bytes) -> str | None:
+def check_caption(data: bytes, ext: str = "json") -> str | None:
+    """A ``.json`` caption needs a non-empty string ``prompt``; a ``.txt`` one non-empty UTF-8
+    text (the loader decodes it as UTF-8: one bad file would otherwise stop an epoch)."""
+    if ext == "txt":
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return f"bad_caption: not UTF-8 text ({exc})"
+        return None if text.strip() else "bad_caption: empty text"
     try:
         doc = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -64,13 +78,74 @@ def check_caption(data: bytes) -> str | None:
     return None
 
 
+def sniff_size(head: bytes) -> int:
+    """Bytes of a file's head :func:`check_pickle` needs: a whole .npy header, or the default."""
+    end = npy_header_end(head)
+    if end is None or end <= len(head):
+        return len(head)
+    return min(end, NPY_MAX_HEADER + 12)
+
+
+def npy_header_end(head: bytes) -> int | None:
+    """Where a .npy file's header ends (the magic, version and header length read), or None."""
+    if not head.startswith(NPY_MAGIC) or len(head) < 12:
+        return None
+    if head[6] == 1:
+        return 10 + int.from_bytes(head[8:10], "little")
+    return 12 + int.from_bytes(head[8:12], "little")
+
+
+def npy_holds_objects(head: bytes) -> bool:
+    """Whether a .npy header declares a dtype with an object field anywhere (nested fields and
+    sub-arrays included): such an array is stored, and loaded, with pickle.
+
+    The header is parsed as ``np.load`` parses it (``numpy.lib.format``), so spacing, quoting
+    and field order in the header dict cannot hide the dtype. A header numpy cannot parse is not
+    reported: ``np.load`` refuses it before reading any data.
+    """
+    fh = io.BytesIO(head)
+    try:
+        version = npy_format.read_magic(fh)
+        reader = npy_format.read_array_header_1_0 if version == (1, 0) else npy_format.read_array_header_2_0
+        _shape, _fortran, dtype = reader(fh, max_header_size=NPY_MAX_HEADER)
+    except (ValueError, SyntaxError, TypeError, EOFError):
+        return False
+    return bool(dtype.hasobject)
+
+
+def is_pickle_stream(head: bytes) -> bool:
+    """Whether ``head`` (a file's first bytes) is the start of a pickle, of any protocol (0-5).
+
+    Protocols >= 2 start with the PROTO opcode; 0 and 1 have no header, so the bytes are run
+    through pickletools' disassembler, which also checks the stack: a pickle either reaches STOP
+    or runs out of bytes mid-stream after a few valid opcodes. Text or numbers fail fast (an
+    unknown opcode, a POP with no MARK, a memo key never stored), as do raw arrays.
+    """
+    if not head:
+        return False
+    out = io.StringIO()
+    try:
+        pickletools.dis(head, out=out)
+    except ValueError as exc:
+        if not any(t in str(exc) for t in _TRUNCATED):
+            return False
+        opcodes = out.getvalue().count("\n")
+        versioned = head[0] == 0x80 and len(head) > 1 and 2 <= head[1] <= 5
+        return opcodes >= (2 if versioned else 4)
+    except Exception:  # any other complaint of the disassembler: not a pickle
+        return False
+    return True
+
+
 def check_pickle(name: str, data: bytes, describe: str, trust_pickle: bool) -> None:
+    """Refuse a file whose loading would run pickle: by extension, a .npy header with an object
+    dtype, or a pickle stream under any other name (``data``: the first :func:`sniff_size` bytes)."""
     if trust_pickle:
         return
     ext = ext_of(name)
-    looks_pickled = ext in PICKLE_EXTS or (ext not in IMAGE_EXTS | CAPTION_EXTS and data[:1] == PICKLE_MAGIC)
-    if ext == "npy" and b"'descr': '|O'" in data[:PICKLE_SNIFF_BYTES]:
-        looks_pickled = True  # object arrays in .npy are stored as pickle
+    looks_pickled = ext in PICKLE_EXTS or (
+        ext not in IMAGE_EXTS | CAPTION_EXTS and (npy_holds_objects(data) or is_pickle_stream(data))
+    )
     if looks_pickled:
         raise UnsafeInputError(
             f"{describe}: pickle data in an embedding folder; loading it can run arbitrary code. "

@@ -89,3 +89,25 @@ def touch_video(dataset: Path) -> str:
     st = video.stat()
     os.utime(video, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     return video.relative_to(dataset).as_posix()
+
+
+def commit_on_branch(bare: Path, branch: str, files: dict[str, bytes], message: str) -> str:
+    """Someone else's commit on ``branch`` of ``bare`` (e.g. a hand edit of a published sidecar); its SHA."""
+    work = bare.parent / f"{bare.name}-{branch}-edit"
+    if work.exists():
+        shutil.rmtree(work)
+    git("clone", "--quiet", "--branch", branch, str(bare), str(work))
+    for rel, data in files.items():
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_bytes(data)
+    git("add", "--all", cwd=work)
+    git("commit", "--quiet", "-m", message, cwd=work)
+    git("push", "--quiet", "origin", f"HEAD:refs/heads/{branch}", cwd=work)
+    return git("rev-parse", "HEAD", cwd=work)
+
+
+def serve_partial_clones(bare: Path) -> None:
+    """Let ``bare`` answer ``--filter=blob:none`` fetches and later single-blob fetches, as GitHub,
+    GitLab and the Hub do (git's own default for a local path is to ignore the filter)."""
+    git("config", "uploadpack.allowFilter", "true", cwd=bare)
+    git("config", "uploadpack.allowAnySHA1InWant", "true", cwd=bare)

@@ -1,5 +1,6 @@
-"""MP4 sidecars: schema-v3 NPZ indexes of a LeRobot v3 dataset's videos, and their compact,
-memory-mapped form used at training time.
+"""MP4 sidecars: schema-v3 NPZ indexes of a LeRobot v3 dataset's videos (in LeRobot's own
+layout, so either side reads the other's), and their compact, memory-mapped form used at
+training time.
 
 ``build_sidecar`` indexes the MP4 files from their boxes; ``read_sidecar``/``validate_sidecar``
 read and check one; ``ensure_sidecar`` finds, installs or builds one under a process lock;
@@ -24,8 +25,11 @@ from .errors import (
     SidecarSchemaError,
 )
 from .locks import DEFAULT_LOCK_TIMEOUT_S, LOCK_TIMEOUT_SETTING
+from .manifest import fingerprints_match
 from .schema import (
     ARRAY_NAMES,
+    LAYOUT_LEGACY,
+    LAYOUT_LEROBOT,
     SIDECAR_SCHEMA_VERSION,
     Sidecar,
     SidecarFile,
@@ -41,6 +45,8 @@ __all__ = [
     "ARRAY_NAMES",
     "COMPACT_GENERATION",
     "DEFAULT_LOCK_TIMEOUT_S",
+    "LAYOUT_LEGACY",
+    "LAYOUT_LEROBOT",
     "LOCK_TIMEOUT_SETTING",
     "SIDECAR_SCHEMA_VERSION",
     "CompactArrays",
@@ -57,6 +63,7 @@ __all__ = [
     "build_sidecar",
     "compact_report",
     "ensure_sidecar",
+    "fingerprints_match",
     "needed_video_files",
     "print_compact_report",
     "public_root",

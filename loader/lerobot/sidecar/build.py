@@ -1,4 +1,4 @@
-"""Build a schema-v3 sidecar for a LeRobot v3 dataset from its MP4 boxes (no decoding).
+"""Build a schema-v3 sidecar (LeRobot's NPZ layout, schema.py) from the MP4 boxes (no decoding).
 
 Memory stays bounded with many sources: at most ``workers`` per-file indexes exist at once.
 Files are indexed in sorted order through a sliding window of ``workers`` futures, and each
@@ -87,7 +87,8 @@ def _entry(fid: str, rel: str, idx: Any, ident: fs.FileIdentity) -> tuple[Sideca
         stsd=bytes(idx.stsd), timescale=int(idx.timescale), track_id=int(idx.track_id),
         codec=str(idx.codec), width=int(idx.width), height=int(idx.height),
         mdat=tuple((int(o), int(s)) for o, s in idx.mdat), edit=edit,
-        sample_count=len(arrays["sample_pts"]),
+        sample_count=len(arrays["sample_pts"]), moov_offset=int(idx.moov[0]),
+        duration=int(arrays["sample_durations"].sum()),
     )
     return entry, arrays
 

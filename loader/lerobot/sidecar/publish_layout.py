@@ -119,3 +119,21 @@ def read_pointer(data: bytes, where: str) -> dict:
     if not isinstance(doc, dict) or doc.get("format") != POINTER_FORMAT:
         raise PublishError(f"{where}: not a sidecar pointer (format {doc.get('format') if isinstance(doc, dict) else None!r})")
     return doc
+
+
+def pointed_sidecar(doc: dict, where: str) -> str:
+    """The NPZ a pointer names: a plain ``.npz`` file beside the pointer, of the whole dataset
+    (a pointer must not be able to point outside, nor at a subset)."""
+    name = doc.get("sidecar")
+    if not isinstance(name, str) or "/" in name or "\\" in name or name.startswith(".") or not name.endswith(".npz"):
+        raise PublishError(f"{where}: pointer names {name!r}, not a sidecar file beside it")
+    if doc.get("subset"):
+        raise PublishError(f"{where}: points at a subset sidecar, which must not be used as the dataset's")
+    return name
+
+
+def check_pointed_bytes(doc: dict, where: str, name: str, sha256: str, size: int) -> None:
+    """The bytes read for ``name`` are the ones the pointer names (sha256 and size)."""
+    if (sha256, size) != (doc.get("sha256"), doc.get("size")):
+        raise PublishError(f"{where}: {name} has sha256 {sha256} and {size} bytes, the pointer "
+                           f"says {doc.get('sha256')} and {doc.get('size')}; publish it again")

@@ -18,7 +18,8 @@ from loader.lerobot import fs
 from loader.lerobot.sidecar.publish_layout import (
     SIDECAR_BRANCH,
     SIDECAR_DIR,
-    PublishError,
+    check_pointed_bytes,
+    pointed_sidecar,
     pointer_name,
     read_pointer,
 )
@@ -45,11 +46,7 @@ def fetch_published(home: str, revision: str | None, dest: str | os.PathLike[str
         return None
     where = fs.url(home, rel_pointer)
     doc = read_pointer(raw, where)
-    name = doc.get("sidecar")
-    if not isinstance(name, str) or "/" in name or "\\" in name or name.startswith(".") or not name.endswith(".npz"):
-        raise PublishError(f"{where}: pointer names {name!r}, not a sidecar file beside it")
-    if doc.get("subset"):
-        raise PublishError(f"{where}: points at a subset sidecar, which must not be used as the dataset's")
+    name = pointed_sidecar(doc, where)
     digest, size = hashlib.sha256(), 0
     dest = Path(dest)
     with atomic_writer(dest) as out, open_url(fs.url(home, f"{SIDECAR_DIR}/{name}"), config=config) as src:
@@ -57,7 +54,5 @@ def fetch_published(home: str, revision: str | None, dest: str | os.PathLike[str
             digest.update(chunk)
             size += len(chunk)
             out.write(chunk)
-        if (digest.hexdigest(), size) != (doc.get("sha256"), doc.get("size")):
-            raise PublishError(f"{where}: {name} has sha256 {digest.hexdigest()} and {size} bytes, the pointer "
-                               f"says {doc.get('sha256')} and {doc.get('size')}; publish it again")
+        check_pointed_bytes(doc, where, name, digest.hexdigest(), size)
     return dest

@@ -1,46 +1,55 @@
 """MP4 sidecar, schema v3: an NPZ of per-file sample arrays plus a JSON manifest.
 
-Layout (an ordinary ``.npz``, so ``np.load`` reads it too)::
+Written in LeRobot's layout (an ordinary ``.npz``, so ``np.load`` and LeRobot's reader read it)::
 
-    __manifest__.npy                 uint8: UTF-8 JSON (see SidecarManifest)
-    f00000/sample_pts.npy            float64 seconds (presentation time, edit delay applied)
-    f00000/sample_durations.npy      int64, media timescale, decode order
-    f00000/sample_composition_offsets.npy
-    f00000/sample_sizes.npy          int64 bytes
-    f00000/sample_offsets.npy        int64 absolute byte offsets in the MP4
-    f00000/sync_samples.npy          int64 0-based indices of sync (key) samples
-    f00001/...
+    manifest_json.npy                0-d bytes (``|S<n>``): UTF-8 JSON, see manifest.py
+    0/sample_pts.npy                 float64 seconds (presentation time, edit delay applied)
+    0/sample_durations.npy           int64, media timescale, decode order
+    0/sample_composition_offsets.npy
+    0/sample_sizes.npy               int64 bytes
+    0/sample_offsets.npy             int64 absolute byte offsets in the MP4
+    0/sync_samples.npy               int64 0-based indices of sync (key) samples
+    1/...
 
-Per-file ids (``f00000``...) are assigned in sorted path order, so the manifest names every
-member and nothing depends on a relative path being a safe zip member name. Members carry a
-fixed timestamp and are written in id order: the same inputs give byte-identical sidecars.
+``i`` is the file's position in sorted path order (LeRobot's rule), so no relative path ever
+becomes a zip member name. Members carry a fixed timestamp and are written in order with the
+manifest last: the same inputs give byte-identical sidecars. The older layout
+(``__manifest__.npy`` + ``f00000/...``), still in caches and on branches, is read too.
 The manifest never holds credentials: ``data_root`` is stored without userinfo, query or
 fragment, and files are named by their path relative to the root.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import json
 import os
-import re
 import zipfile
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
 from loader.formats.atomic import atomic_writer
 
 from .errors import SidecarError, SidecarSchemaError
+from .manifest import (
+    PAYLOAD_VERSION,
+    SIDECAR_SCHEMA_VERSION,
+    SidecarFile,
+    SidecarManifest,
+    episodes_tuple,
+    file_id,
+    needs_arrays_for_count,
+    public_root,
+)
 
-SIDECAR_SCHEMA_VERSION = 3
-MANIFEST_MEMBER = "__manifest__"
+MANIFEST_MEMBER = "manifest_json"        # LeRobot's name: what we write
+LEGACY_MANIFEST_MEMBER = "__manifest__"  # the layout published before: read only
+LAYOUT_LEROBOT = "lerobot"
+LAYOUT_LEGACY = "legacy"
 INT_ARRAYS = ("sample_durations", "sample_composition_offsets", "sample_sizes", "sample_offsets",
               "sync_samples")
 # Every per-file array; sample_pts is the one float array.
@@ -49,135 +58,10 @@ ARRAY_NAMES = ("sample_pts", *INT_ARRAYS)
 PER_SAMPLE = ("sample_pts", "sample_durations", "sample_composition_offsets", "sample_sizes",
               "sample_offsets")
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed member timestamps: deterministic bytes
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def file_id(index: int) -> str:
-    return f"f{index:05d}"
 
 
 def member_name(fid: str, array: str) -> str:
     return f"{fid}/{array}"
-
-
-def public_root(data_root: str) -> str:
-    """``data_root`` as it may be stored or logged: no userinfo, query string or fragment.
-
-    Userinfo carries basic-auth passwords and tokens; a query carries presigned signatures
-    (``X-Amz-Signature``, ``token=``). Local paths are returned unchanged.
-    """
-    if not _SCHEME.match(data_root):
-        return data_root
-    parts = urlsplit(data_root)
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
-@dataclass(frozen=True)
-class SidecarFile:
-    """One MP4 file's manifest entry (its arrays live under ``<id>/...`` in the NPZ)."""
-
-    id: str
-    path: str                      # relative to the dataset root
-    size: int
-    fingerprint: str | None        # fs.file_identity(...).fingerprint when indexed
-    stable: bool                   # False: the backend has no stable identity -> always stale
-    ftyp: bytes
-    stsd: bytes                    # the whole stsd box, verbatim
-    timescale: int
-    track_id: int
-    codec: str
-    width: int
-    height: int
-    mdat: tuple[tuple[int, int], ...]   # (offset, size) of each mdat box
-    edit: dict[str, int] | None
-    sample_count: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id, "path": self.path, "size": self.size, "fingerprint": self.fingerprint,
-            "stable": self.stable, "ftyp": base64.b64encode(self.ftyp).decode("ascii"),
-            "stsd": base64.b64encode(self.stsd).decode("ascii"), "timescale": self.timescale,
-            "track_id": self.track_id, "codec": self.codec, "width": self.width,
-            "height": self.height, "mdat": [list(m) for m in self.mdat],
-            "edit": None if self.edit is None else dict(self.edit),
-            "sample_count": self.sample_count,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> SidecarFile:
-        edit = d.get("edit")
-        return cls(
-            id=str(d["id"]), path=str(d["path"]), size=int(d["size"]),
-            fingerprint=None if d.get("fingerprint") is None else str(d["fingerprint"]),
-            stable=bool(d["stable"]), ftyp=base64.b64decode(d["ftyp"]),
-            stsd=base64.b64decode(d["stsd"]), timescale=int(d["timescale"]),
-            track_id=int(d["track_id"]), codec=str(d["codec"]), width=int(d["width"]),
-            height=int(d["height"]), mdat=tuple((int(o), int(s)) for o, s in d["mdat"]),
-            edit=None if edit is None else {str(k): int(v) for k, v in edit.items()},
-            sample_count=int(d["sample_count"]),
-        )
-
-
-@dataclass(frozen=True)
-class SidecarManifest:
-    """The manifest of a schema-v3 sidecar (stored as JSON in ``__manifest__``)."""
-
-    repo_id: str
-    revision: str | None
-    data_root: str                 # public form (see public_root)
-    files: tuple[SidecarFile, ...]
-    subset: bool = False
-    episodes: tuple[int, ...] | None = None   # the episodes of a subset sidecar
-    created_by: str = "loader.lerobot.sidecar"
-    schema_version: int = SIDECAR_SCHEMA_VERSION
-    _by_path: dict[str, SidecarFile] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        by_path = {f.path: f for f in self.files}
-        if len(by_path) != len(self.files):
-            raise SidecarError("sidecar manifest lists the same MP4 path twice")
-        if len({f.id for f in self.files}) != len(self.files):
-            raise SidecarError("sidecar manifest uses the same file id twice")
-        if public_root(self.data_root) != self.data_root:
-            raise ValueError("SidecarManifest.data_root must not carry credentials; pass "
-                             "public_root(data_root)")
-        object.__setattr__(self, "_by_path", by_path)
-
-    @property
-    def paths(self) -> list[str]:
-        return [f.path for f in self.files]
-
-    def file(self, rel: str) -> SidecarFile:
-        try:
-            return self._by_path[rel]
-        except KeyError:
-            raise KeyError(f"{rel!r} is not indexed by this sidecar ({len(self.files)} files)") from None
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "schema_version": self.schema_version, "repo_id": self.repo_id,
-            "revision": self.revision, "data_root": self.data_root, "subset": self.subset,
-            "created_by": self.created_by, "files": [f.to_dict() for f in self.files],
-        }
-        if self.subset:
-            d["episodes"] = list(self.episodes or ())
-        return d
-
-    def to_json_bytes(self) -> bytes:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode("utf-8")
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> SidecarManifest:
-        episodes = d.get("episodes")
-        return cls(
-            schema_version=int(d["schema_version"]), repo_id=str(d["repo_id"]),
-            revision=None if d.get("revision") is None else str(d["revision"]),
-            data_root=str(d["data_root"]), subset=bool(d.get("subset", False)),
-            episodes=None if episodes is None else tuple(int(e) for e in episodes),
-            created_by=str(d.get("created_by", "")),
-            files=tuple(SidecarFile.from_dict(f) for f in d["files"]),
-        )
 
 
 def check_arrays(arrays: Mapping[str, np.ndarray], where: str) -> dict[str, np.ndarray]:
@@ -210,7 +94,9 @@ def _write_npy(zf: zipfile.ZipFile, name: str, array: np.ndarray) -> None:
     info.compress_type = zipfile.ZIP_DEFLATED  # int64 tables of constants compress very well
     info.external_attr = 0o644 << 16
     with zf.open(info, "w", force_zip64=True) as fh:
-        np.lib.format.write_array(fh, np.ascontiguousarray(array), allow_pickle=False)
+        # Not np.ascontiguousarray: it turns the 0-d manifest into a 1-element vector.
+        a = np.asarray(array)
+        np.lib.format.write_array(fh, a if a.flags.c_contiguous else a.copy(order="C"), allow_pickle=False)
 
 
 class SidecarWriter:
@@ -246,7 +132,9 @@ class SidecarWriter:
             if f.sample_count != self._written[fid]:
                 raise SidecarError(f"{f.path}: manifest says {f.sample_count} samples, arrays "
                                    f"hold {self._written[fid]}")
-        _write_npy(self._zf, MANIFEST_MEMBER, np.frombuffer(manifest.to_json_bytes(), dtype=np.uint8))
+        payload = json.dumps(manifest.to_payload(), sort_keys=True, separators=(",", ":"))
+        # A 0-d bytes array, as np.savez(manifest_json=b"...") stores it (LeRobot's writer).
+        _write_npy(self._zf, MANIFEST_MEMBER, np.array(payload.encode("utf-8")))
         self._zf.close()
 
     def abort(self) -> None:
@@ -255,17 +143,22 @@ class SidecarWriter:
 
 
 def write_sidecar(path: str | os.PathLike[str], manifest: SidecarManifest,
-                  arrays: Mapping[str, Mapping[str, np.ndarray]]) -> None:
-    """Write a whole sidecar atomically; ``arrays`` maps each manifest path to its arrays."""
+                  arrays: Mapping[str, Mapping[str, np.ndarray]]) -> SidecarManifest:
+    """Write a whole sidecar atomically; ``arrays`` maps each manifest path to its arrays.
+
+    Files are renumbered by sorted path (LeRobot's member rule); the written manifest is returned.
+    """
+    manifest = manifest.numbered()
     with atomic_writer(path) as fh:
         w = SidecarWriter(fh)
         try:
-            for f in sorted(manifest.files, key=lambda f: f.id):
+            for f in manifest.files:
                 w.add(f.id, arrays[f.path])
             w.finish(manifest)
         except BaseException:
             w.abort()
             raise
+    return manifest
 
 
 def _read_npy(zf: zipfile.ZipFile, name: str, where: str) -> np.ndarray:
@@ -279,7 +172,9 @@ def _read_npy(zf: zipfile.ZipFile, name: str, where: str) -> np.ndarray:
 
 
 class Sidecar:
-    """A schema-v3 sidecar opened for reading: ``.manifest`` (dict), ``.files``, ``.arrays(rel)``."""
+    """A schema-v3 sidecar opened for reading: ``.manifest`` (a flat summary dict, see
+    ``SidecarManifest.to_dict``), ``.info``, ``.files``, ``.arrays(rel)``; ``.layout`` says which
+    layout the file has (``lerobot`` or ``legacy``) and ``.payload`` is LeRobot's JSON as read."""
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
@@ -289,7 +184,9 @@ class Sidecar:
             raise
         except (zipfile.BadZipFile, OSError) as e:
             raise SidecarError(f"{self.path}: not a sidecar NPZ ({e}); rebuild it") from e
+        self.payload: dict[str, Any] | None = None
         try:
+            self._names = set(self._zf.namelist())
             self.info = self._read_manifest()
             self._check_members()
         except BaseException:
@@ -299,37 +196,71 @@ class Sidecar:
         self.files: list[str] = self.info.paths
 
     def _read_manifest(self) -> SidecarManifest:
-        if f"{MANIFEST_MEMBER}.npy" not in self._zf.namelist():
-            raise SidecarSchemaError(
-                f"{self.path}: no {MANIFEST_MEMBER} member, so this is not a schema-v"
-                f"{SIDECAR_SCHEMA_VERSION} sidecar (an older sidecar?); rebuild it")
-        raw = _read_npy(self._zf, MANIFEST_MEMBER, str(self.path))
+        if f"{MANIFEST_MEMBER}.npy" in self._names:
+            self.layout = LAYOUT_LEROBOT
+            return self._read_lerobot()
+        if f"{LEGACY_MANIFEST_MEMBER}.npy" in self._names:
+            self.layout = LAYOUT_LEGACY
+            return self._read_legacy()
+        raise SidecarSchemaError(
+            f"{self.path}: neither a {MANIFEST_MEMBER} (LeRobot's layout) nor a "
+            f"{LEGACY_MANIFEST_MEMBER} member, so this is not a schema-v{SIDECAR_SCHEMA_VERSION} "
+            "sidecar (an older one?); rebuild it")
+
+    def _json(self, member: str) -> Any:
+        raw = _read_npy(self._zf, member, str(self.path))
+        # LeRobot stores bytes as a 0-d |S array; the __manifest__ layout as a uint8 vector.
+        if raw.dtype.kind != "S" and raw.dtype != np.uint8:
+            raise SidecarError(f"{self.path}: {member} holds {raw.dtype} values, not UTF-8 JSON "
+                               "bytes; rebuild the sidecar")
         try:
-            d = json.loads(raw.astype(np.uint8, copy=False).tobytes().decode("utf-8"))
+            return json.loads(np.ascontiguousarray(raw).tobytes().decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise SidecarError(f"{self.path}: manifest is not valid JSON ({e}); rebuild it") from e
+            raise SidecarError(f"{self.path}: {member} is not valid JSON ({e}); rebuild it") from e
+
+    def _read_lerobot(self) -> SidecarManifest:
+        d = self._json(MANIFEST_MEMBER)
+        version = d.get("version") if isinstance(d, dict) else None
+        if version != PAYLOAD_VERSION or not isinstance(d.get("sidecar"), dict):
+            raise SidecarSchemaError(
+                f"{self.path}: {MANIFEST_MEMBER} has version {version!r}, this loader reads "
+                f"version {PAYLOAD_VERSION} (a 'sidecar' object, 'files', and six arrays per file "
+                "including sample_composition_offsets); rebuild it (ensure_sidecar rebuilds old "
+                "caches automatically; a published one must be rebuilt before publishing)")
+        self.payload = d
+        counts = {}
+        for i in needs_arrays_for_count(d):
+            counts[i] = _npy_length(self._zf, member_name(file_id(i), "sample_pts"), str(self.path))
+        return self._parse(lambda: SidecarManifest.from_payload(d, str(self.path), counts))
+
+    def _read_legacy(self) -> SidecarManifest:
+        d = self._json(LEGACY_MANIFEST_MEMBER)
         version = d.get("schema_version") if isinstance(d, dict) else None
         if version != SIDECAR_SCHEMA_VERSION:
             raise SidecarSchemaError(
                 f"{self.path}: sidecar schema version {version!r}, this loader reads version "
                 f"{SIDECAR_SCHEMA_VERSION}; rebuild it (ensure_sidecar rebuilds old caches "
                 "automatically; a published one must be rebuilt before publishing)")
+        return self._parse(lambda: SidecarManifest.from_dict(d))
+
+    def _parse(self, parse) -> SidecarManifest:
         try:
-            return SidecarManifest.from_dict(d)
-        except (KeyError, TypeError, ValueError) as e:
+            return parse()
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             if isinstance(e, SidecarError):
                 raise
             raise SidecarError(f"{self.path}: malformed manifest ({type(e).__name__}: {e}); "
                                "rebuild the sidecar") from e
 
     def _check_members(self) -> None:
-        names = set(self._zf.namelist())
         missing = [member_name(f.id, a) for f in self.info.files for a in ARRAY_NAMES
-                   if f"{member_name(f.id, a)}.npy" not in names]
+                   if f"{member_name(f.id, a)}.npy" not in self._names]
         if missing:
             shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-            raise SidecarError(f"{self.path}: {len(missing)} arrays named by the manifest are "
-                               f"missing ({shown}); rebuild the sidecar")
+            older = (" (LeRobot's schema before 3 has no sample_composition_offsets)"
+                     if any(m.endswith("/sample_composition_offsets") for m in missing) else "")
+            raise SidecarSchemaError(f"{self.path}: {len(missing)} arrays named by the manifest are "
+                                     f"missing ({shown}){older}; rebuild the sidecar")
 
     def file(self, rel: str) -> SidecarFile:
         return self.info.file(rel)
@@ -339,10 +270,12 @@ class Sidecar:
         f = self.info.file(rel)
         where = f"{self.path} [{rel}]"
         raw = {name: _read_npy(self._zf, member_name(f.id, name), where) for name in ARRAY_NAMES}
-        for name, a in raw.items():
-            want = np.float64 if name == "sample_pts" else np.int64
-            if a.dtype != want:
-                raise SidecarError(f"{where}: {name} has dtype {a.dtype}, schema v3 stores {np.dtype(want)}")
+        if self.layout == LAYOUT_LEGACY:
+            for name, a in raw.items():
+                want = np.float64 if name == "sample_pts" else np.int64
+                if a.dtype != want:
+                    raise SidecarError(f"{where}: {name} has dtype {a.dtype}, schema v3 stores {np.dtype(want)}")
+        # LeRobot's reader takes any integer or float dtype; we take those converting exactly.
         out = check_arrays(raw, where)
         if len(out["sample_pts"]) != f.sample_count:
             raise SidecarError(f"{where}: manifest says {f.sample_count} samples, arrays hold "
@@ -359,6 +292,23 @@ class Sidecar:
         self.close()
 
 
+def _npy_length(zf: zipfile.ZipFile, name: str, where: str) -> int:
+    """The length of a 1-D ``.npy`` member, from its header only."""
+    try:
+        with zf.open(f"{name}.npy") as fh:
+            major, _ = np.lib.format.read_magic(fh)
+            read_header = (np.lib.format.read_array_header_1_0 if major == 1
+                           else np.lib.format.read_array_header_2_0)
+            shape, _, _ = read_header(fh)
+    except KeyError:
+        raise SidecarSchemaError(f"{where}: array {name!r} is missing; rebuild the sidecar") from None
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+        raise SidecarError(f"{where}: array {name!r} is unreadable ({e}); rebuild the sidecar") from e
+    if len(shape) != 1:
+        raise SidecarError(f"{where}: {name} must be 1-D, got shape {shape}; rebuild the sidecar")
+    return int(shape[0])
+
+
 def read_sidecar(path: str | os.PathLike[str]) -> Sidecar:
     """Open a schema-v3 sidecar; raise SidecarSchemaError / SidecarError with what to do."""
     return Sidecar(path)
@@ -370,12 +320,9 @@ def sidecar_digest(path: str | os.PathLike[str]) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
-def episodes_tuple(episodes: Sequence[int] | None) -> tuple[int, ...] | None:
-    return None if episodes is None else tuple(sorted({int(e) for e in episodes}))
-
-
 __all__ = [
-    "ARRAY_NAMES", "INT_ARRAYS", "MANIFEST_MEMBER", "SIDECAR_SCHEMA_VERSION", "Sidecar",
-    "SidecarFile", "SidecarManifest", "SidecarWriter", "check_arrays", "file_id", "member_name",
-    "episodes_tuple", "public_root", "read_sidecar", "sidecar_digest", "write_sidecar",
+    "ARRAY_NAMES", "INT_ARRAYS", "LAYOUT_LEGACY", "LAYOUT_LEROBOT", "LEGACY_MANIFEST_MEMBER",
+    "MANIFEST_MEMBER", "PAYLOAD_VERSION", "SIDECAR_SCHEMA_VERSION", "Sidecar", "SidecarFile",
+    "SidecarManifest", "SidecarWriter", "check_arrays", "episodes_tuple", "file_id",
+    "member_name", "public_root", "read_sidecar", "sidecar_digest", "write_sidecar",
 ]

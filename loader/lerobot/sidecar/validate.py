@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import TYPE_CHECKING
 
 from loader.io import StreamConfig
@@ -10,10 +11,13 @@ from loader.lerobot import fs
 
 from .build import needed_video_files
 from .errors import SidecarError
+from .manifest import IDENTITY_SIZE, fingerprints_match
 from .schema import Sidecar
 
 if TYPE_CHECKING:
     from loader.lerobot.meta import LeRobotMeta
+
+_PINNED_HUB = re.compile(r"^hf://datasets/[^@]+@[0-9a-f]{40}(/|$)")
 
 
 def validate_sidecar(path: str | os.PathLike[str], meta: LeRobotMeta, *,
@@ -24,7 +28,9 @@ def validate_sidecar(path: str | os.PathLike[str], meta: LeRobotMeta, *,
 
     Checks the schema version and arrays' presence, each file's current identity against the
     stored fingerprint (a video replaced at the same path with the same size is caught; files
-    without a stable identity always count as stale), and missing or extra video files against
+    without a stable identity always count as stale; entries LeRobot wrote without a source
+    fingerprint are checked by size where that identifies a file, see ``size_identifies``), and
+    missing or extra video files against
     ``meta.video_files()`` (or, for a subset sidecar, the files of its episodes).
     ``repo_id``/``revision``, when given, must match the manifest; ``require_complete`` rejects
     subset sidecars. ``allow_unstable`` accepts files without a stable identity (for a sidecar
@@ -59,12 +65,25 @@ def validate_sidecar(path: str | os.PathLike[str], meta: LeRobotMeta, *,
     if extra:
         problems.append(f"{path}: indexes {len(extra)} files the dataset does not list: {_short(extra)}")
 
-    unstable = [f.path for f in info.files if not f.stable or not f.fingerprint]
+    by_size = [f for f in info.files if f.identity == IDENTITY_SIZE and f.path in expected_set]
+    if by_size and not size_identifies(meta.root):
+        problems.append(f"{path}: {len(by_size)} files have no source fingerprint (a LeRobot sidecar "
+                        f"for a root whose files can change at the same path); rebuilt locally: "
+                        f"{_short(f.path for f in by_size)}")
+        by_size = []
+    unstable = [f.path for f in info.files
+                if f.identity != IDENTITY_SIZE and (not f.stable or not f.fingerprint)]
     if unstable and not allow_unstable:
         problems.append(f"{path}: {len(unstable)} files have no stable identity and are always "
                         f"re-indexed: {_short(unstable)}")
     to_check = [f for f in info.files if f.stable and f.fingerprint and f.path in expected_set]
-    current = _identities(meta.root, [f.path for f in to_check], stream_config, workers)
+    current = _identities(meta.root, [f.path for f in (*to_check, *by_size)], stream_config, workers)
+    for f in by_size:
+        cur = current[f.path]
+        if isinstance(cur, BaseException):
+            problems.append(f"{path}: cannot check {f.path}: {type(cur).__name__}: {cur}")
+        elif cur.size != f.size:
+            problems.append(f"{path}: {f.path} changed size ({f.size} -> {cur.size})")
     for f in to_check:
         cur = current[f.path]
         if isinstance(cur, BaseException):
@@ -73,7 +92,7 @@ def validate_sidecar(path: str | os.PathLike[str], meta: LeRobotMeta, *,
             problems.append(f"{path}: {f.path} has no stable identity now; re-index it")
         elif cur.size != f.size:
             problems.append(f"{path}: {f.path} changed size ({f.size} -> {cur.size})")
-        elif cur.fingerprint != f.fingerprint:
+        elif not fingerprints_match(f.fingerprint, cur.fingerprint):
             problems.append(f"{path}: {f.path} was replaced (fingerprint {f.fingerprint} -> "
                             f"{cur.fingerprint})")
     return problems
@@ -98,3 +117,15 @@ def _short(items, limit: int = 5) -> str:
     items = list(items)
     shown = ", ".join(str(i) for i in items[:limit])
     return shown + (f" ... (+{len(items) - limit} more)" if len(items) > limit else "")
+
+
+def size_identifies(root: str) -> bool:
+    """Does a file's size alone identify it under ``root``, as LeRobot assumes for the entries it
+    writes without a source fingerprint? Yes for an ``hf://`` root pinned to a commit (its files
+    cannot change) and for a local folder (LeRobot checks local sizes only: a same-size
+    replacement goes unnoticed there, unlike with our own fingerprints). Elsewhere (``s3://``,
+    ``http(s)://``, an unpinned hub root) a file can be replaced at the same path and size."""
+    root = str(root)
+    if root.startswith("hf://"):
+        return _PINNED_HUB.match(root) is not None
+    return root.startswith("file://") or "://" not in root

@@ -148,6 +148,9 @@ class PlanRunner:
             if last:
                 self._on_release(ep)
                 self.cache.release(ep)
+                with self._cond:
+                    # The future holds the payload as its result: drop it, or nothing is freed.
+                    self._futures.pop(ep, None)
 
     def __iter__(self) -> Iterator[Any]:
         fetch_pool = ThreadPoolExecutor(self.fetch_threads, thread_name_prefix="lerobot-fetch")

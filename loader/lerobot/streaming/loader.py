@@ -30,6 +30,9 @@ class StreamingLoader:
             if dataloader_kwargs.get(bad):
                 raise ValueError(f"{bad}= does not apply: the dataset's episode pools order the samples "
                                  "(set seed= and streaming_sampling_strategy= on the dataset)")
+        if dataloader_kwargs.get("persistent_workers"):
+            raise ValueError("persistent_workers=True does not apply: each epoch's plan (and a resume point) "
+                             "reaches the workers when they start; use persistent_workers=False")
         most = dataset.num_workers_for(num_workers)
         if most < num_workers:
             raise NoEpisodesError(
