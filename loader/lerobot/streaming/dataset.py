@@ -377,9 +377,11 @@ class StreamingLeRobotDataset(IterableDataset):
         self._decoders = decoders = DecoderCache(share.decoder_cache)
         decoders_lock = threading.Lock()
         arrays = {}
-        # Windows reach back over frames already handed out: keep that many decoded frames.
-        reach = [abs(d) for ds in (self.delta_indices or {}).values() for d in ds]
-        keep_frames = max(8, 2 * max(reach, default=0) + 2)
+        # Decoded frames kept per open decoder: a camera window reaches over frames already handed
+        # out, and the decode threads may ask for neighbouring frames out of order. Nothing more:
+        # at 640x480 each kept frame is 0.9 MB, times every open decoder of the worker.
+        reach = [abs(d) for key, ds in (self.delta_indices or {}).items() if key in self.video_keys for d in ds]
+        keep_frames = 2 * max(reach, default=0) + self.options.streaming_decode_threads + 1
 
         def fetch(ep: int) -> EpisodePayload:
             rows = EpisodeRows(tables.read(self.meta.episode(ep)), self.meta.features)
