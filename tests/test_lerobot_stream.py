@@ -163,6 +163,21 @@ def test_resume_after_k_batches_continues_the_uninterrupted_order(lerobot_v3_roo
     assert batch_indices(resumed) == batch_indices(second)
 
 
+def test_the_dataset_itself_resumes_in_process(lerobot_v3_root: Path) -> None:
+    full = indices(stream(lerobot_v3_root, streaming_episode_pool_size=3))
+    ds = stream(lerobot_v3_root, streaming_episode_pool_size=3)
+    taken = []
+    for item in ds:
+        taken.append(int(item["index"]))
+        if len(taken) == 7:
+            state = ds.state_dict()
+            break
+    again = stream(lerobot_v3_root, streaming_episode_pool_size=3)
+    again.load_state_dict(state)
+    assert taken + indices(again) == full
+    assert state["samples"] == [7] and state["batches"] is None
+
+
 def test_resume_with_other_workers_and_batch_size_covers_the_rest_once(lerobot_v3_root: Path) -> None:
     first = make_loader(stream(lerobot_v3_root, streaming_episode_pool_size=2), batch_size=3, num_workers=2)
     taken = []
