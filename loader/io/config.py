@@ -37,8 +37,44 @@ class StreamConfig:
 
 
 @dataclass
-class StreamStats:
-    """Counters shared by any number of streams (and threads) in one process.
+class Counters:
+    """Integer counters shared by any number of threads in one process; subclasses declare the
+    counters as ``int`` fields. Pickles without its lock, so counts travel to and from
+    DataLoader workers."""
+
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls) if not f.name.startswith("_"))
+
+    def add(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self, name, getattr(self, name) + delta)
+
+    def merge(self, other: Counters | dict[str, int]) -> Counters:
+        """Add ``other``'s counters (e.g. a worker's ``as_dict()``) into this one; return self."""
+        counts = other.as_dict() if isinstance(other, Counters) else other
+        names = self.names()
+        self.add(**{k: int(v) for k, v in counts.items() if k in names})
+        return self
+
+    def as_dict(self) -> dict[str, int]:
+        with self._lock:
+            return {name: getattr(self, name) for name in self.names()}
+
+    def __getstate__(self) -> dict[str, int]:
+        return self.as_dict()
+
+    def __setstate__(self, state: dict[str, int]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+@dataclass
+class StreamStats(Counters):
+    """Counters every stream of a loader reports into.
 
     ``opens``: requests made (the first open and every reopen attempt);
     ``retries``: reopens after a failed or short read (these spend the retry budget);
@@ -51,30 +87,3 @@ class StreamStats:
     reconnects: int = 0
     opens: int = 0
     bytes_skipped: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def add(self, **deltas: int) -> None:
-        with self._lock:
-            for name, delta in deltas.items():
-                setattr(self, name, getattr(self, name) + delta)
-
-    def merge(self, other: StreamStats | dict[str, int]) -> StreamStats:
-        """Add ``other``'s counters (e.g. a worker's ``as_dict()``) into this one; return self."""
-        counts = other.as_dict() if isinstance(other, StreamStats) else other
-        self.add(**{k: int(v) for k, v in counts.items() if k in _COUNTERS})
-        return self
-
-    def as_dict(self) -> dict[str, int]:
-        with self._lock:
-            return {name: getattr(self, name) for name in _COUNTERS}
-
-    # A lock does not pickle; stats travel to and from DataLoader workers.
-    def __getstate__(self) -> dict[str, int]:
-        return self.as_dict()
-
-    def __setstate__(self, state: dict[str, int]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
-
-
-_COUNTERS = tuple(f.name for f in fields(StreamStats) if not f.name.startswith("_"))

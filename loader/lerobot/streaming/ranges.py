@@ -17,11 +17,12 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
 from loader.io import StreamConfig, StreamError, StreamStats, open_url
+from loader.io.config import Counters
 from loader.io.source import redact_url
 
 __all__ = ["FetchCounters", "RangeFetcher", "RangeFile"]
@@ -35,40 +36,14 @@ DEFAULT_READAHEAD = 64 * 1024
 
 
 @dataclass
-class FetchCounters:
+class FetchCounters(Counters):
     """What a fetcher did: ``bytes_fetched`` and ``requests`` (one per range request, sub-ranges
     and local reads included) and ``retries`` (reopens after a failed or short read, from the
-    streams' ``StreamStats``). Thread-safe; pickles without its lock (workers send it back)."""
+    streams' ``StreamStats``)."""
 
     bytes_fetched: int = 0
     requests: int = 0
     retries: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def add(self, **deltas: int) -> None:
-        with self._lock:
-            for name, delta in deltas.items():
-                setattr(self, name, getattr(self, name) + delta)
-
-    def merge(self, other: FetchCounters | dict[str, int]) -> FetchCounters:
-        """Add ``other``'s counters (e.g. a worker's ``as_dict()``) into this one; return self."""
-        counts = other.as_dict() if isinstance(other, FetchCounters) else other
-        self.add(**{k: int(v) for k, v in counts.items() if k in _COUNTERS})
-        return self
-
-    def as_dict(self) -> dict[str, int]:
-        with self._lock:
-            return {name: getattr(self, name) for name in _COUNTERS}
-
-    def __getstate__(self) -> dict[str, int]:
-        return self.as_dict()
-
-    def __setstate__(self, state: dict[str, int]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
-
-
-_COUNTERS = tuple(f.name for f in fields(FetchCounters) if not f.name.startswith("_"))
 
 
 def _scheme(url: str) -> str:
