@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import errno
-import hashlib
 import http.client
-import os
-import threading
 from typing import Any
 
 from urllib3.exceptions import HTTPError
 
 from .config import StreamConfig
 from .errors import ObjectChangedError, StreamError, TransientError
+from .s3_client import S3Settings, s3_client
 from .source import Opened, parse_content_range, range_header
 
 _RETRYABLE_CODES = frozenset({
@@ -21,62 +19,9 @@ _RETRYABLE_CODES = frozenset({
 })
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
-_ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_SESSION_TOKEN",
-             "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
-_sessions: dict[tuple, Any] = {}
-_clients: dict[tuple, Any] = {}
-_clients_lock = threading.Lock()
-
 
 def s3_endpoint(config: StreamConfig) -> str | None:
-    return (config.s3_endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
-            or os.environ.get("AWS_ENDPOINT_URL") or None)
-
-
-def s3_client(config: StreamConfig) -> Any:
-    """A boto3 S3 client for this process, environment, endpoint and timeouts, made once."""
-    endpoint = s3_endpoint(config)
-    # Credentials are read from the environment when a session starts, so the environment is
-    # part of the key; the secret goes in hashed, since a key is a place it could leak from.
-    secret = hashlib.sha256(os.environ.get("AWS_SECRET_ACCESS_KEY", "").encode()).hexdigest()
-    env = (os.getpid(), secret, *(os.environ.get(k) for k in _ENV_KEYS))
-    key = (env, endpoint, config.connect_timeout_s, config.read_timeout_s)
-    with _clients_lock:
-        client = _clients.get(key)
-        if client is None:
-            if any(k[0][0] != os.getpid() for k in _clients):  # forked: the parent's sockets are not ours
-                _clients.clear()
-                _sessions.clear()
-            if env not in _sessions:
-                import boto3
-
-                _sessions[env] = boto3.session.Session()
-            # A session is not thread-safe; the lock covers both.
-            client = _clients[key] = _make_client(_sessions[env], endpoint, config)
-        return client
-
-
-def _make_client(session: Any, endpoint: str | None, config: StreamConfig) -> Any:
-    from botocore import UNSIGNED
-    from botocore.config import Config
-
-    options: dict[str, Any] = dict(
-        connect_timeout=config.connect_timeout_s,
-        read_timeout=config.read_timeout_s,
-        # botocore's own retries would replay a request from its start and hide failures from our
-        # counters; RetryingStream reopens at the exact byte offset instead.
-        retries={"mode": "standard", "total_max_attempts": 1},
-        max_pool_connections=32,
-    )
-    if "response_checksum_validation" in Config.OPTION_DEFAULTS:  # botocore >= 1.36
-        # Full-object checksums do not apply to ranged reads; do not ask for them.
-        options["response_checksum_validation"] = "when_required"
-    if endpoint:
-        # Self-hosted S3 (SeaweedFS, MinIO, an IP address) rarely has wildcard DNS for buckets.
-        options["s3"] = {"addressing_style": "path"}
-    if session.get_credentials() is None:
-        options["signature_version"] = UNSIGNED  # public buckets
-    return session.client("s3", endpoint_url=endpoint, config=Config(**options))
+    return S3Settings.for_stream(config).endpoint()
 
 
 class _BotoBody:

@@ -11,11 +11,12 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 from urllib.parse import urlparse
 
+from loader.io.s3_client import S3Settings, s3_client
 from pid_platform.build.errors import BuildError, SourceNotFoundError
 
 
@@ -153,73 +154,47 @@ class LocalSourceStore(SourceStore):
 
 
 class S3SourceStore(SourceStore):
-    """``s3://bucket/prefix``; the endpoint comes from the argument or ``AWS_ENDPOINT_URL(_S3)``.
+    """``s3://bucket/prefix``; the endpoint comes from the argument (or ``settings``) or
+    ``AWS_ENDPOINT_URL(_S3)``.
 
-    Credentials and region come from boto3's usual chain in the process that makes the store.
-    A pickled store (a build worker's copy) carries the credentials that chain resolved, not a
-    client: spawned workers see the environment of when the pool started them, which may
-    predate the credentials. Errors become ``SourceNotFoundError`` / ``BuildError`` naming the
-    object, the endpoint and what to check.
+    Clients come from the project's one factory (``loader.io.s3_client``); credentials and
+    region from boto3's usual chain in the process that makes the store. A pickled store (a
+    build worker's copy) carries the credentials that chain resolved, not a client: spawned
+    workers see the environment of when the pool started them, which may predate the
+    credentials. Errors become ``SourceNotFoundError`` / ``BuildError`` naming the object, the
+    endpoint and what to check.
     """
 
-    # Worker-side clients, one per (endpoint, resolved config) per process: building one costs
-    # ~60 ms and every task unpickles a fresh store.
-    _worker_clients: ClassVar[dict[tuple, Any]] = {}
-
-    def __init__(self, uri: str, endpoint_url: str | None = None):
+    def __init__(self, uri: str, endpoint_url: str | None = None, *, settings: S3Settings | None = None):
         parsed = urlparse(uri)
         if parsed.scheme != "s3" or not parsed.netloc:
             raise ValueError(f"not an s3:// URI: {uri!r}")
         self.uri = uri.rstrip("/")
         self.bucket = parsed.netloc
         self.prefix = parsed.path.strip("/")
-        # Same precedence as boto3: the service-specific variable wins.
-        self.endpoint_url = (
-            endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        )
+        settings = settings or S3Settings()
+        # The endpoint is fixed when the store is made, like the client the store keeps.
+        self.settings = replace(settings, endpoint_url=endpoint_url or settings.endpoint())
+        self._frozen: S3Settings | None = None
         self._client: Any = None
-        self._session: Any = None
-        self._resolved: dict[str, str | None] | None = None  # set only in unpickled copies
 
-    def __getstate__(self) -> dict[str, Any]:  # boto3 clients and sessions do not pickle
-        state = self.__dict__.copy()
-        state["_client"] = None
-        state["_session"] = None
-        state["_resolved"] = self._resolved_config()
-        return state
+    @property
+    def endpoint_url(self) -> str | None:
+        return self.settings.endpoint()
+
+    def __getstate__(self) -> dict[str, Any]:  # boto3 clients do not pickle; credentials travel resolved
+        # Resolved once per store: every task of a worker pool pickles the store again.
+        if self._frozen is None:
+            self._frozen = self.settings.frozen_credentials()
+        return {**self.__dict__, "settings": self._frozen, "_client": None}
 
     def __repr__(self) -> str:  # never the credentials
         return f"S3SourceStore({self.uri!r}, endpoint_url={self.endpoint_url!r})"
 
-    def _resolved_config(self) -> dict[str, str | None]:
-        if self._resolved is not None:
-            return self._resolved
-        if self._session is None:
-            import boto3
-
-            self._session = boto3.session.Session()
-        cfg: dict[str, str | None] = {"region_name": self._session.region_name}
-        creds = self._session.get_credentials()
-        if creds is not None:
-            frozen = creds.get_frozen_credentials()
-            cfg.update(aws_access_key_id=frozen.access_key, aws_secret_access_key=frozen.secret_key,
-                       aws_session_token=frozen.token)
-        return cfg
-
     @property
     def client(self) -> Any:
         if self._client is None:
-            import boto3
-
-            if self._resolved is None:
-                self._session = self._session or boto3.session.Session()
-                self._client = self._session.client("s3", endpoint_url=self.endpoint_url)
-            else:
-                key = (self.endpoint_url, *sorted(self._resolved.items()))
-                if key not in self._worker_clients:
-                    session = boto3.session.Session(**self._resolved)
-                    self._worker_clients[key] = session.client("s3", endpoint_url=self.endpoint_url)
-                self._client = self._worker_clients[key]
+            self._client = s3_client(self.settings)
         return self._client
 
     @contextmanager
@@ -232,7 +207,7 @@ class S3SourceStore(SourceStore):
             NoCredentialsError,
         )
 
-        where = self.endpoint_url or "the default AWS endpoint"
+        where = self.settings.where()
         try:
             yield
         except ClientError as e:
@@ -333,9 +308,10 @@ class S3SourceStore(SourceStore):
             return resp["Body"].read()
 
 
-def open_source_store(root: str, endpoint_url: str | None = None) -> SourceStore:
+def open_source_store(root: str, endpoint_url: str | None = None, *,
+                      s3_settings: S3Settings | None = None) -> SourceStore:
     if root.startswith("s3://"):
-        return S3SourceStore(root, endpoint_url)
+        return S3SourceStore(root, endpoint_url, settings=s3_settings)
     if "://" in root and not root.startswith("file://"):
         raise ValueError(f"unsupported source root {root!r}: use a local path or s3://bucket/prefix")
     return LocalSourceStore(root.removeprefix("file://"))

@@ -9,7 +9,6 @@ pointer); older generations of the same stem are deleted.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from loader.io.s3_client import S3Settings, s3_client
 from loader.lerobot.sidecar.publish_layout import (
     SIDECAR_DIR,
     Published,
@@ -56,15 +56,8 @@ class S3Target:
 
 
 def _client(target: S3Target) -> Any:
-    import boto3
-    from botocore.config import Config
-
-    endpoint = target.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    options: dict[str, Any] = {"retries": {"mode": "standard", "max_attempts": 5}}
-    if endpoint:
-        # Self-hosted S3 (SeaweedFS, MinIO, an IP address) rarely has wildcard DNS for buckets.
-        options["s3"] = {"addressing_style": "path"}
-    return boto3.session.Session().client("s3", endpoint_url=endpoint, config=Config(**options))
+    # botocore's standard retries: a publish is a handful of whole-object requests.
+    return s3_client(S3Settings(endpoint_url=target.endpoint_url, max_attempts=5))
 
 
 @contextmanager

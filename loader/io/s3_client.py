@@ -1,0 +1,201 @@
+"""The one place in the project that makes S3 clients (loader, build, publishing, Dagster).
+
+``S3Settings`` says where and how to connect (endpoint, region, profile, timeouts, botocore's own
+retries); credentials come from boto3's usual chain (environment, profile, instance role) and
+never from configuration. ``s3_client(settings)`` returns a client made once per process,
+environment and settings. A build that hands work to spawned processes passes
+``settings.frozen_credentials()``: the credentials the chain resolved in the parent, so a worker
+started before they were exported still signs as the parent does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import StreamConfig
+
+_ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_SESSION_TOKEN",
+             "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+_sessions: dict[tuple, Any] = {}
+_clients: dict[tuple, Any] = {}
+_clients_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """Where and how to reach S3; no credentials unless frozen for a worker process.
+
+    ``max_attempts``: botocore's own attempts per request (``None``: botocore's default, or
+    ``AWS_MAX_ATTEMPTS``). Byte streams use 1: ``RetryingStream`` reopens at the exact byte
+    offset and counts it.
+    """
+
+    endpoint_url: str | None = None   # else AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, else AWS
+    region: str | None = None         # else the chain's (AWS_REGION, the profile, ...)
+    profile: str | None = None        # a named profile of the shared config files
+    max_attempts: int | None = None
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 30.0
+    # (access key, secret key, session token) resolved in a parent process; see frozen_credentials.
+    credentials: tuple[str, str, str | None] | None = field(default=None, repr=False)
+
+    @classmethod
+    def for_stream(cls, config: StreamConfig) -> S3Settings:
+        # botocore's own retries would replay a request from its start and hide failures from our
+        # counters; RetryingStream reopens at the exact byte offset instead.
+        return cls(endpoint_url=config.s3_endpoint_url, max_attempts=1,
+                   connect_timeout_s=config.connect_timeout_s, read_timeout_s=config.read_timeout_s)
+
+    def endpoint(self) -> str | None:
+        """The endpoint a client uses: the setting, else the service variable, else the general one."""
+        return (self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
+                or os.environ.get("AWS_ENDPOINT_URL") or None)
+
+    def where(self) -> str:
+        """The endpoint, for error messages."""
+        return self.endpoint() or "the default AWS endpoint"
+
+    def frozen_credentials(self) -> S3Settings:
+        """These settings with the endpoint, region and credentials the chain resolves now."""
+        if self.credentials is not None:
+            return self
+        session = _session(self)
+        creds = session.get_credentials()
+        frozen = None
+        if creds is not None:
+            f = creds.get_frozen_credentials()
+            frozen = (f.access_key, f.secret_key, f.token)
+        return replace(self, endpoint_url=self.endpoint(), region=self.region or session.region_name,
+                       profile=None, credentials=frozen)
+
+
+def _env_key() -> tuple:
+    # Credentials are read from the environment when a session starts, so the environment is
+    # part of the key; the secret goes in hashed, since a key is a place it could leak from.
+    secret = hashlib.sha256(os.environ.get("AWS_SECRET_ACCESS_KEY", "").encode()).hexdigest()
+    return (os.getpid(), secret, *(os.environ.get(k) for k in _ENV_KEYS))
+
+
+def _settings_key(settings: S3Settings) -> tuple:
+    creds = settings.credentials
+    hashed = None if creds is None else hashlib.sha256("\0".join(c or "" for c in creds).encode()).hexdigest()
+    return (settings.endpoint(), settings.region, settings.profile, settings.max_attempts,
+            settings.connect_timeout_s, settings.read_timeout_s, hashed)
+
+
+def _session(settings: S3Settings) -> Any:
+    import boto3
+
+    if settings.credentials is not None:
+        key_id, secret, token = settings.credentials
+        return boto3.session.Session(aws_access_key_id=key_id, aws_secret_access_key=secret,
+                                     aws_session_token=token, region_name=settings.region)
+    return boto3.session.Session(profile_name=settings.profile, region_name=settings.region)
+
+
+def s3_client(settings: S3Settings | StreamConfig | None = None) -> Any:
+    """A boto3 S3 client for this process, environment and settings, made once and shared
+    (boto3 clients are thread-safe; sessions are not, so making one holds a lock)."""
+    if settings is None:
+        settings = S3Settings()
+    elif not isinstance(settings, S3Settings):
+        settings = S3Settings.for_stream(settings)
+    env = _env_key()
+    key = (env, _settings_key(settings))
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            if any(k[0][0] != os.getpid() for k in _clients):  # forked: the parent's sockets are not ours
+                _clients.clear()
+                _sessions.clear()
+            skey = (env, settings.profile, settings.region, _settings_key(settings)[-1])
+            if skey not in _sessions:
+                _sessions[skey] = _session(settings)
+            client = _clients[key] = _make_client(_sessions[skey], settings)
+        return client
+
+
+def _make_client(session: Any, settings: S3Settings) -> Any:
+    from botocore import UNSIGNED
+    from botocore.config import Config
+
+    options: dict[str, Any] = dict(
+        connect_timeout=settings.connect_timeout_s,
+        read_timeout=settings.read_timeout_s,
+        max_pool_connections=32,
+    )
+    if settings.max_attempts is not None:
+        options["retries"] = {"mode": "standard", "total_max_attempts": settings.max_attempts}
+    if "response_checksum_validation" in Config.OPTION_DEFAULTS:  # botocore >= 1.36
+        # Full-object checksums do not apply to ranged reads; do not ask for them.
+        options["response_checksum_validation"] = "when_required"
+    endpoint = settings.endpoint()
+    if endpoint:
+        # Self-hosted S3 (SeaweedFS, MinIO, an IP address) rarely has wildcard DNS for buckets.
+        options["s3"] = {"addressing_style": "path"}
+    if session.get_credentials() is None:
+        options["signature_version"] = UNSIGNED  # public buckets
+    return session.client("s3", endpoint_url=endpoint, config=Config(**options))
+
+
+class S3AccessError(OSError):
+    """An S3 request failed for a reason a person must fix (endpoint, bucket, credentials)."""
+
+
+@contextmanager
+def s3_errors(settings: S3Settings, what: str, bucket: str) -> Iterator[None]:
+    """Turn boto3's exceptions into an ``S3AccessError`` that says what to check.
+
+    ``what`` names the request ("writing s3://b/k"); not-found of a key is left to the caller
+    (a ``ClientError`` with code ``NoSuchKey``/``404`` passes through), everything else is named.
+    """
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        EndpointConnectionError,
+        NoCredentialsError,
+    )
+
+    where = settings.where()
+    try:
+        yield
+    except ClientError as e:
+        err = e.response.get("Error", {})
+        code, msg = str(err.get("Code", "?")), err.get("Message", "")
+        status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code == "NoSuchBucket":
+            raise S3AccessError(f"{what}: bucket {bucket!r} does not exist at {where}; create it or fix "
+                                "the s3:// URL") from None
+        if status == 403 or code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied"):
+            raise S3AccessError(
+                f"{what}: S3 at {where} refused the request ({code}: {msg}); check AWS_ACCESS_KEY_ID / "
+                f"AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and that this identity may use s3://{bucket}"
+            ) from None
+        if code in ("NoSuchKey", "404", "NotFound"):
+            raise
+        raise S3AccessError(f"{what}: S3 at {where} answered {code} (HTTP {status}): {msg}") from None
+    except NoCredentialsError:
+        raise S3AccessError(f"{what}: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
+                            "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)") from None
+    except EndpointConnectionError:
+        raise S3AccessError(f"{what}: cannot connect to S3 at {where}; check AWS_ENDPOINT_URL (or the "
+                            "endpoint setting) and that the server is up") from None
+    except BotoCoreError as e:
+        raise S3AccessError(f"{what}: S3 at {where}: {e}") from None
+
+
+def split_s3_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/a/b`` -> (``bucket``, ``a/b``). Not urlsplit: keys may contain '?' and '#'."""
+    if not url.startswith("s3://"):
+        raise ValueError(f"not an s3:// URL: {url!r}")
+    bucket, _, key = url[len("s3://"):].partition("/")
+    if not bucket:
+        raise ValueError(f"s3 URL {url!r} names no bucket: use s3://bucket/prefix")
+    return bucket, key.strip("/")
