@@ -15,9 +15,18 @@ from pathlib import Path
 
 from loader.formats.errors import FormatError
 from loader.formats.twin_tar import DEFAULT_PART_SIZE, SourceChangedError
+from loader.io.s3_client import S3Settings
 from pid_platform.build.errors import BuildError, OutputNotWritableError
 from pid_platform.build.pipeline import BuildSummary, build_source
 from pid_platform.build.plan import ShardingConfig
+from pid_platform.build.s3_output import (
+    WORK_ROOT_ENV,
+    S3Output,
+    check_writable,
+    is_s3_url,
+    refuse_other_urls,
+    work_dir,
+)
 from pid_platform.build.storage import SourceStore, open_source_store
 
 EXIT_BUILD_ERROR = 2  # argparse also exits 2 on bad arguments: "your input is wrong"
@@ -47,15 +56,23 @@ def split_input_dir(input_dir: str) -> tuple[str, str]:
     return str(path.parent), path.name
 
 
-def check_output_apart(input_root: str, source: str, output_dir: Path) -> None:
+def check_output_apart(input_root: str, source: str, output_dir: Path | str) -> None:
     """Refuse an output folder that overlaps the input.
 
     A build replaces its output folder with a new version in which, of the files named like the
     twin-tar layout, only those it planned remain; an output inside (or around) the raw source
     could take raw files with it.
     """
-    if input_root.startswith("s3://"):
+    if input_root.startswith("s3://") or is_s3_url(output_dir):
+        if is_s3_url(output_dir):
+            src, out = f"{input_root.rstrip('/')}/{source}/", f"{str(output_dir).rstrip('/')}/"
+            if src.startswith(out) or out.startswith(src):
+                raise OutputNotWritableError(
+                    f"--output-dir {output_dir} overlaps --input-dir {src.rstrip('/')}; choose an output "
+                    "prefix outside the source"
+                )
         return
+    output_dir = Path(output_dir)
     src = (Path(input_root) / source).resolve()
     out = output_dir.resolve()
     if out == src or out.is_relative_to(src) or src.is_relative_to(out):
@@ -92,7 +109,9 @@ def shard_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--input-dir", required=True,
                    help="source folder holding the modality folders: a local path or s3://bucket/prefix/source")
-    p.add_argument("--output-dir", required=True, type=Path, help="where the shards and manifests go")
+    p.add_argument("--output-dir", required=True,
+                   help="where the shards and manifests go: a local folder or s3://bucket/prefix (published "
+                   "as a new version behind a pointer, see --work-dir)")
     p.add_argument("--max-shard-size-mb", type=_positive_float, default=500.0,
                    help="upper bound on a shard's tars, all modalities together (default: 500)")
     p.add_argument("--shard-size", type=_int_at_least(0), default=0,
@@ -112,7 +131,11 @@ def shard_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="build into a non-empty --output-dir that pid-shard did not make (its files are kept)")
     p.add_argument("--s3-endpoint-url", default=None,
-                   help="S3 endpoint for s3:// input (default: $AWS_ENDPOINT_URL or AWS)")
+                   help="S3 endpoint for s3:// input and output (default: $AWS_ENDPOINT_URL or AWS)")
+    p.add_argument("--work-dir", default=None,
+                   help="for an s3:// --output-dir: the local folder the build stages in and keeps to reuse "
+                   f"unchanged tars (default: ${WORK_ROOT_ENV} or ~/.cache/pid-platform/work, then "
+                   "<bucket>/<prefix>)")
     return p
 
 
@@ -139,8 +162,9 @@ def format_summary(s: BuildSummary) -> str:
     r = s.report
     total_bytes = sum(b.bytes for b in s.buckets.values())
     written = sum(b.written for b in s.buckets.values())
+    where = f"{s.published} (staged in {s.out})" if s.published else str(s.out)
     lines = [
-        f"pid-shard: source {s.source!r} -> {s.out}",
+        f"pid-shard: source {s.source!r} -> {where}",
         f"  modalities: {', '.join(r.modalities)} (image modality: {r.image_modality or 'none'})",
         f"  buckets: {len(s.buckets)}  shards: {s.shards}  samples: {s.samples}  "
         f"bytes: {total_bytes} ({_human_bytes(total_bytes)})",
@@ -168,7 +192,7 @@ def format_summary(s: BuildSummary) -> str:
         lines.append(f"  files of the previous version the new one dropped: {len(s.removed)}")
     lines.append(f"  manifests: {len(s.manifests)} wdinfo.json")
     for m in s.manifests:
-        lines.append(f"    {m}")
+        lines.append(f"    {s.published}/{Path(m).relative_to(s.out).as_posix()}" if s.published else f"    {m}")
     return "\n".join(lines)
 
 
@@ -191,7 +215,7 @@ class _ShardProgress:
 
 
 def run_shard(args: argparse.Namespace, root: str, source: str) -> BuildSummary:
-    check_output_apart(root, source, args.output_dir)
+    check_output_apart(root, source, args.output_dir.removeprefix("file://"))
     config = ShardingConfig(
         max_shard_size_mb=args.max_shard_size_mb,
         shard_size=args.shard_size,
@@ -201,11 +225,17 @@ def run_shard(args: argparse.Namespace, root: str, source: str) -> BuildSummary:
         seed=args.seed,
     )
     store: SourceStore = open_source_store(root, endpoint_url=args.s3_endpoint_url)
+    out: Path | str = args.output_dir.removeprefix("file://")
+    publish_to = None
+    if is_s3_url(args.output_dir):
+        publish_to = S3Output(args.output_dir, S3Settings(endpoint_url=args.s3_endpoint_url))
+        check_writable(publish_to)  # an unreachable or refused bucket stops before any work
+        out = work_dir(publish_to, args.work_dir)
     progress = _ShardProgress()
     try:
         return build_source(
-            store, source, args.output_dir, config,
-            num_workers=args.num_workers, trust_pickle=args.trust_pickle, progress=progress, force=args.force,
+            store, source, Path(out), config, num_workers=args.num_workers, trust_pickle=args.trust_pickle,
+            progress=progress, force=args.force, publish_to=publish_to,
         )
     finally:
         progress.close()
@@ -216,6 +246,11 @@ def shard_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         root, source = split_input_dir(args.input_dir)
+        refuse_other_urls(args.output_dir, "--output-dir")
+        if is_s3_url(args.output_dir):
+            S3Output(args.output_dir)  # a malformed s3:// URL is an argument error
+        elif args.work_dir is not None:
+            raise ValueError("--work-dir is for an s3:// --output-dir; a local output stages beside itself")
     except ValueError as exc:
         parser.error(str(exc))  # exits 2 with the usage line
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,8 +75,17 @@ class Catalog:
                     "build that source or fix the dataset definition"
                 )
             base = self.location or "."
-            out.extend(os.path.normpath(os.path.join(base, m)) for m in self.sources[s].manifests)
+            out.extend(_join(base, m) for m in self.sources[s].manifests)
         return sorted(out)
+
+
+def _join(base: str, rel: str) -> str:
+    """``rel`` (a catalog entry, '/'-separated) under the catalog's folder or URL."""
+    if "://" in base and not base.startswith("file://"):
+        scheme, rest = base.split("://", 1)
+        netloc, _, path = rest.partition("/")
+        return f"{scheme}://{netloc}{posixpath.normpath(posixpath.join('/' + path, rel))}"
+    return os.path.normpath(os.path.join(base, rel))
 
 
 def write_catalog(folder: str | os.PathLike[str], catalog: Catalog) -> Path:
@@ -89,7 +99,16 @@ def read_catalog(path: str | os.PathLike[str]) -> Catalog:
     if path.is_dir():
         path = path / CATALOG_NAME
     try:
-        doc = json.loads(path.read_bytes())
+        data = path.read_bytes()
+    except OSError as exc:
+        raise FormatError(f"{path}: unreadable catalog ({exc}); re-run the dataset_catalog asset") from None
+    return parse_catalog(data, str(path))
+
+
+def parse_catalog(data: bytes, path: str) -> Catalog:
+    """The catalog in ``data``, read from ``path`` (a file or a URL; entries are relative to its folder)."""
+    try:
+        doc = json.loads(data)
         sources = {
             n: SourceEntry(
                 n, list(s["manifests"]), list(s.get("buckets", [])), int(s.get("total_key_count", 0)),
@@ -98,6 +117,6 @@ def read_catalog(path: str | os.PathLike[str]) -> Catalog:
             for n, s in doc["sources"].items()
         }
         datasets = {n: list(v) for n, v in doc.get("datasets", {}).items()}
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise FormatError(f"{path}: unreadable catalog ({exc}); re-run the dataset_catalog asset") from None
-    return Catalog(sources, datasets, str(path.parent))
+    return Catalog(sources, datasets, path.rsplit("/", 1)[0] if "://" in path else os.path.dirname(path))

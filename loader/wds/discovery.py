@@ -18,8 +18,9 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from loader.formats.catalog import CATALOG_NAME, read_catalog
+from loader.formats.catalog import CATALOG_NAME, Catalog, parse_catalog, read_catalog
 from loader.formats.errors import FormatError
+from loader.formats.version_pointer import POINTER_NAME, parse_pointer
 from loader.formats.wdinfo import WDINFO_NAME, check_wdinfo
 from loader.wds.errors import ManifestError
 from loader.wds.schema import ShardTable, Wdinfo, join_url
@@ -44,9 +45,13 @@ def find_manifests(spec: str | Sequence[str], catalog: str | None = None) -> lis
 def _find_one(spec: str, catalog: str | None) -> list[str]:
     spec = spec.removeprefix("file://")
     if _is_url(spec):
-        return [spec if spec.endswith(".json") else join_url(spec, WDINFO_NAME)]
+        if spec.endswith(".json"):
+            return _all_manifests(_catalog(spec)) if spec.endswith(CATALOG_NAME) else [spec]
+        return _find_under_prefix(spec.rstrip("/"))
     if os.path.isfile(spec):
         return [os.path.abspath(spec)]
+    if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, POINTER_NAME)):
+        return _follow_pointer(os.path.abspath(spec))
     if os.path.isdir(spec):
         hits = sorted(glob.glob(os.path.join(spec, "**", WDINFO_NAME), recursive=True))
         hits = [h for h in hits if ".pid-build" not in h.split(os.sep)]
@@ -68,9 +73,67 @@ def _find_one(spec: str, catalog: str | None) -> list[str]:
             f"name; pass catalog=<output root or {CATALOG_NAME}> or set {CATALOG_ENV}"
         )
     try:
-        return read_catalog(cat_path).resolve(spec)
+        return _catalog(cat_path).resolve(spec)
     except KeyError as exc:
         raise ManifestError(str(exc)) from None
+
+
+def _read_bytes(path: str) -> bytes | None:
+    """The bytes at a path or URL; ``None`` when there is nothing there."""
+    try:
+        if _is_url(path):
+            from loader.io import open_url
+
+            with open_url(path) as fh:
+                return fh.read()
+        with open(path, "rb") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return None
+
+
+def _catalog(location: str) -> Catalog:
+    """The catalog at a folder, a ``catalog.json`` path, or a URL of either."""
+    if not _is_url(location):
+        return read_catalog(location)
+    path = location if location.endswith(".json") else join_url(location, CATALOG_NAME)
+    data = _read_bytes(path)
+    if data is None:
+        raise ManifestError(f"catalog {path} not found; materialize dataset_catalog, or give a manifest or prefix")
+    try:
+        return parse_catalog(data, path)
+    except FormatError as exc:
+        raise ManifestError(str(exc)) from None
+
+
+def _all_manifests(catalog: Catalog) -> list[str]:
+    return sorted({m for source in catalog.sources for m in catalog.resolve(source)})
+
+
+def _follow_pointer(prefix: str) -> list[str]:
+    """The manifests of the version ``<prefix>/pid-current.json`` names (a build published to an
+    object store: versions side by side, the pointer switched at the commit)."""
+    where = join_url(prefix, POINTER_NAME) if _is_url(prefix) else os.path.join(prefix, POINTER_NAME)
+    data = _read_bytes(where)
+    if data is None:
+        raise ManifestError(f"{where} not found")
+    try:
+        pointer = parse_pointer(data, where)
+    except FormatError as exc:
+        raise ManifestError(str(exc)) from None
+    if _is_url(prefix):
+        return [join_url(prefix, m) for m in pointer.manifest_paths()]
+    return [os.path.join(prefix, *m.split("/")) for m in pointer.manifest_paths()]
+
+
+def _find_under_prefix(prefix: str) -> list[str]:
+    """A URL prefix: a published source (its pointer), an output root (its catalog, every
+    source), or a single bucket folder (its ``wdinfo.json``), tried in that order."""
+    if _read_bytes(join_url(prefix, POINTER_NAME)) is not None:
+        return _follow_pointer(prefix)
+    if _read_bytes(join_url(prefix, CATALOG_NAME)) is not None:
+        return _all_manifests(_catalog(prefix))
+    return [join_url(prefix, WDINFO_NAME)]
 
 
 def _read_json(path: str) -> dict:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from loader.formats.catalog import Catalog, SourceEntry, write_catalog
-from loader.formats.wdinfo import WDINFO_NAME, read_wdinfo
+from loader.formats.catalog import CATALOG_NAME, Catalog, SourceEntry, write_catalog
+from loader.formats.errors import FormatError
+from loader.formats.wdinfo import WDINFO_NAME, parse_wdinfo, read_wdinfo
+from pid_platform.build.errors import BuildError
 from pid_platform.build.layout import STATE_DIR
+from pid_platform.build.s3_output import S3Output, get_bytes, read_pointer
 
 ALL_DATASET = "all"
 
@@ -34,17 +38,66 @@ def scan_sources(output_root: Path) -> dict[str, SourceEntry]:
     return sources
 
 
-def build_catalog(output_root: Path, datasets: dict[str, list[str]] | None = None) -> tuple[Path, Catalog]:
-    """Every built source, plus the logical datasets given (and ``all``)."""
-    sources = scan_sources(output_root)
+def scan_s3_sources(output_root: S3Output) -> dict[str, SourceEntry]:
+    """Every source under an S3 output root with a current version; its entries name the
+    manifests of that version, so the catalog pins versions (old ones stay readable until the
+    cleanup job removes them, after their grace period)."""
+    prefix = output_root.key() + "/" if output_root.prefix else ""
+    names: list[str] = []
+    with output_root.errors(f"listing {output_root}"):
+        pages = output_root.client().get_paginator("list_objects_v2").paginate(
+            Bucket=output_root.bucket, Prefix=prefix, Delimiter="/")
+        for page in pages:
+            names += [cp["Prefix"][len(prefix):].strip("/") for cp in page.get("CommonPrefixes", [])]
+    sources: dict[str, SourceEntry] = {}
+    for name in sorted(n for n in names if n and not n.startswith(".")):
+        out = output_root.child(name)
+        pointer = read_pointer(out)
+        if pointer is None:
+            continue
+        parsed = []
+        for rel in pointer.manifest_paths():
+            data = get_bytes(out, rel)
+            if data is None:
+                raise BuildError(f"{out}/{rel}: the current version's manifest is missing; rebuild source {name!r}")
+            try:
+                parsed.append(parse_wdinfo(json.loads(data), None, f"{out}/{rel}"))
+            except (FormatError, ValueError) as exc:
+                raise BuildError(f"{out}/{rel}: {exc}; rebuild source {name!r}") from None
+        sources[name] = SourceEntry(
+            name=name,
+            manifests=[f"{name}/{rel}" for rel in pointer.manifest_paths()],
+            buckets=sorted(w.bucket or "" for w in parsed),
+            total_key_count=sum(w.total_key_count for w in parsed),
+            data_keys=sorted({k for w in parsed for k in w.data_keys}),
+        )
+    return sources
+
+
+def build_s3_catalog(output_root: S3Output, datasets: dict[str, list[str]] | None = None) -> tuple[str, Catalog]:
+    """``catalog.json`` at an S3 output root, written after every version it names."""
+    catalog = _catalog(scan_s3_sources(output_root), datasets, str(output_root))
+    key = output_root.key(CATALOG_NAME)
+    body = json.dumps(catalog.to_json(), indent=1).encode() + b"\n"
+    with output_root.errors(f"writing {output_root}/{CATALOG_NAME}"):
+        output_root.client().put_object(Bucket=output_root.bucket, Key=key, Body=body, ContentType="application/json")
+    return f"s3://{output_root.bucket}/{key}", catalog
+
+
+def _catalog(sources: dict[str, SourceEntry], datasets: dict[str, list[str]] | None, where: str) -> Catalog:
     defined = {ALL_DATASET: sorted(sources)}
     for name, members in (datasets or {}).items():
         missing = [s for s in members if s not in sources]
         if missing:
             raise ValueError(
-                f"dataset {name!r} names sources {missing} that have no manifest under {output_root}; "
+                f"dataset {name!r} names sources {missing} that have no manifest under {where}; "
                 f"built sources: {sorted(sources)}"
             )
         defined[name] = sorted(members)
-    catalog = Catalog(sources, defined, str(output_root))
+    return Catalog(sources, defined, where)
+
+
+def build_catalog(output_root: Path, datasets: dict[str, list[str]] | None = None) -> tuple[Path, Catalog]:
+    """Every built source, plus the logical datasets given (and ``all``)."""
+    catalog = _catalog(scan_sources(output_root), datasets, str(output_root))
     return write_catalog(output_root, catalog), catalog

@@ -27,6 +27,7 @@ from pid_platform.build.manifests import (
     write_manifests,
 )
 from pid_platform.build.plan import ShardingConfig, ShardPlan, plan_shards
+from pid_platform.build.s3_output import S3Output, publish_version, read_pointer
 from pid_platform.build.storage import SourceStore
 from pid_platform.build.tables import read_plans, read_samples, write_plans, write_samples
 from pid_platform.build.writer import ShardResult, write_shards
@@ -74,6 +75,9 @@ class BuildSummary:
     manifests: list[Path] = field(default_factory=list)
     # Tars, key indexes and manifests of the previous version that the new one dropped.
     removed: list[Path] = field(default_factory=list)
+    # For an S3 output: the version now current (``s3://.../versions/<id>``); ``out`` is then
+    # the local work folder the build staged in.
+    published: str | None = None
 
     @property
     def shards(self) -> int:
@@ -162,9 +166,15 @@ def run_key_indexes(out: Path, *, num_workers: int) -> tuple[ShardingConfig, lis
 
 
 @build_step
-def run_manifests(out: Path, source: str, *, num_workers: int) -> tuple[ShardingConfig, list[BucketManifest], list[Path]]:
+def run_manifests(
+    out: Path, source: str, *, num_workers: int, publish_to: S3Output | None = None,
+    before_switch: Callable[[], None] | None = None,
+) -> tuple[ShardingConfig, list[BucketManifest], list[Path]]:
     """wdinfo.json per bucket into the staging folder, then the commit that publishes it as ``out``.
 
+    ``publish_to``: ``out`` is the local work folder of an S3 output; the staged version is
+    published there first (new version prefix, manifests last, then the pointer: the commit
+    point readers see; ``before_switch`` runs just before it), then committed locally.
     Returns the manifests (at their published paths) and the files of the previous version the
     new one dropped.
     """
@@ -173,6 +183,8 @@ def run_manifests(out: Path, source: str, *, num_workers: int) -> tuple[Sharding
     plans = load_plans(staging, config)
     remove_unplanned(staging, plans)  # an earlier, unfinished build may have left other shards
     manifests = write_manifests(staging, source, plans, num_workers=num_workers)
+    if publish_to is not None:
+        publish_version(staging, publish_to, num_workers=num_workers, before_switch=before_switch)
     removed = publish.commit(out)
     published = [replace(m, path=Path(out) / m.path.relative_to(staging)) for m in manifests]
     return config, published, removed
@@ -182,15 +194,22 @@ def run_manifests(out: Path, source: str, *, num_workers: int) -> tuple[Sharding
 def build_source(
     store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int = 1,
     trust_pickle: bool = False, progress: Callable[[int, int], None] | None = None, force: bool = False,
+    publish_to: S3Output | None = None,
 ) -> BuildSummary:
     """Intake -> twin tars -> key indexes -> wdinfo.json for one source, written under ``out``.
 
     The Dagster assets put a source under ``<output_root>/<source>``; the CLI writes where told.
+    ``publish_to``: an S3 output, published from ``out`` (the local work folder) at the commit;
+    call ``s3_output.check_writable`` first to stop before any work if the bucket refuses.
     """
     out = Path(out)
     _, report, _ = run_intake(store, source, out, config, trust_pickle=trust_pickle, num_workers=num_workers,
                               force=force)
     _, results = run_sharding(store, source, out, config, num_workers=num_workers, progress=progress)
     run_key_indexes(out, num_workers=num_workers)
-    _, manifests, removed = run_manifests(out, source, num_workers=num_workers)
-    return BuildSummary(source, out, report, summarize(results), [m.path for m in manifests], removed)
+    _, manifests, removed = run_manifests(out, source, num_workers=num_workers, publish_to=publish_to)
+    published = None
+    if publish_to is not None:
+        pointer = read_pointer(publish_to)
+        published = f"{publish_to}/{pointer.version_dir()}" if pointer else None
+    return BuildSummary(source, out, report, summarize(results), [m.path for m in manifests], removed, published)

@@ -1,0 +1,79 @@
+"""A build published to an object store: versions side by side, one pointer naming the current.
+
+An object store has no rename, so a build there stays atomic by addressing: every version of a
+source's output lives under ``<output>/versions/<version>/`` (the same layout as a local output
+folder: tars, key indexes, ``wdinfo.json``), and ``<output>/pid-current.json`` names the one
+readers use. The pointer is written last, in one PUT, after every object of its version; a
+reader follows it and sees the old version or the new one, never a mix. A version stops being
+current when the pointer moves on; it is recorded under ``retired`` with the time, and removed
+only by an explicit cleanup once its grace period is over (readers may still be streaming it).
+
+Pointer, ``format_version`` 1::
+
+    {"format_version": 1, "version": "<id>", "manifests": ["aspect_ratio_1_1/wdinfo.json", ...],
+     "retired": {"<older id>": <unix seconds it stopped being current>, ...}}
+
+``manifests`` are relative to the version's folder, so a reader needs no listing.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from loader.formats.errors import FormatError
+
+POINTER_NAME = "pid-current.json"
+VERSIONS_DIR = "versions"
+POINTER_FORMAT_VERSION = 1
+_VERSION_ID = re.compile(r"^[0-9a-f]{8,64}$")
+
+
+@dataclass(frozen=True)
+class VersionPointer:
+    version: str
+    manifests: list[str]
+    retired: dict[str, float] = field(default_factory=dict)
+
+    def version_dir(self) -> str:
+        """The version's folder, relative to the output (the pointer's folder)."""
+        return version_dir(self.version)
+
+    def manifest_paths(self) -> list[str]:
+        """The manifests, relative to the output."""
+        return [posixpath.join(self.version_dir(), m) for m in self.manifests]
+
+    def to_bytes(self) -> bytes:
+        doc = {"format_version": POINTER_FORMAT_VERSION, "version": self.version,
+               "manifests": sorted(self.manifests), "retired": dict(sorted(self.retired.items()))}
+        return json.dumps(doc, indent=1).encode() + b"\n"
+
+
+def version_dir(version: str) -> str:
+    return f"{VERSIONS_DIR}/{version}"
+
+
+def parse_pointer(data: bytes, origin: str) -> VersionPointer:
+    """The pointer in ``data`` (read from ``origin``); ``FormatError`` names what is wrong."""
+    try:
+        doc: Any = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{origin}: not a version pointer (invalid JSON: {exc}); rebuild the output") from None
+    if not isinstance(doc, dict) or doc.get("format_version") != POINTER_FORMAT_VERSION:
+        raise FormatError(f"{origin}: not a version pointer of format_version {POINTER_FORMAT_VERSION}; "
+                          "rebuild the output with this version of pid-platform")
+    version, manifests, retired = doc.get("version"), doc.get("manifests"), doc.get("retired", {})
+    if not isinstance(version, str) or not _VERSION_ID.match(version):
+        raise FormatError(f"{origin}: 'version' must be a hex version id, got {version!r}")
+    if not isinstance(manifests, list) or not all(
+        isinstance(m, str) and m and not m.startswith("/") and ".." not in m.split("/") for m in manifests
+    ):
+        raise FormatError(f"{origin}: 'manifests' must list paths inside the version folder, got {manifests!r}")
+    if not isinstance(retired, dict) or not all(
+        isinstance(k, str) and _VERSION_ID.match(k) and isinstance(v, int | float) for k, v in retired.items()
+    ):
+        raise FormatError(f"{origin}: 'retired' must map version ids to times, got {retired!r}")
+    return VersionPointer(version, list(manifests), {k: float(v) for k, v in retired.items()})

@@ -1,0 +1,362 @@
+"""Publishing a source's build to ``s3://bucket/prefix``: a new version prefix, then the pointer.
+
+The build itself runs in a local work folder exactly as for a local output (staging, hard-linked
+reuse, the same bytes); its commit step then publishes the staged version to the bucket
+(``loader/formats/version_pointer.py`` has the layout):
+
+1. the tars and key indexes go under ``versions/<id>/`` (``<id>`` is a digest of the manifests,
+   key indexes and settings, so the same build is the same version and a killed upload resumes
+   where it stopped: objects already there with the right size are kept; a tar the current
+   version already holds with the same checksum is copied inside the bucket, not uploaded);
+2. then the manifests and the settings the version was cut with;
+3. then ``pid-current.json`` is replaced in one PUT: the commit point. Until then readers keep
+   the previous version; a build killed before it changed nothing they see.
+
+The version the pointer moves away from is recorded as retired, with the time; only
+``cleanup_versions`` (the ``s3_version_cleanup`` job) deletes versions, once retired longer than
+a grace period, and abandoned uploads (no pointer ever named them) once older than it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from loader.formats.errors import FormatError
+from loader.formats.twin_tar import tar_path
+from loader.formats.version_pointer import (
+    POINTER_NAME,
+    VERSIONS_DIR,
+    VersionPointer,
+    parse_pointer,
+    version_dir,
+)
+from loader.formats.wdinfo import WDINFO_NAME, check_wdinfo
+from loader.io.s3_client import S3AccessError, S3Settings, s3_client, s3_errors, split_s3_url
+from pid_platform.build.errors import BuildError, OutputNotWritableError
+from pid_platform.build.layout import PROBE_PREFIX, STATE_DIR
+from pid_platform.build.manifests import is_build_output
+from pid_platform.build.parallel import ordered_map
+
+WORK_ROOT_ENV = "PID_WORK_ROOT"
+DEFAULT_GRACE_S = 24 * 3600.0
+# Build state a version carries: the settings it was cut with (for people and checks).
+CARRIED_STATE = ("sharding.json",)
+
+
+def is_s3_url(location: str | os.PathLike[str]) -> bool:
+    return isinstance(location, str) and location.startswith("s3://")
+
+
+def refuse_other_urls(location: str, what: str) -> None:
+    """A string that looks like a URL is never a local path: refuse every scheme but s3://."""
+    if "://" in location and not location.startswith(("s3://", "file://")):
+        raise ValueError(f"{what} {location!r}: use a local folder or s3://bucket/prefix "
+                         f"({location.split('://', 1)[0]}:// is not a place builds are written to)")
+
+
+@dataclass(frozen=True)
+class S3Output:
+    """One output on S3 (a source's, or the output root holding them); ``settings`` say how
+    to reach it, credentials come from boto3's usual chain."""
+
+    url: str
+    settings: S3Settings = field(default_factory=lambda: S3Settings(max_attempts=5))
+
+    def __post_init__(self) -> None:
+        bucket, _ = split_s3_url(self.url)  # ValueError for anything but s3://bucket[/prefix]
+        if any(c in bucket for c in "@?#") or bucket != bucket.lower():
+            raise ValueError(f"{self.url!r}: not an s3://bucket/prefix URL (credentials go in the environment)")
+        object.__setattr__(self, "url", self.url.rstrip("/"))
+
+    @property
+    def bucket(self) -> str:
+        return split_s3_url(self.url)[0]
+
+    @property
+    def prefix(self) -> str:
+        return split_s3_url(self.url)[1]
+
+    def key(self, *parts: str) -> str:
+        return "/".join(p.strip("/") for p in (self.prefix, *parts) if p and p.strip("/"))
+
+    def child(self, name: str) -> S3Output:
+        return replace(self, url=f"{self.url}/{name}")
+
+    def client(self) -> Any:
+        return s3_client(self.settings)
+
+    def errors(self, what: str):
+        return s3_errors(self.settings, what, self.bucket)
+
+    def __str__(self) -> str:
+        return self.url
+
+
+def default_work_root() -> Path:
+    return Path(os.environ.get(WORK_ROOT_ENV) or Path.home() / ".cache" / "pid-platform" / "work")
+
+
+def work_dir(output: S3Output, work_root: str | os.PathLike[str] | None = None) -> Path:
+    """The local folder a build of ``output`` stages in (and keeps, to reuse unchanged tars)."""
+    return Path(work_root or default_work_root()).resolve() / output.bucket / (output.prefix or "_root")
+
+
+def check_writable(output: S3Output) -> None:
+    """Prove, before any work, that ``output``'s bucket exists and takes a write: an unreachable
+    endpoint, a missing bucket and refused credentials each stop here with what to fix."""
+    client = output.client()
+    probe = output.key(f"{PROBE_PREFIX}{uuid.uuid4().hex}")
+    try:
+        with output.errors(f"writing to {output}"):
+            try:
+                # First, and on its own: some servers (SeaweedFS) create a bucket on a first PUT.
+                client.head_bucket(Bucket=output.bucket)
+            except Exception as exc:
+                if _not_found(exc):
+                    raise S3AccessError(f"writing to {output}: bucket {output.bucket!r} does not exist at "
+                                        f"{output.settings.where()}; create it or fix the s3:// URL") from None
+                raise
+            client.put_object(Bucket=output.bucket, Key=probe, Body=b"")
+            client.delete_object(Bucket=output.bucket, Key=probe)
+    except S3AccessError as exc:
+        raise OutputNotWritableError(f"{exc} (nothing was built or published)") from None
+
+
+def _not_found(exc: Exception) -> bool:
+    from botocore.exceptions import ClientError
+
+    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound")
+
+
+def get_bytes(output: S3Output, rel: str) -> bytes | None:
+    """The object at ``output/rel``, or ``None`` when there is none."""
+    key = output.key(rel)
+    try:
+        with output.errors(f"reading s3://{output.bucket}/{key}"):
+            return output.client().get_object(Bucket=output.bucket, Key=key)["Body"].read()
+    except Exception as exc:
+        if _not_found(exc):
+            return None
+        if isinstance(exc, S3AccessError):
+            raise BuildError(str(exc)) from None
+        raise
+
+
+def read_pointer(output: S3Output) -> VersionPointer | None:
+    data = get_bytes(output, POINTER_NAME)
+    if data is None:
+        return None
+    try:
+        return parse_pointer(data, f"{output}/{POINTER_NAME}")
+    except FormatError as exc:
+        raise BuildError(f"{exc}; delete it to publish a fresh version (readers then see none until the build "
+                         "commits)") from None
+
+
+def list_sizes(output: S3Output, rel_prefix: str) -> dict[str, int]:
+    """Object sizes under ``output/rel_prefix/``, keyed by path relative to that prefix."""
+    prefix = output.key(rel_prefix) + "/"
+    sizes: dict[str, int] = {}
+    with output.errors(f"listing s3://{output.bucket}/{prefix}"):
+        for page in output.client().get_paginator("list_objects_v2").paginate(Bucket=output.bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                sizes[obj["Key"][len(prefix):]] = int(obj["Size"])
+    return sizes
+
+
+@dataclass
+class PublishedVersion:
+    output: str
+    version: str
+    previous: str | None
+    uploaded: int = 0   # objects sent
+    copied: int = 0     # tars copied inside the bucket from the previous version
+    kept: int = 0       # objects an interrupted publish of this version had already sent
+    unchanged: bool = False  # the pointer already named this version
+
+    @property
+    def url(self) -> str:
+        return f"{self.output}/{version_dir(self.version)}"
+
+
+def _version_files(staging: Path) -> tuple[list[str], list[str], list[str]]:
+    """(tars and key indexes, manifests, carried state) of a staged version, relative, sorted."""
+    data, manifests = [], []
+    for dirpath, dirs, files in os.walk(staging):
+        d = Path(dirpath)
+        if d == staging:
+            dirs[:] = [x for x in dirs if x != STATE_DIR]
+        for name in files:
+            if not is_build_output(staging, d / name):
+                continue
+            rel = (d / name).relative_to(staging).as_posix()
+            (manifests if name == WDINFO_NAME else data).append(rel)
+    state = [f"{STATE_DIR}/{n}" for n in CARRIED_STATE if (staging / STATE_DIR / n).is_file()]
+    return sorted(data), sorted(manifests), state
+
+
+def version_id(staging: Path, manifests: list[str], state: list[str], key_indexes: list[str]) -> str:
+    """A digest naming the version: its manifests (which hold every tar's checksum), key indexes
+    and settings. Same build, same id."""
+    h = hashlib.sha256(b"pid-version-1")
+    for rel in [*manifests, *key_indexes, *state]:
+        h.update(f"\0{rel}\0".encode())
+        h.update(hashlib.sha256((staging / rel).read_bytes()).digest())
+    return h.hexdigest()[:20]
+
+
+def _tar_checksums(manifest_dir: str, doc: dict[str, Any], origin: str) -> dict[str, str]:
+    """Path of each tar (relative to the version folder) -> its checksum, from one manifest."""
+    cols = check_wdinfo(doc, origin)
+    out: dict[str, str] = {}
+    for m in cols.data_keys:
+        for path, sha in zip(cols.data_list, cols.tar_sha256.get(m) or [], strict=False):
+            if sha and cols.root == ".":
+                out[tar_path(Path(manifest_dir), "", m, path).as_posix()] = sha
+    return out
+
+
+def _checksums_of(manifests: dict[str, bytes]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for rel, data in manifests.items():
+        manifest_dir = rel.rpartition("/")[0] or "."
+        found.update(_tar_checksums(manifest_dir, json.loads(data), rel))
+    return {os.path.normpath(k): v for k, v in found.items()}
+
+
+def publish_version(
+    staging: Path, output: S3Output, *, num_workers: int = 4, before_switch: Callable[[], None] | None = None,
+    now: Callable[[], float] = time.time,
+) -> PublishedVersion:
+    """Publish the complete version staged in ``staging`` (manifests written) as ``output``'s
+    current version. ``before_switch`` runs after every object is up and before the pointer
+    moves (the last moment a crash leaves the previous version served)."""
+    data, manifests, state = _version_files(staging)
+    if not manifests:
+        raise BuildError(f"{staging}: no {WDINFO_NAME} staged; nothing to publish to {output}")
+    key_indexes = [r for r in data if r.endswith(".parquet")]
+    vid = version_id(staging, manifests, state, key_indexes)
+    current = read_pointer(output)
+    result = PublishedVersion(str(output), vid, current.version if current else None)
+    if current is not None and current.version == vid:
+        result.unchanged = True
+        return result
+    client = output.client()
+    vdir = version_dir(vid)
+    there = list_sizes(output, vdir)
+
+    # Tars the current version holds with the same checksum are copied inside the bucket.
+    old_sha: dict[str, str] = {}
+    if current is not None:
+        old_docs = {m: get_bytes(output, f"{current.version_dir()}/{m}") or b"{}" for m in current.manifests}
+        try:
+            old_sha = _checksums_of(old_docs)
+        except (FormatError, json.JSONDecodeError):
+            old_sha = {}  # an unreadable old manifest only costs the copies
+    new_sha = _checksums_of({m: (staging / m).read_bytes() for m in manifests})
+
+    def send(rel: str) -> str:
+        path = staging / rel
+        size = path.stat().st_size
+        if there.get(rel) == size:
+            return "kept"
+        key = output.key(vdir, rel)
+        where = f"s3://{output.bucket}/{key}"
+        try:
+            with output.errors(f"writing {where}"):
+                if current is not None and rel in new_sha and old_sha.get(rel) == new_sha[rel]:
+                    src = output.key(current.version_dir(), rel)
+                    client.copy({"Bucket": output.bucket, "Key": src}, output.bucket, key)
+                    return "copied"
+                client.upload_file(str(path), output.bucket, key)
+                return "uploaded"
+        except S3AccessError as exc:
+            raise BuildError(f"{exc}; the pointer was not changed, readers keep version "
+                             f"{result.previous or '(none)'}") from None
+
+    def tally(outcomes: list[str]) -> None:
+        for o in outcomes:
+            setattr(result, o, getattr(result, o) + 1)
+
+    tally(list(ordered_map(send, data, num_workers, threads=True)))
+    tally([send(rel) for rel in manifests + state])  # manifests after every tar they list
+    if before_switch is not None:
+        before_switch()
+    retired = dict(current.retired) if current else {}
+    if current is not None:
+        retired[current.version] = now()
+    retired.pop(vid, None)  # a version published again is current, not retired
+    pointer = VersionPointer(vid, manifests, retired)
+    with output.errors(f"writing {output}/{POINTER_NAME}"):
+        client.put_object(Bucket=output.bucket, Key=output.key(POINTER_NAME), Body=pointer.to_bytes(),
+                          ContentType="application/json")
+    return result
+
+
+def list_versions(output: S3Output) -> dict[str, float]:
+    """Version id -> time of its newest object, for every version folder under ``output``."""
+    prefix = output.key(VERSIONS_DIR) + "/"
+    newest: dict[str, float] = {}
+    with output.errors(f"listing s3://{output.bucket}/{prefix}"):
+        for page in output.client().get_paginator("list_objects_v2").paginate(Bucket=output.bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                vid = obj["Key"][len(prefix):].split("/", 1)[0]
+                newest[vid] = max(newest.get(vid, 0.0), obj["LastModified"].timestamp())
+    return newest
+
+
+@dataclass
+class Cleanup:
+    output: str
+    current: str | None
+    removed: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)  # not current, still within the grace period
+    objects_deleted: int = 0
+
+
+def cleanup_versions(output: S3Output, *, grace_s: float = DEFAULT_GRACE_S,
+                     now: Callable[[], float] = time.time) -> Cleanup:
+    """Delete the versions of ``output`` no reader should still use: retired longer than
+    ``grace_s`` ago, or never made current and untouched for ``grace_s`` (an abandoned upload).
+    The current version is never touched."""
+    pointer = read_pointer(output)
+    report = Cleanup(str(output), pointer.version if pointer else None)
+    t = now()
+    retired = dict(pointer.retired) if pointer else {}
+    for vid, newest in sorted(list_versions(output).items()):
+        if pointer is not None and vid == pointer.version:
+            continue
+        since = retired.get(vid, newest)
+        if t - since < grace_s:
+            report.kept.append(vid)
+            continue
+        report.objects_deleted += _delete_prefix(output, version_dir(vid))
+        report.removed.append(vid)
+    if pointer is not None and any(v in pointer.retired for v in report.removed):
+        # Forget removed versions in the pointer, unless a build moved it meanwhile.
+        again = read_pointer(output)
+        if again == pointer:
+            left = {v: s for v, s in pointer.retired.items() if v not in report.removed}
+            with output.errors(f"writing {output}/{POINTER_NAME}"):
+                output.client().put_object(Bucket=output.bucket, Key=output.key(POINTER_NAME),
+                                           Body=replace(pointer, retired=left).to_bytes(),
+                                           ContentType="application/json")
+    return report
+
+
+def _delete_prefix(output: S3Output, rel_prefix: str) -> int:
+    client = output.client()
+    keys = [output.key(rel_prefix, rel) for rel in list_sizes(output, rel_prefix)]
+    for i in range(0, len(keys), 1000):
+        with output.errors(f"deleting under {output}/{rel_prefix}"):
+            client.delete_objects(Bucket=output.bucket,
+                                  Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True})
+    return len(keys)
