@@ -348,3 +348,21 @@ def test_reads_pid_written_manifests(built29: Path, tmp_path: Path) -> None:
     _assert_exactly_once([_sids(before), _sids(after)], everything, "PiD manifest resume")
     with pytest.raises(MissingKeyError, match="needs a key index"):
         _take(make_loader(build_dataset(str(tmp_path / "pid"), mode="index", decode=None)), None)
+
+
+def test_set_epoch_on_the_loader_or_on_its_shard_list(built29: Path) -> None:
+    everything = all_sids(load_wdinfo(str(built29)).tar_files.counts)
+    loader = make_loader(_dataset(built29))
+    loader.set_epoch(2)
+    epoch2 = _take(loader, None)
+    assert {e for b in epoch2 for e in b["__epoch__"].tolist()} == {2} and loader.epoch == 3
+    _assert_exactly_once([_sids(epoch2)], everything, "epoch 2")
+    # dataset.shardlist.set_epoch(n) after make_loader is not ignored: the next pass is epoch n.
+    ds = _dataset(built29)
+    other = make_loader(ds, num_workers=2)
+    ds.shardlist.set_epoch(2)
+    assert _sids(_take(other, None)) == _sids(epoch2) and other.epoch == 3
+    # Mid-epoch, set_epoch starts that epoch afresh.
+    _take(loader, 2)
+    loader.set_epoch(2)
+    assert _sids(_take(loader, None)) == _sids(epoch2)
