@@ -10,6 +10,7 @@ from pid_platform.defs.groups import BUILD_GROUP, BUILD_POOL
 from pid_platform.defs.metadata import markdown_table
 from pid_platform.defs.partitions import sources_partitions
 from pid_platform.defs.resources import ShardingResource, SourceStoreResource
+from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
 
 INTAKE_VERSION = "intake-v1"
 
@@ -40,6 +41,7 @@ def _report_table(report: IntakeReport) -> str:
     kinds={"python", "parquet"},
     code_version=INTAKE_VERSION,
     pool=BUILD_POOL,
+    retry_policy=IO_RETRY,
 )
 def sample_set(
     context: dg.AssetExecutionContext, source_store: SourceStoreResource, sharding: ShardingResource
@@ -53,10 +55,11 @@ def sample_set(
     source = context.partition_key
     out = source_store.source_out(source)
     store = source_store.open()
-    samples, report, path = run_intake(
-        store, source, out, sharding.config(),
-        trust_pickle=sharding.trust_pickle, num_workers=sharding.num_workers,
-    )
+    with fail_without_retry_on():
+        samples, report, path = run_intake(
+            store, source, out, sharding.config(),
+            trust_pickle=sharding.trust_pickle, num_workers=sharding.num_workers,
+        )
     context.log.info(f"{source}: {report.samples} samples kept, {report.dropped_total} dropped")
     return dg.MaterializeResult(
         metadata={

@@ -23,6 +23,7 @@ from pid_platform.defs.lerobot.partitions import LEROBOT_GROUP, lerobot_datasets
 from pid_platform.defs.lerobot.pools import PUBLISH_POOL
 from pid_platform.defs.lerobot.resources import LeRobotResource
 from pid_platform.defs.metadata import human_bytes, markdown_table
+from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
 from pid_platform.lerobot.publish import publish_sidecar
 
 # The sidecar's bytes depend on the schema: a new schema version marks every sidecar stale.
@@ -42,6 +43,7 @@ def _files_table(manifest: dict) -> str:
     group_name=LEROBOT_GROUP,
     kinds={"python", "numpy"},
     code_version=SIDECAR_CODE_VERSION,
+    retry_policy=IO_RETRY,
 )
 def mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource) -> dg.MaterializeResult:
     """The MP4 sidecar of one LeRobot v3 dataset: ``<output_root>/lerobot/<dataset>/mp4-sidecar.npz``,
@@ -57,7 +59,8 @@ def mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource) -> 
     out = lerobot.sidecar_path(dataset)
     repo_id = lerobot.repo_id(dataset)
     revision, how = lerobot.revision(dataset)
-    meta = LeRobotMeta.load(data_root)
+    with fail_without_retry_on():  # a malformed dataset stays malformed
+        meta = LeRobotMeta.load(data_root)
     rebuilt = not out.exists() or bool(validate_sidecar(out, meta, repo_id=repo_id, revision=revision,
                                                         require_complete=True))
     read: list[int] = []

@@ -6,10 +6,12 @@ import dagster as dg
 
 from pid_platform.build.catalog import build_catalog
 from pid_platform.build.pipeline import run_key_indexes, run_manifests
+from pid_platform.defs.automation.conditions import FOLLOW_UPSTREAM
 from pid_platform.defs.groups import BUILD_GROUP, CATALOG_GROUP
 from pid_platform.defs.metadata import bucket_label, first, markdown_table
 from pid_platform.defs.partitions import sources_partitions
 from pid_platform.defs.resources import SHARDING_CODE_VERSION, ShardingResource, SourceStoreResource
+from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
 
 
 @dg.asset(
@@ -18,6 +20,8 @@ from pid_platform.defs.resources import SHARDING_CODE_VERSION, ShardingResource,
     group_name=BUILD_GROUP,
     kinds={"python", "parquet"},
     code_version=SHARDING_CODE_VERSION,
+    automation_condition=FOLLOW_UPSTREAM,
+    retry_policy=IO_RETRY,
 )
 def key_indexes(
     context: dg.AssetExecutionContext, source_store: SourceStoreResource, sharding: ShardingResource
@@ -29,7 +33,8 @@ def key_indexes(
     source = context.partition_key
     out = source_store.source_out(source)
     # The staged tars were cut with the config recorded beside them, whatever a later run asks for.
-    config, plans, written = run_key_indexes(out, num_workers=sharding.num_workers)
+    with fail_without_retry_on():
+        config, plans, written = run_key_indexes(out, num_workers=sharding.num_workers)
     per_bucket: dict[str, int] = {}
     for p in plans:
         per_bucket[p.bucket] = per_bucket.get(p.bucket, 0) + 1
@@ -51,6 +56,8 @@ def key_indexes(
     group_name=BUILD_GROUP,
     kinds={"python", "json"},
     code_version=SHARDING_CODE_VERSION,
+    automation_condition=FOLLOW_UPSTREAM,
+    retry_policy=IO_RETRY,
 )
 def wdinfo_manifests(
     context: dg.AssetExecutionContext, source_store: SourceStoreResource, sharding: ShardingResource
@@ -64,7 +71,8 @@ def wdinfo_manifests(
     """
     source = context.partition_key
     out = source_store.source_out(source)
-    config, manifests, removed = run_manifests(out, source, num_workers=sharding.num_workers)
+    with fail_without_retry_on():
+        config, manifests, removed = run_manifests(out, source, num_workers=sharding.num_workers)
     rows = [
         (bucket_label(m.bucket), len(m.manifest.tars), m.manifest.total_key_count, m.manifest.chunk_size,
          str(m.path.relative_to(out)))
@@ -93,13 +101,16 @@ def wdinfo_manifests(
     deps=["wdinfo_manifests"],
     group_name=CATALOG_GROUP,
     kinds={"python", "json"},
+    automation_condition=FOLLOW_UPSTREAM,
+    retry_policy=IO_RETRY,
 )
 def dataset_catalog(source_store: SourceStoreResource, sharding: ShardingResource) -> dg.MaterializeResult:
     """``catalog.json`` at the output root: every source with a manifest, and the logical datasets
     (``sharding.datasets``, plus ``all``) that group them; the loader resolves a dataset name
     to its manifests through it.
     """
-    path, catalog = build_catalog(Path(source_store.output_root), sharding.datasets)
+    with fail_without_retry_on():
+        path, catalog = build_catalog(Path(source_store.output_root), sharding.datasets)
     rows = [(s.name, len(s.buckets), s.total_key_count, ", ".join(s.data_keys)) for s in catalog.sources.values()]
     return dg.MaterializeResult(
         metadata={

@@ -12,6 +12,7 @@ from pid_platform.defs.groups import BUILD_GROUP, BUILD_POOL
 from pid_platform.defs.metadata import bucket_label, human_bytes, markdown_table
 from pid_platform.defs.partitions import sources_partitions
 from pid_platform.defs.resources import SHARDING_CODE_VERSION, ShardingResource, SourceStoreResource
+from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
 
 
 def _plans_digest(config_version: str, plans: list[ShardPlan]) -> str:
@@ -29,6 +30,7 @@ def _plans_digest(config_version: str, plans: list[ShardPlan]) -> str:
     kinds={"python", "webdataset"},
     code_version=SHARDING_CODE_VERSION,
     pool=BUILD_POOL,
+    retry_policy=IO_RETRY,
 )
 def twin_tar_shards(
     context: dg.AssetExecutionContext, source_store: SourceStoreResource, sharding: ShardingResource
@@ -50,9 +52,10 @@ def twin_tar_shards(
         if done == total or done % max(1, total // 10) == 0:
             context.log.info(f"{source}: {done}/{total} shards")
 
-    plans, results = run_sharding(
-        source_store.open(), source, out, config, num_workers=sharding.num_workers, progress=progress
-    )
+    with fail_without_retry_on():
+        plans, results = run_sharding(
+            source_store.open(), source, out, config, num_workers=sharding.num_workers, progress=progress
+        )
     buckets = summarize(results)
     written = sum(int(r.written) for r in results)
     table = markdown_table(
