@@ -6,7 +6,9 @@ Makes a raw root of real photographs (``demo/raw/photos``, with some bad files, 
 adds one ``sources`` partition per source and one ``lerobot_datasets`` partition per dataset,
 materializes every asset (each source, the catalog, then each dataset's MP4 sidecar, its
 blocking check and its publication) and prints what was built. Its runs are in that instance,
-so ``dagster dev`` shows them afterwards. Running it again reuses what is up to date. Exit status 1 when a run or a check failed.
+recorded with the code location of ``workspace.yaml`` as their origin (as runs launched from the
+UI are), so ``dagster dev`` shows them on its Jobs and Overview pages and can re-execute them.
+Running it again reuses what is up to date. Exit status 1 when a run or a check failed.
 
 The instance is configured by the project's checked-in ``dagster.yaml`` (copied into
 ``.dagster_home``), and its pool limits are set before the first run (``defs/pools.py``).
@@ -38,6 +40,7 @@ from pid_platform.defs.partitions import SOURCES
 from pid_platform.defs.pools import apply_pool_limits
 from pid_platform.sample_data import PHOTOS, make_sample_source
 from pid_platform.sample_lerobot import write_v3_dataset
+from pid_platform.workspace_runs import WorkspaceRuns, open_workspace_runs
 
 # A portrait-only source: a second partition, different buckets, quick to build.
 PORTRAIT_RATIOS = ((3, 4), (2, 3), (9, 16))
@@ -49,7 +52,9 @@ LEROBOT_SAMPLE: dict = {
     "episodes_per_file": 3, "episode_lengths": (60, 75, 54, 66, 48, 72), "fps": 30, "size": (160, 120),
     "robot_type": "so100", "tasks": ("pick up the cube and place it in the bin", "push the cube to the left"),
 }
-QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+# Steps run in this process, one after the other (as execute_in_process would): the demo's
+# sources are small, and a process per step would cost more than the step.
+QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}, "execution": {"config": {"in_process": {}}}}
 PROJECT = Path(__file__).resolve().parents[1]
 INSTANCE_YAML = PROJECT / "dagster.yaml"
 WORKSPACE_YAML = PROJECT / "workspace.yaml"
@@ -175,7 +180,7 @@ def _measured_index_bytes(instance: dg.DagsterInstance, dataset: str, metadata: 
     return None
 
 
-def build_lerobot(defs: dg.Definitions, instance: dg.DagsterInstance) -> list[LeRobotOutcome]:
+def build_lerobot(defs: dg.Definitions, runs: WorkspaceRuns) -> list[LeRobotOutcome]:
     """One ``lerobot_sidecar_build`` run per dataset under the ``lerobot`` resource's root: the
     sidecar, its blocking check, then the publish (what ``lerobot_datasets_sensor`` would request)."""
     datasets = []
@@ -184,17 +189,15 @@ def build_lerobot(defs: dg.Definitions, instance: dg.DagsterInstance) -> list[Le
             print(f"skipped LeRobot dataset folder {dataset!r}: rename it (no '...', no control characters)")
         else:
             datasets.append(dataset)
+    instance = runs.instance
     known = set(instance.get_dynamic_partitions(LEROBOT_DATASETS))
     if new := [d for d in datasets if d not in known]:
         instance.add_dynamic_partitions(LEROBOT_DATASETS, new)
-    job = defs.resolve_job_def(lerobot_sidecar_job.name)
     outcomes = []
     for dataset in datasets:
         print(f"building mp4_sidecar of {dataset} ...", flush=True)
-        result = job.execute_in_process(
-            instance=instance, partition_key=dataset, run_config=QUIET, raise_on_error=False,
-            tags={"pid/lerobot_dataset": dataset, "pid/launched_by": "pid-demo"},
-        )
+        result = runs.run(lerobot_sidecar_job.name, partition_key=dataset, run_config=QUIET,
+                          tags={"pid/lerobot_dataset": dataset, "pid/launched_by": "pid-demo"})
         outcome = _lerobot_outcome(dataset, result)
         if outcome.sidecar:
             rebuilt = outcome.sidecar["rebuilt"]
@@ -213,29 +216,24 @@ def build_everything(raw: Path, out: Path, home: Path, workers: int | None,
     os.environ["PID_RAW_ROOT"] = str(raw)
     os.environ["PID_OUTPUT_ROOT"] = str(out)
     os.environ["PID_LEROBOT_ROOT"] = str(lerobot_root)
-    with dg.DagsterInstance.get() as instance:
+    with dg.DagsterInstance.get() as instance, open_workspace_runs(instance, WORKSPACE_YAML) as runs:
         defs = load_defs()
         sources = defs.resources["source_store"].open().list_sources()
         known = set(instance.get_dynamic_partitions(SOURCES))
         if new := [s for s in sources if s not in known]:
             instance.add_dynamic_partitions(SOURCES, new)
-        job = defs.resolve_job_def("source_build")
         run_config = dict(QUIET)
         if workers is not None:
             run_config["resources"] = {"sharding": {"config": {"num_workers": workers}}}
         outcomes = []
         for source in sources:
             print(f"building {source} ...", flush=True)
-            result = job.execute_in_process(
-                instance=instance, partition_key=source, run_config=run_config, raise_on_error=False,
-                tags={"pid/source": source, "pid/launched_by": "pid-demo"},
-            )
+            result = runs.run("source_build", partition_key=source, run_config=run_config,
+                              tags={"pid/source": source, "pid/launched_by": "pid-demo"})
             outcomes.append(_outcome(source, result))
         print("building dataset_catalog ...", flush=True)
-        catalog = defs.resolve_job_def("catalog_build").execute_in_process(
-            instance=instance, run_config=QUIET, raise_on_error=False, tags={"pid/launched_by": "pid-demo"}
-        )
-        lerobot = build_lerobot(defs, instance)
+        catalog = runs.run("catalog_build", run_config=QUIET, tags={"pid/launched_by": "pid-demo"})
+        lerobot = build_lerobot(defs, runs)
     return outcomes, catalog.success, lerobot
 
 

@@ -9,6 +9,7 @@ original error as its cause, so the run fails at once with that error's message.
 
 from __future__ import annotations
 
+import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -19,9 +20,9 @@ from pid_platform.build.errors import BuildError
 IO_RETRY = dg.RetryPolicy(max_retries=3, delay=10, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
 
 # What a retry cannot change: the build's own named errors (bad or missing input, unsafe data,
-# an output it may not write) and ValueError, which the readers raise for malformed files and
-# the resources for bad names and settings.
-PERMANENT_ERRORS: tuple[type[BaseException], ...] = (BuildError, ValueError)
+# an output it may not write), ValueError, which the readers raise for malformed files and the
+# resources for bad names and settings, and a tar that does not parse.
+PERMANENT_ERRORS: tuple[type[BaseException], ...] = (BuildError, ValueError, tarfile.TarError)
 
 
 @contextmanager

@@ -6,6 +6,7 @@ import dagster as dg
 
 from pid_platform.build.intake import IntakeReport, Sample
 from pid_platform.build.pipeline import run_intake
+from pid_platform.build.publish import staging_dir
 from pid_platform.defs.groups import BUILD_GROUP, BUILD_POOL
 from pid_platform.defs.metadata import markdown_table
 from pid_platform.defs.partitions import sources_partitions
@@ -73,7 +74,8 @@ def sample_set(
             "modalities": ", ".join(report.modalities),
             "files_seen": dg.MetadataValue.json(report.files_seen),
             "report": dg.MetadataValue.md(_report_table(report)),
-            "samples_table": dg.MetadataValue.path(str(path)),
+            # Written into the staging folder; this is where it is once wdinfo_manifests commits.
+            "samples_table": dg.MetadataValue.path(str(out / path.relative_to(staging_dir(out)))),
             "raw_source": f"{store.uri.rstrip('/')}/{source}",
         },
         data_version=dg.DataVersion(_samples_digest(samples)),

@@ -46,9 +46,9 @@ def _files_table(manifest: dict) -> str:
     retry_policy=IO_RETRY,
 )
 def mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource) -> dg.MaterializeResult:
-    """The MP4 sidecar of one LeRobot v3 dataset: ``<output_root>/lerobot/<dataset>/mp4-sidecar.npz``,
+    """The MP4 sidecar of one LeRobot v3 dataset: `<output_root>/lerobot/<dataset>/mp4-sidecar.npz`,
     an NPZ (schema v3) of every video file's sample times, sizes, byte offsets and sync samples,
-    read from the MP4 boxes alone (no decoding), built by the loader's own ``build_sidecar``.
+    read from the MP4 boxes alone (no decoding), built by the loader's own `build_sidecar`.
 
     A sidecar that still validates against the dataset (same files, same fingerprints, same
     revision) is kept as is; otherwise it is rebuilt and replaced atomically, so a failed build
@@ -94,6 +94,8 @@ def mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource) -> 
             "header_fraction": round(header_bytes / video_bytes, 6) if video_bytes else 0.0,
             **measured,
             "sidecar_bytes": report.npz_bytes,
+            "sidecar_size": human_bytes(report.npz_bytes),
+            "video_size": human_bytes(video_bytes),
             "int64_array_bytes": report.int64_bytes,
             "compact_index_bytes": report.compact_bytes,
             "compact_ratio": round(report.ratio, 4),
@@ -123,10 +125,10 @@ def mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource) -> 
     retry_policy=dg.RetryPolicy(max_retries=3, delay=15, backoff=dg.Backoff.EXPONENTIAL),
 )
 def published_mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource) -> dg.MaterializeResult:
-    """The dataset's sidecar, published where training looks for it: the ``lerobot-sidecars``
+    """The dataset's sidecar, published where training looks for it: the `lerobot-sidecars`
     branch of its git or Hub repository (created from the pinned source commit; the source branch
-    is never touched) or ``meta/mp4-sidecars/`` under its bucket root, as ``publish_target`` says.
-    With ``publish_target`` ``none`` nothing is published and the metadata says so.
+    is never touched) or `meta/mp4-sidecars/` under its bucket root, as `publish_target` says.
+    With `publish_target` `none` nothing is published and the metadata says so.
     """
     dataset = context.partition_key
     sidecar = lerobot.sidecar_path(dataset)
@@ -154,6 +156,7 @@ def published_mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotRes
         "pointer_url": result.pointer_url,
         "sha256": result.sha256,
         "bytes": result.size,
+        "size": human_bytes(result.size),
     }
     if result.commit:
         metadata["commit"] = result.commit

@@ -7,7 +7,6 @@ import dagster as dg
 
 from pid_platform.build.pipeline import run_sharding, summarize
 from pid_platform.build.plan import ShardPlan
-from pid_platform.build.publish import staging_dir
 from pid_platform.defs.groups import BUILD_GROUP, BUILD_POOL
 from pid_platform.defs.metadata import bucket_label, human_bytes, markdown_table
 from pid_platform.defs.partitions import sources_partitions
@@ -35,14 +34,14 @@ def _plans_digest(config_version: str, plans: list[ShardPlan]) -> str:
 def twin_tar_shards(
     context: dg.AssetExecutionContext, source_store: SourceStoreResource, sharding: ShardingResource
 ) -> dg.MaterializeResult:
-    """Twin tars of a source: ``<bucket>/<modality>/part_<NNNNNN>/<NNNNNN>.tar``, one tar per
+    """Twin tars of a source: `<bucket>/<modality>/part_<NNNNNN>/<NNNNNN>.tar`, one tar per
     modality per shard, all holding the same keys in the same order, each shard within
-    ``max_shard_size_mb`` (or ``shard_size`` samples).
+    `max_shard_size_mb` (or `shard_size` samples).
 
-    The tars are written into the source's staging folder (``.<source>.pid-staging`` beside its
+    The tars are written into the source's staging folder (`.<source>.pid-staging` beside its
     output); shards whose inputs and plan are unchanged since the last build are hard-linked
     from the published output, not rewritten. The published output does not change until
-    ``wdinfo_manifests`` commits the new version.
+    `wdinfo_manifests` commits the new version.
     """
     source = context.partition_key
     out = source_store.source_out(source)
@@ -68,14 +67,15 @@ def twin_tar_shards(
             "shards": len(plans),
             "samples": sum(b.samples for b in buckets.values()),
             "bytes": sum(b.bytes for b in buckets.values()),
+            "size": human_bytes(sum(b.bytes for b in buckets.values())),
             "buckets": len(buckets),
             "written": written,
             "reused": len(results) - written,
             "config_version": config.version(),
             "sharding": dg.MetadataValue.json(asdict(config)),
             "shards_by_bucket": dg.MetadataValue.md(table),
+            # Staged until wdinfo_manifests commits them; this is where they are from then on.
             "output": dg.MetadataValue.path(str(out)),
-            "staging": dg.MetadataValue.path(str(staging_dir(out))),
         },
         data_version=dg.DataVersion(_plans_digest(config.version(), plans)),
     )
