@@ -10,6 +10,7 @@ from pid_platform.build.publish import staging_dir
 from pid_platform.defs.groups import BUILD_GROUP, BUILD_POOL
 from pid_platform.defs.metadata import markdown_table
 from pid_platform.defs.partitions import sources_partitions
+from pid_platform.defs.plots import bar_png, png_markdown
 from pid_platform.defs.resources import ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
 
@@ -25,6 +26,37 @@ def _samples_digest(samples: list[Sample]) -> str:
         for m, f in sorted(s.files.items()):
             h.update(f"|{m}|{f.name}|{f.fingerprint}".encode())
     return h.hexdigest()[:16]
+
+
+def ratio_label(bucket: str) -> str:
+    """``aspect_ratio_16_9`` -> ``16:9``; the flat bucket is ``(flat)``."""
+    return bucket.removeprefix("aspect_ratio_").replace("_", ":") if bucket else "(flat)"
+
+
+def _plots(source: str, samples: list[Sample], report: IntakeReport) -> dict[str, dg.MetadataValue]:
+    per_bucket: dict[str, int] = {}
+    for s in samples:
+        per_bucket[s.bucket] = per_bucket.get(s.bucket, 0) + 1
+    ratios = {ratio_label(b): n for b, n in sorted(per_bucket.items(), key=lambda kv: _ratio_value(kv[0]))}
+    left_out = {**{r: n for r, n in sorted(report.dropped.items())},
+                **{f"file {r}": n for r, n in sorted(report.skipped_files.items())}}
+    return {
+        "aspect_ratio_histogram": png_markdown(
+            bar_png(ratios, title=f"{source}: samples per aspect-ratio bucket", ylabel="samples"),
+            f"samples per aspect-ratio bucket of {source}"),
+        "dropped_by_reason_plot": png_markdown(
+            bar_png(left_out, title=f"{source}: samples dropped and files skipped, by reason", ylabel="count",
+                    color="#c0392b"),
+            f"samples dropped by reason in {source}"),
+    }
+
+
+def _ratio_value(bucket: str) -> float:
+    # Portrait to landscape, left to right; anything else after them.
+    parts = bucket.removeprefix("aspect_ratio_").split("_")
+    if len(parts) == 2 and all(p.isdigit() for p in parts) and int(parts[1]):
+        return int(parts[0]) / int(parts[1])
+    return float("inf")
 
 
 def _report_table(report: IntakeReport) -> str:
@@ -77,6 +109,7 @@ def sample_set(
             # Written into the staging folder; this is where it is once wdinfo_manifests commits.
             "samples_table": dg.MetadataValue.path(str(out / path.relative_to(staging_dir(out)))),
             "raw_source": f"{store.uri.rstrip('/')}/{source}",
+            **_plots(source, samples, report),
         },
         data_version=dg.DataVersion(_samples_digest(samples)),
     )

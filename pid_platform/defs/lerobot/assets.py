@@ -23,6 +23,7 @@ from pid_platform.defs.lerobot.partitions import LEROBOT_GROUP, lerobot_datasets
 from pid_platform.defs.lerobot.pools import PUBLISH_POOL
 from pid_platform.defs.lerobot.resources import LeRobotResource
 from pid_platform.defs.metadata import human_bytes, markdown_table
+from pid_platform.defs.plots import bar_png, grouped_bars_png, png_markdown
 from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
 from pid_platform.lerobot.publish import publish_sidecar
 
@@ -36,6 +37,40 @@ def _files_table(manifest: dict) -> str:
              "none" if f["edit"] is None else "yes")
             for f in manifest["files"]]
     return markdown_table(("file", "codec", "size", "samples", "bytes", "edit list"), rows)
+
+
+def episode_stats(meta: LeRobotMeta, sidecar) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """(frames per episode, camera -> bytes per episode): an episode's bytes in a camera are the
+    sizes of the samples its time span covers in that camera's MP4, as the sidecar indexes them."""
+    lengths: dict[str, int] = {}
+    per_camera: dict[str, dict[str, int]] = {key: {} for key in meta.video_keys}
+    arrays: dict[str, dict] = {}
+    for index in meta.episode_indices.tolist():
+        episode = meta.episode(int(index))
+        lengths[str(index)] = episode.length
+        for key, span in episode.videos.items():
+            rel = meta.video_rel(key, span.chunk, span.file)
+            if rel not in arrays:
+                arrays[rel] = sidecar.arrays(rel)
+            pts, sizes = arrays[rel]["sample_pts"], arrays[rel]["sample_sizes"]
+            # Half a frame of slack: frame times are multiples of 1/fps, stored as floats.
+            eps = 0.5 / meta.fps
+            inside = (pts >= span.from_timestamp - eps) & (pts < span.to_timestamp - eps)
+            per_camera[key][str(index)] = int(sizes[inside].sum())
+    return lengths, per_camera
+
+
+def _episode_plots(dataset: str, lengths: dict[str, int], per_camera: dict[str, dict[str, int]]) -> dict:
+    kib = {camera.removeprefix("observation.images."): {e: b / 1024 for e, b in values.items()}
+           for camera, values in per_camera.items()}
+    return {
+        "episode_lengths_plot": png_markdown(
+            bar_png(lengths, title=f"{dataset}: frames per episode", ylabel="frames"),
+            f"episode lengths of {dataset}"),
+        "episode_bytes_plot": png_markdown(
+            grouped_bars_png(kib, title=f"{dataset}: video bytes per episode, per camera", ylabel="KiB"),
+            f"video bytes per episode per camera of {dataset}"),
+    }
 
 
 @dg.asset(
@@ -78,6 +113,7 @@ def mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource) -> 
         context.log.info(f"{dataset}: the sidecar at {out} still matches the dataset; kept")
     with read_sidecar(out) as sc:
         manifest = sc.manifest
+        lengths, per_camera = episode_stats(meta, sc)
     with tempfile.TemporaryDirectory(prefix="pid-compact-") as cache:
         # The compact index training derives on first open: its size against the int64 arrays.
         report = compact_report(out, cache_root=cache)
@@ -106,6 +142,7 @@ def mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource) -> 
             "data_root": manifest["data_root"],
             "schema_version": manifest["schema_version"],
             "video_files": dg.MetadataValue.md(_files_table(manifest)),
+            **_episode_plots(dataset, lengths, per_camera),
             "sidecar": dg.MetadataValue.path(str(out)),
         },
         # Its bytes name it: an unchanged rebuild leaves the publish fresh.

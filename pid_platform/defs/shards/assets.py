@@ -8,8 +8,10 @@ import dagster as dg
 from pid_platform.build.pipeline import run_sharding, summarize
 from pid_platform.build.plan import ShardPlan
 from pid_platform.defs.groups import BUILD_GROUP, BUILD_POOL
+from pid_platform.defs.intake.assets import ratio_label
 from pid_platform.defs.metadata import bucket_label, human_bytes, markdown_table
 from pid_platform.defs.partitions import sources_partitions
+from pid_platform.defs.plots import png_markdown, shard_sizes_png
 from pid_platform.defs.resources import SHARDING_CODE_VERSION, ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
 
@@ -62,6 +64,14 @@ def twin_tar_shards(
         [(bucket_label(b.bucket), b.shards, b.samples, human_bytes(b.bytes), b.written, b.shards - b.written)
          for b in buckets.values()],
     )
+    # MB as the bound counts them (max_shard_size_mb), so the line and the bars share one unit.
+    mb = config.max_shard_bytes / config.max_shard_size_mb
+    ordered = sorted(results, key=lambda r: (r.bucket, r.index))
+    plot = shard_sizes_png(
+        [sum(r.bytes.values()) / mb for r in ordered], [ratio_label(r.bucket) for r in ordered],
+        None if config.shard_size > 0 else config.max_shard_size_mb,
+        title=f"{source}: shard sizes" + (f" ({config.shard_size} samples each)" if config.shard_size > 0 else ""),
+    )
     return dg.MaterializeResult(
         metadata={
             "shards": len(plans),
@@ -74,6 +84,7 @@ def twin_tar_shards(
             "config_version": config.version(),
             "sharding": dg.MetadataValue.json(asdict(config)),
             "shards_by_bucket": dg.MetadataValue.md(table),
+            "shard_sizes_plot": png_markdown(plot, f"shard sizes of {source} against the bound"),
             # Staged until wdinfo_manifests commits them; this is where they are from then on.
             "output": dg.MetadataValue.path(str(out)),
         },
