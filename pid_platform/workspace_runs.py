@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
+from dagster._core.definitions.reconstruct import ReconstructableJob
 from dagster._core.definitions.selector import JobSubsetSelector
 from dagster._core.execution.api import execute_run
 from dagster._core.origin import JobPythonOrigin
@@ -60,6 +61,11 @@ class WorkspaceRuns:
             job_code_origin=python_origin, asset_selection=None, asset_check_selection=None,
             asset_graph=self._repo.asset_graph,
         )
+        # A run worker is a fresh process that loads the code location anew. In this process
+        # Dagster keeps the last loaded job definition (lru_cache on ReconstructableJob), whose
+        # resources were bound from the environment of an earlier load: drop it.
+        ReconstructableJob.get_definition.cache_clear()
+        ReconstructableJob.get_repository_definition.cache_clear()
         return execute_run(recon_job_from_origin(python_origin), run, self.instance)
 
 
