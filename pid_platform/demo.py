@@ -6,8 +6,12 @@ Makes a raw root of real photographs (``demo/raw/photos``, with some bad files, 
 adds one ``sources`` partition per source and one ``lerobot_datasets`` partition per dataset,
 materializes every asset (each source, the catalog, then each dataset's MP4 sidecar, its
 blocking check and its publication) and prints what was built. Its runs are in that instance,
-so ``dagster dev`` shows them afterwards. Running it again reuses what is up to date. Exit
-status 1 when a run or a check failed.
+recorded with the code location of ``workspace.yaml`` as their origin (as runs launched from the
+UI are), so ``dagster dev`` shows them on its Jobs and Overview pages and can re-execute them.
+Running it again reuses what is up to date. Exit status 1 when a run or a check failed.
+
+The instance is configured by the project's checked-in ``dagster.yaml`` (copied into
+``.dagster_home``), and its pool limits are set before the first run (``defs/pools.py``).
 
 The publication goes where ``PID_LEROBOT_PUBLISH`` says (default ``none``: nothing is published
 and the summary says so); the roots are always the project's ``demo/`` folders.
@@ -33,8 +37,10 @@ from pid_platform.defs.lerobot.automation import lerobot_sidecar_job
 from pid_platform.defs.lerobot.partitions import LEROBOT_DATASETS
 from pid_platform.defs.metadata import human_bytes
 from pid_platform.defs.partitions import SOURCES
+from pid_platform.defs.pools import apply_pool_limits
 from pid_platform.sample_data import PHOTOS, make_sample_source
 from pid_platform.sample_lerobot import write_v3_dataset
+from pid_platform.workspace_runs import WorkspaceRuns, open_workspace_runs
 
 # A portrait-only source: a second partition, different buckets, quick to build.
 PORTRAIT_RATIOS = ((3, 4), (2, 3), (9, 16))
@@ -46,12 +52,15 @@ LEROBOT_SAMPLE: dict = {
     "episodes_per_file": 3, "episode_lengths": (60, 75, 54, 66, 48, 72), "fps": 30, "size": (160, 120),
     "robot_type": "so100", "tasks": ("pick up the cube and place it in the bin", "push the cube to the left"),
 }
-QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-DAGSTER_YAML = """\
-# Instance of pid-demo and `dagster dev`: Dagster's default storage (sqlite files in this folder).
-telemetry:
-  enabled: false
-"""
+# Steps run in this process, one after the other (as execute_in_process would): the demo's
+# sources are small, and a process per step would cost more than the step.
+QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}, "execution": {"config": {"in_process": {}}}}
+PROJECT = Path(__file__).resolve().parents[1]
+INSTANCE_YAML = PROJECT / "dagster.yaml"
+WORKSPACE_YAML = PROJECT / "workspace.yaml"
+# First lines of the instance configs this project has written: such a copy is replaced by the
+# checked-in one; any other dagster.yaml (someone's own, e.g. Postgres) is left alone.
+_OUR_HEADERS = ("# The Dagster instance of this project", "# Instance of pid-demo and `dagster dev`")
 
 
 @dataclass
@@ -76,9 +85,18 @@ class LeRobotOutcome:
 
 
 def prepare_home(home: Path) -> Path:
+    """``home`` as a Dagster home configured by the checked-in ``dagster.yaml``, pool limits set."""
+    if not INSTANCE_YAML.is_file():
+        raise FileNotFoundError(f"{INSTANCE_YAML}: the project's instance config is missing; "
+                                "restore it from git (git checkout -- dagster.yaml)")
     home.mkdir(parents=True, exist_ok=True)
-    if not (home / "dagster.yaml").exists():
-        (home / "dagster.yaml").write_text(DAGSTER_YAML)
+    target = home / "dagster.yaml"
+    if not target.exists() or target.read_text().startswith(_OUR_HEADERS):
+        wanted = INSTANCE_YAML.read_text()
+        if not target.exists() or target.read_text() != wanted:
+            target.write_text(wanted)
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        apply_pool_limits(instance)
     return home
 
 
@@ -111,7 +129,7 @@ def ensure_sample_lerobot(lerobot_root: Path, name: str = LEROBOT_DATASET, **ove
                       lambda folder: write_v3_dataset(folder, **{**LEROBOT_SAMPLE, **overrides}))
 
 
-def _outcome(source: str, result: dg.ExecuteInProcessResult) -> SourceOutcome:
+def _outcome(source: str, result: dg.ExecutionResult) -> SourceOutcome:
     failed_steps = sorted(
         {e.step_key for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE}
     )
@@ -125,7 +143,7 @@ def _plain(metadata: dict) -> dict:
     return {k: v.value if isinstance(v, dg.MetadataValue) else v for k, v in metadata.items()}
 
 
-def _lerobot_outcome(dataset: str, result: dg.ExecuteInProcessResult) -> LeRobotOutcome:
+def _lerobot_outcome(dataset: str, result: dg.ExecutionResult) -> LeRobotOutcome:
     assets = {e.materialization.asset_key.to_user_string(): _plain(e.materialization.metadata)
               for e in result.get_asset_materialization_events()}
     checks = {e.check_name: {"passed": e.passed, **_plain(e.metadata)} for e in result.get_asset_check_evaluations()}
@@ -134,7 +152,8 @@ def _lerobot_outcome(dataset: str, result: dg.ExecuteInProcessResult) -> LeRobot
         if e.event_type == dg.DagsterEventType.STEP_FAILURE:
             error = e.event_specific_data.error
             # Dagster wraps what the asset raised; its message is the cause's.
-            while error is not None and error.cause is not None and error.cls_name.startswith("Dagster"):
+            while error is not None and error.cause is not None and (
+                    error.cls_name.startswith("Dagster") or error.cls_name == "Failure"):
                 error = error.cause
             message = (error.message if error else "failed").strip().splitlines()
             failures[e.step_key] = message[0] if message else "failed"
@@ -161,7 +180,7 @@ def _measured_index_bytes(instance: dg.DagsterInstance, dataset: str, metadata: 
     return None
 
 
-def build_lerobot(defs: dg.Definitions, instance: dg.DagsterInstance) -> list[LeRobotOutcome]:
+def build_lerobot(defs: dg.Definitions, runs: WorkspaceRuns) -> list[LeRobotOutcome]:
     """One ``lerobot_sidecar_build`` run per dataset under the ``lerobot`` resource's root: the
     sidecar, its blocking check, then the publish (what ``lerobot_datasets_sensor`` would request)."""
     datasets = []
@@ -170,17 +189,15 @@ def build_lerobot(defs: dg.Definitions, instance: dg.DagsterInstance) -> list[Le
             print(f"skipped LeRobot dataset folder {dataset!r}: rename it (no '...', no control characters)")
         else:
             datasets.append(dataset)
+    instance = runs.instance
     known = set(instance.get_dynamic_partitions(LEROBOT_DATASETS))
     if new := [d for d in datasets if d not in known]:
         instance.add_dynamic_partitions(LEROBOT_DATASETS, new)
-    job = defs.resolve_job_def(lerobot_sidecar_job.name)
     outcomes = []
     for dataset in datasets:
         print(f"building mp4_sidecar of {dataset} ...", flush=True)
-        result = job.execute_in_process(
-            instance=instance, partition_key=dataset, run_config=QUIET, raise_on_error=False,
-            tags={"pid/lerobot_dataset": dataset, "pid/launched_by": "pid-demo"},
-        )
+        result = runs.run(lerobot_sidecar_job.name, partition_key=dataset, run_config=QUIET,
+                          tags={"pid/lerobot_dataset": dataset, "pid/launched_by": "pid-demo"})
         outcome = _lerobot_outcome(dataset, result)
         if outcome.sidecar:
             rebuilt = outcome.sidecar["rebuilt"]
@@ -199,29 +216,24 @@ def build_everything(raw: Path, out: Path, home: Path, workers: int | None,
     os.environ["PID_RAW_ROOT"] = str(raw)
     os.environ["PID_OUTPUT_ROOT"] = str(out)
     os.environ["PID_LEROBOT_ROOT"] = str(lerobot_root)
-    with dg.DagsterInstance.get() as instance:
+    with dg.DagsterInstance.get() as instance, open_workspace_runs(instance, WORKSPACE_YAML) as runs:
         defs = load_defs()
         sources = defs.resources["source_store"].open().list_sources()
         known = set(instance.get_dynamic_partitions(SOURCES))
         if new := [s for s in sources if s not in known]:
             instance.add_dynamic_partitions(SOURCES, new)
-        job = defs.resolve_job_def("source_build")
         run_config = dict(QUIET)
         if workers is not None:
             run_config["resources"] = {"sharding": {"config": {"num_workers": workers}}}
         outcomes = []
         for source in sources:
             print(f"building {source} ...", flush=True)
-            result = job.execute_in_process(
-                instance=instance, partition_key=source, run_config=run_config, raise_on_error=False,
-                tags={"pid/source": source, "pid/launched_by": "pid-demo"},
-            )
+            result = runs.run("source_build", partition_key=source, run_config=run_config,
+                              tags={"pid/source": source, "pid/launched_by": "pid-demo"})
             outcomes.append(_outcome(source, result))
         print("building dataset_catalog ...", flush=True)
-        catalog = defs.resolve_job_def("catalog_build").execute_in_process(
-            instance=instance, run_config=QUIET, raise_on_error=False, tags={"pid/launched_by": "pid-demo"}
-        )
-        lerobot = build_lerobot(defs, instance)
+        catalog = runs.run("catalog_build", run_config=QUIET, tags={"pid/launched_by": "pid-demo"})
+        lerobot = build_lerobot(defs, runs)
     return outcomes, catalog.success, lerobot
 
 
@@ -344,8 +356,7 @@ def describe_lerobot(outcome: LeRobotOutcome) -> list[str]:
 
 
 def _workspace_file(root: Path) -> str:
-    workspace = Path(__file__).resolve().parents[1] / "workspace.yaml"
-    return "workspace.yaml" if workspace.parent == root else str(workspace)
+    return "workspace.yaml" if WORKSPACE_YAML.parent == root else str(WORKSPACE_YAML)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -354,7 +365,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="project folder; demo/ and .dagster_home/ are made here (default: .)")
     parser.add_argument("--workers", type=int, default=None,
                         help="worker processes per build step (default: the sharding resource's)")
+    parser.add_argument("--prepare-instance", type=Path, metavar="HOME", default=None,
+                        help="only make HOME a Dagster home with the project's dagster.yaml and pool "
+                             "limits, then exit (./dev ui runs this)")
     args = parser.parse_args(argv)
+    if args.prepare_instance is not None:
+        prepare_home(args.prepare_instance.resolve())
+        return 0
     root = args.root.resolve()
     raw, out, home = root / "demo" / "raw", root / "demo" / "out", prepare_home(root / ".dagster_home")
     lerobot_root = root / "demo" / "lerobot"

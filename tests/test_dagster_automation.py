@@ -13,14 +13,16 @@ import pytest
 from pid_platform.defs.partitions import SOURCES
 from pid_platform.defs.resources import ShardingResource, source_store_from_env
 from pid_platform.sample_data import make_sample_source
+from tests.support.build_data import reverse_members_in_place
 from tests.support.dagster_runs import (
     apply_partition_requests,
+    build_catalog,
     build_source,
     dagster_instance,
     evaluate_sensor,
     load_defs,
     manifests,
-    materialized,
+    run_config,
     use_roots,
 )
 
@@ -111,19 +113,42 @@ def test_daily_schedule_requests_every_registered_source(raw_root: Path, out_roo
         assert schedule.job_name == "source_build" and schedule.cron_schedule == "0 3 * * *"
 
 
-def test_catalog_follows_a_successful_build(raw_root: Path, out_root: Path) -> None:
-    _small_source(raw_root / "portraits")
+def test_derived_assets_follow_their_upstream_unless_its_checks_failed(raw_root: Path, out_root: Path) -> None:
+    """The automation conditions of key indexes, manifests and catalog, evaluated as the daemon does."""
+    followers = [dg.AssetKey(k) for k in ("key_indexes", "wdinfo_manifests", "dataset_catalog")]
+    shards_only = [dg.AssetKey("sample_set"), dg.AssetKey("twin_tar_shards")]
+
+    def requested(result) -> dict[str, list]:
+        return {k.to_user_string(): sorted(result.get_requested_partitions(k)) for k in followers
+                if result.get_num_requested(k)}
+
     with dagster_instance() as instance:
         defs = load_defs()
-        built = build_source(defs, instance, "portraits")
-        assert built.success
-        sensor = defs.resolve_sensor_def("catalog_after_build")
-        context = dg.build_run_status_sensor_context(
-            sensor_name=sensor.name, dagster_event=built.get_run_success_event(),
-            dagster_instance=instance, dagster_run=built.dagster_run,
-        )
-        request = sensor(context)
-        assert isinstance(request, dg.RunRequest)
-        assert sensor.job_name == "catalog_build"
-        catalog = defs.resolve_job_def(sensor.job_name).execute_in_process(instance=instance)
-        assert materialized(catalog)["dataset_catalog"]["sources"] == ["portraits"]
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+        assert build_source(defs, instance, "photos").success
+        # A whole source build updated the source's assets together: only the catalog follows.
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+        assert requested(tick) == {"dataset_catalog": [None]}
+        assert build_catalog(defs, instance).success
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+        assert requested(tick) == {}
+
+        # twin_tar_shards re-cut alone (say, from the UI) with passing checks: the key index and
+        # the manifests (the commit) follow, in one request.
+        staged = defs.resolve_job_def("source_build").execute_in_process(
+            instance=instance, partition_key="photos", run_config=run_config(shard_size=2),
+            asset_selection=shards_only)
+        assert staged.success and all(e.passed for e in staged.get_asset_check_evaluations())
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+        assert requested(tick) == {"key_indexes": ["photos"], "wdinfo_manifests": ["photos"]}
+
+        # The stage damaged in place, twin_tar_shards again: its blocking check fails, and
+        # nothing follows, so the damaged stage is never committed.
+        reverse_members_in_place(out_root / ".photos.pid-staging" / "aspect_ratio_1_1" / "caption" / "part_000000"
+                                 / "000000.tar")
+        failed = defs.resolve_job_def("source_build").execute_in_process(
+            instance=instance, partition_key="photos", run_config=run_config(shard_size=2),
+            asset_selection=[dg.AssetKey("twin_tar_shards")], raise_on_error=False)
+        assert {e.check_name: e.passed for e in failed.get_asset_check_evaluations()}["twin_tar_keys_match"] is False
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+        assert requested(tick) == {}

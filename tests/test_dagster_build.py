@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
-import tarfile
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
-from loader.formats.twin_tar import TarMember, write_tar
 from loader.formats.wdinfo import read_wdinfo
 from pid_platform.build.publish import staging_dir
 from pid_platform.build.verify import manifest_mismatches
 from pid_platform.sample_data import make_sample_source
+from tests.support.build_data import reverse_members_in_place
 from tests.support.dagster_runs import (
     SOURCE_ASSETS,
     build_catalog,
@@ -139,23 +137,6 @@ def test_reshard_rewrites_manifests_and_removes_stale_tars(raw_root: Path, out_r
     assert not staging_dir(src_out).exists()  # published by renaming: no stage left behind
 
 
-def _reverse_members_in_place(path: Path) -> None:
-    """Overwrite a tar with its members in reverse order, keeping its size, inode and mtime: keys
-    out of step in a way no stamp can see (the build itself never writes a file in place)."""
-    with tarfile.open(path) as tf:
-        members = [TarMember(i.name, i.size, data=tf.extractfile(i).read()) for i in tf if i.isfile()]
-    st = path.stat()
-    scratch = path.with_name("scratch")
-    write_tar(scratch, members[::-1])
-    data = scratch.read_bytes()
-    scratch.unlink()
-    assert len(data) == st.st_size and len(members) > 1
-    with open(path, "r+b") as fh:
-        fh.write(data)
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert (path.stat().st_ino, path.stat().st_mtime_ns) == (st.st_ino, st.st_mtime_ns)
-
-
 def _snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
     """Every file under ``folder`` (build state included): its bytes and mtime."""
     return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
@@ -181,7 +162,7 @@ def test_failed_blocking_check_stops_downstream(raw_root: Path, out_root: Path) 
         # 0.25 MB cuts the 1:1 bucket into shards of 1, 2 and 1 samples: shard 1 is new.
         staged_tar = staging_dir(src_out) / "aspect_ratio_1_1" / "caption" / "part_000000" / "000001.tar"
         assert staged_tar.stat().st_nlink == 1  # written for the new sharding, not linked from the output
-        _reverse_members_in_place(staged_tar)
+        reverse_members_in_place(staged_tar)
         result = build_source(defs, instance, "photos", max_shard_size_mb=0.25)
 
         assert not result.success

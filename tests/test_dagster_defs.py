@@ -74,11 +74,14 @@ EXPECTED_JOBS = {
 }
 
 EXPECTED_AUTOMATION = {
-    "raw_sources_sensor": ("sensor", "source_build", "STOPPED"),
-    "catalog_after_build": ("sensor", "catalog_build", "RUNNING"),
+    "raw_sources_sensor": ("sensor", "source_build", "RUNNING"),
     "daily_source_rebuild": ("schedule 0 3 * * * UTC", "source_build", "STOPPED"),
-    "lerobot_datasets_sensor": ("sensor", "lerobot_sidecar_build", "STOPPED"),
+    "lerobot_datasets_sensor": ("sensor", "lerobot_sidecar_build", "RUNNING"),
+    "run_failure_alert_sensor": ("sensor", None, "RUNNING"),
 }
+
+# Assets that follow their upstream by themselves (eager, gated on upstream blocking checks).
+FOLLOWERS = ["dataset_catalog", "key_indexes", "wdinfo_manifests"]
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +140,8 @@ def test_schedules_and_sensors(defs: dg.Definitions) -> None:
     found = {}
     for s in defs.sensors or []:
         sensor = defs.resolve_sensor_def(s.name)
-        found[sensor.name] = ("sensor", sensor.job_name, sensor.default_status.name)
+        job = sensor.job_name if sensor.targets else None  # a run-failure sensor starts no job
+        found[sensor.name] = ("sensor", job, sensor.default_status.name)
     for s in defs.schedules or []:
         schedule = defs.resolve_schedule_def(s.name)
         found[schedule.name] = (
@@ -145,6 +149,20 @@ def test_schedules_and_sensors(defs: dg.Definitions) -> None:
             schedule.default_status.name,
         )
     assert found == EXPECTED_AUTOMATION
+
+
+def test_derived_assets_follow_upstream_and_every_io_step_retries(defs: dg.Definitions) -> None:
+    graph = defs.resolve_asset_graph()
+    followers = sorted(k.to_user_string() for k in graph.get_all_asset_keys()
+                       if graph.get(k).automation_condition is not None)
+    assert followers == FOLLOWERS
+    for key in FOLLOWERS:
+        label = graph.get(dg.AssetKey(key)).automation_condition.get_label() or ""
+        condition = str(graph.get(dg.AssetKey(key)).automation_condition)
+        assert "blocking" in condition.lower() or "blocking" in label.lower(), key
+    for name in EXPECTED_ASSETS:
+        policy = defs.resolve_assets_def(name).op.retry_policy
+        assert policy is not None and policy.max_retries >= 3, name
 
 
 def test_resources_bind_one_store_key(defs: dg.Definitions) -> None:

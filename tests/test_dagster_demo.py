@@ -63,6 +63,15 @@ def test_demo_builds_everything_and_is_idempotent(project: Path, capsys: pytest.
         runs = instance.get_runs()
         assert len(runs) == 8  # (2 sources + catalog + 1 LeRobot dataset) x 2
         assert all(r.is_success for r in runs)
+        # Each run carries the workspace's code location, as the UI's own runs do: it is listed
+        # under its job on the Jobs and Overview pages and re-executes from the code location.
+        for run in runs:
+            origin = run.remote_job_origin
+            assert origin is not None and origin.location_name == "pid_platform", run.run_id
+            assert origin.job_name == run.job_name
+        # The label the UI filters a code location's runs by.
+        labelled = instance.get_runs(dg.RunsFilter(tags={".dagster/repository": "__repository__@pid_platform"}))
+        assert len(labelled) == 8
         assert instance.get_dynamic_partitions("sources") == ["photos", "photos-portrait"]
         assert instance.get_dynamic_partitions("lerobot_datasets") == [DATASET]
         for key in ("mp4_sidecar", "published_mp4_sidecar"):

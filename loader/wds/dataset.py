@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from torch.utils.data import IterableDataset
@@ -20,9 +20,10 @@ from loader.wds.expand import (
     tar_file_expander,
     url_opener,
 )
+from loader.wds.plan import UNBATCHED_BLOCK, Layout
 from loader.wds.schema import ShardTable
-from loader.wds.shardlists import ShardlistBasic, current_worker
-from loader.wds.stages import batched, map_samples, shuffle_buffer, with_sid
+from loader.wds.shardlists import PlannedBatch, ShardlistBasic, current_worker
+from loader.wds.stages import with_sid
 
 STATS_KEY = "__stats__"
 log = logging.getLogger(__name__)
@@ -37,9 +38,10 @@ def _in_worker_process() -> bool:
 class TwinTarDataset(IterableDataset):
     """Samples (or batches) from twin tars.
 
-    Stages, each a small generator: shard list -> url_opener -> tar_file_expander ->
-    process_sample -> group_by_keys -> shuffle buffer -> decode -> user maps -> batching.
-    Every sample carries ``__key__``, ``__sid__`` (shard << 32 | member), ``__epoch__``,
+    The shard list plans the batches (``plan.py``: one order per epoch, dealt to ranks and
+    workers; ``shuffle_buffer`` is the order's shuffle window). Each planned batch is read with
+    small generator stages: url_opener -> tar_file_expander -> process_sample -> group_by_keys,
+    then put in plan order, decoded, mapped and collated. Every sample carries ``__key__``, ``__sid__`` (shard << 32 | member), ``__epoch__``,
     ``__pad__`` (a repeat that evens out ranks) and ``__bucket__``.
     """
 
@@ -48,7 +50,7 @@ class TwinTarDataset(IterableDataset):
         options: ExpandOptions | None = None, shuffle_buffer: int = 0, decoder: Callable[[dict], dict] | None = None,
         maps: Sequence[Callable[[dict], dict | None]] = (), batch_size: int | None = None,
         same_aspect_batches: bool = False, collate: Callable[[list[dict]], Any] = collate_samples,
-        on_decode_error: str = "raise",
+        on_decode_error: str = "raise", drop_last: bool = False,
     ):
         if on_decode_error not in DECODE_ERROR_POLICIES:
             raise ValueError(f"on_decode_error must be one of {DECODE_ERROR_POLICIES}, got {on_decode_error!r}")
@@ -63,17 +65,37 @@ class TwinTarDataset(IterableDataset):
         self.batch_size = batch_size
         self.same_aspect_batches = same_aspect_batches
         self.collate = collate
+        self.drop_last = drop_last
+        # The shard list deals what this dataset batches: the order and the batches are one plan.
+        if shardlist.bucket_ids is None:
+            shardlist.bucket_ids = shards.bucket_ids
+        shardlist.set_layout(Layout(block=batch_size or UNBATCHED_BLOCK,
+                                    same_aspect=same_aspect_batches and batch_size is not None,
+                                    drop_last=drop_last and batch_size is not None, window=shuffle_buffer))
         self.stats = ExpandStats()  # per process; workers keep their own copy
 
-    def samples(self) -> Iterator[dict]:
-        """Undecoded, unbatched samples for this process (after the shuffle buffer)."""
-        worker_id, _ = current_worker()
-        stream = url_opener(iter(self.shardlist), self.shards)
+    def read_batch(self, pb: PlannedBatch) -> tuple[list[int], list[dict]]:
+        """The samples of one planned batch, in its order, with their slots (places in the
+        batch's plan); a sample dropped while reading (missing key, shard error) is absent."""
+        stream = url_opener(((pb.epoch, t) for t in pb.tasks()), self.shards)
         members = map(process_sample, tar_file_expander(stream, self.modalities, self.options, self.stats))
-        out = with_sid(group_by_keys(members, self.stats))
-        sl = self.shardlist
-        rng = random.Random(f"shuffle:{sl.seed}:{sl.epoch}:{sl.rank.group_id}:{worker_id}")
-        return shuffle_buffer(out, self.shuffle_size, rng)
+        got = {(s["__shard__"], s["__index__"], s["__pad__"]): s for s in with_sid(group_by_keys(members, self.stats))}
+        slots, out, used = [], [], set()
+        keys = zip(pb.shards.tolist(), pb.members.tolist(), pb.pads.tolist(), strict=True)
+        for i, key in enumerate(keys):
+            s = got.get(key)
+            if s is None:
+                continue
+            out.append(dict(s) if key in used else s)  # tiny sets: one sample padded in twice
+            used.add(key)
+            slots.append(pb.skip + i)
+        return slots, out
+
+    def samples(self) -> Iterator[dict]:
+        """Undecoded, unbatched samples for this process, in plan order."""
+        worker_id, num_workers = current_worker()
+        for pb in self.shardlist.batches(worker_id, num_workers):
+            yield from self.read_batch(pb)[1]
 
     def _decoded(self, samples: Iterator[dict]) -> Iterator[dict]:
         """Decode each sample; under ``on_decode_error="skip"`` a sample that cannot be decoded
@@ -89,22 +111,62 @@ class TwinTarDataset(IterableDataset):
                 self.stats.note_decode_error(str(s.get("__key__")))
                 log.warning("skipping a sample that cannot be decoded: %s", exc)
 
+    def _prepare(self, samples: list[dict], slots: list[int]) -> tuple[list[int], list[dict]]:
+        """Decode and map one batch's samples; what a decoder skips or a map drops leaves."""
+        kept_slots, kept = [], []
+        for slot, s in zip(slots, samples, strict=True):
+            out: dict | None = s
+            if self.decoder is not None:
+                out = next(self._decoded(iter([s])), None)
+            for fn in self.maps:
+                if out is None:
+                    break
+                out = fn(out)
+            if out is not None:
+                kept_slots.append(slot)
+                kept.append(out)
+        return kept_slots, kept
+
+    def blocks(self) -> Iterator[Block]:
+        """What ``ResumableLoader`` collects: one block per planned batch, with its place in the
+        plan, so that the training process can count exactly what it handed out."""
+        self.stats = ExpandStats()
+        worker_id, num_workers = current_worker()
+        for pb in self.shardlist.batches(worker_id, num_workers):
+            read_slots, read = self.read_batch(pb)
+            slots, samples = self._prepare(read, read_slots)
+            payload: Any = samples
+            if self.batch_size is not None:
+                payload = self.collate(samples) if samples else None
+            yield Block(pb.epoch, pb.index, pb.skip + len(pb), slots, payload, (worker_id, self.stats.as_dict()))
+
     def __iter__(self) -> Iterator[Any]:
+        """Samples, or batches with ``batch_size``, for this process (without ``ResumableLoader``:
+        a plain DataLoader with workers interleaves them sample by sample)."""
         # Counts start afresh per pass: a DataLoader worker gets a new copy each epoch anyway,
         # and the in-process case must not count an earlier epoch twice.
-        self.stats = ExpandStats()
-        worker_id, _ = current_worker()
         in_worker = _in_worker_process()
-        out = self.samples()
-        if self.decoder is not None:
-            out = self._decoded(out)
-        for fn in self.maps:
-            out = map_samples(out, fn)
-        if self.batch_size is not None:
-            out = map(self.collate, batched(out, self.batch_size, self.same_aspect_batches))
-        for item in out:
-            # Workers are separate processes: their drop counts ride along with what they
-            # yield, so the loader in the training process can report them.
-            if in_worker and isinstance(item, dict):
-                item[STATS_KEY] = (worker_id, self.stats.as_dict())
-            yield item
+        for block in self.blocks():
+            items = block.payload if self.batch_size is None else [block.payload]
+            for item in items:
+                if item is None:
+                    continue
+                # Workers are separate processes: their drop counts ride along with what they
+                # yield, so whoever reads them in the training process can report them.
+                if in_worker and isinstance(item, dict):
+                    item[STATS_KEY] = block.stats
+                yield item
+
+
+@dataclass
+class Block:
+    """One planned batch as read by a worker: ``slots`` are the places in the batch's plan of
+    the samples in ``payload`` (a collated batch, or a list of samples without batching), ``end``
+    the number of plan places the batch spans (what handing it out consumes)."""
+
+    epoch: int
+    index: int
+    end: int
+    slots: list[int]
+    payload: Any
+    stats: tuple[int, dict]

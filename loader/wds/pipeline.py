@@ -37,6 +37,7 @@ def build_dataset(
     augment: Sequence[Callable[[dict], dict | None]] = (),
     batch_size: int | None = None,
     same_aspect_batches: bool = False,
+    drop_last: bool = False,
     group_id: int | None = None,
     num_groups: int | None = None,
     dp_group: Any = None,
@@ -55,6 +56,12 @@ def build_dataset(
     default) stops with the ``DecodeError``. ``verify="sha256"`` reads every tar whole and checks
     it against the checksum its manifest lists (``ChecksumError``, a shard error: counted and
     skipped under ``shard_error_policy="skip"``); manifests without checksums are refused then.
+
+    The epoch's order depends on ``seed``, the epoch, the shards and ``shuffle_buffer`` (a
+    shuffle window over the order), and with ``same_aspect_batches`` on ``batch_size``; never
+    on the world size or ``num_workers`` (``loader/wds/plan.py``). With ``batch_size`` every
+    rank gets the same number of batches, each full but the last of the epoch (with
+    ``same_aspect_batches``: but each bucket's last); ``drop_last=True`` leaves those out.
     """
     info = spec if isinstance(spec, Wdinfo) else load_wdinfo(
         spec, catalog=catalog, modalities=modalities, aspect_ratios=aspect_ratios, keep_sha256=verify == "sha256",
@@ -62,7 +69,8 @@ def build_dataset(
     if verify is not None and info.tar_files.sha256 is None:
         raise ValueError("verify='sha256' needs the manifests' checksums: pass a spec, or parse with keep_sha256=True")
     counts = info.tar_files.counts
-    common = {"seed": seed, "shuffle": shuffle, "infinite": infinite, "chunk_size": info.chunk_size}
+    common = {"seed": seed, "shuffle": shuffle, "infinite": infinite, "chunk_size": info.chunk_size,
+              "bucket_ids": info.tar_files.bucket_ids}
     if parallel_sync or group_id is not None or dp_group is not None:
         shardlist: ShardlistBasic = ShardlistBasicParallelSync(
             counts, group_id=group_id, num_groups=num_groups, dp_group=dp_group, **common
@@ -80,7 +88,7 @@ def build_dataset(
     return TwinTarDataset(
         info.tar_files, shardlist, modalities=modalities, options=options, shuffle_buffer=shuffle_buffer,
         decoder=decoder, maps=augment, batch_size=batch_size, same_aspect_batches=same_aspect_batches,
-        on_decode_error=on_decode_error,
+        on_decode_error=on_decode_error, drop_last=drop_last,
     )
 
 

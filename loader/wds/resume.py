@@ -1,9 +1,12 @@
-"""ResumableLoader: a DataLoader whose state_dict() is sample-exact and elastic.
+"""ResumableLoader: a DataLoader whose state_dict() is sample-exact, elastic and small.
 
-Only what this loader has handed to the training loop counts as consumed: samples prefetched
-by workers or waiting in a shuffle buffer are read again after a restore. ``state_dict`` is a
-collective call when torch.distributed is initialised (every rank calls it; all get the same
-merged state), so a checkpoint taken with W ranks and N workers restores with any W' and N'.
+An epoch's order is one sequence of positions, dealt to ranks batch by batch (``plan.py``).
+Only what this loader has handed to the training loop counts as consumed: batches prefetched by
+workers are read again after a restore. ``state_dict`` is a collective call when
+torch.distributed is initialised (every rank calls it; all get the same merged state): the
+epoch, the *position* up to which the epoch's order is consumed, and, only when ranks stopped
+at different points, the few stretches consumed beyond it. A restore with any world size and
+worker count continues the same order from there.
 """
 
 from __future__ import annotations
@@ -12,14 +15,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
-from loader.wds.consumed import ConsumedSet, split_sid
-from loader.wds.dataset import STATS_KEY, TwinTarDataset
+from loader.wds.dataset import Block, TwinTarDataset
 from loader.wds.distributed import all_gather_objects
 from loader.wds.errors import ResumeStateError
+from loader.wds.plan import EpochPlan, merge_intervals
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 
 def _identity(x):
@@ -47,65 +50,85 @@ class _InProcess(dict):
         return [self.dataset.stats.as_dict()]
 
 
+class _Blocks(IterableDataset):
+    """The dataset as the loader's workers read it: one ``Block`` per planned batch."""
+
+    def __init__(self, dataset: TwinTarDataset):
+        self.dataset = dataset
+
+    def __iter__(self) -> Iterator[Block]:
+        return self.dataset.blocks()
+
+
+def _done_samples(plan: EpochPlan, rank: int, progress: tuple[int, int]) -> int:
+    c, s = progress
+    return sum(plan.batch(rank, k).size for k in range(c)) + s
+
+
 class ResumableLoader:
     def __init__(self, dataset: TwinTarDataset, *, num_workers: int = 0, **dataloader_kwargs: Any):
         self.dataset = dataset
         self.num_workers = num_workers
         self.dataloader_kwargs = dataloader_kwargs
         self.counts = np.asarray(dataset.shards.counts)
-        self.epoch = dataset.shardlist.epoch
-        self.consumed: dict[int, ConsumedSet] = {}
-        # For WDS_START_INDEX (PiD's per-rank sample count); a PiD-style restart starts from it.
-        self.rank_consumed_in_epoch = dataset.shardlist.start_index
+        sl = dataset.shardlist
+        self.epoch = sl.epoch
+        self._shardlist_epoch = sl.epoch
+        # Per epoch: positions consumed by every rank before this loader's plan (from a restored
+        # state), and how far into its own plan this rank is (batches, samples into the next).
+        self.consumed: dict[int, list[tuple[int, int]]] = {}
+        self.progress: dict[int, tuple[int, int]] = {}
+        if sl.start_index:  # PiD's WDS_START_INDEX: samples this rank read in epoch WDS_EPOCH_NUM
+            self.progress[sl.start_epoch] = sl.plan(sl.start_epoch).progress(sl.rank.group_id, sl.start_index)
         self._done_stats: dict[str, Any] = {}
         self._live_stats: dict[int, dict[str, Any]] = {}
 
-    def _mark(self, item: Any) -> None:
-        if isinstance(item, dict) and "__sid__" in item and not isinstance(item["__sid__"], int):
-            sids = item["__sid__"].tolist()
-            epochs = item["__epoch__"].tolist()
-            pads = item["__pad__"].tolist() if "__pad__" in item else [False] * len(sids)
-        elif isinstance(item, dict):
-            sids, epochs, pads = [item["__sid__"]], [item["__epoch__"]], [item.get("__pad__", False)]
-        else:
-            sids = [s["__sid__"] for s in item]
-            epochs = [s["__epoch__"] for s in item]
-            pads = [s.get("__pad__", False) for s in item]
-        for sid, ep, pad in zip(sids, epochs, pads, strict=True):
-            if ep == self.epoch:
-                self.rank_consumed_in_epoch += 1
-            if pad:
-                # A padding repeat is not its original: the rank that owns the original may
-                # not have handed it over yet, and marking it here would skip it on resume.
-                continue
-            cs = self.consumed.get(ep)
-            if cs is None:
-                cs = self.consumed[ep] = ConsumedSet(self.counts)
-            cs.add(*split_sid(sid))
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` afresh at the next iteration (its order, all of its samples)."""
+        self.epoch = epoch
+        self.consumed = {}
+        self.progress = {}
+        self.dataset.shardlist.set_epoch(epoch)
+        self._shardlist_epoch = epoch
+
+    def _advance(self, block: Block, upto: int) -> None:
+        if block.epoch > self.epoch:  # infinite mode: this rank finished the epoch before
+            self.epoch = block.epoch
+        self.progress[block.epoch] = (block.index, upto) if upto < block.end else (block.index + 1, 0)
 
     def __iter__(self) -> Iterator[Any]:
         sl = self.dataset.shardlist
+        if sl.epoch != self._shardlist_epoch:  # someone called dataset.shardlist.set_epoch(n)
+            self.set_epoch(sl.epoch)
         sl.set_epoch(self.epoch)
-        sl.set_consumed({e: c for e, c in self.consumed.items() if e >= self.epoch})
+        sl.consumed = {e: c for e, c in self.consumed.items() if e >= self.epoch}
+        sl.progress = {e: p for e, p in self.progress.items() if e >= self.epoch}
+        sl.start_index = 0  # the loader's own progress says what is read
         loader = DataLoader(
-            self.dataset, batch_size=None, num_workers=self.num_workers, collate_fn=_identity,
+            _Blocks(self.dataset), batch_size=None, num_workers=self.num_workers, collate_fn=_identity,
             **self.dataloader_kwargs,
         )
         self._fold_stats()
         if self.num_workers == 0:
             # In-process: the dataset's own counters are the live ones.
             self._live_stats = _InProcess(self.dataset)
-        for item in loader:
-            if isinstance(item, dict) and STATS_KEY in item:
-                worker_id, snapshot = item.pop(STATS_KEY)
+        batched = self.dataset.batch_size is not None
+        for block in loader:
+            if self.num_workers:
+                worker_id, snapshot = block.stats
                 self._live_stats[worker_id] = snapshot
-            self._mark(item)
-            yield item
+            if batched:
+                self._advance(block, block.end)
+                if block.payload is not None:
+                    yield block.payload
+                continue
+            for slot, sample in zip(block.slots, block.payload, strict=True):
+                self._advance(block, slot + 1)
+                yield sample
+            self._advance(block, block.end)
         if not sl.infinite:
             # This rank has read all of its share; the epoch is over for it.
-            self.consumed.pop(self.epoch, None)
-            self.epoch += 1
-            self.rank_consumed_in_epoch = 0
+            self.set_epoch(self.epoch + 1)
 
     def _fold_stats(self) -> None:
         for snap in self._live_stats.values():
@@ -123,56 +146,71 @@ class ResumableLoader:
         return total
 
     def __len__(self) -> int:
-        """Batches (or samples) this rank yields in the current epoch, padding included: each
-        DataLoader worker batches its own part, so the count is summed per worker. What a
-        restored state already consumed is left out. (With same-aspect batches the count is a
-        lower bound: each bucket may end in a partial batch.)"""
-        from loader.wds.shardlists import ShardlistBasic
+        """Batches (or samples, without batching) this rank yields in the current epoch, padding
+        included, what was already consumed left out. The same on every rank, whatever
+        ``num_workers`` is."""
+        sl = self.dataset.shardlist
+        sl.consumed = {e: c for e, c in self.consumed.items() if e >= self.epoch}  # as __iter__ does
+        plan = sl.plan(self.epoch)
+        c, s = self.progress.get(self.epoch, (0, 0))
+        if self.dataset.batch_size is not None:
+            return plan.batches_per_rank - c
+        return plan.rank_samples(sl.rank.group_id) - _done_samples(plan, sl.rank.group_id, (c, s))
 
-        sl: ShardlistBasic = self.dataset.shardlist
-        sl.set_consumed({e: c for e, c in self.consumed.items() if e >= self.epoch})  # as __iter__ does
-        bs = self.dataset.batch_size or 1
-        workers = max(1, self.num_workers)
-        total = 0
-        for w in range(workers):
-            tasks, _ = sl.tasks(self.epoch, w, workers)
-            total += -(-sum(t.size for t in tasks) // bs)
-        return total
+    def _order_settings(self) -> dict[str, Any]:
+        layout = self.dataset.shardlist.layout
+        return {"batch_size": self.dataset.batch_size, "same_aspect_batches": layout.same_aspect,
+                "shuffle_buffer": layout.window}
 
     def state_dict(self) -> dict[str, Any]:
-        """Merged consumed-sample state of every rank (a collective call under torch.distributed)."""
-        local = {
-            "epoch": self.epoch,
-            "consumed": {e: c.to_state() for e, c in self.consumed.items()},
-            "rank_consumed": self.rank_consumed_in_epoch,
-        }
-        gathered = all_gather_objects(local)
-        epoch = min(g["epoch"] for g in gathered)
-        merged: dict[int, ConsumedSet] = {}
-        for g in gathered:
-            for e, st in g["consumed"].items():
-                cs = ConsumedSet.from_state(st, self.counts)
-                if e in merged:
-                    merged[e].merge(cs)
-                else:
-                    merged[e] = cs
-        # Epochs every sample of which was consumed are over.
-        while epoch in merged and merged[epoch].complete:
-            del merged[epoch]
-            epoch += 1
-        for e in [e for e in self.consumed if e < epoch]:
-            del self.consumed[e]  # over on every rank: no need to keep it in memory either
+        """Where every rank is in the epoch's order (a collective call under torch.distributed)."""
         sl = self.dataset.shardlist
+        local = {"group": sl.rank.group_id, "epoch": self.epoch, "progress": dict(self.progress)}
+        gathered = all_gather_objects(local)
+        sl.consumed = dict(self.consumed)
+        epoch = min(g["epoch"] for g in gathered)
+        last = max([epoch, *(e for g in gathered for e in g["progress"])])
+        merged: dict[int, list[tuple[int, int]]] = {}
+        rank_samples = 0
+        for e in range(epoch, last + 1):
+            plan = sl.plan(e)
+            progress: dict[int, tuple[int, int]] = {}
+            for g in gathered:
+                if e < g["epoch"] and e not in g["progress"]:
+                    p = (plan.batches_per_rank, 0)  # that rank finished the epoch
+                else:
+                    p = g["progress"].get(e, (0, 0))
+                progress[g["group"]] = min(progress.get(g["group"], p), p)
+            for group in range(plan.ranks):
+                progress.setdefault(group, (0, 0))
+            if all(c >= plan.batches_per_rank for c, _ in progress.values()) and e == epoch:
+                epoch += 1  # every rank has all of its batches: the epoch is over
+                continue
+            merged[e] = plan.consumed_after(progress)
+            if e == epoch:
+                before = sum(b - a for a, b in self.consumed.get(e, []))
+                rank_samples = -(-before // plan.ranks) + max(
+                    _done_samples(plan, g["group"], g["progress"].get(e, (0, 0))) for g in gathered)
+        for e in [e for e in self.consumed if e < epoch]:
+            del self.consumed[e]
+        first = merged.pop(epoch, [])
+        position = first[0][1] if first and first[0][0] == 0 else 0
+        ahead = {epoch: [iv for iv in first if iv[0] != 0]} if first else {}
+        ahead.update(merged)
         return {
             "version": STATE_VERSION,
             "fingerprint": self.dataset.shards.fingerprint(),
             "seed": sl.seed,
             "shuffle": sl.shuffle,
+            "order": self._order_settings(),
             "epoch": epoch,
-            "consumed": {str(e): c.to_state() for e, c in sorted(merged.items()) if e >= epoch},
+            "position": position,
+            # Stretches of the order consumed beyond ``position`` (only when ranks stopped at
+            # different points), per epoch: [[start, stop), ...].
+            "ahead": {str(e): [[a, b] for a, b in ivs] for e, ivs in sorted(ahead.items()) if ivs},
             # PiD compatibility: the variables its shard list reads on restart.
             "WDS_EPOCH_NUM": epoch,
-            "WDS_START_INDEX": max(g["rank_consumed"] for g in gathered),
+            "WDS_START_INDEX": rank_samples,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -196,26 +234,47 @@ class ResumableLoader:
                 f"resume state was taken with seed={state.get('seed')!r} shuffle={state.get('shuffle')!r} "
                 f"(fields 'seed', 'shuffle'), this loader has seed={sl.seed} shuffle={sl.shuffle}"
             )
+        order = state.get("order")
+        mine = self._order_settings()
+        if not isinstance(order, dict):
+            raise ResumeStateError(f"resume state field 'order' is {type(order).__name__}; it must be a dict")
+        # What defines the order must match; the batch size does only with same-aspect batches.
+        defining = ["same_aspect_batches", "shuffle_buffer"] + (["batch_size"] if mine["same_aspect_batches"] else [])
+        for name in defining:
+            if order.get(name) != mine[name]:
+                raise ResumeStateError(
+                    f"resume state field 'order.{name}' is {order.get(name)!r}, this loader has {mine[name]!r}; "
+                    "it defines the epoch's order: resume with the same value"
+                )
         epoch = state.get("epoch")
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ResumeStateError(f"resume state field 'epoch' is {epoch!r}; it must be a whole number >= 0")
-        raw = state.get("consumed")
+        total = int(self.counts[self.counts > 0].sum())
+        position = state.get("position")
+        if not isinstance(position, int) or isinstance(position, bool) or not 0 <= position <= total:
+            raise ResumeStateError(
+                f"resume state field 'position' is {position!r}; it must be a whole number in [0, {total}]"
+            )
+        raw = state.get("ahead")
         if not isinstance(raw, dict):
-            raise ResumeStateError(f"resume state field 'consumed' is {type(raw).__name__}; it must be a dict")
-        consumed: dict[int, ConsumedSet] = {}
-        for e, st in raw.items():
+            raise ResumeStateError(f"resume state field 'ahead' is {type(raw).__name__}; it must be a dict")
+        consumed: dict[int, list[tuple[int, int]]] = {epoch: [(0, position)]} if position else {}
+        for e, ivs in raw.items():
             try:
                 ep = int(e)
+                pairs = [(int(a), int(b)) for a, b in ivs]
             except (TypeError, ValueError):
-                ep = -1
-            if ep < epoch:
+                ep, pairs = -1, []
+            if ep < epoch or not all(0 <= a < b <= total for a, b in pairs):
                 raise ResumeStateError(
-                    f"resume state field 'consumed' has key {e!r}; keys are epochs >= 'epoch' ({epoch})"
+                    f"resume state field 'ahead' has {e!r}: {ivs!r}; keys are epochs >= 'epoch' ({epoch}), values "
+                    f"lists of [start, stop) with 0 <= start < stop <= {total}"
                 )
-            try:
-                consumed[ep] = ConsumedSet.from_state(st, self.counts)
-            except (ResumeStateError, TypeError, AttributeError) as exc:
-                raise ResumeStateError(f"resume state field 'consumed.{e}': {exc}") from None
+            have = consumed.get(ep, []) + pairs
+            consumed[ep] = merge_intervals(np.asarray([a for a, _ in have], np.int64),
+                                           np.asarray([b for _, b in have], np.int64))
         self.epoch = epoch
+        sl.set_epoch(epoch)
+        self._shardlist_epoch = epoch
         self.consumed = consumed
-        self.rank_consumed_in_epoch = 0
+        self.progress = {}

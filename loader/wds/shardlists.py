@@ -1,21 +1,21 @@
-"""Shard lists: which tasks this process reads, epoch after epoch.
+"""Shard lists: which batches this process reads, epoch after epoch.
 
-``ShardlistBasic`` splits by data-parallel rank (the global rank), then by DataLoader worker.
-``ShardlistBasicParallelSync`` splits by data-parallel *group*: every rank of one tensor- or
-context-parallel group reads the same shards in the same order, groups stay disjoint. Both
-balance by sample count (see ``plan.py``), never consult the clock, and resume exactly.
+``ShardlistBasic`` deals by data-parallel rank (the global rank), then by DataLoader worker.
+``ShardlistBasicParallelSync`` deals by data-parallel *group*: every rank of one tensor- or
+context-parallel group reads the same batches in the same order, groups stay disjoint. The
+order and the dealing are in ``plan.py``; nothing consults the clock.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
-from loader.wds.consumed import ConsumedSet
 from loader.wds.distributed import DataParallelRank, data_parallel_rank
-from loader.wds.plan import EpochSplit, Task, plan_epoch
+from loader.wds.plan import EpochOrder, EpochPlan, Layout, Task
 
 START_INDEX_ENV = "WDS_START_INDEX"
 EPOCH_ENV = "WDS_EPOCH_NUM"
@@ -28,57 +28,121 @@ def current_worker() -> tuple[int, int]:
     return (0, 1) if info is None else (info.id, info.num_workers)
 
 
+@dataclass(frozen=True)
+class PlannedBatch:
+    """One batch of this rank's plan: its samples in order (``skip`` of them already consumed)."""
+
+    epoch: int
+    index: int  # the batch's place in this rank's plan of the epoch
+    skip: int
+    shards: np.ndarray
+    members: np.ndarray
+    pads: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def tasks(self) -> list[Task]:
+        """What to read: one task per run of consecutive members of one shard, in the order the
+        batch first needs them (a reader starts each run at its member's offset)."""
+        seen: dict[tuple[int, bool], list[int]] = {}
+        for s, m, p in zip(self.shards.tolist(), self.members.tolist(), self.pads.tolist(), strict=True):
+            seen.setdefault((s, p), []).append(m)
+        out = []
+        for (shard, pad), members in seen.items():
+            ms = sorted(set(members))
+            start = prev = ms[0]
+            for m in ms[1:]:
+                if m != prev + 1:
+                    out.append(Task(shard, ((start, prev + 1),), pad))
+                    start = m
+                prev = m
+            out.append(Task(shard, ((start, prev + 1),), pad))
+        return out
+
+
 class ShardlistBasic:
     def __init__(
         self, counts: np.ndarray, *, seed: int = 0, shuffle: bool = True, infinite: bool = False,
         rank: DataParallelRank | None = None, chunk_size: int = 0,
-        start_index: int | None = None, epoch: int | None = None,
+        start_index: int | None = None, epoch: int | None = None, bucket_ids: np.ndarray | None = None,
+        layout: Layout | None = None,
     ):
         self.counts = np.asarray(counts, dtype=np.int64)
+        self.bucket_ids = bucket_ids
         self.seed = seed
         self.shuffle = shuffle
         self.infinite = infinite
         self.rank = rank or data_parallel_rank()
         self.chunk_size = chunk_size or int(self.counts.max(initial=1))
+        self.layout = layout or Layout()
         # PiD compatibility: WDS_EPOCH_NUM / WDS_START_INDEX (samples this rank already read).
         env_epoch = os.environ.get(EPOCH_ENV)
         env_start = os.environ.get(START_INDEX_ENV)
         self.epoch = epoch if epoch is not None else int(env_epoch or 0)
         self.start_index = start_index if start_index is not None else int(env_start or 0)
         self.start_epoch = self.epoch  # the epoch start_index belongs to (later epochs start at 0)
-        self.consumed: dict[int, ConsumedSet] = {}
+        # Exact resume: per epoch, the positions consumed before (all ranks) and how far into
+        # its own plan this rank already is (batches, samples into the next).
+        self.consumed: dict[int, list[tuple[int, int]]] = {}
+        self.progress: dict[int, tuple[int, int]] = {}
+        self.rotation = 0  # batches this rank handed out before, within this pass: rotates workers
+        self._plans: dict[tuple, EpochPlan] = {}
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def set_consumed(self, consumed: dict[int, ConsumedSet]) -> None:
-        """Exact resume: these samples are skipped (takes precedence over WDS_START_INDEX)."""
-        self.consumed = consumed
-        if consumed:
-            self.start_index = 0
+    def set_layout(self, layout: Layout) -> None:
+        self.layout = layout
+        self._plans.clear()
 
-    def tasks(self, epoch: int, worker_id: int, num_workers: int) -> tuple[list[Task], EpochSplit]:
-        tasks, split = plan_epoch(
-            self.counts, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
-            group_id=self.rank.group_id, num_groups=self.rank.num_groups,
-            worker_id=worker_id, num_workers=num_workers, consumed=self.consumed.get(epoch),
-        )
-        if self.start_index and epoch == self.start_epoch:
-            # As PiD: samples read -> shards read (// chunk_size) -> shards per worker to skip.
-            skip = (self.start_index // self.chunk_size) // num_workers
-            tasks = tasks[skip:]
-        return tasks, split
+    def plan(self, epoch: int) -> EpochPlan:
+        """This epoch's plan for every rank, after what ``consumed`` says was read before."""
+        consumed = self.consumed.get(epoch, [])
+        key = (epoch, tuple(consumed))
+        p = self._plans.get(key)
+        if p is None:
+            if len(self._plans) > 4:
+                self._plans.clear()
+            order = EpochOrder(self.counts, self.bucket_ids, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
+                               layout=self.layout)
+            p = self._plans[key] = EpochPlan(order, consumed, self.rank.num_groups)
+        return p
 
-    def __iter__(self) -> Iterator[tuple[int, Task]]:
-        worker_id, num_workers = current_worker()
+    def skip(self, epoch: int) -> tuple[int, int]:
+        """(batches, samples) of this rank's plan already consumed: from an exact state, or from
+        PiD's WDS_START_INDEX (samples this rank read; exact when world size and batch size are
+        those of the run that wrote it)."""
+        if epoch in self.progress:
+            return self.progress[epoch]
+        if self.start_index and epoch == self.start_epoch and not self.consumed.get(epoch):
+            return self.plan(epoch).progress(self.rank.group_id, self.start_index)
+        return 0, 0
+
+    def batches(self, worker_id: int, num_workers: int) -> Iterator[PlannedBatch]:
+        """This worker's batches: a rank's k-th batch of the pass goes to worker k mod workers."""
         epoch = self.epoch
+        handed = self.rotation  # the rank's batches before this one, in this pass
+        r = self.rank.group_id
         while True:
-            tasks, _ = self.tasks(epoch, worker_id, num_workers)
-            for t in tasks:
-                yield epoch, t
+            plan = self.plan(epoch)
+            first, partial = self.skip(epoch)
+            for k in range(first, plan.batches_per_rank):
+                if handed % num_workers == worker_id:
+                    skip = partial if k == first else 0
+                    shards, members, pads = plan.slots(r, k, skip)
+                    yield PlannedBatch(epoch, k, skip, shards, members, pads)
+                handed += 1
             if not self.infinite:
                 return
             epoch += 1
+
+    def __iter__(self) -> Iterator[tuple[int, Task]]:
+        """(epoch, task) pairs of this process, batch after batch (what a plain reader needs)."""
+        worker_id, num_workers = current_worker()
+        for b in self.batches(worker_id, num_workers):
+            for t in b.tasks():
+                yield b.epoch, t
 
 
 class ShardlistBasicParallelSync(ShardlistBasic):

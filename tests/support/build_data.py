@@ -9,12 +9,14 @@ from __future__ import annotations
 import io
 import json
 import os
+import tarfile
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from loader.formats.key_index import read_key_index
+from loader.formats.twin_tar import TarMember, write_tar
 from loader.formats.wdinfo import WDINFO_NAME, WdinfoManifest, read_wdinfo
 from pid_platform.build.layout import STATE_DIR
 from pid_platform.build.pipeline import BuildSummary, build_source, load_plans
@@ -143,3 +145,20 @@ def add_sample(
         (src / "caption" / f"{stem}.json").write_bytes(doc if isinstance(doc, bytes) else json.dumps(doc).encode())
     if "umt5" in modalities:
         np.save(src / "umt5" / f"{stem}.npy", embedding if embedding is not None else np.zeros((8, 64), np.float16))
+
+
+def reverse_members_in_place(path: Path) -> None:
+    """Overwrite a tar with its members in reverse order, keeping its size, inode and mtime: keys
+    out of step in a way no stamp can see (the build itself never writes a file in place)."""
+    with tarfile.open(path) as tf:
+        members = [TarMember(i.name, i.size, data=tf.extractfile(i).read()) for i in tf if i.isfile()]
+    st = path.stat()
+    scratch = path.with_name("scratch")
+    write_tar(scratch, members[::-1])
+    data = scratch.read_bytes()
+    scratch.unlink()
+    assert len(data) == st.st_size and len(members) > 1
+    with open(path, "r+b") as fh:
+        fh.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (path.stat().st_ino, path.stat().st_mtime_ns) == (st.st_ino, st.st_mtime_ns)

@@ -3,6 +3,10 @@
 ``build_schedule_from_partitioned_job`` rejects dynamic partitions, so this schedule lists them
 itself. Unchanged shards are reused, so a rebuild of an unchanged source costs a listing and a
 few hashes; what it catches is a config change or a change the sensor was off for.
+
+It is off by default: it rebuilds every source with the code location's one ``sharding``
+configuration, so a source someone re-sharded from the launchpad would be cut back to the
+defaults every night. Turn it on (UI: Automation) once sharding settings are kept per source.
 """
 
 import dagster as dg

@@ -1,5 +1,9 @@
-"""Sensors: find sources under the raw root and build each new or changed one; refresh the
-catalog after every successful source build."""
+"""The discovery sensor: find sources under the raw root and build each new or changed one.
+
+It is on by default: it only reads listings, and what it starts is safe to leave running (a
+build stages its output and commits it atomically, at most ``max_concurrent_runs`` runs and two
+``pid_build`` steps at once). The catalog follows the builds through its automation condition
+(``automation/conditions.py``), run failures raise an alert (``automation/alerts.py``)."""
 
 import json
 
@@ -7,7 +11,7 @@ import dagster as dg
 
 from pid_platform.build.errors import BuildError
 from pid_platform.defs.automation.fingerprint import source_fingerprint
-from pid_platform.defs.automation.jobs import catalog_job, source_build_job
+from pid_platform.defs.automation.jobs import source_build_job
 from pid_platform.defs.partitions import SOURCES, sources_partitions
 from pid_platform.defs.resources import ShardingResource, SourceStoreResource
 
@@ -27,7 +31,7 @@ def build_run_key(source: str, config_version: str, fingerprint: str) -> str:
 @dg.sensor(
     job=source_build_job,
     minimum_interval_seconds=60,
-    default_status=dg.DefaultSensorStatus.STOPPED,
+    default_status=dg.DefaultSensorStatus.RUNNING,
 )
 def raw_sources_sensor(
     context: dg.SensorEvaluationContext, source_store: SourceStoreResource, sharding: ShardingResource
@@ -70,13 +74,3 @@ def raw_sources_sensor(
         cursor=json.dumps(seen, sort_keys=True),
     )
 
-
-@dg.run_status_sensor(
-    run_status=dg.DagsterRunStatus.SUCCESS,
-    monitored_jobs=[source_build_job],
-    request_job=catalog_job,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-)
-def catalog_after_build(context: dg.RunStatusSensorContext) -> dg.RunRequest:
-    """Rewrites the catalog after each successful source build, so new sources become loadable."""
-    return dg.RunRequest(run_key=f"catalog-after:{context.dagster_run.run_id}")

@@ -6,10 +6,13 @@ import dagster as dg
 
 from pid_platform.build.intake import IntakeReport, Sample
 from pid_platform.build.pipeline import run_intake
+from pid_platform.build.publish import staging_dir
 from pid_platform.defs.groups import BUILD_GROUP, BUILD_POOL
 from pid_platform.defs.metadata import markdown_table
 from pid_platform.defs.partitions import sources_partitions
+from pid_platform.defs.plots import bar_png, png_markdown
 from pid_platform.defs.resources import ShardingResource, SourceStoreResource
+from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
 
 INTAKE_VERSION = "intake-v1"
 
@@ -23,6 +26,37 @@ def _samples_digest(samples: list[Sample]) -> str:
         for m, f in sorted(s.files.items()):
             h.update(f"|{m}|{f.name}|{f.fingerprint}".encode())
     return h.hexdigest()[:16]
+
+
+def ratio_label(bucket: str) -> str:
+    """``aspect_ratio_16_9`` -> ``16:9``; the flat bucket is ``(flat)``."""
+    return bucket.removeprefix("aspect_ratio_").replace("_", ":") if bucket else "(flat)"
+
+
+def _plots(source: str, samples: list[Sample], report: IntakeReport) -> dict[str, dg.MetadataValue]:
+    per_bucket: dict[str, int] = {}
+    for s in samples:
+        per_bucket[s.bucket] = per_bucket.get(s.bucket, 0) + 1
+    ratios = {ratio_label(b): n for b, n in sorted(per_bucket.items(), key=lambda kv: _ratio_value(kv[0]))}
+    left_out = {**{r: n for r, n in sorted(report.dropped.items())},
+                **{f"file {r}": n for r, n in sorted(report.skipped_files.items())}}
+    return {
+        "aspect_ratio_histogram": png_markdown(
+            bar_png(ratios, title=f"{source}: samples per aspect-ratio bucket", ylabel="samples"),
+            f"samples per aspect-ratio bucket of {source}"),
+        "dropped_by_reason_plot": png_markdown(
+            bar_png(left_out, title=f"{source}: samples dropped and files skipped, by reason", ylabel="count",
+                    color="#c0392b"),
+            f"samples dropped by reason in {source}"),
+    }
+
+
+def _ratio_value(bucket: str) -> float:
+    # Portrait to landscape, left to right; anything else after them.
+    parts = bucket.removeprefix("aspect_ratio_").split("_")
+    if len(parts) == 2 and all(p.isdigit() for p in parts) and int(parts[1]):
+        return int(parts[0]) / int(parts[1])
+    return float("inf")
 
 
 def _report_table(report: IntakeReport) -> str:
@@ -40,6 +74,7 @@ def _report_table(report: IntakeReport) -> str:
     kinds={"python", "parquet"},
     code_version=INTAKE_VERSION,
     pool=BUILD_POOL,
+    retry_policy=IO_RETRY,
 )
 def sample_set(
     context: dg.AssetExecutionContext, source_store: SourceStoreResource, sharding: ShardingResource
@@ -53,10 +88,11 @@ def sample_set(
     source = context.partition_key
     out = source_store.source_out(source)
     store = source_store.open()
-    samples, report, path = run_intake(
-        store, source, out, sharding.config(),
-        trust_pickle=sharding.trust_pickle, num_workers=sharding.num_workers,
-    )
+    with fail_without_retry_on():
+        samples, report, path = run_intake(
+            store, source, out, sharding.config(),
+            trust_pickle=sharding.trust_pickle, num_workers=sharding.num_workers,
+        )
     context.log.info(f"{source}: {report.samples} samples kept, {report.dropped_total} dropped")
     return dg.MaterializeResult(
         metadata={
@@ -70,8 +106,10 @@ def sample_set(
             "modalities": ", ".join(report.modalities),
             "files_seen": dg.MetadataValue.json(report.files_seen),
             "report": dg.MetadataValue.md(_report_table(report)),
-            "samples_table": dg.MetadataValue.path(str(path)),
+            # Written into the staging folder; this is where it is once wdinfo_manifests commits.
+            "samples_table": dg.MetadataValue.path(str(out / path.relative_to(staging_dir(out)))),
             "raw_source": f"{store.uri.rstrip('/')}/{source}",
+            **_plots(source, samples, report),
         },
         data_version=dg.DataVersion(_samples_digest(samples)),
     )

@@ -23,6 +23,8 @@ from pid_platform.defs.lerobot.partitions import LEROBOT_GROUP, lerobot_datasets
 from pid_platform.defs.lerobot.pools import PUBLISH_POOL
 from pid_platform.defs.lerobot.resources import LeRobotResource
 from pid_platform.defs.metadata import human_bytes, markdown_table
+from pid_platform.defs.plots import bar_png, grouped_bars_png, png_markdown
+from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
 from pid_platform.lerobot.publish import publish_sidecar
 
 # The sidecar's bytes depend on the schema: a new schema version marks every sidecar stale.
@@ -37,16 +39,51 @@ def _files_table(manifest: dict) -> str:
     return markdown_table(("file", "codec", "size", "samples", "bytes", "edit list"), rows)
 
 
+def episode_stats(meta: LeRobotMeta, sidecar) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """(frames per episode, camera -> bytes per episode): an episode's bytes in a camera are the
+    sizes of the samples its time span covers in that camera's MP4, as the sidecar indexes them."""
+    lengths: dict[str, int] = {}
+    per_camera: dict[str, dict[str, int]] = {key: {} for key in meta.video_keys}
+    arrays: dict[str, dict] = {}
+    for index in meta.episode_indices.tolist():
+        episode = meta.episode(int(index))
+        lengths[str(index)] = episode.length
+        for key, span in episode.videos.items():
+            rel = meta.video_rel(key, span.chunk, span.file)
+            if rel not in arrays:
+                arrays[rel] = sidecar.arrays(rel)
+            pts, sizes = arrays[rel]["sample_pts"], arrays[rel]["sample_sizes"]
+            # Half a frame of slack: frame times are multiples of 1/fps, stored as floats.
+            eps = 0.5 / meta.fps
+            inside = (pts >= span.from_timestamp - eps) & (pts < span.to_timestamp - eps)
+            per_camera[key][str(index)] = int(sizes[inside].sum())
+    return lengths, per_camera
+
+
+def _episode_plots(dataset: str, lengths: dict[str, int], per_camera: dict[str, dict[str, int]]) -> dict:
+    kib = {camera.removeprefix("observation.images."): {e: b / 1024 for e, b in values.items()}
+           for camera, values in per_camera.items()}
+    return {
+        "episode_lengths_plot": png_markdown(
+            bar_png(lengths, title=f"{dataset}: frames per episode", ylabel="frames"),
+            f"episode lengths of {dataset}"),
+        "episode_bytes_plot": png_markdown(
+            grouped_bars_png(kib, title=f"{dataset}: video bytes per episode, per camera", ylabel="KiB"),
+            f"video bytes per episode per camera of {dataset}"),
+    }
+
+
 @dg.asset(
     partitions_def=lerobot_datasets_partitions,
     group_name=LEROBOT_GROUP,
     kinds={"python", "numpy"},
     code_version=SIDECAR_CODE_VERSION,
+    retry_policy=IO_RETRY,
 )
 def mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource) -> dg.MaterializeResult:
-    """The MP4 sidecar of one LeRobot v3 dataset: ``<output_root>/lerobot/<dataset>/mp4-sidecar.npz``,
+    """The MP4 sidecar of one LeRobot v3 dataset: `<output_root>/lerobot/<dataset>/mp4-sidecar.npz`,
     an NPZ (schema v3) of every video file's sample times, sizes, byte offsets and sync samples,
-    read from the MP4 boxes alone (no decoding), built by the loader's own ``build_sidecar``.
+    read from the MP4 boxes alone (no decoding), built by the loader's own `build_sidecar`.
 
     A sidecar that still validates against the dataset (same files, same fingerprints, same
     revision) is kept as is; otherwise it is rebuilt and replaced atomically, so a failed build
@@ -57,7 +94,8 @@ def mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource) -> 
     out = lerobot.sidecar_path(dataset)
     repo_id = lerobot.repo_id(dataset)
     revision, how = lerobot.revision(dataset)
-    meta = LeRobotMeta.load(data_root)
+    with fail_without_retry_on():  # a malformed dataset stays malformed
+        meta = LeRobotMeta.load(data_root)
     rebuilt = not out.exists() or bool(validate_sidecar(out, meta, repo_id=repo_id, revision=revision,
                                                         require_complete=True))
     read: list[int] = []
@@ -75,6 +113,7 @@ def mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource) -> 
         context.log.info(f"{dataset}: the sidecar at {out} still matches the dataset; kept")
     with read_sidecar(out) as sc:
         manifest = sc.manifest
+        lengths, per_camera = episode_stats(meta, sc)
     with tempfile.TemporaryDirectory(prefix="pid-compact-") as cache:
         # The compact index training derives on first open: its size against the int64 arrays.
         report = compact_report(out, cache_root=cache)
@@ -91,6 +130,8 @@ def mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource) -> 
             "header_fraction": round(header_bytes / video_bytes, 6) if video_bytes else 0.0,
             **measured,
             "sidecar_bytes": report.npz_bytes,
+            "sidecar_size": human_bytes(report.npz_bytes),
+            "video_size": human_bytes(video_bytes),
             "int64_array_bytes": report.int64_bytes,
             "compact_index_bytes": report.compact_bytes,
             "compact_ratio": round(report.ratio, 4),
@@ -101,6 +142,7 @@ def mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource) -> 
             "data_root": manifest["data_root"],
             "schema_version": manifest["schema_version"],
             "video_files": dg.MetadataValue.md(_files_table(manifest)),
+            **_episode_plots(dataset, lengths, per_camera),
             "sidecar": dg.MetadataValue.path(str(out)),
         },
         # Its bytes name it: an unchanged rebuild leaves the publish fresh.
@@ -120,10 +162,10 @@ def mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource) -> 
     retry_policy=dg.RetryPolicy(max_retries=3, delay=15, backoff=dg.Backoff.EXPONENTIAL),
 )
 def published_mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource) -> dg.MaterializeResult:
-    """The dataset's sidecar, published where training looks for it: the ``lerobot-sidecars``
+    """The dataset's sidecar, published where training looks for it: the `lerobot-sidecars`
     branch of its git or Hub repository (created from the pinned source commit; the source branch
-    is never touched) or ``meta/mp4-sidecars/`` under its bucket root, as ``publish_target`` says.
-    With ``publish_target`` ``none`` nothing is published and the metadata says so.
+    is never touched) or `meta/mp4-sidecars/` under its bucket root, as `publish_target` says.
+    With `publish_target` `none` nothing is published and the metadata says so.
     """
     dataset = context.partition_key
     sidecar = lerobot.sidecar_path(dataset)
@@ -151,6 +193,7 @@ def published_mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotRes
         "pointer_url": result.pointer_url,
         "sha256": result.sha256,
         "bytes": result.size,
+        "size": human_bytes(result.size),
     }
     if result.commit:
         metadata["commit"] = result.commit

@@ -35,7 +35,9 @@ def dataset_fingerprint(lerobot: LeRobotResource, dataset: str) -> str:
     return h.hexdigest()[:16]
 
 
-@dg.sensor(job=lerobot_sidecar_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.STOPPED)
+# On by default: it reads metadata listings only; a build replaces the sidecar atomically, and
+# nothing is published unless PID_LEROBOT_PUBLISH says where (publishes go one at a time).
+@dg.sensor(job=lerobot_sidecar_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)
 def lerobot_datasets_sensor(context: dg.SensorEvaluationContext, lerobot: LeRobotResource) -> dg.SensorResult:
     """Lists the LeRobot v3 datasets under ``PID_LEROBOT_ROOT`` (each folder with ``meta/info.json``),
     adds each new one as a partition of ``lerobot_datasets``, and requests a sidecar build for every

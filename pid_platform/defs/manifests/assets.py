@@ -4,12 +4,53 @@ from pathlib import Path
 
 import dagster as dg
 
+from loader.formats.wdinfo import read_wdinfo
 from pid_platform.build.catalog import build_catalog
-from pid_platform.build.pipeline import run_key_indexes, run_manifests
+from pid_platform.build.layout import bucket_dir
+from pid_platform.build.manifests import BucketManifest
+from pid_platform.build.pipeline import run_key_indexes, run_manifests, state_dir
+from pid_platform.build.plan import ShardingConfig, ShardPlan
+from pid_platform.build.publish import staging_dir
+from pid_platform.build.verify import key_index_mismatches, manifest_mismatches
+from pid_platform.defs.automation.conditions import FOLLOW_UPSTREAM
+from pid_platform.defs.checks.common import built_plans
 from pid_platform.defs.groups import BUILD_GROUP, CATALOG_GROUP
 from pid_platform.defs.metadata import bucket_label, first, markdown_table
 from pid_platform.defs.partitions import sources_partitions
 from pid_platform.defs.resources import SHARDING_CODE_VERSION, ShardingResource, SourceStoreResource
+from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
+
+
+def committed_only(out: Path) -> bool:
+    """True when no build of ``out`` has staged tars (nothing to index or commit) and a committed
+    version is there: key indexes and manifests then verify the committed version instead of
+    failing, so each of them can be materialized on its own after a finished build."""
+    return (not (state_dir(staging_dir(out)) / "sharding.json").is_file()
+            and (state_dir(out) / "sharding.json").is_file())
+
+
+def _verified_or_fail(problems: list[str], what: str, source: str) -> None:
+    if problems:
+        raise dg.Failure(
+            description=f"the committed {what} of {source} do not match its tars ({len(problems)} problems; "
+                        f"first: {problems[0]}); rebuild the source (materialize source_build for it)",
+            metadata={"problems": dg.MetadataValue.json(first(problems))}, allow_retries=False,
+        )
+
+
+def _committed_key_indexes(out: Path, source: str) -> tuple[ShardingConfig, list[ShardPlan], list[str]]:
+    config, plans = built_plans(out)
+    _verified_or_fail(key_index_mismatches(out, sorted({p.bucket for p in plans})), "key indexes", source)
+    return config, plans, [p.relpath for p in plans]
+
+
+def _committed_manifests(out: Path, source: str) -> tuple[ShardingConfig, list[BucketManifest], list[Path]]:
+    config, plans = built_plans(out)
+    buckets = sorted({p.bucket for p in plans})
+    _verified_or_fail(manifest_mismatches(out, buckets), "manifests", source)
+    found = [BucketManifest(b, bucket_dir(out, b) / "wdinfo.json", read_wdinfo(bucket_dir(out, b) / "wdinfo.json"))
+             for b in buckets]
+    return config, found, []
 
 
 @dg.asset(
@@ -18,6 +59,8 @@ from pid_platform.defs.resources import SHARDING_CODE_VERSION, ShardingResource,
     group_name=BUILD_GROUP,
     kinds={"python", "parquet"},
     code_version=SHARDING_CODE_VERSION,
+    automation_condition=FOLLOW_UPSTREAM,
+    retry_policy=IO_RETRY,
 )
 def key_indexes(
     context: dg.AssetExecutionContext, source_store: SourceStoreResource, sharding: ShardingResource
@@ -25,11 +68,20 @@ def key_indexes(
     """One parquet key index per twin-tar shard: the sample keys in member order, the original
     basenames, and each member's offset and size per modality (the loader's index mode reads
     these instead of scanning tars). Written into the staging folder beside the staged tars.
+
+    Materialized alone when no build is staged, it verifies the committed key indexes against
+    the committed tars and records them (`state: committed`).
     """
     source = context.partition_key
     out = source_store.source_out(source)
-    # The staged tars were cut with the config recorded beside them, whatever a later run asks for.
-    config, plans, written = run_key_indexes(out, num_workers=sharding.num_workers)
+    with fail_without_retry_on():
+        if committed_only(out):
+            config, plans, written = _committed_key_indexes(out, source)
+            state = "committed"
+        else:
+            # The staged tars were cut with the config recorded beside them, whatever a later run asks for.
+            config, plans, written = run_key_indexes(out, num_workers=sharding.num_workers)
+            state = "staged"
     per_bucket: dict[str, int] = {}
     for p in plans:
         per_bucket[p.bucket] = per_bucket.get(p.bucket, 0) + 1
@@ -37,6 +89,7 @@ def key_indexes(
         metadata={
             "key_indexes": len(written),
             "rows": sum(len(p.samples) for p in plans),
+            "state": state,
             "config_version": config.version(),
             "indexes_by_bucket": dg.MetadataValue.md(
                 markdown_table(("bucket", "key indexes"), [(bucket_label(b), n) for b, n in sorted(per_bucket.items())])
@@ -51,20 +104,31 @@ def key_indexes(
     group_name=BUILD_GROUP,
     kinds={"python", "json"},
     code_version=SHARDING_CODE_VERSION,
+    automation_condition=FOLLOW_UPSTREAM,
+    retry_policy=IO_RETRY,
 )
 def wdinfo_manifests(
     context: dg.AssetExecutionContext, source_store: SourceStoreResource, sharding: ShardingResource
 ) -> dg.MaterializeResult:
-    """One ``wdinfo.json`` per bucket: the tars, their key counts, byte sizes and checksums.
+    """One `wdinfo.json` per bucket: the tars, their key counts, byte sizes and checksums.
 
     This is the commit point of a source's build: the manifests are written last, into the
     staging folder, after every tar and key index they list; then the staging folder replaces
-    the source's output folder in one swap of folders. ``removed`` lists the files of the
+    the source's output folder in one swap of folders. `removed` lists the files of the
     previous version that the new one no longer has.
+
+    Materialized alone when no build is staged, it verifies the committed manifests against the
+    committed tars and records them (`state: committed`); nothing is rewritten.
     """
     source = context.partition_key
     out = source_store.source_out(source)
-    config, manifests, removed = run_manifests(out, source, num_workers=sharding.num_workers)
+    with fail_without_retry_on():
+        if committed_only(out):
+            config, manifests, removed = _committed_manifests(out, source)
+            state = "committed"
+        else:
+            config, manifests, removed = run_manifests(out, source, num_workers=sharding.num_workers)
+            state = "committed now"
     rows = [
         (bucket_label(m.bucket), len(m.manifest.tars), m.manifest.total_key_count, m.manifest.chunk_size,
          str(m.path.relative_to(out)))
@@ -75,6 +139,7 @@ def wdinfo_manifests(
     return dg.MaterializeResult(
         metadata={
             "manifests": dg.MetadataValue.json([str(m.path) for m in manifests]),
+            "state": state,
             "buckets": len(manifests),
             "tars": sum(len(m.manifest.tars) for m in manifests),
             "samples": sum(m.manifest.total_key_count for m in manifests),
@@ -93,13 +158,16 @@ def wdinfo_manifests(
     deps=["wdinfo_manifests"],
     group_name=CATALOG_GROUP,
     kinds={"python", "json"},
+    automation_condition=FOLLOW_UPSTREAM,
+    retry_policy=IO_RETRY,
 )
 def dataset_catalog(source_store: SourceStoreResource, sharding: ShardingResource) -> dg.MaterializeResult:
-    """``catalog.json`` at the output root: every source with a manifest, and the logical datasets
-    (``sharding.datasets``, plus ``all``) that group them; the loader resolves a dataset name
+    """`catalog.json` at the output root: every source with a manifest, and the logical datasets
+    (`sharding.datasets`, plus `all`) that group them; the loader resolves a dataset name
     to its manifests through it.
     """
-    path, catalog = build_catalog(Path(source_store.output_root), sharding.datasets)
+    with fail_without_retry_on():
+        path, catalog = build_catalog(Path(source_store.output_root), sharding.datasets)
     rows = [(s.name, len(s.buckets), s.total_key_count, ", ".join(s.data_keys)) for s in catalog.sources.values()]
     return dg.MaterializeResult(
         metadata={

@@ -1,0 +1,36 @@
+"""Retries of the steps that read or write storage.
+
+Every such step retries a failure a few times with growing waits: a network blip, a throttled
+bucket or a busy disk heal on a later try, and each step is safe to repeat (a build stages its
+output and commits it atomically, a sidecar is replaced atomically). A failure that a retry
+cannot heal (bad input, a wrong setting) is raised as ``dg.Failure(allow_retries=False)``, the
+original error as its cause, so the run fails at once with that error's message.
+"""
+
+from __future__ import annotations
+
+import tarfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import dagster as dg
+
+from pid_platform.build.errors import BuildError
+
+IO_RETRY = dg.RetryPolicy(max_retries=3, delay=10, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
+
+# What a retry cannot change: the build's own named errors (bad or missing input, unsafe data,
+# an output it may not write), ValueError, which the readers raise for malformed files and the
+# resources for bad names and settings, and a tar that does not parse.
+PERMANENT_ERRORS: tuple[type[BaseException], ...] = (BuildError, ValueError, tarfile.TarError)
+
+
+@contextmanager
+def fail_without_retry_on(*errors: type[BaseException]) -> Iterator[None]:
+    """Inside an asset or check: turn ``errors`` (default ``PERMANENT_ERRORS``) into a final failure."""
+    final: tuple[type[BaseException], ...] = errors or PERMANENT_ERRORS
+    try:
+        yield
+    except final as exc:
+        raise dg.Failure(description=f"{type(exc).__module__}.{type(exc).__name__}: {exc}",
+                         allow_retries=False) from exc

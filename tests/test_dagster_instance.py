@@ -1,0 +1,127 @@
+"""The checked-in instance configuration as ``./dev ui`` and ``./dev main`` set it up, the pool
+limits in force right after start-up, runs recorded with the code location's origin, and the
+run-failure alert (a log line and a webhook POST to a real local HTTP server)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from pid_platform import demo
+from pid_platform.defs.pools import POOL_LIMITS_ENV, configured_pool_limits
+from pid_platform.workspace_runs import open_workspace_runs
+from tests.support.dagster_runs import load_defs, use_roots
+from tests.support.webhook import WebhookRecorder
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _prepare(home: Path, **env: str) -> subprocess.CompletedProcess:
+    """What ``./dev ui`` runs before ``dagster dev``: ``pid-demo --prepare-instance HOME``."""
+    return subprocess.run(
+        [sys.executable, "-m", "pid_platform.demo", "--prepare-instance", str(home)],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **env}, capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_start_up_puts_the_checked_in_config_and_pool_limits_in_force(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    proc = _prepare(home)
+    assert proc.returncode == 0, proc.stderr
+    assert (home / "dagster.yaml").read_text() == (REPO / "dagster.yaml").read_text()
+    # Read back by a fresh instance, as the webserver and the daemon would: no sensor has ticked.
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
+        config = instance.get_concurrency_config()
+        assert config.run_queue_config.max_concurrent_runs == 4
+        assert (config.pool_config.default_pool_limit, config.pool_config.pool_granularity.value) == (1, "op")
+        assert (instance.run_retries_enabled, instance.run_retries_max_retries) == (True, 2)
+        assert instance.run_monitoring_enabled
+        assert type(instance.event_log_storage).__name__ == "SqliteEventLogStorage"
+        limits = {p.name: (p.limit, p.from_default) for p in instance.event_log_storage.get_pool_limits()}
+        assert limits == {"pid_build": (2, False), "lerobot_publish": (1, False)}
+
+    # The configuration wins at the next start-up, over a hand-set limit and with an override.
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        instance.event_log_storage.set_concurrency_slots("lerobot_publish", 5)
+    assert _prepare(home, **{POOL_LIMITS_ENV: "pid_build=3"}).returncode == 0
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        limits = {p.name: p.limit for p in instance.event_log_storage.get_pool_limits()}
+        assert limits == {"pid_build": 3, "lerobot_publish": 1}
+
+
+def test_a_home_with_its_own_config_is_left_alone(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    own = "# a team's own instance\ntelemetry:\n  enabled: false\n"
+    (home / "dagster.yaml").write_text(own)
+    assert _prepare(home).returncode == 0
+    assert (home / "dagster.yaml").read_text() == own
+    # An older copy this project wrote is replaced by the checked-in one.
+    (home / "dagster.yaml").write_text("# Instance of pid-demo and `dagster dev`: old\n")
+    assert _prepare(home).returncode == 0
+    assert (home / "dagster.yaml").read_text() == (REPO / "dagster.yaml").read_text()
+
+
+def test_bad_pool_limits_say_what_to_write() -> None:
+    assert configured_pool_limits({POOL_LIMITS_ENV: " pid_build=4 , lerobot_publish=1"}) == {
+        "pid_build": 4, "lerobot_publish": 1}
+    with pytest.raises(ValueError, match=r"'pid_build:4' is not pool=limit .* e\.g\. pid_build=4"):
+        configured_pool_limits({POOL_LIMITS_ENV: "pid_build:4"})
+
+
+@pytest.fixture
+def sqlite_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = demo.prepare_home(tmp_path / "home")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    return home
+
+
+def test_failed_run_has_its_origin_and_raises_the_alert(
+    tmp_path: Path, sqlite_home: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    raw = tmp_path / "raw"
+    (raw / "empty-drop" / "image").mkdir(parents=True)  # a source without files: intake fails
+    use_roots(monkeypatch, raw, tmp_path / "out")
+    with dg.DagsterInstance.get() as instance, open_workspace_runs(instance, REPO / "workspace.yaml") as runs:
+        instance.add_dynamic_partitions("sources", ["empty-drop"])
+        result = runs.run("source_build", partition_key="empty-drop", run_config=demo.QUIET)
+        assert not result.success
+        run = instance.get_run_by_id(result.run_id)
+        # What the UI keys its Jobs and Overview pages and re-execution on.
+        origin = run.remote_job_origin
+        assert origin is not None and origin.job_name == "source_build"
+        assert (origin.location_name, origin.repository_origin.repository_name) == ("pid_platform", "__repository__")
+        assert run.tags["dagster/partition"] == "empty-drop"
+        # The failure was final at once: a source without files does not heal on a retry.
+        retried = instance.get_records_for_run(result.run_id, of_type=dg.DagsterEventType.STEP_UP_FOR_RETRY).records
+        assert retried == []
+
+        sensor = load_defs().resolve_sensor_def("run_failure_alert_sensor")
+        context = dg.build_run_status_sensor_context(
+            sensor_name=sensor.name, dagster_event=result.get_run_failure_event(), dagster_instance=instance,
+            dagster_run=run,
+        ).for_run_failure()
+        with WebhookRecorder() as hook:
+            monkeypatch.setenv("PID_ALERT_WEBHOOK_URL", hook.url)
+            with caplog.at_level(logging.ERROR, logger="pid_platform.alerts"):
+                sensor(context)
+            assert len(hook.posts) == 1
+        post = hook.posts[0]
+        assert post["content_type"] == "application/json" and post["path"] == "/alerts"
+        body = post["body"]
+        assert (body["run_id"], body["job"], body["partition"]) == (run.run_id, "source_build", "empty-drop")
+        assert body["code_location"] == "pid_platform" and body["failed_steps"] == ["sample_set"]
+        assert any(r.getMessage().startswith(f"ALERT Dagster run {run.run_id[:8]} of source_build failed")
+                   for r in caplog.records)
+
+        # A webhook that does not answer fails the tick with its URL (it is tried again next tick).
+        monkeypatch.setenv("PID_ALERT_WEBHOOK_URL", "http://127.0.0.1:9/alerts")
+        with pytest.raises(Exception, match=r"127\.0\.0\.1:9/alerts .*PID_ALERT_WEBHOOK_URL"):
+            sensor(context)
