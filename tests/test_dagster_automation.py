@@ -19,6 +19,7 @@ from tests.support.dagster_runs import (
     build_catalog,
     build_source,
     dagster_instance,
+    evaluate_schedule,
     evaluate_sensor,
     load_defs,
     manifests,
@@ -100,15 +101,18 @@ def test_sensor_skips_sources_it_cannot_build_yet(raw_root: Path, out_root: Path
 
 def test_daily_schedule_requests_every_registered_source(raw_root: Path, out_root: Path) -> None:
     with dg.instance_for_test() as instance:  # a schedule context needs an instance ref
-        schedule = load_defs().resolve_schedule_def("daily_source_rebuild")
+        defs = load_defs()
+        schedule = defs.resolve_schedule_def("daily_source_rebuild")
         when = dt.datetime(2026, 3, 1, 3, tzinfo=dt.UTC)
-        empty = schedule(dg.build_schedule_context(instance=instance, scheduled_execution_time=when))
+        empty = evaluate_schedule(defs, instance, when)
         assert isinstance(empty, dg.SkipReason)
 
         instance.add_dynamic_partitions(SOURCES, ["photos", "portraits"])
-        requests = schedule(dg.build_schedule_context(instance=instance, scheduled_execution_time=when))
+        requests = evaluate_schedule(defs, instance, when)
+        version = ShardingResource().config().version()  # photos has no sharding.yaml: the defaults
+        # portraits has no folder: requested all the same, so its run shows the error.
         assert [(r.partition_key, r.run_key) for r in requests] == [
-            ("photos", "daily:2026-03-01:photos"), ("portraits", "daily:2026-03-01:portraits"),
+            ("photos", f"daily:2026-03-01:photos:{version}"), ("portraits", "daily:2026-03-01:portraits:unreadable"),
         ]
         assert schedule.job_name == "source_build" and schedule.cron_schedule == "0 3 * * *"
 

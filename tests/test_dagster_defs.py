@@ -10,6 +10,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from dagster_aws.s3 import S3Resource
 
 from pid_platform.defs.resources import (
     SHARDING_CODE_VERSION,
@@ -26,8 +27,13 @@ LEROBOT_DATASETS = 'Dynamic partitions: "lerobot_datasets"'
 BUILD = "webdataset_build"
 
 EXPECTED_ASSETS = {
+    "sharding_settings": {
+        "deps": [], "group": BUILD, "partitions": SOURCES, "code_version": None,
+        "kinds": [], "checks": [], "pools": [],
+    },
     "sample_set": {
-        "deps": [], "group": BUILD, "partitions": SOURCES, "code_version": "intake-v1",
+        "deps": ["sharding_settings"], "group": BUILD, "partitions": SOURCES,
+        "code_version": "intake-v1-classify_aspect_ratio=True",
         "kinds": ["parquet", "python"], "checks": [], "pools": ["pid_build"],
     },
     "twin_tar_shards": {
@@ -75,7 +81,7 @@ EXPECTED_JOBS = {
 
 EXPECTED_AUTOMATION = {
     "raw_sources_sensor": ("sensor", "source_build", "RUNNING"),
-    "daily_source_rebuild": ("schedule 0 3 * * * UTC", "source_build", "STOPPED"),
+    "daily_source_rebuild": ("schedule 0 3 * * * UTC", "source_build", "RUNNING"),
     "lerobot_datasets_sensor": ("sensor", "lerobot_sidecar_build", "RUNNING"),
     "run_failure_alert_sensor": ("sensor", None, "RUNNING"),
 }
@@ -160,13 +166,14 @@ def test_derived_assets_follow_upstream_and_every_io_step_retries(defs: dg.Defin
         label = graph.get(dg.AssetKey(key)).automation_condition.get_label() or ""
         condition = str(graph.get(dg.AssetKey(key)).automation_condition)
         assert "blocking" in condition.lower() or "blocking" in label.lower(), key
-    for name in EXPECTED_ASSETS:
+    for name in set(EXPECTED_ASSETS) - {"sharding_settings"}:  # an observation, not a step
         policy = defs.resolve_assets_def(name).op.retry_policy
         assert policy is not None and policy.max_retries >= 3, name
 
 
 def test_resources_bind_one_store_key(defs: dg.Definitions) -> None:
-    assert sorted(defs.resources) == ["lerobot", "sharding", "source_store"]
+    assert sorted(defs.resources) == ["lerobot", "s3", "sharding", "source_store"]
+    assert isinstance(defs.resources["s3"], S3Resource)
     assert isinstance(defs.resources["source_store"], LocalSourceStoreResource)
     sharding = defs.resources["sharding"]
     assert isinstance(sharding, ShardingResource)
@@ -182,9 +189,16 @@ def test_store_is_chosen_by_raw_root(tmp_path: Path, monkeypatch: pytest.MonkeyP
         {"PID_RAW_ROOT": "s3://drops/raw", "PID_OUTPUT_ROOT": "built", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
     )
     assert isinstance(s3, S3SourceStoreResource)
-    assert (s3.raw_root, s3.endpoint_url, s3.output_root) == ("s3://drops/raw", "http://127.0.0.1:9", str(tmp_path / "built"))
-    with pytest.raises(ValueError, match="local folder"):
-        source_store_from_env({"PID_OUTPUT_ROOT": "s3://drops/out"})
+    assert (s3.raw_root, s3.s3.endpoint_url, s3.output_root) == ("s3://drops/raw", "http://127.0.0.1:9", str(tmp_path / "built"))
+    assert s3.s3_settings().endpoint_url == "http://127.0.0.1:9" and s3.source_target("photos") is None
+    # An S3 output: builds stage in a local work folder and are published to the bucket.
+    to_s3 = source_store_from_env({"PID_OUTPUT_ROOT": "s3://drops/out", "PID_WORK_ROOT": "work"})
+    assert str(to_s3.source_target("photos")) == "s3://drops/out/photos"
+    assert to_s3.source_out("photos") == tmp_path / "work" / "drops" / "out" / "photos"
+    with pytest.raises(ValueError, match="gs:// is not a place builds are written to"):
+        source_store_from_env({"PID_OUTPUT_ROOT": "gs://drops/out"})
+    with pytest.raises(ValueError, match="must not carry credentials"):
+        source_store_from_env({}, s3=S3Resource(aws_access_key_id="AKIA", aws_secret_access_key="x")).s3_settings()
     with pytest.raises(ValueError, match="plain folder name"):
         local.source_out("../elsewhere")
 

@@ -32,7 +32,7 @@ def test_s3_raw_root_is_sensed_and_built(
     with dagster_instance() as instance:
         defs = load_defs()
         store = defs.resources["source_store"]
-        assert isinstance(store, S3SourceStoreResource) and store.endpoint_url == s3_env.endpoint_url
+        assert isinstance(store, S3SourceStoreResource) and store.s3.endpoint_url == s3_env.endpoint_url
 
         sensed = evaluate_sensor(defs, instance, None)
         assert apply_partition_requests(instance, sensed) == ["photos"]

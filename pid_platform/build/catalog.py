@@ -10,7 +10,7 @@ from loader.formats.errors import FormatError
 from loader.formats.wdinfo import WDINFO_NAME, parse_wdinfo, read_wdinfo
 from pid_platform.build.errors import BuildError
 from pid_platform.build.layout import STATE_DIR
-from pid_platform.build.s3_output import S3Output, get_bytes, read_pointer
+from pid_platform.build.s3_output import S3Output, get_bytes, published_sources
 
 ALL_DATASET = "all"
 
@@ -42,19 +42,9 @@ def scan_s3_sources(output_root: S3Output) -> dict[str, SourceEntry]:
     """Every source under an S3 output root with a current version; its entries name the
     manifests of that version, so the catalog pins versions (old ones stay readable until the
     cleanup job removes them, after their grace period)."""
-    prefix = output_root.key() + "/" if output_root.prefix else ""
-    names: list[str] = []
-    with output_root.errors(f"listing {output_root}"):
-        pages = output_root.client().get_paginator("list_objects_v2").paginate(
-            Bucket=output_root.bucket, Prefix=prefix, Delimiter="/")
-        for page in pages:
-            names += [cp["Prefix"][len(prefix):].strip("/") for cp in page.get("CommonPrefixes", [])]
     sources: dict[str, SourceEntry] = {}
-    for name in sorted(n for n in names if n and not n.startswith(".")):
+    for name, pointer in published_sources(output_root).items():
         out = output_root.child(name)
-        pointer = read_pointer(out)
-        if pointer is None:
-            continue
         parsed = []
         for rel in pointer.manifest_paths():
             data = get_bytes(out, rel)

@@ -301,6 +301,23 @@ def publish_version(
     return result
 
 
+def published_sources(output_root: S3Output) -> dict[str, VersionPointer]:
+    """Each folder under an S3 output root that holds a pointer (a published source), with it."""
+    prefix = output_root.key() + "/" if output_root.prefix else ""
+    names: list[str] = []
+    with output_root.errors(f"listing {output_root}"):
+        pages = output_root.client().get_paginator("list_objects_v2").paginate(
+            Bucket=output_root.bucket, Prefix=prefix, Delimiter="/")
+        for page in pages:
+            names += [cp["Prefix"][len(prefix):].strip("/") for cp in page.get("CommonPrefixes", [])]
+    found = {}
+    for name in sorted(n for n in names if n and not n.startswith(".")):
+        pointer = read_pointer(output_root.child(name))
+        if pointer is not None:
+            found[name] = pointer
+    return found
+
+
 def list_versions(output: S3Output) -> dict[str, float]:
     """Version id -> time of its newest object, for every version folder under ``output``."""
     prefix = output.key(VERSIONS_DIR) + "/"

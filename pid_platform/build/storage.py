@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from loader.formats.atomic import atomic_write_bytes
 from loader.io.s3_client import S3Settings, s3_client
 from pid_platform.build.errors import BuildError, SourceNotFoundError
 
@@ -62,6 +63,18 @@ class SourceStore(ABC):
 
     def describe(self, source: str, entry: FileEntry) -> str:
         return f"{self.uri.rstrip('/')}/{source}/{entry.modality}/{entry.name}"
+
+    def source_file_uri(self, source: str, name: str) -> str:
+        """Where a file at the top of a source folder (beside its modality folders) lives."""
+        return f"{self.uri.rstrip('/')}/{source}/{name}"
+
+    @abstractmethod
+    def read_source_file(self, source: str, name: str) -> bytes | None:
+        """A file at the top of the source folder (its settings), or ``None`` if there is none."""
+
+    @abstractmethod
+    def write_source_file(self, source: str, name: str, data: bytes) -> None:
+        """Replace a file at the top of the source folder in one step."""
 
 
 def _is_utf8(name: str) -> bool:
@@ -146,6 +159,15 @@ class LocalSourceStore(SourceStore):
         path = entry.local_path or str(self.root / source / entry.modality / entry.name)
         with open(path, "rb") as fh:
             return fh.read()
+
+    def read_source_file(self, source: str, name: str) -> bytes | None:
+        try:
+            return (self._source_dir(source) / name).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write_source_file(self, source: str, name: str, data: bytes) -> None:
+        atomic_write_bytes(self._source_dir(source) / name, data)
 
     def read_head(self, source: str, entry: FileEntry, n: int) -> bytes:
         path = entry.local_path or str(self.root / source / entry.modality / entry.name)
@@ -299,6 +321,21 @@ class S3SourceStore(SourceStore):
         with self._errors(f"reading s3://{self.bucket}/{key}"):
             return self.client.get_object(Bucket=self.bucket, Key=key, **cond)["Body"].read()
 
+    def read_source_file(self, source: str, name: str) -> bytes | None:
+        key = self._key(source, name)
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except Exception as exc:
+            if _missing(exc):
+                return None
+            with self._errors(f"reading s3://{self.bucket}/{key}"):
+                raise
+
+    def write_source_file(self, source: str, name: str, data: bytes) -> None:
+        key = self._key(source, name)
+        with self._errors(f"writing s3://{self.bucket}/{key}"):
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
+
     def read_head(self, source: str, entry: FileEntry, n: int) -> bytes:
         key = self._key(source, entry.modality, entry.name)
         etag = entry.fingerprint.partition(":")[2]
@@ -306,6 +343,12 @@ class S3SourceStore(SourceStore):
         with self._errors(f"reading s3://{self.bucket}/{key}"):
             resp = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes=0-{n - 1}", **cond)
             return resp["Body"].read()
+
+
+def _missing(exc: Exception) -> bool:
+    from botocore.exceptions import ClientError
+
+    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404")
 
 
 def open_source_store(root: str, endpoint_url: str | None = None, *,

@@ -1,10 +1,16 @@
-"""The two resources every asset uses: where sources live (``source_store``) and how they are
-cut (``sharding``).
+"""The resources every asset uses: where sources live and builds go (``source_store``), how
+sources are cut by default (``sharding``), and how S3 is reached (``s3``).
 
 ``source_store`` is one key with a local and an S3 implementation behind it, chosen from the raw
 root: ``PID_RAW_ROOT`` (default ``demo/raw``) and ``PID_OUTPUT_ROOT`` (default ``demo/out``),
-relative paths taken from the current directory; an ``s3://`` raw root reads through S3 with the
-endpoint from ``AWS_ENDPOINT_URL`` (credentials stay in boto3's own chain, never in config).
+relative paths taken from the current directory. Either may be ``s3://bucket/prefix``: an S3
+output is built in a local work folder (``PID_WORK_ROOT``) and published at the commit as a new
+version behind a pointer (``pid_platform/build/s3_output.py``).
+
+``s3`` is dagster-aws's ``S3Resource``: endpoint (``AWS_ENDPOINT_URL``), region and profile as
+configuration; credentials only from boto3's usual chain, never in configuration or metadata. The
+build stays Dagster-free: it receives these settings (``S3Settings``), not a client, and makes
+its clients with the project's one factory (``loader.io.s3_client``).
 """
 
 import os
@@ -13,9 +19,18 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import dagster as dg
+from dagster_aws.s3 import S3Resource
 from pydantic import Field
 
+from loader.io.s3_client import S3Settings
 from pid_platform.build.plan import PLAN_VERSION, ShardingConfig
+from pid_platform.build.s3_output import (
+    S3Output,
+    default_work_root,
+    is_s3_url,
+    refuse_other_urls,
+    work_dir,
+)
 from pid_platform.build.storage import LocalSourceStore, S3SourceStore, SourceStore
 
 DEFAULT_RAW_ROOT = "demo/raw"
@@ -23,23 +38,64 @@ DEFAULT_OUTPUT_ROOT = "demo/out"
 _DEFAULTS = ShardingConfig()
 
 
+def s3_settings(s3: S3Resource) -> S3Settings:
+    """What the build needs to reach S3, from the ``s3`` resource; credentials are refused here
+    (they would be shown in the UI's resource config and copied into every run's config)."""
+    if s3.aws_access_key_id or s3.aws_secret_access_key or s3.aws_session_token:
+        raise ValueError(
+            "the s3 resource must not carry credentials; unset aws_access_key_id / aws_secret_access_key / "
+            "aws_session_token and use boto3's chain (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, "
+            "or an instance role)"
+        )
+    return S3Settings(endpoint_url=s3.endpoint_url or None, region=s3.region_name or None,
+                      profile=s3.profile_name or None, max_attempts=s3.max_attempts)
+
+
 class SourceStoreResource(dg.ConfigurableResource, ABC):
     """Reads raw sources from ``raw_root``; each source's build goes to ``output_root/<source>``."""
 
     raw_root: str = Field(description="Folder (or s3://bucket/prefix) holding one folder per source.")
-    output_root: str = Field(description="Local folder the twin tars, manifests and catalog go to.")
+    output_root: str = Field(description="Folder (or s3://bucket/prefix) the twin tars, manifests and catalog go to.")
+    work_root: str = Field(default="", description="For an s3:// output_root: the local folder builds stage in "
+                           "(default: $PID_WORK_ROOT or ~/.cache/pid-platform/work).")
+    s3: dg.ResourceDependency[S3Resource]
 
     @abstractmethod
     def open(self) -> SourceStore: ...
 
-    def source_out(self, source: str) -> Path:
+    def s3_settings(self) -> S3Settings:
+        return s3_settings(self.s3)
+
+    def _checked(self, source: str) -> str:
         # A partition key becomes a folder name: a hand-added key must not point outside the root.
         if not source or source in (".", "..") or "/" in source or "\\" in source or source.startswith("."):
             raise ValueError(
                 f"source {source!r} is not a plain folder name; delete that partition of 'sources' "
                 "in the UI and add the source's folder name instead"
             )
-        return Path(self.output_root) / source
+        return source
+
+    def root_target(self) -> S3Output | None:
+        """The S3 output root, or ``None`` for a local one."""
+        return S3Output(self.output_root, self.s3_settings()) if is_s3_url(self.output_root) else None
+
+    def source_target(self, source: str) -> S3Output | None:
+        """Where a source's build is published on S3 (``None``: the local ``source_out`` is the output)."""
+        root = self.root_target()
+        return root.child(self._checked(source)) if root else None
+
+    def source_out(self, source: str) -> Path:
+        """The local folder a source's build stages and commits in: its output, or for an S3
+        output the work folder it is published from."""
+        target = self.source_target(source)
+        if target is not None:
+            return work_dir(target, self.work_root or default_work_root())
+        return Path(self.output_root) / self._checked(source)
+
+    def output_location(self, source: str) -> str:
+        """Where readers find a source's build (a folder, or the S3 prefix with its pointer)."""
+        target = self.source_target(source)
+        return str(target) if target else str(self.source_out(source))
 
 
 class LocalSourceStoreResource(SourceStoreResource):
@@ -50,19 +106,19 @@ class LocalSourceStoreResource(SourceStoreResource):
 
 
 class S3SourceStoreResource(SourceStoreResource):
-    """Sources under an ``s3://`` prefix of any S3-compatible store."""
-
-    endpoint_url: str | None = Field(default=None, description="S3 endpoint; AWS's when empty.")
+    """Sources under an ``s3://`` prefix of any S3-compatible store (reached through ``s3``)."""
 
     def open(self) -> SourceStore:
-        return S3SourceStore(self.raw_root, self.endpoint_url)
+        return S3SourceStore(self.raw_root, settings=self.s3_settings())
 
 
 class ShardingResource(dg.ConfigurableResource):
-    """How sources are cut into twin tars, and which logical datasets group them.
+    """How sources are cut into twin tars by default, and which logical datasets group them.
 
-    Changing any of the first six fields changes which bytes land in which tar (its
-    ``version()``), so the next build of a source re-shards it.
+    The first six fields change which bytes land in which tar. They are the defaults a source's
+    own ``sharding.yaml`` (in its raw folder) overrides; set in the launchpad for a run, they
+    are written into that file, so the sensor and the daily schedule keep them
+    (``pid_platform/build/settings.py``).
     """
 
     max_shard_size_mb: float = Field(default=_DEFAULTS.max_shard_size_mb,
@@ -98,20 +154,39 @@ DEFAULT_SHARDING = ShardingResource()
 SHARDING_CODE_VERSION = f"plan-v{PLAN_VERSION}-{DEFAULT_SHARDING.config().version()}"
 
 
-def source_store_from_env(environ: Mapping[str, str] | None = None) -> SourceStoreResource:
-    """The store the code location binds: local unless ``PID_RAW_ROOT`` is an ``s3://`` URI."""
+def s3_from_env(environ: Mapping[str, str] | None = None) -> S3Resource:
+    """The ``s3`` resource: endpoint and region from the environment, no credentials."""
     env = os.environ if environ is None else environ
+    return S3Resource(
+        endpoint_url=env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None,
+        region_name=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
+    )
+
+
+def source_store_from_env(environ: Mapping[str, str] | None = None, s3: S3Resource | None = None) -> SourceStoreResource:
+    """The store the code location binds: local unless ``PID_RAW_ROOT`` is an ``s3://`` URI; the
+    output is local unless ``PID_OUTPUT_ROOT`` is one."""
+    env = os.environ if environ is None else environ
+    s3 = s3 or s3_from_env(env)
     raw = env.get("PID_RAW_ROOT") or DEFAULT_RAW_ROOT
     out = env.get("PID_OUTPUT_ROOT") or DEFAULT_OUTPUT_ROOT
-    if "://" in out and not out.startswith("file://"):
-        raise ValueError(f"PID_OUTPUT_ROOT={out!r}: builds are written to a local folder; give a path")
-    # Absolute now, so a run worker started from another folder writes to the same place.
-    out = str(Path(out.removeprefix("file://")).resolve())
+    refuse_other_urls(out, "PID_OUTPUT_ROOT")
+    refuse_other_urls(raw, "PID_RAW_ROOT")
+    if is_s3_url(out):
+        S3Output(out)  # a malformed s3:// URL fails the code location's load, with the variable named
+    else:
+        # Absolute now, so a run worker started from another folder writes to the same place.
+        out = str(Path(out.removeprefix("file://")).resolve())
+    work = str(Path(env.get("PID_WORK_ROOT") or default_work_root()).resolve())
     if raw.startswith("s3://"):
-        return S3SourceStoreResource(raw_root=raw, output_root=out, endpoint_url=env.get("AWS_ENDPOINT_URL"))
-    return LocalSourceStoreResource(raw_root=str(Path(raw.removeprefix("file://")).resolve()), output_root=out)
+        return S3SourceStoreResource(raw_root=raw, output_root=out, work_root=work, s3=s3)
+    return LocalSourceStoreResource(raw_root=str(Path(raw.removeprefix("file://")).resolve()), output_root=out,
+                                    work_root=work, s3=s3)
 
 
 @dg.definitions
 def resources() -> dg.Definitions:
-    return dg.Definitions(resources={"source_store": source_store_from_env(), "sharding": DEFAULT_SHARDING})
+    s3 = s3_from_env()
+    return dg.Definitions(resources={
+        "s3": s3, "source_store": source_store_from_env(s3=s3), "sharding": DEFAULT_SHARDING,
+    })

@@ -72,12 +72,20 @@ def build_catalog(defs: dg.Definitions, instance: dg.DagsterInstance, **sharding
 def evaluate_sensor(defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None, **resources) -> dg.SensorResult:
     sensor = defs.resolve_sensor_def("raw_sources_sensor")
     # The daemon hands the sensor the code location's resources; so does this test.
-    context = dg.build_sensor_context(
+    with dg.build_sensor_context(
         instance=instance, cursor=cursor, definitions=defs, resources={**defs.resources, **resources}
-    )
-    result = sensor(context)
+    ) as context:
+        result = sensor(context)
     assert isinstance(result, dg.SensorResult)
     return result
+
+
+def evaluate_schedule(defs: dg.Definitions, instance: dg.DagsterInstance, when: Any, **resources) -> Any:
+    """The daily schedule's evaluation at ``when``, with the code location's resources."""
+    schedule = defs.resolve_schedule_def("daily_source_rebuild")
+    with dg.build_schedule_context(instance=instance, scheduled_execution_time=when,
+                                   resources={**defs.resources, **resources}) as context:
+        return schedule(context)
 
 
 def apply_partition_requests(instance: dg.DagsterInstance, result: dg.SensorResult) -> list[str]:

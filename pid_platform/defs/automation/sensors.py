@@ -10,10 +10,12 @@ import json
 import dagster as dg
 
 from pid_platform.build.errors import BuildError
+from pid_platform.build.settings import source_settings
 from pid_platform.defs.automation.fingerprint import source_fingerprint
 from pid_platform.defs.automation.jobs import source_build_job
 from pid_platform.defs.partitions import SOURCES, sources_partitions
 from pid_platform.defs.resources import ShardingResource, SourceStoreResource
+from pid_platform.defs.settings import settings_observation
 
 
 def _unusable_as_partition(name: str) -> bool:
@@ -37,10 +39,13 @@ def raw_sources_sensor(
     context: dg.SensorEvaluationContext, source_store: SourceStoreResource, sharding: ShardingResource
 ) -> dg.SensorResult:
     """Lists the sources under the raw root, adds each new one as a partition of ``sources``, and
-    requests a ``source_build`` run for every source that is new or whose files or sharding config
-    changed since the last request. The cursor holds each source's last run key."""
+    requests a ``source_build`` run for every source that is new or whose files or sharding
+    settings (its ``sharding.yaml`` over the code location's defaults) changed since the last
+    request. Each tick records every source's settings version as an observation of
+    ``sharding_settings``. The cursor holds each source's last run key."""
     store = source_store.open()
-    config_version = sharding.config().version()
+    defaults = sharding.config()
+    observations: list[dg.AssetObservation] = []
     seen: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
     known = set(context.instance.get_dynamic_partitions(SOURCES))
     new_partitions: list[str] = []
@@ -51,6 +56,7 @@ def raw_sources_sensor(
             continue
         try:
             fingerprint, files = source_fingerprint(store, source)
+            settings = source_settings(store, source, defaults)
         except (BuildError, OSError) as exc:
             context.log.warning(f"source {source!r} skipped: {exc}")
             continue
@@ -59,17 +65,22 @@ def raw_sources_sensor(
             continue
         if source not in known:
             new_partitions.append(source)
+        else:  # a partition the daemon has not added yet cannot carry an observation
+            observations.append(settings_observation(settings))
+        config_version = settings.version
         run_key = build_run_key(source, config_version, fingerprint)
         if seen.get(source) != run_key:
             seen[source] = run_key
             requests.append(
                 dg.RunRequest(
                     run_key=run_key, partition_key=source,
-                    tags={"pid/source": source, "pid/config_version": config_version},
+                    tags={"pid/source": source, "pid/config_version": config_version,
+                          "pid/settings_file": settings.location},
                 )
             )
     return dg.SensorResult(
         run_requests=requests,
+        asset_events=observations,
         dynamic_partitions_requests=[sources_partitions.build_add_request(new_partitions)] if new_partitions else [],
         cursor=json.dumps(seen, sort_keys=True),
     )

@@ -7,20 +7,25 @@ import dagster as dg
 from pid_platform.build.intake import IntakeReport, Sample
 from pid_platform.build.pipeline import run_intake
 from pid_platform.build.publish import staging_dir
+from pid_platform.build.s3_output import check_writable
 from pid_platform.defs.groups import BUILD_GROUP, BUILD_POOL
 from pid_platform.defs.metadata import markdown_table
 from pid_platform.defs.partitions import sources_partitions
 from pid_platform.defs.plots import bar_png, png_markdown
-from pid_platform.defs.resources import ShardingResource, SourceStoreResource
+from pid_platform.defs.resources import DEFAULT_SHARDING, ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
+from pid_platform.defs.settings import SETTINGS_ASSET, settings_for_run, settings_metadata
 
 INTAKE_VERSION = "intake-v1"
+# classify_aspect_ratio decides every sample's bucket; the default is part of the code version,
+# a source's own value (sharding.yaml) reaches sample_set through its sharding_settings dependency.
+INTAKE_CODE_VERSION = f"{INTAKE_VERSION}-classify_aspect_ratio={DEFAULT_SHARDING.classify_aspect_ratio}"
 
 
-def _samples_digest(samples: list[Sample]) -> str:
+def _samples_digest(samples: list[Sample], classify_aspect_ratio: bool) -> str:
     # Changes exactly when a sample's key, bucket or any of its files does: unchanged input leaves
     # everything downstream fresh.
-    h = hashlib.sha256()
+    h = hashlib.sha256(f"classify_aspect_ratio={classify_aspect_ratio}".encode())
     for s in samples:
         h.update(f"{s.key}|{s.bucket}".encode())
         for m, f in sorted(s.files.items()):
@@ -72,7 +77,8 @@ def _report_table(report: IntakeReport) -> str:
     partitions_def=sources_partitions,
     group_name=BUILD_GROUP,
     kinds={"python", "parquet"},
-    code_version=INTAKE_VERSION,
+    code_version=INTAKE_CODE_VERSION,
+    deps=[SETTINGS_ASSET],
     pool=BUILD_POOL,
     retry_policy=IO_RETRY,
 )
@@ -89,8 +95,12 @@ def sample_set(
     out = source_store.source_out(source)
     store = source_store.open()
     with fail_without_retry_on():
+        settings = settings_for_run(context, source_store, sharding, source)
+        target = source_store.source_target(source)
+        if target is not None:
+            check_writable(target)  # an S3 output that refuses stops the run before any work
         samples, report, path = run_intake(
-            store, source, out, sharding.config(),
+            store, source, out, settings.config,
             trust_pickle=sharding.trust_pickle, num_workers=sharding.num_workers,
         )
     context.log.info(f"{source}: {report.samples} samples kept, {report.dropped_total} dropped")
@@ -109,7 +119,9 @@ def sample_set(
             # Written into the staging folder; this is where it is once wdinfo_manifests commits.
             "samples_table": dg.MetadataValue.path(str(out / path.relative_to(staging_dir(out)))),
             "raw_source": f"{store.uri.rstrip('/')}/{source}",
+            "classify_aspect_ratio": settings.config.classify_aspect_ratio,
+            **settings_metadata(settings),
             **_plots(source, samples, report),
         },
-        data_version=dg.DataVersion(_samples_digest(samples)),
+        data_version=dg.DataVersion(_samples_digest(samples, settings.config.classify_aspect_ratio)),
     )

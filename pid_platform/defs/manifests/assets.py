@@ -5,12 +5,13 @@ from pathlib import Path
 import dagster as dg
 
 from loader.formats.wdinfo import read_wdinfo
-from pid_platform.build.catalog import build_catalog
+from pid_platform.build.catalog import build_catalog, build_s3_catalog
 from pid_platform.build.layout import bucket_dir
 from pid_platform.build.manifests import BucketManifest
 from pid_platform.build.pipeline import run_key_indexes, run_manifests, state_dir
 from pid_platform.build.plan import ShardingConfig, ShardPlan
 from pid_platform.build.publish import staging_dir
+from pid_platform.build.s3_output import read_pointer
 from pid_platform.build.verify import key_index_mismatches, manifest_mismatches
 from pid_platform.defs.automation.conditions import FOLLOW_UPSTREAM
 from pid_platform.defs.checks.common import built_plans
@@ -117,18 +118,28 @@ def wdinfo_manifests(
     the source's output folder in one swap of folders. `removed` lists the files of the
     previous version that the new one no longer has.
 
+    With an `s3://` output the staged version is first published to the bucket: tars and key
+    indexes under a new `versions/<id>/` prefix, manifests last, then `pid-current.json` is
+    switched to it (the commit point readers see); the previous version stays until the
+    `s3_version_cleanup` job removes it after its grace period.
+
     Materialized alone when no build is staged, it verifies the committed manifests against the
     committed tars and records them (`state: committed`); nothing is rewritten.
     """
     source = context.partition_key
     out = source_store.source_out(source)
+    target = source_store.source_target(source)
     with fail_without_retry_on():
         if committed_only(out):
             config, manifests, removed = _committed_manifests(out, source)
             state = "committed"
         else:
-            config, manifests, removed = run_manifests(out, source, num_workers=sharding.num_workers)
+            config, manifests, removed = run_manifests(out, source, num_workers=sharding.num_workers,
+                                                       publish_to=target)
             state = "committed now"
+        pointer = read_pointer(target) if target is not None else None
+    listed = ([f"{target}/{p}" for p in pointer.manifest_paths()] if pointer is not None
+              else [str(m.path) for m in manifests])
     rows = [
         (bucket_label(m.bucket), len(m.manifest.tars), m.manifest.total_key_count, m.manifest.chunk_size,
          str(m.path.relative_to(out)))
@@ -138,8 +149,9 @@ def wdinfo_manifests(
         context.log.info(f"{source}: the new version dropped {len(removed)} files of the previous one")
     return dg.MaterializeResult(
         metadata={
-            "manifests": dg.MetadataValue.json([str(m.path) for m in manifests]),
+            "manifests": dg.MetadataValue.json(listed),
             "state": state,
+            **({"version": pointer.version} if pointer is not None else {}),
             "buckets": len(manifests),
             "tars": sum(len(m.manifest.tars) for m in manifests),
             "samples": sum(m.manifest.total_key_count for m in manifests),
@@ -149,7 +161,7 @@ def wdinfo_manifests(
             ),
             "removed_count": len(removed),
             "removed": dg.MetadataValue.json(first([str(p.relative_to(out)) for p in removed])),
-            "output": dg.MetadataValue.path(str(out)),
+            "output": dg.MetadataValue.path(source_store.output_location(source)),
         }
     )
 
@@ -167,7 +179,11 @@ def dataset_catalog(source_store: SourceStoreResource, sharding: ShardingResourc
     to its manifests through it.
     """
     with fail_without_retry_on():
-        path, catalog = build_catalog(Path(source_store.output_root), sharding.datasets)
+        root = source_store.root_target()
+        if root is not None:
+            path, catalog = build_s3_catalog(root, sharding.datasets)
+        else:
+            path, catalog = build_catalog(Path(source_store.output_root), sharding.datasets)
     rows = [(s.name, len(s.buckets), s.total_key_count, ", ".join(s.data_keys)) for s in catalog.sources.values()]
     return dg.MaterializeResult(
         metadata={

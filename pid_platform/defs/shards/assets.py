@@ -14,6 +14,7 @@ from pid_platform.defs.partitions import sources_partitions
 from pid_platform.defs.plots import png_markdown, shard_sizes_png
 from pid_platform.defs.resources import SHARDING_CODE_VERSION, ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
+from pid_platform.defs.settings import settings_for_run, settings_metadata
 
 
 def _plans_digest(config_version: str, plans: list[ShardPlan]) -> str:
@@ -47,7 +48,9 @@ def twin_tar_shards(
     """
     source = context.partition_key
     out = source_store.source_out(source)
-    config = sharding.config()
+    with fail_without_retry_on():
+        settings = settings_for_run(context, source_store, sharding, source)
+    config = settings.config
 
     def progress(done: int, total: int) -> None:
         if done == total or done % max(1, total // 10) == 0:
@@ -83,10 +86,11 @@ def twin_tar_shards(
             "reused": len(results) - written,
             "config_version": config.version(),
             "sharding": dg.MetadataValue.json(asdict(config)),
+            **settings_metadata(settings),
             "shards_by_bucket": dg.MetadataValue.md(table),
             "shard_sizes_plot": png_markdown(plot, f"shard sizes of {source} against the bound"),
             # Staged until wdinfo_manifests commits them; this is where they are from then on.
-            "output": dg.MetadataValue.path(str(out)),
+            "output": dg.MetadataValue.path(source_store.output_location(source)),
         },
         data_version=dg.DataVersion(_plans_digest(config.version(), plans)),
     )

@@ -1,0 +1,88 @@
+"""Each source's sharding settings, in one durable place: ``sharding.yaml`` in its raw folder.
+
+The file sits beside the source's modality folders (``<raw_root>/<source>/sharding.yaml``, a
+local file or an S3 object) and overrides the code location's defaults (the ``sharding``
+resource) key by key::
+
+    # photos/sharding.yaml
+    max_shard_size_mb: 64
+    classify_aspect_ratio: false
+
+The sensor, the daily schedule and every run read it, so a source keeps its settings until
+someone edits the file; its version (``ShardingConfig.version()``) is in the sensor's run key
+and in the data version of the ``sharding_settings`` observation that the source's assets
+depend on, so a change shows them stale in the UI and the sensor rebuilds exactly that source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import yaml
+
+from pid_platform.build.errors import ShardingConfigError
+from pid_platform.build.plan import ShardingConfig
+from pid_platform.build.storage import SourceStore
+
+SETTINGS_NAME = "sharding.yaml"
+# Every setting that changes which bytes land in which tar.
+SETTING_KEYS = tuple(f.name for f in fields(ShardingConfig))
+
+
+@dataclass(frozen=True)
+class SourceSettings:
+    source: str
+    config: ShardingConfig
+    location: str        # where the file is (or would be)
+    from_file: dict[str, Any]  # the keys the file sets
+
+    @property
+    def version(self) -> str:
+        return self.config.version()
+
+
+def parse_settings(data: bytes, location: str) -> dict[str, Any]:
+    try:
+        doc = yaml.safe_load(data)
+    except yaml.YAMLError as exc:
+        raise ShardingConfigError(f"{location}: not valid YAML ({exc}); fix or delete the file") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ShardingConfigError(f"{location}: must be a mapping of settings ({', '.join(SETTING_KEYS)})")
+    unknown = sorted(str(k) for k in doc if k not in SETTING_KEYS)
+    if unknown:
+        raise ShardingConfigError(
+            f"{location}: unknown settings {unknown}; the settings are {', '.join(SETTING_KEYS)}"
+        )
+    return dict(doc)
+
+
+def source_settings(store: SourceStore, source: str, defaults: ShardingConfig) -> SourceSettings:
+    """The settings ``source`` is built with: ``defaults`` overridden by its ``sharding.yaml``."""
+    location = store.source_file_uri(source, SETTINGS_NAME)
+    data = store.read_source_file(source, SETTINGS_NAME)
+    from_file = parse_settings(data, location) if data is not None else {}
+    try:
+        config = ShardingConfig(**{**asdict(defaults), **from_file})
+    except ShardingConfigError as exc:
+        raise ShardingConfigError(f"{location}: {exc}") from None
+    return SourceSettings(source, config, location, from_file)
+
+
+def persist_settings(store: SourceStore, current: SourceSettings, changes: dict[str, Any],
+                     defaults: ShardingConfig) -> SourceSettings:
+    """Write ``changes`` into the source's ``sharding.yaml`` (other keys kept) and return the
+    settings now in force. Nothing is written when they change nothing."""
+    unknown = sorted(k for k in changes if k not in SETTING_KEYS)
+    if unknown:
+        raise ShardingConfigError(f"unknown sharding settings {unknown}; the settings are {', '.join(SETTING_KEYS)}")
+    wanted = {**current.from_file, **changes}
+    config = ShardingConfig(**{**asdict(defaults), **wanted})  # refuses a bad value before writing
+    if wanted == current.from_file:
+        return current
+    body = ("# Sharding settings of this source; the build, the sensor and the daily schedule read them.\n"
+            + yaml.safe_dump(dict(sorted(wanted.items())), sort_keys=True))
+    store.write_source_file(current.source, SETTINGS_NAME, body.encode())
+    return SourceSettings(current.source, config, current.location, wanted)
