@@ -37,8 +37,8 @@ EXPECTED_ASSETS = {
         "kinds": ["parquet", "python"], "checks": [], "pools": ["pid_build"],
     },
     "twin_tar_shards": {
-        "deps": ["sample_set"], "group": BUILD, "partitions": SOURCES, "code_version": "<sharding>",
-        "kinds": ["python", "webdataset"], "checks": ["shards_within_size_bound", "twin_tar_keys_match"],
+        "deps": ["sample_set", "sharding_settings"], "group": BUILD, "partitions": SOURCES,
+        "code_version": "<sharding>", "kinds": ["python", "webdataset"], "checks": ["shards_within_size_bound", "twin_tar_keys_match"],
         "pools": ["pid_build"],
     },
     "key_indexes": {

@@ -1,23 +1,36 @@
-"""The S3 side of the ``source_store`` seam: a raw root on a real S3 server (SeaweedFS on
-127.0.0.1), discovered by the sensor and built by the same job as a local one."""
+"""The S3 side of the ``source_store`` seam: a raw root and an output root on a real S3 server
+(SeaweedFS on 127.0.0.1), discovered by the sensor and built by the same job as a local one; the
+loader and the example training job read the result straight from the bucket."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from loader.wds.pipeline import build_dataset
 from pid_platform.defs.resources import S3SourceStoreResource
 from tests.support.dagster_runs import (
     apply_partition_requests,
+    build_catalog,
     build_source,
+    check_outcomes,
     dagster_instance,
     evaluate_sensor,
     load_defs,
     manifests,
     materialized,
+    tars,
+    use_roots,
 )
+from tests.support.s3_objects import current_version
 from tests.support.seaweedfs import SeaweedS3, upload_tree
+
+REPO = Path(__file__).resolve().parents[1]
 
 BUCKET = "dagster-raw"
 
@@ -43,3 +56,61 @@ def test_s3_raw_root_is_sensed_and_built(
         assert result.success and all(e.passed for e in result.get_asset_check_evaluations())
         assert materialized(result)["sample_set"]["raw_source"] == f"s3://{BUCKET}/drops/photos"
     assert sum(m["total_key_count"] for m in manifests(tmp_path / "out" / "photos").values()) == 32
+
+
+def _dagster_build(source: str, **sharding) -> dict[str, dict]:
+    """Every webdataset asset of ``source`` and the catalog, through Dagster, checks included."""
+    with dagster_instance() as instance:
+        defs = load_defs()
+        built = build_source(defs, instance, source, **sharding)
+        assert built.success and all(check_outcomes(built).values()), check_outcomes(built)
+        catalog = build_catalog(defs, instance)
+        assert catalog.success
+        return {**materialized(built), **materialized(catalog)}
+
+
+def test_every_asset_from_s3_into_s3_matches_the_local_build_and_trains(
+    s3_env: SeaweedS3, photo_drop_template: Path, raw_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = s3_env.client()
+    s3_env.make_bucket("dagster-both-raw")
+    s3_env.make_bucket("dagster-both-out")
+    upload_tree(client, photo_drop_template, "dagster-both-raw", "drops")
+    monkeypatch.setenv("PID_RAW_ROOT", "s3://dagster-both-raw/drops")
+    monkeypatch.setenv("PID_OUTPUT_ROOT", "s3://dagster-both-out/built")
+    monkeypatch.setenv("PID_WORK_ROOT", str(tmp_path / "work"))
+    monkeypatch.chdir(tmp_path)
+    on_s3 = _dagster_build("photos", max_shard_size_mb=0.25)
+    assert on_s3["wdinfo_manifests"]["output"] == "s3://dagster-both-out/built/photos"
+    assert on_s3["dataset_catalog"]["catalog"] == "s3://dagster-both-out/built/catalog.json"
+    assert not (tmp_path / "s3:").exists()
+
+    use_roots(monkeypatch, raw_root, tmp_path / "local")
+    local = _dagster_build("photos", max_shard_size_mb=0.25)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_env.endpoint_url)  # use_roots took it away
+    assert local["twin_tar_shards"]["config_version"] == on_s3["twin_tar_shards"]["config_version"]
+
+    published = current_version(client, "dagster-both-out", "built/photos")
+    local_out = tmp_path / "local" / "photos"
+    local_tars = {p.relative_to(local_out).as_posix(): p.read_bytes() for p in sorted(tars(local_out))}
+    assert {k: v for k, v in published.items() if k.endswith(".tar")} == local_tars  # byte-identical
+    s3_manifests = {k.rsplit("/", 2)[-2]: json.loads(v) for k, v in published.items() if k.endswith("wdinfo.json")}
+    assert s3_manifests == manifests(local_out)
+    assert len(s3_manifests) == 8 and sum(m["total_key_count"] for m in s3_manifests.values()) == 32
+
+    # The loader finds the build by the same specs as a local one: catalog name, prefix, manifest URL.
+    catalog = "s3://dagster-both-out/built"
+    by_name = build_dataset("photos", catalog=catalog, decode=None, shuffle=False)
+    keys = sorted(s["__key__"] for s in by_name)
+    assert keys == sorted(s["__key__"] for s in build_dataset(str(local_out), decode=None, shuffle=False))
+    assert sorted(s["__key__"] for s in build_dataset(f"{catalog}/photos", decode=None, shuffle=False)) == keys
+
+    # A few training steps straight from the bucket (the example job, one process).
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "train_policy.py"), "--data", "twin-tars", "--root",
+         f"{catalog}/photos", "--checkpoint-dir", str(tmp_path / "ckpt"), "--epochs", "1", "--batch-size", "4",
+         "--num-workers", "0", "--log-every", "2"],
+        env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "done: 8 steps, 1 epochs, 32 samples per rank" in proc.stdout

@@ -63,15 +63,15 @@ def test_frozen_credentials_sign_without_the_environment(s3_env: SeaweedS3, monk
 
 def test_errors_say_what_to_check(s3_env: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> None:
     settings = S3Settings(max_attempts=1)
-    with pytest.raises(S3AccessError, match="bucket 'factory-none' does not exist at http://127.0.0.1"):
-        with s3_errors(settings, "listing s3://factory-none/", "factory-none"):
-            s3_client(settings).list_objects_v2(Bucket="factory-none")
+    with (pytest.raises(S3AccessError, match="bucket 'factory-none' does not exist at http://127.0.0.1"),
+          s3_errors(settings, "listing s3://factory-none/", "factory-none")):
+        s3_client(settings).list_objects_v2(Bucket="factory-none")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
     s3_env.make_bucket("factory-creds")
-    with pytest.raises(S3AccessError, match=r"refused the request \(SignatureDoesNotMatch.*AWS_ACCESS_KEY_ID"):
-        with s3_errors(settings, "listing s3://factory-creds/", "factory-creds"):
-            s3_client(settings).list_objects_v2(Bucket="factory-creds")
+    with (pytest.raises(S3AccessError, match=r"refused the request \(SignatureDoesNotMatch.*AWS_ACCESS_KEY_ID"),
+          s3_errors(settings, "listing s3://factory-creds/", "factory-creds")):
+        s3_client(settings).list_objects_v2(Bucket="factory-creds")
     down = S3Settings(endpoint_url="http://127.0.0.1:1", max_attempts=1)
-    with pytest.raises(S3AccessError, match="cannot connect to S3 at http://127.0.0.1:1"):
-        with s3_errors(down, "listing s3://x/", "x"):
-            s3_client(down).list_objects_v2(Bucket="x")
+    with (pytest.raises(S3AccessError, match="cannot connect to S3 at http://127.0.0.1:1"),
+          s3_errors(down, "listing s3://x/", "x")):
+        s3_client(down).list_objects_v2(Bucket="x")

@@ -56,9 +56,9 @@ def _plots(source: str, samples: list[Sample], report: IntakeReport) -> dict[str
     }
 
 
-def _ratio_value(bucket: str) -> float:
-    # Portrait to landscape, left to right; anything else after them.
-    parts = bucket.removeprefix("aspect_ratio_").split("_")
+def _ratio_value(bucket: str | None) -> float:
+    # Portrait to landscape, left to right; anything else (the flat bucket: None) after them.
+    parts = (bucket or "").removeprefix("aspect_ratio_").split("_")
     if len(parts) == 2 and all(p.isdigit() for p in parts) and int(parts[1]):
         return int(parts[0]) / int(parts[1])
     return float("inf")

@@ -28,6 +28,7 @@ import dagster as dg
 from pydantic import Field
 
 from loader.lerobot import fs
+from pid_platform.build.s3_output import default_work_root, is_s3_url, refuse_other_urls
 from pid_platform.lerobot.publish import PublishTarget, parse_target
 
 DEFAULT_LEROBOT_ROOT = "demo/lerobot"
@@ -111,8 +112,11 @@ def lerobot_from_env(environ: Mapping[str, str] | None = None) -> LeRobotResourc
     env = os.environ if environ is None else environ
     root = env.get("PID_LEROBOT_ROOT") or DEFAULT_LEROBOT_ROOT
     out = env.get("PID_OUTPUT_ROOT") or DEFAULT_OUTPUT_ROOT
-    if "://" in out and not out.startswith("file://"):
-        raise ValueError(f"PID_OUTPUT_ROOT={out!r}: builds are written to a local folder; give a path")
+    refuse_other_urls(out, "PID_OUTPUT_ROOT")
+    if is_s3_url(out):
+        # Sidecars are built locally and published to their dataset (PID_LEROBOT_PUBLISH), not to
+        # the twin-tar output root: with an S3 output root they are built in the work folder.
+        out = str(Path(env.get("PID_WORK_ROOT") or default_work_root()) / "lerobot-sidecars")
     if "://" not in root or root.startswith("file://"):
         # Absolute now, so a run worker started from another folder reads the same place.
         root = str(Path(root.removeprefix("file://")).resolve())

@@ -14,7 +14,7 @@ from pid_platform.defs.partitions import sources_partitions
 from pid_platform.defs.plots import png_markdown, shard_sizes_png
 from pid_platform.defs.resources import SHARDING_CODE_VERSION, ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
-from pid_platform.defs.settings import settings_for_run, settings_metadata
+from pid_platform.defs.settings import SETTINGS_ASSET, settings_for_run, settings_metadata
 
 
 def _plans_digest(config_version: str, plans: list[ShardPlan]) -> str:
@@ -27,7 +27,7 @@ def _plans_digest(config_version: str, plans: list[ShardPlan]) -> str:
 
 @dg.asset(
     partitions_def=sources_partitions,
-    deps=["sample_set"],
+    deps=["sample_set", SETTINGS_ASSET],  # the tars are cut with the source's settings
     group_name=BUILD_GROUP,
     kinds={"python", "webdataset"},
     code_version=SHARDING_CODE_VERSION,
