@@ -103,8 +103,8 @@ def shard_parser() -> argparse.ArgumentParser:
     p.add_argument("--classify-aspect-ratio", action=argparse.BooleanOptionalAction, default=True,
                    help="put samples in aspect_ratio_<W>_<H> buckets (default: on)")
     p.add_argument("--num-workers", type=_int_at_least(1), default=min(8, os.cpu_count() or 1),
-                   help="parallel workers: processes for intake and key indexes, threads for tar writing and "
-                   "hashing (sendfile and sha256 release the GIL); the output does not depend on it "
+                   help="parallel worker threads for intake, tar writing, key indexes and hashing (image "
+                   "decoding, sendfile, parquet and sha256 release the GIL); the output does not depend on it "
                    "(default: CPUs, at most 8)")
     p.add_argument("--shuffle", action="store_true", help="shuffle samples within each bucket before sharding")
     p.add_argument("--seed", type=int, default=0, help="seed of --shuffle; same seed, same bytes (default: 0)")

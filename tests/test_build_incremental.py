@@ -287,3 +287,38 @@ def test_s3_rebuild_keys_outcomes_by_etag(s3_env: SeaweedS3, photo_drop_template
     s = build_source(store, SOURCE, out, config, num_workers=2)
     assert (s.up_to_date, s.report.files_validated, s.samples) == (False, 1, 31)
     assert dict(s.report.dropped) == {"unreadable_image: image": 1}
+
+
+# Lists every modality folder of a source in a fresh process and reports what it cost.
+_LIST = """
+import json, resource, sys, time
+from pid_platform.build.storage import LocalSourceStore
+store = LocalSourceStore(sys.argv[1])
+t = time.perf_counter()
+listings = {m: store.list_files("big", m) for m in store.list_modalities("big")}
+seconds = time.perf_counter() - t
+entries = sum(len(x.entries) for x in listings.values())
+first = min(x.entries[0].name for x in listings.values())
+print(json.dumps({"entries": entries, "seconds": seconds, "first": first,
+                  "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+@pytest.mark.slow
+def test_listing_a_million_files_stays_under_500_mb(tmp_path: Path) -> None:
+    per_modality = 500_000
+    root = tmp_path / "raw"
+    for m, ext in (("image", "jpg"), ("caption", "json")):
+        folder = root / "big" / m
+        folder.mkdir(parents=True)
+        for i in range(per_modality):
+            os.mknod(folder / f"{i:07d}.{ext}")
+    try:
+        proc = subprocess.run([sys.executable, "-c", _LIST, str(root)], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        got = json.loads(proc.stdout)
+        print(f"listing 1,000,000 files: {got['seconds']:.1f} s, peak RSS {got['max_rss_mb']:.0f} MB")
+        assert got["entries"] == 2 * per_modality and got["first"] == "0000000.jpg"
+        assert got["max_rss_mb"] < 500
+    finally:
+        subprocess.run(["rm", "-rf", str(root)], check=True)  # a million inodes: not left in the temp folder

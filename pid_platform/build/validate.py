@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import pickletools
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -44,6 +45,7 @@ VALIDATE_HEADER = "header"  # size and EXIF from the header only, as PiD reads t
 VALIDATE_LEVELS = (VALIDATE_FULL, VALIDATE_HEADER)
 # Bytes read for a header check; a header longer than this (a large EXIF or ICC block) is read whole.
 HEADER_BYTES = 64 * 1024
+_BOMB_CHECK = threading.Lock()
 
 
 def check_validate_level(level: str) -> str:
@@ -61,18 +63,21 @@ def check_image(data: bytes, level: str = VALIDATE_FULL) -> ImageInfo | str:
     found in the header; the header level never decodes pixels, not even a PNG's.
     """
     try:
-        with warnings.catch_warnings():
+        # Intake checks files in threads, and the warning filters are global to the process: one
+        # thread at a time turns the bomb warning into an error, for the header parse (where
+        # Pillow warns) only; the decode below runs in parallel, without the GIL.
+        with _BOMB_CHECK, warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             im = Image.open(io.BytesIO(data))
             w, h = im.size
-            if level == VALIDATE_HEADER:
-                # The base class reads what the header held; PNG's own getexif() decodes the image.
-                orientation = Image.Image.getexif(im).get(0x0112, 1)
-            else:
-                orientation = im.getexif().get(0x0112, 1)
-                # JPEG draft decodes every entropy-coded byte at 1/8 scale: truncation still fails.
-                im.draft("RGB", (max(1, w // 8), max(1, h // 8)))
-                im.load()
+        if level == VALIDATE_HEADER:
+            # The base class reads the EXIF the header held; PNG's own getexif() decodes the image.
+            orientation = Image.Image.getexif(im).get(0x0112, 1)
+        else:
+            orientation = im.getexif().get(0x0112, 1)
+            # JPEG draft decodes every entropy-coded byte at 1/8 scale: truncation still fails.
+            im.draft("RGB", (max(1, w // 8), max(1, h // 8)))
+            im.load()
     except Exception as exc:  # PIL raises many types for bad data
         return f"unreadable_image: {type(exc).__name__}: {exc}"
     if orientation in (5, 6, 7, 8):  # rotated by 90 or 270 degrees
