@@ -177,8 +177,11 @@ def test_sensor_adds_datasets_and_requests_builds_when_they_change(lerobot_env: 
         sensor = defs.resolve_sensor_def("lerobot_datasets_sensor")
 
         def tick(cursor: str | None) -> dg.SensorResult:
-            ctx = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs, resources=defs.resources)
-            res = sensor(ctx)
+            # A context manager: the code location's resources include the s3 resource, which is
+            # opened and closed like the daemon does.
+            with dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
+                                         resources=defs.resources) as ctx:
+                res = sensor(ctx)
             for request in res.dynamic_partitions_requests or []:
                 instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
             return res

@@ -36,6 +36,7 @@ class SourceSettings:
     config: ShardingConfig
     location: str        # where the file is (or would be)
     from_file: dict[str, Any]  # the keys the file sets
+    exists: bool = False  # whether the file is there (absent: the defaults)
 
     @property
     def version(self) -> str:
@@ -68,7 +69,7 @@ def source_settings(store: SourceStore, source: str, defaults: ShardingConfig) -
         config = ShardingConfig(**{**asdict(defaults), **from_file})
     except ShardingConfigError as exc:
         raise ShardingConfigError(f"{location}: {exc}") from None
-    return SourceSettings(source, config, location, from_file)
+    return SourceSettings(source, config, location, from_file, data is not None)
 
 
 def persist_settings(store: SourceStore, current: SourceSettings, changes: dict[str, Any],
@@ -85,4 +86,4 @@ def persist_settings(store: SourceStore, current: SourceSettings, changes: dict[
     body = ("# Sharding settings of this source; the build, the sensor and the daily schedule read them.\n"
             + yaml.safe_dump(dict(sorted(wanted.items())), sort_keys=True))
     store.write_source_file(current.source, SETTINGS_NAME, body.encode())
-    return SourceSettings(current.source, config, current.location, wanted)
+    return SourceSettings(current.source, config, current.location, wanted, True)

@@ -73,7 +73,9 @@ def settings_for_run(context: dg.AssetExecutionContext, source_store: SourceStor
 def settings_metadata(settings: SourceSettings) -> dict[str, Any]:
     return {
         "settings_version": settings.version,
-        "settings_file": dg.MetadataValue.path(settings.location),
+        # A path only where there is a file: metadata paths point at something that exists.
+        "settings_file": (dg.MetadataValue.path(settings.location) if settings.exists
+                          else dg.MetadataValue.text(f"none ({settings.location} absent: the defaults)")),
         "settings_from_file": dg.MetadataValue.json(dict(sorted(settings.from_file.items()))),
     }
 
