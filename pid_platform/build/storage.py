@@ -13,12 +13,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from loader.formats.atomic import atomic_write_bytes
-from loader.io.s3_client import S3Settings, s3_client
 from pid_platform.build.errors import BuildError, SourceNotFoundError
+
+if TYPE_CHECKING:  # loader.io pulls in the HTTP stack: imported where S3 is used, not for a local listing
+    from loader.io.s3_client import S3Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +215,8 @@ class S3SourceStore(SourceStore):
         self.uri = uri.rstrip("/")
         self.bucket = parsed.netloc
         self.prefix = parsed.path.strip("/")
+        from loader.io.s3_client import S3Settings
+
         settings = settings or S3Settings()
         # The endpoint is fixed when the store is made, like the client the store keeps.
         self.settings = replace(settings, endpoint_url=endpoint_url or settings.endpoint())
@@ -235,6 +239,8 @@ class S3SourceStore(SourceStore):
     @property
     def client(self) -> Any:
         if self._client is None:
+            from loader.io.s3_client import s3_client
+
             self._client = s3_client(self.settings)
         return self._client
 
