@@ -20,8 +20,12 @@ import numpy as np
 
 from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError
+from loader.formats.layout import WDINFO_NAME
 
-WDINFO_NAME = "wdinfo.json"
+__all__ = [
+    "FORMAT_VERSION", "WDINFO_NAME", "TarEntry", "WdinfoColumns", "WdinfoManifest", "check_wdinfo",
+    "derive_chunk_size", "parse_wdinfo", "read_wdinfo", "write_wdinfo",
+]
 FORMAT_VERSION = 1
 
 

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from loader.formats.catalog import CATALOG_NAME, read_catalog
 from loader.formats.errors import FormatError
+from loader.formats.layout import STATE_DIR, is_bucket_folder
 from loader.formats.wdinfo import WDINFO_NAME, check_wdinfo
 from loader.wds.errors import ManifestError
 from loader.wds.schema import ShardTable, Wdinfo, join_url
@@ -49,7 +50,7 @@ def _find_one(spec: str, catalog: str | None) -> list[str]:
         return [os.path.abspath(spec)]
     if os.path.isdir(spec):
         hits = sorted(glob.glob(os.path.join(spec, "**", WDINFO_NAME), recursive=True))
-        hits = [h for h in hits if ".pid-build" not in h.split(os.sep)]
+        hits = [h for h in hits if STATE_DIR not in h.split(os.sep)]
         if not hits:
             raise ManifestError(f"no {WDINFO_NAME} under folder {spec}; build it first (pid-shard or Dagster)")
         return [os.path.abspath(h) for h in hits]
@@ -104,7 +105,7 @@ def _bucket_of(doc: dict, path: str) -> str | None:
     if doc.get("bucket"):
         return doc["bucket"]
     leaf = _manifest_dir(path).rstrip("/").rsplit("/", 1)[-1]
-    return leaf if leaf.startswith("aspect_ratio_") else None  # PiD's bucket folders
+    return leaf if is_bucket_folder(leaf) else None  # PiD's bucket folders
 
 
 class _Columns:

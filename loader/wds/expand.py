@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from itertools import zip_longest
 from typing import Any
 
+from loader.formats.errors import FormatError
 from loader.io.config import StreamStats
 from loader.wds.errors import CountMismatchError, MissingKeyError, ShardReadError, TwinMismatchError
 from loader.wds.members import iter_members, split_key
@@ -87,30 +88,24 @@ def _wanted(task: Task):
 
 
 def _read_index(shard: TarSample, modalities: tuple[str, ...]):
-    import pyarrow.parquet as pq
-
+    from loader.formats.key_index import read_key_columns
     from loader.wds.members import open_stream
 
     if not shard.key_index:
         return None
-    import pyarrow as pa
-
     with open_stream(shard.key_index) as fh:
         data = fh.read()  # small, and parquet wants to seek: remote streams do not
-    # ParquetFile.read, only the columns used, one thread: ~4x cheaper than read_table (the
-    # datasets layer and a thread pool cost more than the decode of a few hundred rows).
-    pf = pq.ParquetFile(pa.BufferReader(data))
-    cols = set(pf.schema_arrow.names)
-    table = pf.read(columns=["key", *(f"offset.{m}" for m in modalities if f"offset.{m}" in cols)],
-                    use_threads=False)
-    keys = table.column("key").to_pylist()
+    try:
+        index = read_key_columns(data, modalities, origin=shard.key_index)
+    except FormatError as exc:
+        raise ShardReadError(f"shard {shard.path}: {exc}") from None
+    keys = index.keys
     if len(keys) != shard.sample_count:
         raise CountMismatchError(
             f"shard {shard.path}: its key index {shard.key_index} lists {len(keys)} samples, the manifest "
             f"counts {shard.sample_count}; rebuild the manifest or the shard, or set shard_error_policy='skip'"
         )
-    offsets = {m: table.column(f"offset.{m}").to_pylist() for m in modalities if f"offset.{m}" in cols}
-    return keys, offsets
+    return keys, index.offsets
 
 
 def _checksum(shard: TarSample, modality: str, opts: ExpandOptions) -> str | None:

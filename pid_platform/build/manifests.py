@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ import pyarrow.parquet as pq
 from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError
 from loader.formats.key_index import KeyIndexRow, key_index_table, write_key_index
+from loader.formats.layout import BUILD_OUTPUT_PATH
 from loader.formats.twin_tar import (
     file_sha256,
     iter_member_headers,
@@ -121,22 +121,13 @@ def write_manifests(out: Path, source: str, plans: list[ShardPlan], num_workers:
     return written
 
 
-# Paths (relative to the output folder) of the files a build writes. Anything else under the
-# output folder - another source's output, a user's files - is never touched.
-_BUCKET = r"(?:aspect_ratio_\d+_\d+/)?"
-_SHARD = r"part_\d{6,}/\d{6,}"  # shard_relpath: six digits, more past a million
-_OWNED = re.compile(
-    rf"^{_BUCKET}(?:[^/]+/{_SHARD}\.tar|_key_index/{_SHARD}\.parquet|{re.escape(WDINFO_NAME)})$"
-)
-
-
 def is_build_output(out: Path, path: Path) -> bool:
     """Whether ``path`` is a tar, key index or manifest of the layout a build writes under ``out``."""
     try:
         rel = path.relative_to(out).as_posix()
     except ValueError:
         return False
-    return _OWNED.match(rel) is not None
+    return BUILD_OUTPUT_PATH.match(rel) is not None
 
 
 def remove_unplanned(out: Path, plans: list[ShardPlan]) -> list[Path]:
