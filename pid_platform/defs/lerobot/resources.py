@@ -27,7 +27,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from loader.lerobot import fs
+from loader.io import roots as fs
 from pid_platform.lerobot.publish import PublishTarget, parse_target
 
 DEFAULT_LEROBOT_ROOT = "demo/lerobot"
