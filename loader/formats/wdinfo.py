@@ -20,11 +20,11 @@ import numpy as np
 
 from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError
-from loader.formats.layout import WDINFO_NAME
+from loader.formats.layout import WDINFO_NAME, is_bucket_folder
 
 __all__ = [
     "FORMAT_VERSION", "WDINFO_NAME", "TarEntry", "WdinfoColumns", "WdinfoManifest", "check_wdinfo",
-    "derive_chunk_size", "parse_wdinfo", "read_wdinfo", "write_wdinfo",
+    "derive_chunk_size", "manifest_bucket", "parse_wdinfo", "read_wdinfo", "write_wdinfo",
 ]
 FORMAT_VERSION = 1
 
@@ -240,6 +240,16 @@ def check_wdinfo(doc: Any, origin: str) -> WdinfoColumns:
         tar_bytes=per_tar["tar_bytes"],
         tar_sha256=per_tar["tar_sha256"],
     )
+
+
+def manifest_bucket(doc: Any, folder_name: str) -> str | None:
+    """The aspect bucket a manifest lists: its ``bucket`` field, else (PiD writes none) the name
+    of the folder it lies in when that is a bucket folder. Cheap: read before the full check, so
+    a filter on buckets skips the manifests it leaves out."""
+    bucket = doc.get("bucket") if isinstance(doc, dict) else None
+    if bucket:
+        return bucket
+    return folder_name if is_bucket_folder(folder_name) else None
 
 
 def parse_wdinfo(doc: dict[str, Any], manifest_dir: str | None, origin: str) -> WdinfoManifest:

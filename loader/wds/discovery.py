@@ -20,8 +20,8 @@ import pyarrow as pa
 
 from loader.formats.catalog import CATALOG_NAME, read_catalog
 from loader.formats.errors import FormatError
-from loader.formats.layout import STATE_DIR, is_bucket_folder
-from loader.formats.wdinfo import WDINFO_NAME, check_wdinfo
+from loader.formats.layout import STATE_DIR
+from loader.formats.wdinfo import WDINFO_NAME, check_wdinfo, manifest_bucket
 from loader.wds.errors import ManifestError
 from loader.wds.schema import ShardTable, Wdinfo, join_url
 
@@ -102,10 +102,7 @@ def _url_join_norm(base: str, rel: str) -> str:
 
 
 def _bucket_of(doc: dict, path: str) -> str | None:
-    if doc.get("bucket"):
-        return doc["bucket"]
-    leaf = _manifest_dir(path).rstrip("/").rsplit("/", 1)[-1]
-    return leaf if is_bucket_folder(leaf) else None  # PiD's bucket folders
+    return manifest_bucket(doc, _manifest_dir(path).rstrip("/").rsplit("/", 1)[-1])
 
 
 class _Columns:
