@@ -113,6 +113,10 @@ def shard_parser() -> argparse.ArgumentParser:
                    help="build into a non-empty --output-dir that pid-shard did not make (its files are kept)")
     p.add_argument("--s3-endpoint-url", default=None,
                    help="S3 endpoint for s3:// input (default: $AWS_ENDPOINT_URL or AWS)")
+    p.add_argument("--manifest-root", default="relative", metavar="relative|absolute|URL",
+                   help="root written into each wdinfo.json: 'relative' (default; the manifest's folder, so "
+                   "moved data keeps working), 'absolute' (the output folder's absolute path, which PiD's "
+                   "reader needs) or the URL the output folder is published at (s3://bucket/prefix)")
     return p
 
 
@@ -206,6 +210,7 @@ def run_shard(args: argparse.Namespace, root: str, source: str) -> BuildSummary:
         return build_source(
             store, source, args.output_dir, config,
             num_workers=args.num_workers, trust_pickle=args.trust_pickle, progress=progress, force=args.force,
+            manifest_root=args.manifest_root,
         )
     finally:
         progress.close()
@@ -234,6 +239,38 @@ def shard_main(argv: Sequence[str] | None = None) -> int:
         print(format_summary(summary), flush=True)
     except BrokenPipeError:  # `pid-shard ... | head`: the build is done, the reader left early
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def rewrite_roots_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pid-rewrite-roots",
+        description="Rewrite the root of every wdinfo.json of an existing build (nothing else changes): "
+        "absolute roots for a PiD training job, relative ones to move the data freely.",
+    )
+    p.add_argument("output_dir", type=Path, help="the build's output folder (pid-shard --output-dir)")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--absolute", dest="mode", action="store_const", const="absolute",
+                      help="each manifest's folder as an absolute path (what PiD's reader needs)")
+    mode.add_argument("--relative", dest="mode", action="store_const", const="relative",
+                      help='"." (the manifest\'s folder: the default of a build)')
+    mode.add_argument("--url", dest="mode", metavar="URL",
+                      help="the URL the output folder is published at (s3://bucket/prefix): roots below it")
+    return p
+
+
+def rewrite_roots_main(argv: Sequence[str] | None = None) -> int:
+    from pid_platform.build.manifest_roots import rewrite_manifest_roots
+
+    args = rewrite_roots_parser().parse_args(argv)
+    try:
+        changed = rewrite_manifest_roots(args.output_dir, args.mode)
+    except (BuildError, FormatError) as exc:
+        print(f"pid-rewrite-roots: error: {exc}", file=sys.stderr)
+        return EXIT_BUILD_ERROR
+    print(f"pid-rewrite-roots: {len(changed)} manifest(s) of {args.output_dir} now have {args.mode} roots")
+    for path in changed:
+        print(f"  {path}")
     return 0
 
 

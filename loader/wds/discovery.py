@@ -120,6 +120,7 @@ class _Columns:
         self.key_indexes: list[pa.Array] = []
         self.dirs: dict[str, int] = {}
         self.dir_ids: list[np.ndarray] = []
+        self.pid_names: list[np.ndarray] = []  # per manifest: PiD-written (no format_version)?
         self.chunk_size = 0
         self.keep_sha256 = keep_sha256
         self.sha256: list[tuple[int, dict[str, list]]] = []  # per manifest: (tars, modality -> digests)
@@ -167,6 +168,7 @@ class _Columns:
                 self.checksums.update(f"{len(self.counts)}:{m}:".encode())
                 self.checksums.update("\n".join(d or "" for d in digests).encode())
                 self.any_checksum = True
+        self.pid_names.append(np.full(n, cols.format_version == 0, dtype=bool))
         self.paths.append(pa.array(cols.data_list, pa.string()))
         self.counts.append(counts)
         self.key_indexes.append(key_index)
@@ -199,6 +201,7 @@ class _Columns:
             list(self.sources), cat(self.source_ids, np.int32), list(self.buckets), cat(self.bucket_ids, np.int32),
             list(self.dirs), cat(self.dir_ids, np.int32), sha256=self._sha256_columns(),
             checksums_digest=self.checksums.hexdigest() if self.any_checksum else "",
+            pid_names=cat(self.pid_names, bool) if any(a.any() for a in self.pid_names) else None,
         )
 
 

@@ -17,6 +17,7 @@ from itertools import zip_longest
 from typing import Any
 
 from loader.formats.errors import FormatError
+from loader.formats.pid_names import split_pid_member_name
 from loader.io.config import StreamStats
 from loader.wds.errors import CountMismatchError, MissingKeyError, ShardReadError, TwinMismatchError
 from loader.wds.members import iter_members, split_key
@@ -133,6 +134,7 @@ def _zip_members(shard: TarSample, task: Task, modalities: tuple[str, ...], opts
     # The task that reads a shard's last sample also reads on to the tar's end: a member past
     # the manifest's count is an error, not a sample silently never served.
     to_the_end = verify or task.ranges[-1][1] >= shard.sample_count
+    split = split_pid_member_name if shard.pid_names else split_key  # PiD-written: PiD's keys
     for tup in zip_longest(*iters):
         if nxt is None and not to_the_end:
             return
@@ -148,7 +150,7 @@ def _zip_members(shard: TarSample, task: Task, modalities: tuple[str, ...], opts
                 f"shard {shard.path}: tars of {lack} end at member {pos} while {have} go on "
                 f"({shard.url(lack[0])} vs {shard.url(have[0])}); rebuild the shard or use mode='index'"
             )
-        keys = [split_key(name) for name, _ in tup]
+        keys = [split(name) for name, _ in tup]
         k0 = keys[0][0]
         for m, (k, _) in zip(modalities[1:], keys[1:], strict=True):
             if k != k0:

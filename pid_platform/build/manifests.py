@@ -26,6 +26,7 @@ from loader.formats.wdinfo import (
     TarEntry,
     WdinfoManifest,
     derive_chunk_size,
+    manifest_root,
     write_wdinfo,
 )
 from pid_platform.build.layout import STATE_DIR, bucket_dir, sha_cache_path
@@ -96,8 +97,15 @@ class BucketManifest:
     manifest: WdinfoManifest
 
 
-def write_manifests(out: Path, source: str, plans: list[ShardPlan], num_workers: int = 1) -> list[BucketManifest]:
-    """One wdinfo.json per bucket leaf, each written after all the tars and indexes it lists."""
+def write_manifests(out: Path, source: str, plans: list[ShardPlan], num_workers: int = 1,
+                    root_base: str | None = None) -> list[BucketManifest]:
+    """One wdinfo.json per bucket leaf, each written after all the tars and indexes it lists.
+
+    ``root_base`` (``wdinfo.root_base``): None writes relative roots (``"."``); else each root is
+    ``<root_base>/<bucket>``, where the published output folder is. Every manifest gets the
+    build's one ``chunk_size``, the largest count of any tar: safe whichever manifest PiD reads first.
+    """
+    chunk_size = derive_chunk_size([len(p.samples) for p in plans])
     shas = list(ordered_map(_hash_one, [(out, p) for p in plans], num_workers, threads=True))
     by_bucket: dict[str, list[tuple[ShardPlan, dict[str, str]]]] = defaultdict(list)
     for p, sha in zip(plans, shas, strict=True):
@@ -112,8 +120,7 @@ def write_manifests(out: Path, source: str, plans: list[ShardPlan], num_workers:
             entries.append(TarEntry(p.relpath, len(p.samples), {m: p.tar_bytes(m) for m in p.modalities}, sha, idx))
         modalities = list(by_bucket[bucket][0][0].modalities)
         manifest = WdinfoManifest(
-            data_keys=modalities, tars=entries, root=".",
-            chunk_size=derive_chunk_size([e.count for e in entries]),
+            data_keys=modalities, tars=entries, root=manifest_root(root_base, bucket), chunk_size=chunk_size,
             bucket=bucket or None, source=source,
         )
         path = write_wdinfo(bucket_dir(out, bucket), manifest)

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from loader.formats.atomic import atomic_write_bytes
+from loader.formats.wdinfo import root_base
 from pid_platform.build import publish
 from pid_platform.build.intake import IntakeReport, Sample, intake
-from pid_platform.build.layout import STATE_DIR
+from pid_platform.build.layout import STATE_DIR, final_dir
 from pid_platform.build.lock import build_lock
 from pid_platform.build.manifests import (
     BucketManifest,
@@ -162,17 +163,22 @@ def run_key_indexes(out: Path, *, num_workers: int) -> tuple[ShardingConfig, lis
 
 
 @build_step
-def run_manifests(out: Path, source: str, *, num_workers: int) -> tuple[ShardingConfig, list[BucketManifest], list[Path]]:
+def run_manifests(out: Path, source: str, *, num_workers: int,
+                  manifest_root: str = "relative") -> tuple[ShardingConfig, list[BucketManifest], list[Path]]:
     """wdinfo.json per bucket into the staging folder, then the commit that publishes it as ``out``.
+
+    ``manifest_root``: ``"relative"`` roots (``"."``), ``"absolute"`` (the published folder's
+    absolute path, which PiD's reader needs) or the URL the output is published at (``s3://...``).
 
     Returns the manifests (at their published paths) and the files of the previous version the
     new one dropped.
     """
+    base = root_base(manifest_root, final_dir(out))  # refused before anything is written
     staging = publish.begin(out)
     config = load_sharding_config(staging)
     plans = load_plans(staging, config)
     remove_unplanned(staging, plans)  # an earlier, unfinished build may have left other shards
-    manifests = write_manifests(staging, source, plans, num_workers=num_workers)
+    manifests = write_manifests(staging, source, plans, num_workers=num_workers, root_base=base)
     removed = publish.commit(out)
     published = [replace(m, path=Path(out) / m.path.relative_to(staging)) for m in manifests]
     return config, published, removed
@@ -182,15 +188,17 @@ def run_manifests(out: Path, source: str, *, num_workers: int) -> tuple[Sharding
 def build_source(
     store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int = 1,
     trust_pickle: bool = False, progress: Callable[[int, int], None] | None = None, force: bool = False,
+    manifest_root: str = "relative",
 ) -> BuildSummary:
     """Intake -> twin tars -> key indexes -> wdinfo.json for one source, written under ``out``.
 
     The Dagster assets put a source under ``<output_root>/<source>``; the CLI writes where told.
     """
     out = Path(out)
+    root_base(manifest_root, final_dir(out))  # a bad manifest root is refused before any work
     _, report, _ = run_intake(store, source, out, config, trust_pickle=trust_pickle, num_workers=num_workers,
                               force=force)
     _, results = run_sharding(store, source, out, config, num_workers=num_workers, progress=progress)
     run_key_indexes(out, num_workers=num_workers)
-    _, manifests, removed = run_manifests(out, source, num_workers=num_workers)
+    _, manifests, removed = run_manifests(out, source, num_workers=num_workers, manifest_root=manifest_root)
     return BuildSummary(source, out, report, summarize(results), [m.path for m in manifests], removed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from loader.formats.key_index import read_key_columns
@@ -40,6 +41,18 @@ def size_bound_violations(out: Path, plans: list[ShardPlan], config: ShardingCon
     return problems
 
 
+def _root_problem(path: Path, root: str, leaf: Path) -> list[str]:
+    """A local root (relative, or absolute as for PiD) must name the manifest's folder, where the
+    build's layout puts the tars; a URL root names where the output is published, not checked here."""
+    if "://" in root:
+        return []
+    where = Path(root) if os.path.isabs(root) else leaf / root
+    if where.is_dir() and os.path.samefile(where, leaf):
+        return []
+    return [f"{path}: root {root!r} does not name the manifest's folder {leaf}; "
+            "rewrite it (pid-rewrite-roots) or rebuild"]
+
+
 def manifest_mismatches(out: Path, buckets: list[str]) -> list[str]:
     problems = []
     for b in buckets:
@@ -48,7 +61,8 @@ def manifest_mismatches(out: Path, buckets: list[str]) -> list[str]:
             problems.append(f"{path}: missing")
             continue
         man = read_wdinfo(path)
-        root = Path(man.root_path())
+        root = bucket_dir(out, b)  # the layout: tars beside the manifest, whatever root says
+        problems += _root_problem(path, man.root, root)
         for t in man.tars:
             for m in man.data_keys:
                 tp = root / m / t.path
@@ -71,7 +85,7 @@ def key_index_mismatches(out: Path, buckets: list[str]) -> list[str]:
     for b in buckets:
         path = bucket_dir(out, b) / WDINFO_NAME
         man = read_wdinfo(path)
-        root = Path(man.root_path())
+        root = bucket_dir(out, b)
         for t in man.tars:
             if t.key_index is None:
                 problems.append(f"{path}: {t.path} lists no key index")

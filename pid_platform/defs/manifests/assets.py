@@ -127,7 +127,8 @@ def wdinfo_manifests(
             config, manifests, removed = _committed_manifests(out, source)
             state = "committed"
         else:
-            config, manifests, removed = run_manifests(out, source, num_workers=sharding.num_workers)
+            config, manifests, removed = run_manifests(out, source, num_workers=sharding.num_workers,
+                                                       manifest_root=sharding.manifest_root_of(source))
             state = "committed now"
     rows = [
         (bucket_label(m.bucket), len(m.manifest.tars), m.manifest.total_key_count, m.manifest.chunk_size,
