@@ -161,3 +161,11 @@ def test_pid_written_keys_are_derived_as_pid_derives_them(tmp_path: Path) -> Non
 ])
 def test_pid_name_rule(name: str, want: tuple[str, str]) -> None:
     assert split_pid_member_name(name) == want
+
+
+def test_dagster_manifest_root_names_each_source_below_a_url() -> None:
+    from pid_platform.defs.resources import ShardingResource
+
+    assert ShardingResource().manifest_root_of("photos") == "relative"
+    assert ShardingResource(manifest_root="absolute").manifest_root_of("photos") == "absolute"
+    assert ShardingResource(manifest_root="s3://b/out/").manifest_root_of("photos") == "s3://b/out/photos"
