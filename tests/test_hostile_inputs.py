@@ -24,7 +24,7 @@ Settings and resume states
   --max-shard-size-mb inf / nan / 1e999            exit 2 with usage, before intake (::test_a_shard_size_bound_...)
   ShardingConfig / Dagster resource out of range   ShardingConfigError naming the field (::test_sharding_settings_...)
   bad option values (0, -1)                        exit 2 with usage (test_cli.py::test_bad_option_values_...)
-  resume state: epoch -5, bad consumed, ...        ResumeStateError naming the field (::test_resume_states_...)
+  resume state: epoch -5, bad position or ahead    ResumeStateError naming the field (::test_resume_states_...)
   the same modalities in another order             resumes (::test_the_same_modalities_in_another_order_resume)
   state from before a rebuild that renamed a sample  ResumeStateError: checksums are in the fingerprint
                                                    (::test_a_resume_state_from_before_a_rebuild_...)
@@ -328,8 +328,9 @@ def test_resume_states_are_checked_field_by_field(tmp_path: Path) -> None:
     spec = _two_modality_set(tmp_path / "ds")
     good = _state_after(spec, ["caption", "image"], 1)
     for bad, field in [({"epoch": -5}, "'epoch'"), ({"epoch": "0"}, "'epoch'"),
-                       ({"consumed": {"x": {}}}, "'consumed'"), ({"consumed": {"0": {"done": 7}}}, "'consumed.0'"),
-                       ({"consumed": []}, "'consumed'")]:
+                       ({"position": -1}, "'position'"), ({"position": 10**9}, "'position'"),
+                       ({"ahead": []}, "'ahead'"), ({"ahead": {"x": [[0, 1]]}}, "'ahead'"),
+                       ({"ahead": {"0": [[3, 2]]}}, "'ahead'"), ({"order": None}, "'order'")]:
         loader = make_loader(build_dataset(spec, modalities=["caption", "image"], decode=None, batch_size=2))
         with pytest.raises(ResumeStateError, match=field):
             loader.load_state_dict(good | bad)

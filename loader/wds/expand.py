@@ -88,7 +88,12 @@ def _wanted(task: Task):
         yield from range(a, b)
 
 
-def _read_index(shard: TarSample, modalities: tuple[str, ...]):
+def _read_index(shard: TarSample, modalities: tuple[str, ...], offsets: bool = True):
+    """``(keys, {modality: header offsets})`` from the shard's key index, or None without one.
+
+    ``offsets=False``: keys only (the offset columns cost as much again to decode), for a reader
+    that starts at the shard's first sample anyway.
+    """
     from loader.formats.key_index import read_key_columns
     from loader.wds.members import open_stream
 
@@ -97,7 +102,7 @@ def _read_index(shard: TarSample, modalities: tuple[str, ...]):
     with open_stream(shard.key_index) as fh:
         data = fh.read()  # small, and parquet wants to seek: remote streams do not
     try:
-        index = read_key_columns(data, modalities, origin=shard.key_index)
+        index = read_key_columns(data, modalities, offsets=offsets, origin=shard.key_index)
     except FormatError as exc:
         raise ShardReadError(f"shard {shard.path}: {exc}") from None
     keys = index.keys
@@ -115,8 +120,14 @@ def _checksum(shard: TarSample, modality: str, opts: ExpandOptions) -> str | Non
     return (shard.sha256 or {}).get(modality)
 
 
+def _member(key: str, modality: str, ext: str, data: bytes, index: int, where: tuple) -> dict:
+    epoch, shard_id, pad, bucket = where
+    return {"key": key, "modality": modality, "ext": ext, "data": data, "index": index,
+            "epoch": epoch, "shard_id": shard_id, "pad": pad, "bucket": bucket}
+
+
 def _zip_members(shard: TarSample, task: Task, modalities: tuple[str, ...], opts: ExpandOptions,
-                 stats: Any) -> Iterator[dict]:
+                 stats: Any, where: tuple) -> Iterator[dict]:
     first = task.ranges[0][0]
     starts = {m: 0 for m in modalities}
     skip = first
@@ -160,7 +171,7 @@ def _zip_members(shard: TarSample, task: Task, modalities: tuple[str, ...], opts
                 )
         if pos == nxt:
             for m, (key, ext), (_, data) in zip(modalities, keys, tup, strict=True):
-                yield {"key": key, "modality": m, "ext": ext, "data": data, "index": pos}
+                yield _member(key, m, ext, data, pos, where)
             nxt = next(wanted, None)
         pos += 1
     if nxt is not None:
@@ -180,67 +191,91 @@ class _Lookahead:
         self.exhausted = False
 
     def take(self, key: str) -> tuple[str, bytes] | None:
-        if key in self.buffer:
+        if self.buffer and key in self.buffer:
             return self.buffer.pop(key)
-        read = 0
-        while not self.exhausted and read < self.limit:
+        if self.exhausted:
+            return None
+        try:
+            name, data = next(self.it)
+        except StopIteration:
+            self.exhausted = True
+            return None
+        # The usual case, members in index order: the name is "<key>.<ext>" with no other dot,
+        # so no longer known key can claim it and split_key's search is not needed.
+        cut = len(key) + 1
+        if name.startswith(key) and name[cut - 1 : cut] == "." and name.find(".", cut) < 0 and key not in self.seen:
+            self.seen.add(key)
+            return name[cut:], data
+        return self._search(key, name, data)
+
+    def _search(self, key: str, name: str, data: bytes) -> tuple[str, bytes] | None:
+        """Read on (``name``/``data`` is the member just read) until ``key``, buffering others."""
+        read = 1
+        while True:
+            k, ext = split_key(name, self.known)
+            if k not in self.known:
+                self.stats.unindexed_members += 1
+            elif k in self.seen or k in self.buffer:
+                self.stats.duplicates += 1  # first copy wins
+            else:
+                self.seen.add(k)
+                if k == key:
+                    return ext, data
+                if len(self.buffer) >= self.limit:
+                    self.buffer.pop(next(iter(self.buffer)))  # oldest: it can no longer be in order
+                self.buffer[k] = (ext, data)
+            if read >= self.limit:
+                return None
             try:
                 name, data = next(self.it)
             except StopIteration:
                 self.exhausted = True
-                break
+                return None
             read += 1
-            k, ext = split_key(name, self.known)
-            if k not in self.known:
-                self.stats.unindexed_members += 1
-                continue
-            if k in self.seen or k in self.buffer:
-                self.stats.duplicates += 1  # first copy wins
-                continue
-            self.seen.add(k)
-            if k == key:
-                return ext, data
-            if len(self.buffer) >= self.limit:
-                self.buffer.pop(next(iter(self.buffer)))  # oldest: it can no longer be in order
-            self.buffer[k] = (ext, data)
-        return None
 
 
 def _index_members(shard: TarSample, task: Task, modalities: tuple[str, ...], opts: ExpandOptions,
-                   stats: ExpandStats) -> Iterator[dict]:
-    index = _read_index(shard, modalities)
+                   stats: ExpandStats, where: tuple) -> Iterator[dict]:
+    wanted = list(_wanted(task))
+    # Offsets only when a reader starts past the first sample; from byte 0 it sees every member.
+    seek = bool(wanted) and wanted[0] > 0 and not opts.verify
+    index = _read_index(shard, modalities, offsets=seek)
     if index is None:
         raise MissingKeyError(f"shard {shard.path}: mode='index' needs a key index, and its manifest lists none")
     keys, offsets = index
-    wanted = list(_wanted(task))
-    known = {k: i for i, k in enumerate(keys)}
-    readers = {}
+    known = dict(zip(keys, range(len(keys))))  # noqa: B905 - the same length
+    readers = []
     for m in modalities:
-        start = min(offsets[m][i] for i in wanted) if m in offsets and wanted and not opts.verify else 0
+        start = min(offsets[m][i] for i in wanted) if seek and m in offsets else 0
         members = iter_members(shard.url(m), start, opts.stream_config, stats.stream, _checksum(shard, m, opts))
-        readers[m] = _Lookahead(members, known, opts.lookahead, stats)
+        readers.append(_Lookahead(members, known, opts.lookahead, stats))
+    takes = [r.take for r in readers]
+    epoch, shard_id, pad, bucket = where
     for i in wanted:
         key = keys[i]
-        found = {m: readers[m].take(key) for m in modalities}
-        lacking = [m for m, v in found.items() if v is None]
-        if lacking:
-            for m in lacking:
-                stats.missing_keys[m] += 1
-            if opts.missing_key_policy == "error":
-                raise MissingKeyError(
-                    f"shard {shard.path}: key {key!r} missing from {[shard.url(m) for m in lacking]}; "
-                    "set missing_key_policy='skip' or 'partial' to read on"
-                )
-            log.warning("shard %s: key %r missing from %s (%s)", shard.path, key, lacking, opts.missing_key_policy)
-            if opts.missing_key_policy == "skip":
-                continue
-        for m, v in found.items():
+        found = [take(key) for take in takes]
+        if None not in found:  # the usual case, spelled out: this loop runs once per sample
+            for m, (ext, data) in zip(modalities, found):  # noqa: B905 - same length by construction
+                yield {"key": key, "modality": m, "ext": ext, "data": data, "index": i,
+                       "epoch": epoch, "shard_id": shard_id, "pad": pad, "bucket": bucket}
+            continue
+        lacking = [m for m, v in zip(modalities, found, strict=True) if v is None]
+        for m in lacking:
+            stats.missing_keys[m] += 1
+        if opts.missing_key_policy == "error":
+            raise MissingKeyError(
+                f"shard {shard.path}: key {key!r} missing from {[shard.url(m) for m in lacking]}; "
+                "set missing_key_policy='skip' or 'partial' to read on"
+            )
+        log.warning("shard %s: key %r missing from %s (%s)", shard.path, key, lacking, opts.missing_key_policy)
+        if opts.missing_key_policy == "skip":
+            continue
+        for m, v in zip(modalities, found, strict=True):
             if v is not None:
-                yield {"key": key, "modality": m, "ext": v[0], "data": v[1], "index": i}
-        if lacking:
-            yield {"key": key, "modality": None, "missing": tuple(lacking), "index": i}
+                yield _member(key, m, v[0], v[1], i, where)
+        yield {**_member(key, None, "", b"", i, where), "missing": tuple(lacking)}
     if opts.verify is not None:
-        for r in readers.values():  # read each tar to its end: its checksum is compared there
+        for r in readers:  # read each tar to its end: its checksum is compared there
             for _ in r.it:
                 pass
 
@@ -258,14 +293,14 @@ def tar_file_expander(opened: Iterable[dict], modalities: tuple[str, ...] | None
         task: Task = item["task"]
         mods = modalities or shard.keys
         mode = opts.mode
+        where = (item["epoch"], task.shard_id, task.pad, shard.bucket)
         last_index = -1  # member index of the last sample zip mode handed on (all modalities)
         try:
             try:
                 gen = _zip_members if mode == "zip" else _index_members
-                for member in gen(shard, task, mods, opts, stats):
+                for member in gen(shard, task, mods, opts, stats, where):
                     last_index = member["index"]
-                    yield {**member, "epoch": item["epoch"], "shard_id": task.shard_id, "pad": task.pad,
-                           "bucket": shard.bucket}
+                    yield member
             except TwinMismatchError:
                 if not (mode == "zip" and opts.zip_fallback_to_index and shard.key_index):
                     raise
@@ -275,9 +310,7 @@ def tar_file_expander(opened: Iterable[dict], modalities: tuple[str, ...] | None
                 # Zip mode checks a whole tuple before handing any of it on, so every member up
                 # to last_index is complete: index mode reads the rest of the task.
                 rest = tuple((max(a, last_index + 1), b) for a, b in task.ranges if b > last_index + 1)
-                for member in _index_members(shard, Task(task.shard_id, rest, task.pad), mods, opts, stats):
-                    yield {**member, "epoch": item["epoch"], "shard_id": task.shard_id, "pad": task.pad,
-                           "bucket": shard.bucket}
+                yield from _index_members(shard, Task(task.shard_id, rest, task.pad), mods, opts, stats, where)
         except ShardReadError:
             if opts.shard_error_policy == "raise":
                 raise

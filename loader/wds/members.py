@@ -1,18 +1,12 @@
-"""Iterate the members of one tar stream, on top of the webdataset library's tar iteration."""
+"""Iterate the members of one tar stream (``loader.formats.twin_tar.iter_tar`` reads the tar)."""
 
 from __future__ import annotations
 
 import hashlib
-import tarfile
 from collections.abc import Iterator
 
-from webdataset.tariterators import tar_file_iterator
-
+from loader.formats.twin_tar import TarReadError, iter_tar
 from loader.wds.errors import ChecksumError, ShardReadError
-
-
-def _reraise(exc: Exception) -> bool:
-    raise exc
 
 
 def open_stream(url: str, start: int = 0, stream_config=None, stats=None):
@@ -55,18 +49,22 @@ def iter_members(url: str, start: int = 0, stream_config=None, stats=None,
         raise ShardReadError(f"{url}: tar not found; is the manifest stale? rebuild or re-sync the dataset") from None
     with stream:
         source = _Hashing(stream) if sha256 is not None else stream
-        it = tar_file_iterator(source, skip_meta=None, handler=_reraise)
-        while True:
-            try:
-                item = next(it)
-            except StopIteration:
-                break
-            except (tarfile.TarError, EOFError, OSError) as exc:
-                raise ShardReadError(
-                    f"{url}: unreadable tar after byte {start} ({type(exc).__name__}: {exc}); "
-                    "the file is truncated or corrupt - rebuild the shard or set shard_error_policy='skip'"
-                ) from exc
-            yield item["fname"], item["data"]
+        try:
+            yield from iter_tar(source, url, start)
+        except TarReadError as exc:
+            stale = ""
+            if start and exc.offset == start:
+                stale = (f" (reading started at byte {start}, where the key index puts a member: if the tar was "
+                         "rewritten after its key index was built, the index is stale - rebuild it)")
+            raise ShardReadError(
+                f"{url}: unreadable tar ({exc.problem}){stale}; the file is truncated or corrupt - rebuild the "
+                "shard or set shard_error_policy='skip'"
+            ) from exc
+        except (EOFError, OSError) as exc:
+            raise ShardReadError(
+                f"{url}: unreadable tar after byte {start} ({type(exc).__name__}: {exc}); "
+                "the file is truncated or corrupt - rebuild the shard or set shard_error_policy='skip'"
+            ) from exc
         if sha256 is not None:
             while source.read(1 << 20):
                 pass

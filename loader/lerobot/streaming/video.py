@@ -197,6 +197,9 @@ class EpisodeVideo:
                                    "decoded frames cannot be told apart; re-mux or re-encode the video")
         self._ids = np.arange(first, end, dtype=np.int64)
         self._pts = np.asarray(arrays["sample_pts"][first:end], dtype=np.float64)
+        # The span in presentation order, once: a lookup per sample is then a binary search.
+        by_time = np.argsort(self._pts, kind="stable")
+        self._sorted_pts, self._sorted_ids = self._pts[by_time], self._ids[by_time]
         sync = np.asarray(arrays["sync_samples"]).astype(np.int64)
         self._sync = sync[(sync >= first) & (sync < end)]
         self._is_sync = np.zeros(end - first, dtype=bool)
@@ -223,16 +226,25 @@ class EpisodeVideo:
 
     def sample_for_time(self, t: float) -> int:
         """The span's sample nearest ``t`` (seconds in the file); VideoFrameError past the tolerance."""
-        return int(_nearest_samples(self.rel, self._pts, self._ids, np.array([float(t)]), self.tolerance_s,
-                                    "span")[0])
+        return int(self._lookup(np.array([float(t)]))[0])
 
     def frames_at(self, times: Sequence[float]) -> np.ndarray:
         """(T, H, W, 3) uint8 RGB frames at ``times`` (seconds in the file)."""
         asked = np.asarray(times, dtype=np.float64).reshape(-1)
         if not len(asked):
             raise ValueError(f"{self.rel}: frames_at needs at least one time")
-        samples = _nearest_samples(self.rel, self._pts, self._ids, asked, self.tolerance_s, "span")
+        samples = self._lookup(asked)
         return np.stack([self.frame(s) for s in samples.tolist()])
+
+    def _lookup(self, times: np.ndarray) -> np.ndarray:
+        """Nearest span sample per time; past the tolerance, the full search names the problem."""
+        pts = self._sorted_pts
+        right = np.clip(np.searchsorted(pts, times), 0, len(pts) - 1)
+        left = np.maximum(right - 1, 0)
+        pick = np.where(np.abs(pts[left] - times) <= np.abs(pts[right] - times), left, right)
+        if np.all(np.abs(pts[pick] - times) < self.tolerance_s):
+            return self._sorted_ids[pick]
+        return _nearest_samples(self.rel, self._pts, self._ids, times, self.tolerance_s, "span")
 
     def frame(self, sample: int) -> np.ndarray:
         """The (H, W, 3) uint8 RGB frame of decode-order ``sample`` (read-only array)."""
