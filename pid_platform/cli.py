@@ -19,6 +19,7 @@ from pid_platform.build.errors import BuildError, OutputNotWritableError
 from pid_platform.build.pipeline import BuildSummary, build_source
 from pid_platform.build.plan import ShardingConfig
 from pid_platform.build.storage import SourceStore, open_source_store
+from pid_platform.build.validate import VALIDATE_FULL, VALIDATE_LEVELS
 
 EXIT_BUILD_ERROR = 2  # argparse also exits 2 on bad arguments: "your input is wrong"
 MAX_EXAMPLES_SHOWN = 3
@@ -102,13 +103,20 @@ def shard_parser() -> argparse.ArgumentParser:
     p.add_argument("--classify-aspect-ratio", action=argparse.BooleanOptionalAction, default=True,
                    help="put samples in aspect_ratio_<W>_<H> buckets (default: on)")
     p.add_argument("--num-workers", type=_int_at_least(1), default=min(8, os.cpu_count() or 1),
-                   help="parallel workers: processes for intake and key indexes, threads for tar writing and "
-                   "hashing (sendfile and sha256 release the GIL); the output does not depend on it "
+                   help="parallel worker threads for intake, tar writing, key indexes and hashing (image "
+                   "decoding, sendfile, parquet and sha256 release the GIL); the output does not depend on it "
                    "(default: CPUs, at most 8)")
     p.add_argument("--shuffle", action="store_true", help="shuffle samples within each bucket before sharding")
     p.add_argument("--seed", type=int, default=0, help="seed of --shuffle; same seed, same bytes (default: 0)")
     p.add_argument("--trust-pickle", action="store_true",
                    help="accept pickled embeddings (.pkl/.pt ...); loading them can run arbitrary code")
+    p.add_argument("--validate", choices=VALIDATE_LEVELS, default=VALIDATE_FULL,
+                   help="full (default): decode every image, so truncated or corrupt files are dropped; "
+                   "header: read size and EXIF orientation from the header only, as PiD does (for sources "
+                   "you trust). Part of the build's settings: changing it validates every file again")
+    p.add_argument("--revalidate", action="store_true",
+                   help="validate every file again instead of reusing the outcomes of earlier builds "
+                   "(kept by file identity: size, times and inode, or S3 ETag), and run every step")
     p.add_argument("--force", action="store_true",
                    help="build into a non-empty --output-dir that pid-shard did not make (its files are kept)")
     p.add_argument("--s3-endpoint-url", default=None,
@@ -144,10 +152,13 @@ def format_summary(s: BuildSummary) -> str:
     total_bytes = sum(b.bytes for b in s.buckets.values())
     written = sum(b.written for b in s.buckets.values())
     lines = [
-        f"pid-shard: source {s.source!r} -> {s.out}",
+        f"pid-shard: source {s.source!r} -> {s.out}"
+        + (": up to date (nothing changed since the committed build; nothing written)" if s.up_to_date else ""),
         f"  modalities: {', '.join(r.modalities)} (image modality: {r.image_modality or 'none'})",
         f"  buckets: {len(s.buckets)}  shards: {s.shards}  samples: {s.samples}  "
         f"bytes: {total_bytes} ({_human_bytes(total_bytes)})",
+        f"  intake (validate={s.validate}): files validated: {r.files_validated}  "
+        f"outcomes reused: {r.outcomes_reused}",
         f"  shards written: {written}  already up to date: {s.shards - written}",
         f"    {'bucket':<24} {'shards':>7} {'samples':>8} {'bytes':>14}",
     ]
@@ -210,7 +221,7 @@ def run_shard(args: argparse.Namespace, root: str, source: str) -> BuildSummary:
         return build_source(
             store, source, args.output_dir, config,
             num_workers=args.num_workers, trust_pickle=args.trust_pickle, progress=progress, force=args.force,
-            manifest_root=args.manifest_root,
+            validate=args.validate, revalidate=args.revalidate, manifest_root=args.manifest_root,
         )
     finally:
         progress.close()

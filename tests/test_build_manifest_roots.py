@@ -94,13 +94,14 @@ def test_pid_shard_manifest_root_option(raw_root: Path, tmp_path: Path, capsys) 
 def test_rewrite_roots_of_an_existing_build(raw_root: Path, tmp_path: Path, capsys, monkeypatch) -> None:
     out = tmp_path / "out"
     build(raw_root, out)
-    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != WDINFO_NAME}
+    before = {p: p.read_bytes() for p in out.rglob("*")
+              if p.is_file() and p.name != WDINFO_NAME and STATE_DIR not in p.parts}
     want = _samples(str(out))
     assert rewrite_roots_main([str(out), "--absolute"]) == 0
     assert f"{len(_docs(out))} manifest(s)" in capsys.readouterr().out
     for bucket, doc in _docs(out).items():
         assert doc["root"] == str(out.absolute() / bucket) and doc["format_version"] == 1
-    assert {p: p.read_bytes() for p in before} == before  # tars, indexes, state: untouched
+    assert {p: p.read_bytes() for p in before} == before  # tars, key indexes: untouched
     monkeypatch.chdir(tmp_path)
     assert _samples(str(out)) == want and all_problems(out) == []
     # A copy elsewhere: its absolute roots still name the original; rewriting fixes them.
@@ -169,3 +170,23 @@ def test_dagster_manifest_root_names_each_source_below_a_url() -> None:
     assert ShardingResource().manifest_root_of("photos") == "relative"
     assert ShardingResource(manifest_root="absolute").manifest_root_of("photos") == "absolute"
     assert ShardingResource(manifest_root="s3://b/out/").manifest_root_of("photos") == "s3://b/out/photos"
+
+
+def test_an_up_to_date_rebuild_still_writes_the_roots_it_is_asked_for(raw_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    store, config = LocalSourceStore(raw_root), ShardingConfig(max_shard_size_mb=SMALL_BOUND_MB)
+    assert not build_source(store, SOURCE, out, config).up_to_date
+    tars = {p: p.stat().st_ino for p in out.rglob("*.tar")}
+    again = build_source(store, SOURCE, out, config, manifest_root="absolute")
+    assert again.up_to_date, "only the roots differ: no tar is staged again"
+    assert all(d["root"] == str(out.absolute() / b) for b, d in _docs(out).items())
+    assert {p: p.stat().st_ino for p in out.rglob("*.tar")} == tars and all_problems(out) == []
+    # The build state follows the rewrite: the same request again is a no-op that changes nothing.
+    before = {p: p.read_bytes() for p in out.rglob(WDINFO_NAME)}
+    assert build_source(store, SOURCE, out, config, manifest_root="absolute").up_to_date
+    assert {p: p.read_bytes() for p in out.rglob(WDINFO_NAME)} == before
+    # pid-rewrite-roots keeps it too; a build asking for relative roots writes them back.
+    assert rewrite_roots_main([str(out), "--url", "s3://b/p"]) == 0
+    assert build_source(store, SOURCE, out, config, manifest_root="s3://b/p").up_to_date
+    assert build_source(store, SOURCE, out, config).up_to_date
+    assert {d["root"] for d in _docs(out).values()} == {"."}

@@ -129,7 +129,7 @@ def test_crash_between_twin_tars_does_not_leave_a_stale_stamp(raw_root: Path, tm
     published = output_files(out)
     b_config = ShardingConfig(classify_aspect_ratio=False, shard_size=8)
     store = LocalSourceStore(raw_root)
-    samples, _report, _ = run_intake(store, SOURCE, out, b_config, trust_pickle=False, num_workers=1)
+    samples = run_intake(store, SOURCE, out, b_config, trust_pickle=False, num_workers=1).samples
     fifth = samples[5].basename  # in B's shard 0, in A's shard 1
     changed = source_file(raw_root, "image", fifth)
     changed.write_bytes(jpeg_bytes(photo("coffee", (200, 300))))

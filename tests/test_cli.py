@@ -143,3 +143,23 @@ def test_s3_input_with_endpoint_flag_matches_a_local_build(
     assert "samples: 32 " in capsys.readouterr().out
     local = build(photo_drop_template, tmp_path / "local")
     assert output_files(tmp_path / "s3") == output_files(local.out)
+
+
+def test_pid_shard_says_up_to_date_and_shows_the_validation_level(raw_root: Path, tmp_path: Path, capsys) -> None:
+    argv = ["--input-dir", str(raw_root / SOURCE), "--output-dir", str(tmp_path / "out"), "--num-workers", "1",
+            "--validate", "header"]
+    assert shard_main(argv) == 0
+    first = capsys.readouterr().out
+    assert "up to date" not in first.splitlines()[0]
+    assert "intake (validate=header): files validated: 96  outcomes reused: 0" in first
+    assert shard_main(argv) == 0
+    again = capsys.readouterr().out
+    assert again.splitlines()[0].endswith(": up to date (nothing changed since the committed build; nothing written)")
+    assert "intake (validate=header): files validated: 0  outcomes reused: 96" in again
+    assert "shards written: 0" in again and "manifests: 8 wdinfo.json" in again
+    assert shard_main([*argv, "--revalidate"]) == 0
+    forced = capsys.readouterr().out
+    assert "up to date" not in forced.splitlines()[0] and "files validated: 96  outcomes reused: 0" in forced
+    with pytest.raises(SystemExit) as exit_:
+        shard_main([*argv[:-1], "pixels"])
+    assert exit_.value.code == 2 and "invalid choice: 'pixels'" in capsys.readouterr().err

@@ -23,7 +23,9 @@ from tests.support.dagster_runs import (
     load_defs,
     manifests,
     materialized,
+    observed,
     run_config,
+    skipped_steps,
     tars,
     use_roots,
 )
@@ -111,8 +113,20 @@ def test_reshard_rewrites_manifests_and_removes_stale_tars(raw_root: Path, out_r
         small_manifests = manifests(src_out)
         assert small_meta["twin_tar_shards"]["shards"] > 8  # several shards in some buckets
 
+        before = _snapshot(src_out)
         again = build_source(defs, instance, "photos", max_shard_size_mb=0.25)
-        assert materialized(again)["twin_tar_shards"]["written"] == 0  # unchanged shards are kept
+        # Nothing changed: intake says so in an observation (no new data version), nothing downstream
+        # runs and nothing is written.
+        assert again.success and materialized(again) == {}
+        up = observed(again)["sample_set"]
+        assert up["up_to_date"] is True and up["files_validated"] == 0 and up["samples"] == 32
+        assert up["outcomes_reused"] == 32 * 3
+        assert {"twin_tar_shards", "key_indexes", "wdinfo_manifests"} <= skipped_steps(again)
+        assert _snapshot(src_out) == before and not staging_dir(src_out).exists()
+        records = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("sample_set"), asset_partitions=["photos"]), limit=5
+        ).records
+        assert len(records) == 1  # the first build's; the no-op made no new version
 
         big = build_source(defs, instance, "photos", max_shard_size_mb=64)
         assert big.success and all(check_outcomes(big).values())

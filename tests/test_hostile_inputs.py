@@ -254,8 +254,17 @@ def test_decoded_images_are_the_displayed_image_the_bucket_promises(raw_root: Pa
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _threads(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except FileNotFoundError:
+        return 0
+
+
 def test_kill_9_of_pid_shard_leaves_no_worker_behind(raw_root: Path, tmp_path: Path) -> None:
-    # 800 more samples: intake checks them in chunks of 64 in a process pool, for a few seconds.
+    # 800 more samples: intake checks them in chunks of 64 on worker threads, for a few seconds.
+    # The build starts no process (intake, tars, key indexes and hashing run on threads), so
+    # nothing can outlive it; the workers are there while it is killed.
     small = jpeg_bytes(photo("rocket", (48, 32)))
     for i in range(800):
         add_sample(raw_root, f"extra-{i:03d}", image=small)
@@ -263,19 +272,24 @@ def test_kill_9_of_pid_shard_leaves_no_worker_behind(raw_root: Path, tmp_path: P
            "--output-dir", str(tmp_path / "out"), "--num-workers", "2"]
     proc = subprocess.Popen(cmd, env=os.environ | {"PYTHONPATH": str(REPO)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    staged = tmp_path / ".out.pid-staging"
     started: set[int] = set()
+    threads = 0
     deadline = time.monotonic() + 120
-    # Kill while the pool works: its two workers plus multiprocessing's helper(s) are running.
-    while len(started) < 3 and proc.poll() is None and time.monotonic() < deadline:
+    # Kill while intake works (its staging folder is made just before it starts listing).
+    while not staged.exists() and proc.poll() is None and time.monotonic() < deadline:
         started |= descendants(proc.pid)
         time.sleep(0.01)
-    time.sleep(0.2)
-    started |= descendants(proc.pid)
-    assert len(started) >= 3 and proc.poll() is None, "the build ended before the kill; give it more samples"
+    for _ in range(20):
+        started |= descendants(proc.pid)
+        threads = max(threads, _threads(proc.pid))
+        time.sleep(0.01)
+    assert threads >= 3 and proc.poll() is None, "the build ended before the kill; give it more samples"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    left = wait_gone(started, timeout=10)
-    assert not left, f"still running 10 s after kill -9 of pid-shard: {sorted(left)}"
+    assert not (staged / ".pid-build" / "samples.parquet").exists()  # killed before intake ended
+    assert not wait_gone(started, timeout=10), f"still running 10 s after kill -9 of pid-shard: {sorted(started)}"
+    assert started == set()  # no worker process to leave behind in the first place
 
 
 # --------------------------------------------------------------------------- settings and resume states

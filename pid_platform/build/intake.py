@@ -10,16 +10,20 @@ from dataclasses import dataclass, field
 
 from loader.formats.twin_tar import disambiguate_key, nearest_bucket, sanitize_key
 from pid_platform.build.errors import NoModalitiesError, NoSamplesError
+from pid_platform.build.intake_cache import CAPTION, IMAGE, SNIFF, FileOutcome, IntakeCache
 from pid_platform.build.parallel import chunked, ordered_map
 from pid_platform.build.storage import FileEntry, SourceStore
 from pid_platform.build.validate import (
     CAPTION_EXTS,
+    HEADER_BYTES,
     IMAGE_EXTS,
     PICKLE_SNIFF_BYTES,
-    ImageInfo,
+    VALIDATE_FULL,
+    VALIDATE_HEADER,
     check_caption,
     check_image,
     check_pickle,
+    check_validate_level,
     ext_of,
     sniff_size,
     stem_of,
@@ -55,6 +59,10 @@ class IntakeReport:
     examples: dict[str, list[str]] = field(default_factory=dict)  # reason -> first few names
     key_collisions: int = 0
     samples: int = 0
+    # How the outcomes were found (not part of the report's JSON: a rebuild of the same source
+    # reports the same JSON whatever it had to validate again).
+    files_validated: int = 0  # checked this run
+    outcomes_reused: int = 0  # taken from the intake cache (file identity unchanged)
 
     def note(self, reason: str, what: str, counter: Counter | None = None) -> None:
         (self.dropped if counter is None else counter)[reason] += 1
@@ -99,45 +107,147 @@ class _Checked:
     height: int | None = None
 
 
-def _check_one(
-    store: SourceStore, source: str, image_modality: str | None, trust_pickle: bool,
-    files: dict[str, FileEntry],
-) -> _Checked:
-    info: ImageInfo | None = None
+class _NeedsCheck(Exception):
+    """A file's outcome is not cached: the sample goes to the workers."""
+
+
+def _kind(modality: str, name: str, image_modality: str | None) -> str | None:
+    """What a file is checked as; None: a file in the image modality that is not an image."""
+    ext = ext_of(name)
+    if ext in IMAGE_EXTS:
+        return IMAGE
+    if modality == image_modality:
+        return None
+    return CAPTION if ext in CAPTION_EXTS else SNIFF
+
+
+def _sample_outcome(files: dict[str, FileEntry], image_modality: str | None, trust_pickle: bool,
+                    outcome_of) -> _Checked:
+    """A sample's files, modality by modality in name order; the first failure is its reason.
+
+    ``outcome_of(entry, kind)`` gives a file's ``FileOutcome`` (from the cache, or checked).
+    """
+    image: FileOutcome | None = None
     for modality, entry in sorted(files.items()):
         if entry.size == 0:
             return _Checked(f"zero_byte: {modality}")
-        ext = ext_of(entry.name)
-        is_image = ext in IMAGE_EXTS
-        is_caption = ext in CAPTION_EXTS and modality != image_modality
-        if not (is_image or is_caption) and modality != image_modality:
-            if not trust_pickle:  # embeddings are only sniffed: their head says whether it is pickle
-                head = store.read_head(source, entry, PICKLE_SNIFF_BYTES)
-                if sniff_size(head) > len(head):  # a long .npy header: parse all of it
-                    head = store.read_head(source, entry, sniff_size(head))
-                check_pickle(entry.name, head, store.describe(source, entry), trust_pickle)
-            continue
-        data = store.read(source, entry)
-        if is_image:
-            res = check_image(data)
-            if isinstance(res, str):
-                return _Checked(res.split(":", 1)[0] + f": {modality}")
-            if modality == image_modality:
-                info = res
-        elif modality == image_modality:
+        kind = _kind(modality, entry.name, image_modality)
+        if kind is None:
             return _Checked(f"not_an_image: {modality}")
-        elif is_caption:
-            reason = check_caption(data, ext)
-            if reason:
-                return _Checked(reason.split(":", 1)[0] + f": {modality}")
-    if info is None:
+        if kind == SNIFF and trust_pickle:
+            continue  # embeddings are only sniffed for pickle: trusted data is not read at all
+        outcome = outcome_of(entry, kind)
+        if outcome.reason is not None:
+            return _Checked(f"{outcome.reason}: {modality}")
+        if modality == image_modality:
+            image = outcome
+    if image is None:
         return _Checked(None)
-    return _Checked(None, info.width, info.height)
+    return _Checked(None, image.width, image.height)
 
 
-def _check_chunk(args) -> list[_Checked]:
-    store, source, image_modality, trust_pickle, chunk = args
-    return [_check_one(store, source, image_modality, trust_pickle, files) for files in chunk]
+def check_file(store: SourceStore, source: str, entry: FileEntry, kind: str, level: str,
+               trust_pickle: bool) -> FileOutcome:
+    """Read and check one file (raises ``UnsafeInputError`` for pickle data unless trusted)."""
+    if kind == SNIFF:
+        head = store.read_head(source, entry, PICKLE_SNIFF_BYTES)
+        if sniff_size(head) > len(head):  # a long .npy header: parse all of it
+            head = store.read_head(source, entry, sniff_size(head))
+        check_pickle(entry.name, head, store.describe(source, entry), trust_pickle)
+        return FileOutcome(SNIFF)
+    if kind == CAPTION:
+        reason = check_caption(store.read(source, entry), ext_of(entry.name))
+        return FileOutcome(CAPTION, None if reason is None else reason.split(":", 1)[0])
+    if level == VALIDATE_HEADER and entry.size > HEADER_BYTES:
+        res = check_image(store.read_head(source, entry, HEADER_BYTES), VALIDATE_HEADER)
+        if isinstance(res, str):  # a header longer than the head (a large EXIF or ICC block)
+            res = check_image(store.read(source, entry), VALIDATE_HEADER)
+    else:
+        res = check_image(store.read(source, entry), level)
+    if isinstance(res, str):
+        return FileOutcome(IMAGE, res.split(":", 1)[0])
+    return FileOutcome(IMAGE, None, res.width, res.height)
+
+
+def _cached_only(hits: dict[str, FileOutcome]):
+    def outcome_of(entry: FileEntry, kind: str) -> FileOutcome:
+        hit = hits.get(entry.modality)
+        if hit is None or hit.kind != kind:
+            raise _NeedsCheck
+        return hit
+
+    return outcome_of
+
+
+def _checking(store: SourceStore, source: str, level: str, trust_pickle: bool, known: dict[str, FileOutcome],
+              fresh: list[tuple[FileEntry, FileOutcome]]):
+    def outcome_of(entry: FileEntry, kind: str) -> FileOutcome:
+        hit = known.get(entry.modality)
+        if hit is not None and hit.kind == kind:
+            return hit
+        res = check_file(store, source, entry, kind, level, trust_pickle)
+        fresh.append((entry, res))
+        return res
+
+    return outcome_of
+
+
+def _check_chunk(args) -> list[tuple[_Checked, list[tuple[FileEntry, FileOutcome]]]]:
+    """Worker: each sample's outcome, and the outcomes of the files it checked."""
+    store, source, image_modality, trust_pickle, level, chunk = args
+    out = []
+    for files, known in chunk:
+        fresh: list[tuple[FileEntry, FileOutcome]] = []
+        outcome_of = _checking(store, source, level, trust_pickle, known, fresh)
+        out.append((_sample_outcome(files, image_modality, trust_pickle, outcome_of), fresh))
+    return out
+
+
+def _check_all(
+    store: SourceStore, source: str, complete: list[dict[str, FileEntry]], image_modality: str | None, *,
+    trust_pickle: bool, level: str, cache: IntakeCache, num_workers: int, progress, report: IntakeReport,
+) -> tuple[list[_Checked], IntakeCache]:
+    """The outcome of every complete sample, validating only files the cache does not vouch for.
+
+    Returns the outcomes and the cache of this run: every file outcome it used (a file no
+    longer listed leaves the set).
+    """
+    used = IntakeCache(level)
+    known: list[dict[str, FileOutcome]] = []  # per sample: the cached outcomes of its files
+    for files in complete:
+        hits = {}
+        for m, entry in files.items():
+            kind = _kind(m, entry.name, image_modality)
+            hit = None if kind is None else cache.get(entry, kind)
+            if hit is not None:
+                hits[m] = hit
+                used.put(entry, hit)  # still valid: it goes on to the next build, used or not
+        report.outcomes_reused += len(hits)
+        known.append(hits)
+
+    checked: list[_Checked | None] = []
+    pending: list[int] = []
+    for i, files in enumerate(complete):
+        try:
+            checked.append(_sample_outcome(files, image_modality, trust_pickle, _cached_only(known[i])))
+        except _NeedsCheck:
+            checked.append(None)
+            pending.append(i)
+
+    chunks = chunked([(complete[i], known[i]) for i in pending], 64)
+    tasks = [(store, source, image_modality, trust_pickle, level, c) for c in chunks]
+    slots = iter(pending)
+    # Threads: Pillow decodes without the GIL, and no worker process has to start (seconds on a
+    # busy machine) or unpickle the store for each chunk.
+    for res in ordered_map(_check_chunk, tasks, num_workers, threads=True):
+        for chk, fresh in res:
+            checked[next(slots)] = chk
+            for entry, outcome in fresh:
+                used.put(entry, outcome)
+            report.files_validated += len(fresh)
+        if progress is not None:
+            progress(len(res))
+    return checked, used  # type: ignore[return-value]
 
 
 def intake(
@@ -148,8 +258,17 @@ def intake(
     trust_pickle: bool = False,
     num_workers: int = 1,
     progress=None,
-) -> tuple[list[Sample], IntakeReport]:
-    """Samples of ``source`` (sorted by key) and a report of everything left out."""
+    validate: str = VALIDATE_FULL,
+    cache: IntakeCache | None = None,
+) -> tuple[list[Sample], IntakeReport, IntakeCache]:
+    """Samples of ``source`` (sorted by key), a report of everything left out, and the intake
+    cache of this run (pass it back as ``cache`` next time: only new or changed files are read).
+
+    ``validate``: ``full`` decodes every image, ``header`` reads sizes and EXIF from headers.
+    """
+    check_validate_level(validate)
+    if cache is None or cache.level != validate:
+        cache = IntakeCache(validate)
     report = IntakeReport(source)
     modalities = store.list_modalities(source)
     listings: dict[str, list[FileEntry]] = {}
@@ -198,13 +317,10 @@ def intake(
         report.note(f"missing_modality: {','.join(missing)}", stem)
     report.orphans = {m: orphans.get(m, 0) for m in active}
 
-    chunks = chunked([files for _, files in complete], 64)
-    tasks = [(store, source, report.image_modality, trust_pickle, c) for c in chunks]
-    checked: list[_Checked] = []
-    for res in ordered_map(_check_chunk, tasks, num_workers):
-        checked.extend(res)
-        if progress is not None:
-            progress(len(res))
+    checked, used = _check_all(
+        store, source, [files for _, files in complete], report.image_modality, trust_pickle=trust_pickle,
+        level=validate, cache=cache, num_workers=num_workers, progress=progress, report=report,
+    )
 
     keys: dict[str, list[str]] = defaultdict(list)
     good: list[tuple[str, dict[str, FileEntry], _Checked]] = []
@@ -243,5 +359,5 @@ def intake(
             f"dropped or skipped: {reasons or 'none'}); nothing was written and earlier output is "
             "kept - fix the drop (every sample needs a valid file in each modality folder) and re-run"
         )
-    return samples, report
+    return samples, report, used
 

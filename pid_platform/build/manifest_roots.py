@@ -16,6 +16,7 @@ from loader.formats.layout import STATE_DIR, WDINFO_NAME
 from loader.formats.wdinfo import manifest_root, read_wdinfo, rewrite_root, root_base
 from pid_platform.build.layout import final_dir
 from pid_platform.build.lock import build_lock
+from pid_platform.build.state import refresh_outputs
 
 
 def find_manifests(out: Path) -> list[Path]:
@@ -63,4 +64,6 @@ def rewrite_manifest_roots(out: str | os.PathLike[str], mode: str) -> list[Path]
             leaf = path.parent.relative_to(out).as_posix()
             if rewrite_root(path, manifest_root(base, "" if leaf == "." else leaf)):
                 changed.append(path)
+        # The build state's checksums follow, so a rebuild asking for these roots is still a no-op.
+        refresh_outputs(out, [p.relative_to(out).as_posix() for p in changed])
         return changed

@@ -60,7 +60,8 @@ def _index_one(args: tuple[Path, ShardPlan]) -> str:
 
 
 def write_key_indexes(out: Path, plans: list[ShardPlan], num_workers: int = 1) -> list[str]:
-    return list(ordered_map(_index_one, [(out, p) for p in plans], num_workers))
+    # Threads: reading headers and writing parquet release the GIL; no process start-up per build.
+    return list(ordered_map(_index_one, [(out, p) for p in plans], num_workers, threads=True))
 
 
 def _hash_one(args: tuple[Path, ShardPlan]) -> dict[str, str]:

@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import TypeVar
 
 from loader.formats.atomic import atomic_write_bytes
-from loader.formats.wdinfo import root_base
+from loader.formats.wdinfo import WDINFO_NAME, root_base
 from pid_platform.build import publish
 from pid_platform.build.intake import IntakeReport, Sample, intake
-from pid_platform.build.layout import STATE_DIR, final_dir
+from pid_platform.build.intake_cache import CACHE_NAME, IntakeCache
+from pid_platform.build.layout import bucket_dir, final_dir
 from pid_platform.build.lock import build_lock
+from pid_platform.build.manifest_roots import rewrite_manifest_roots
 from pid_platform.build.manifests import (
     BucketManifest,
     remove_unplanned,
@@ -28,8 +30,17 @@ from pid_platform.build.manifests import (
     write_manifests,
 )
 from pid_platform.build.plan import ShardingConfig, ShardPlan, plan_shards
+from pid_platform.build.state import (
+    REPORT,
+    SAMPLES,
+    committed_up_to_date,
+    save_intake_settings,
+    save_outputs,
+    state_dir,
+)
 from pid_platform.build.storage import SourceStore
 from pid_platform.build.tables import read_plans, read_samples, write_plans, write_samples
+from pid_platform.build.validate import VALIDATE_FULL, check_validate_level
 from pid_platform.build.writer import ShardResult, write_shards
 
 F = TypeVar("F", bound=Callable)
@@ -53,10 +64,6 @@ def build_step(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def state_dir(folder: Path) -> Path:
-    return folder / STATE_DIR
-
-
 @dataclass
 class BucketSummary:
     bucket: str
@@ -75,6 +82,9 @@ class BuildSummary:
     manifests: list[Path] = field(default_factory=list)
     # Tars, key indexes and manifests of the previous version that the new one dropped.
     removed: list[Path] = field(default_factory=list)
+    validate: str = VALIDATE_FULL
+    # Nothing changed since the committed build (source files, outcomes, settings): nothing written.
+    up_to_date: bool = False
 
     @property
     def shards(self) -> int:
@@ -97,19 +107,58 @@ def summarize(results: list[ShardResult]) -> dict[str, BucketSummary]:
     return dict(sorted(buckets.items()))
 
 
+@dataclass
+class IntakeResult:
+    samples: list[Sample]
+    report: IntakeReport
+    path: Path  # samples.parquet: the staged one, or the committed one when up to date
+    validate: str
+    # The committed build already holds exactly these samples, this report and these settings,
+    # and its files are intact: nothing was staged.
+    up_to_date: bool = False
+
+
 @build_step
 def run_intake(store: SourceStore, source: str, out: Path, config: ShardingConfig, *, trust_pickle: bool,
-               num_workers: int, progress: Callable | None = None,
-               force: bool = False) -> tuple[list[Sample], IntakeReport, Path]:
-    """``force``: build into a non-empty folder that no build made (its files are kept)."""
-    staging = publish.begin(out, first_step=True, force=force)
-    samples, report = intake(
+               num_workers: int, progress: Callable | None = None, force: bool = False,
+               validate: str = VALIDATE_FULL, revalidate: bool = False,
+               stop_if_up_to_date: bool = False) -> IntakeResult:
+    """Samples of ``source`` into the staging folder, validating only files the intake cache
+    (of the committed build, or of an unfinished one in the staging folder) does not vouch for.
+
+    ``force``: build into a non-empty folder that no build made (its files are kept).
+    ``validate``: ``full`` or ``header`` (``validate.VALIDATE_LEVELS``). ``revalidate``: ignore
+    the cache. ``stop_if_up_to_date``: when the committed build already is what this one would
+    publish (``state.committed_up_to_date``) and no unfinished build is staged, stage nothing
+    (no staging folder is even created) and say so.
+    """
+    check_validate_level(validate)
+    final = final_dir(out)
+    may_stop = stop_if_up_to_date and not revalidate
+    if may_stop:
+        publish.prepare(out, first_step=True, force=force)
+        # Only over a committed build, and not while an unfinished one is staged: that one is
+        # finished (and published) by this run instead.
+        may_stop = (state_dir(final) / SAMPLES).is_file() and not publish.staging_dir(out).exists()
+    if not may_stop:
+        publish.begin(out, first_step=True, force=force)  # proves the output writable before any work
+    caches = [state_dir(final) / CACHE_NAME, state_dir(publish.staging_dir(out)) / CACHE_NAME]
+    cache = IntakeCache(validate) if revalidate else IntakeCache.load(caches, validate)
+    samples, report, used = intake(
         store, source, classify_aspect_ratio=config.classify_aspect_ratio, trust_pickle=trust_pickle,
-        num_workers=num_workers, progress=progress,
+        num_workers=num_workers, progress=progress, validate=validate, cache=cache,
     )
-    path = write_samples(state_dir(staging) / "samples.parquet", samples, report.modalities)
-    atomic_write_bytes(state_dir(staging) / "intake_report.json", json.dumps(report.to_json(), indent=1).encode())
-    return samples, report, path
+    # A file validated this run means the committed cache lacks its outcome: publish a new version
+    # (cheap: every tar is hard-linked) rather than validate it again on every rebuild.
+    if may_stop and report.files_validated == 0 and committed_up_to_date(final, samples, report, config, validate):
+        return IntakeResult(samples, report, state_dir(final) / SAMPLES, validate, up_to_date=True)
+    staging = publish.begin(out, first_step=True, force=force)
+    # The cache first: should the build stop after it, the next one still reuses these outcomes.
+    used.save(state_dir(staging) / CACHE_NAME)
+    path = write_samples(state_dir(staging) / SAMPLES, samples, report.modalities)
+    atomic_write_bytes(state_dir(staging) / REPORT, json.dumps(report.to_json(), indent=1).encode())
+    save_intake_settings(staging, validate)
+    return IntakeResult(samples, report, path, validate)
 
 
 @build_step
@@ -117,7 +166,7 @@ def run_sharding(store: SourceStore, source: str, out: Path, config: ShardingCon
                  progress: Callable[[int, int], None] | None = None) -> tuple[list[ShardPlan], list[ShardResult]]:
     """Write the planned tars into the staging folder, hard-linking those ``out`` already holds."""
     staging = publish.begin(out)
-    samples, modalities = read_samples(state_dir(staging) / "samples.parquet")
+    samples, modalities = read_samples(state_dir(staging) / SAMPLES)
     plans = plan_shards(samples, modalities, config)
     done = iter(range(1, len(plans) + 1))
     step = (lambda _res: progress(next(done), len(plans))) if progress else None
@@ -179,26 +228,47 @@ def run_manifests(out: Path, source: str, *, num_workers: int,
     plans = load_plans(staging, config)
     remove_unplanned(staging, plans)  # an earlier, unfinished build may have left other shards
     manifests = write_manifests(staging, source, plans, num_workers=num_workers, root_base=base)
+    save_outputs(staging, plans)  # what a later no-op rebuild checks the published files against
     removed = publish.commit(out)
     published = [replace(m, path=Path(out) / m.path.relative_to(staging)) for m in manifests]
     return config, published, removed
+
+
+def _committed_summary(source: str, out: Path, result: IntakeResult) -> BuildSummary:
+    """The summary of an up-to-date rebuild: the committed build's shards, none written."""
+    final = final_dir(out)
+    config = load_sharding_config(final)
+    plans = load_plans(final, config)
+    results = [
+        ShardResult(p.bucket, p.index, p.relpath, len(p.samples), {m: p.tar_bytes(m) for m in p.modalities}, False)
+        for p in plans
+    ]
+    manifests = [Path(out) / bucket_dir(Path(), b) / WDINFO_NAME for b in sorted({p.bucket for p in plans})]
+    return BuildSummary(source, Path(out), result.report, summarize(results), manifests, [], result.validate, True)
 
 
 @build_step
 def build_source(
     store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int = 1,
     trust_pickle: bool = False, progress: Callable[[int, int], None] | None = None, force: bool = False,
-    manifest_root: str = "relative",
+    validate: str = VALIDATE_FULL, revalidate: bool = False, manifest_root: str = "relative",
 ) -> BuildSummary:
     """Intake -> twin tars -> key indexes -> wdinfo.json for one source, written under ``out``.
 
-    The Dagster assets put a source under ``<output_root>/<source>``; the CLI writes where told.
+    A rebuild validates only new or changed files (``revalidate``: all of them), and one that
+    finds nothing changed writes nothing (``BuildSummary.up_to_date``). The Dagster assets put
+    a source under ``<output_root>/<source>``; the CLI writes where told.
     """
     out = Path(out)
     root_base(manifest_root, final_dir(out))  # a bad manifest root is refused before any work
-    _, report, _ = run_intake(store, source, out, config, trust_pickle=trust_pickle, num_workers=num_workers,
-                              force=force)
+    result = run_intake(store, source, out, config, trust_pickle=trust_pickle, num_workers=num_workers,
+                        force=force, validate=validate, revalidate=revalidate, stop_if_up_to_date=True)
+    if result.up_to_date:
+        # Nothing to rebuild; the roots alone may be asked otherwise than committed.
+        rewrite_manifest_roots(out, manifest_root)
+        return _committed_summary(source, out, result)
     _, results = run_sharding(store, source, out, config, num_workers=num_workers, progress=progress)
     run_key_indexes(out, num_workers=num_workers)
     _, manifests, removed = run_manifests(out, source, num_workers=num_workers, manifest_root=manifest_root)
-    return BuildSummary(source, out, report, summarize(results), [m.path for m in manifests], removed)
+    return BuildSummary(source, out, result.report, summarize(results), [m.path for m in manifests], removed,
+                        validate)

@@ -39,8 +39,8 @@ def old_dir(out: str | os.PathLike[str]) -> Path:
     return final.parent / f".{final.name}{OLD_SUFFIX}"
 
 
-def begin(out: str | os.PathLike[str], *, first_step: bool = False, force: bool = False) -> Path:
-    """Start (or continue) a build step of ``out``: repair an interrupted commit, return S.
+def prepare(out: str | os.PathLike[str], *, first_step: bool = False, force: bool = False) -> Path:
+    """Repair an interrupted commit of ``out`` and check it may be built; return F. Creates nothing.
 
     ``first_step`` (intake): also refuse an output folder no build made, unless ``force``.
     """
@@ -51,6 +51,13 @@ def begin(out: str | os.PathLike[str], *, first_step: bool = False, force: bool 
     _refuse_old(final)  # before any work: the commit could not move F aside
     if first_step:
         check_ours(out, force=force)
+    return final
+
+
+def begin(out: str | os.PathLike[str], *, first_step: bool = False, force: bool = False) -> Path:
+    """Start (or continue) a build step of ``out``: ``prepare``, then create (or take over) S and
+    prove it writable; return S."""
+    final = prepare(out, first_step=first_step, force=force)
     staging = ensure_writable(staging_dir(final), shown_as=Path(out))
     # The step is about to change S: an earlier commit that stopped before its swap no longer
     # vouches for S being complete.

@@ -40,15 +40,26 @@ def _modalities(table: pa.Table) -> list[str]:
     return [c.split(".", 1)[1] for c in table.column_names if c.startswith("name.")]
 
 
+def _folder_of(path: str | None, name: str, folders: dict[str, str]) -> str | None:
+    if path is None:
+        return None
+    if not path.endswith("/" + name):
+        raise ValueError(f"build state names file {name!r} at {path!r}; delete .pid-build/ and rebuild")
+    folder = path[: -len(name) - 1]
+    return folders.setdefault(folder, folder)  # one string per folder, as in a listing
+
+
 def table_samples(table: pa.Table) -> list[Sample]:
     mods = _modalities(table)
     d = table.to_pydict()
+    folders: dict[str, str] = {}
     out = []
     for i in range(table.num_rows):
-        files = {
-            m: FileEntry(m, d[f"name.{m}"][i], d[f"size.{m}"][i], d[f"fingerprint.{m}"][i], d[f"path.{m}"][i])
-            for m in mods
-        }
+        files = {}
+        for m in mods:
+            name = d[f"name.{m}"][i]
+            folder = _folder_of(d[f"path.{m}"][i], name, folders)
+            files[m] = FileEntry(m, name, d[f"size.{m}"][i], d[f"fingerprint.{m}"][i], folder)
         out.append(Sample(d["key"][i], d["basename"][i], files, d["width"][i], d["height"][i], d["bucket"][i]))
     return out
 

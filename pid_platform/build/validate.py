@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import pickletools
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -39,16 +40,40 @@ class ImageInfo:
     height: int
 
 
-def check_image(data: bytes) -> ImageInfo | str:
-    """Decode the image fully (at reduced scale where the codec allows) to catch truncation.
+VALIDATE_FULL = "full"  # decode every entropy-coded byte: truncation and corruption are caught
+VALIDATE_HEADER = "header"  # size and EXIF from the header only, as PiD reads them (trusted sources)
+VALIDATE_LEVELS = (VALIDATE_FULL, VALIDATE_HEADER)
+# Bytes read for a header check; a header longer than this (a large EXIF or ICC block) is read whole.
+HEADER_BYTES = 64 * 1024
+_BOMB_CHECK = threading.Lock()
 
-    Returns displayed width/height (EXIF orientation applied) or a reason string.
+
+def check_validate_level(level: str) -> str:
+    if level not in VALIDATE_LEVELS:
+        raise ValueError(f"validation level {level!r} is not one of {', '.join(VALIDATE_LEVELS)}")
+    return level
+
+
+def check_image(data: bytes, level: str = VALIDATE_FULL) -> ImageInfo | str:
+    """Displayed width/height (EXIF orientation applied), or a reason string.
+
+    ``full``: decode the image fully (at reduced scale where the codec allows) to catch
+    truncation. ``header``: parse the header only (``Image.open`` without ``load``); ``data``
+    may then be just the file's first bytes. Both read the orientation from the EXIF (or XMP)
+    found in the header; the header level never decodes pixels, not even a PNG's.
     """
     try:
-        with warnings.catch_warnings():
+        # Intake checks files in threads, and the warning filters are global to the process: one
+        # thread at a time turns the bomb warning into an error, for the header parse (where
+        # Pillow warns) only; the decode below runs in parallel, without the GIL.
+        with _BOMB_CHECK, warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             im = Image.open(io.BytesIO(data))
             w, h = im.size
+        if level == VALIDATE_HEADER:
+            # The base class reads the EXIF the header held; PNG's own getexif() decodes the image.
+            orientation = Image.Image.getexif(im).get(0x0112, 1)
+        else:
             orientation = im.getexif().get(0x0112, 1)
             # JPEG draft decodes every entropy-coded byte at 1/8 scale: truncation still fails.
             im.draft("RGB", (max(1, w // 8), max(1, h // 8)))

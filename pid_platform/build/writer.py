@@ -40,7 +40,8 @@ def _tar_stats(folder: Path, plan: ShardPlan) -> dict[str, list[int]] | None:
     return stats
 
 
-def _up_to_date(folder: Path, plan: ShardPlan) -> bool:
+def shard_up_to_date(folder: Path, plan: ShardPlan) -> bool:
+    """Whether ``folder`` holds ``plan``'s tars as its stamp recorded them when they were written."""
     try:
         stamp = json.loads(stamp_path(folder, plan.bucket, plan.index).read_bytes())
     except (OSError, ValueError):
@@ -65,12 +66,12 @@ def _write_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan]) -> S
     store, source, out, previous, plan = args
     sizes = {m: plan.tar_bytes(m) for m in plan.modalities}
     result = ShardResult(plan.bucket, plan.index, plan.relpath, len(plan.samples), sizes, False)
-    if _up_to_date(out, plan):  # written by an earlier, unfinished run of this build
+    if shard_up_to_date(out, plan):  # written by an earlier, unfinished run of this build
         return result
     # Invalidate the stamp first: a crash after some of this shard's tars were replaced must not
     # leave an older stamp vouching for the shard.
     stamp_path(out, plan.bucket, plan.index).unlink(missing_ok=True)
-    if previous is not None and _up_to_date(previous, plan):
+    if previous is not None and shard_up_to_date(previous, plan):
         for m in plan.modalities:
             link_atomic(tar_path(previous, plan.bucket, m, plan.relpath), tar_path(out, plan.bucket, m, plan.relpath))
         sha = sha_cache_path(previous, plan.bucket, plan.index)

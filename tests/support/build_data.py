@@ -38,10 +38,12 @@ CLEAN_SAMPLES = 32
 SMALL_BOUND_MB = 0.25
 
 
-def build(raw_root: Path, out: Path, *, num_workers: int = 1, trust_pickle: bool = False, **cfg) -> BuildSummary:
+def build(raw_root: Path, out: Path, *, num_workers: int = 1, trust_pickle: bool = False,
+          validate: str = "full", revalidate: bool = False, **cfg) -> BuildSummary:
     config = ShardingConfig(**({"max_shard_size_mb": SMALL_BOUND_MB} | cfg))
     return build_source(
-        LocalSourceStore(raw_root), SOURCE, out, config, num_workers=num_workers, trust_pickle=trust_pickle
+        LocalSourceStore(raw_root), SOURCE, out, config, num_workers=num_workers, trust_pickle=trust_pickle,
+        validate=validate, revalidate=revalidate,
     )
 
 
@@ -162,3 +164,36 @@ def reverse_members_in_place(path: Path) -> None:
         fh.write(data)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert (path.stat().st_ino, path.stat().st_mtime_ns) == (st.st_ino, st.st_mtime_ns)
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int, int]]:
+    """Every file under ``folder`` (build state included): bytes, mtime and inode."""
+    return {
+        p.relative_to(folder).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns, p.stat().st_ino)
+        for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+def rewrite_same_size(path: Path, data: bytes, *, atomic: bool) -> None:
+    """Give ``path`` new bytes of the same size and put its old mtime back: only the ctime (and,
+    for ``atomic``, the inode) can tell. In place: written through the open file; atomic: a new
+    file renamed over the old name, as most tools save."""
+    st = path.stat()
+    assert len(data) == st.st_size and data != path.read_bytes()
+    if atomic:
+        tmp = path.with_name(path.name + ".new")
+        tmp.write_bytes(data)
+        os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+        os.replace(tmp, path)
+    else:
+        with open(path, "r+b") as fh:
+            fh.write(data)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+
+
+def corrupt_jpeg_same_size(data: bytes) -> bytes:
+    """A JPEG whose header is intact and whose second half is gone (0xFF fill, same size): a
+    header check passes, a full decode fails."""
+    half = len(data) // 2
+    return data[:half] + b"\xff" * (len(data) - half)

@@ -99,6 +99,20 @@ def materialized(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, Any]]
     return out
 
 
+def observed(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, Any]]:
+    """Asset name -> the metadata of its observation (an asset that found nothing to do)."""
+    out = {}
+    for event in result.all_events:
+        if event.event_type == dg.DagsterEventType.ASSET_OBSERVATION:
+            obs = event.asset_observation_data.asset_observation
+            out[obs.asset_key.to_user_string()] = {k: _plain(v) for k, v in obs.metadata.items()}
+    return out
+
+
+def skipped_steps(result: dg.ExecuteInProcessResult) -> set[str]:
+    return {e.step_key for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_SKIPPED}
+
+
 def check_outcomes(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
     return {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
 

@@ -75,27 +75,44 @@ def _report_table(report: IntakeReport) -> str:
     code_version=INTAKE_VERSION,
     pool=BUILD_POOL,
     retry_policy=IO_RETRY,
+    output_required=False,
 )
 def sample_set(
     context: dg.AssetExecutionContext, source_store: SourceStoreResource, sharding: ShardingResource
-) -> dg.MaterializeResult:
+):
     """The samples of a source: basenames present in every modality folder whose files are all
     valid, each with a WebDataset-safe unique key and its aspect-ratio bucket.
 
     Every file looked at is either in a sample or counted, with its reason, in the metadata
-    (orphans per modality, dropped samples by reason, skipped files, key collisions).
+    (orphans per modality, dropped samples by reason, skipped files, key collisions). Only new
+    or changed files are validated. When nothing changed since the committed build, the asset
+    records an observation (``up_to_date``) instead of a materialization: no new data version,
+    and the steps downstream are skipped.
     """
     source = context.partition_key
     out = source_store.source_out(source)
     store = source_store.open()
     with fail_without_retry_on():
-        samples, report, path = run_intake(
+        result = run_intake(
             store, source, out, sharding.config(),
-            trust_pickle=sharding.trust_pickle, num_workers=sharding.num_workers,
+            trust_pickle=sharding.trust_pickle, num_workers=sharding.num_workers, stop_if_up_to_date=True,
         )
+    samples, report, path = result.samples, result.report, result.path
+    counts = {"files_validated": report.files_validated, "outcomes_reused": report.outcomes_reused,
+              "validate": result.validate}
+    if result.up_to_date:
+        context.log.info(f"{source}: up to date ({report.samples} samples); nothing to build")
+        context.log_event(dg.AssetObservation(
+            asset_key=context.asset_key, partition=source,
+            metadata={"up_to_date": True, "samples": report.samples, **counts,
+                      "data_version": _samples_digest(samples), "samples_table": dg.MetadataValue.path(str(path))},
+        ))
+        return
     context.log.info(f"{source}: {report.samples} samples kept, {report.dropped_total} dropped")
-    return dg.MaterializeResult(
+    yield dg.MaterializeResult(
         metadata={
+            "up_to_date": False,
+            **counts,
             "samples": report.samples,
             "dropped_total": report.dropped_total,
             "dropped_by_reason": dg.MetadataValue.json(dict(sorted(report.dropped.items()))),

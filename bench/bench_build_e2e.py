@@ -1,0 +1,370 @@
+"""A whole build of one raw source, first and again: ``build_source`` against a PiD-style sharder.
+
+    python bench/bench_build_e2e.py [--size-mb 458] [--shard-mb 64] [--reshard-mb 16] [--workers 2]
+                                    [--repeat 3] [--work-dir DIR] [--stages] [--profile CONTENDER]
+
+Data: a raw source of real photographs with a JSON caption each (``image/`` + ``caption/``),
+about ``--size-mb`` MB: scikit-image's photographs cropped to the 8 aspect ratios, resized
+(720-3200 px), given film grain and re-encoded as JPEG (q70-95) or PNG, 100 KB - 3 MB each,
+replicated under new names with distinct bytes (``bench_shard_write``'s generator). Generated
+once and cached in the work folder.
+
+Contenders, each timed in this process (interpreter start-up left out for all), ``--workers``
+workers, every input read once before each run so the page cache is warm:
+
+* ``peer (PiD-style)``   - what PiD's ``scripts/sharding_wds.py`` does: list ``image/``, read each
+  image's size from its header (``PIL.Image.open(path).size``), keep stems with a caption, bucket
+  by the same nearest aspect ratio, cut shards by the summed file sizes, write each shard's image
+  and caption tar with ``tarfile`` (one process per shard, ``--workers`` at a time) and one
+  ``wdinfo.json`` per bucket. No validation, no key index, no checksum, no fsync, no staging.
+* ``ours, first build, full``   - ``build_source(..., validate="full")`` into an empty folder: every
+  image decoded (JPEG at 1/8 scale), captions parsed, tars, key indexes, sha256 manifests, the
+  staged version fsynced and swapped in.
+* ``ours, first build, header`` - the same with ``validate="header"`` (size and EXIF from the header).
+* ``ours, no-op rebuild``       - ``build_source`` again over the full build, nothing changed.
+* ``ours, re-shard``            - then ``build_source`` with ``--reshard-mb`` instead of ``--shard-mb``.
+
+Each round runs: fresh folder, full first build, no-op, re-shard; fresh folder, header first build;
+fresh folder, peer. ``sync`` before each timed run. Best of ``--repeat`` rounds, median beside it.
+The first round also checks: the full and header builds wrote identical outputs; the no-op wrote
+nothing and validated nothing; the re-shard validated nothing; the peer kept the same samples in
+the same buckets.
+
+Targets (ratio of wall times): no-op <= 0.1x our full first build; re-shard <= 0.3x our full first
+build; header first build <= 1.2x the peer; full first build <= 3x the peer. A miss prints MISS;
+the exit status does not depend on it. ``--stages`` times each build step of a first build
+(intake, tars, key indexes, manifests + commit) and one core's image-check speed at each level;
+``--profile`` runs cProfile over one run (main thread only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import resource
+import shutil
+import statistics
+import sys
+import tarfile
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from loader.formats.twin_tar import nearest_bucket
+from pid_platform.build.pipeline import (
+    build_source,
+    run_intake,
+    run_key_indexes,
+    run_manifests,
+    run_sharding,
+)
+from pid_platform.build.plan import ShardingConfig
+from pid_platform.build.storage import LocalSourceStore
+
+SOURCE = "e2e"
+DROP_VERSION = 1
+
+
+# ---------------------------------------------------------------- the raw drop
+
+
+def make_drop(src: Path, size_mb: int) -> dict:
+    """``src/{image,caption}`` of about ``size_mb`` MB of image + caption bytes."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_shard_write import _pool, _tag_jpeg, _tag_png
+
+    if src.exists():
+        shutil.rmtree(src)
+    for m in ("image", "caption"):
+        (src / m).mkdir(parents=True)
+    rng = random.Random(42)
+    pool = _pool(rng)
+    total = n = 0
+    while total < size_mb * 1_000_000:
+        prefix, ext, data = pool[rng.randrange(len(pool))]
+        stem = f"{prefix}-{n:06d}"
+        img = (_tag_jpeg if ext == "jpg" else _tag_png)(data, f"pid-bench {stem}".encode())
+        (src / "image" / f"{stem}.{ext}").write_bytes(img)
+        cap = json.dumps({"prompt": f"A grainy photograph ({prefix.split('-')[0]}), sample {n}.",
+                          "prompt_short": prefix.split("-")[0]}).encode()
+        (src / "caption" / f"{stem}.json").write_bytes(cap)
+        total += len(img) + len(cap)
+        n += 1
+    return {"version": DROP_VERSION, "size_mb": size_mb, "samples": n, "bytes": total}
+
+
+def ensure_drop(work: Path, size_mb: int) -> dict:
+    stamp = work / "drop.json"
+    try:
+        info = json.loads(stamp.read_text())
+        if info.get("version") == DROP_VERSION and info.get("size_mb") == size_mb:
+            return info
+    except (OSError, ValueError):
+        pass
+    print(f"raw drop: generating ~{size_mb} MB under {work / 'raw' / SOURCE} (once, about a minute) ...", flush=True)
+    stamp.unlink(missing_ok=True)
+    info = make_drop(work / "raw" / SOURCE, size_mb)
+    stamp.write_text(json.dumps(info))
+    return info
+
+
+def warm(src: Path) -> None:
+    for m in ("image", "caption"):
+        for e in os.scandir(src / m):
+            with open(e.path, "rb") as fh:
+                while fh.read(1 << 20):
+                    pass
+
+
+def fresh(path: Path) -> None:
+    for p in (path, path.parent / f".{path.name}.pid-staging"):
+        if p.exists():
+            shutil.rmtree(p)
+    os.sync()  # no writeback of an earlier run overlaps the next timed one
+
+
+# ---------------------------------------------------------------- the PiD-style peer
+
+
+def _peer_write(args: tuple[str, str, str, int, list[tuple[str, str, str]]]) -> None:
+    src, out, bucket, index, items = args
+    for modality, pos in (("image", 1), ("caption", 2)):
+        dest = Path(out) / bucket / modality / "part_000000" / f"{index:06d}.tar"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(dest, "w") as tf:
+            for item in items:
+                name = item[pos]
+                tf.add(os.path.join(src, modality, name), arcname=f"{item[0]}.{name.rsplit('.', 1)[1]}")
+
+
+def peer_shard(src: Path, out: Path, shard_mb: float, workers: int) -> dict[str, int]:
+    """PiD's sharding_wds.py, reduced to what it does: header sizes, buckets, tarfile, wdinfo.json."""
+    from PIL import Image
+
+    captions = {n.rsplit(".", 1)[0]: n for n in os.listdir(src / "caption")}
+    buckets: dict[str, list[tuple[str, str, str, int]]] = defaultdict(list)
+    for name in sorted(os.listdir(src / "image")):
+        stem = name.rsplit(".", 1)[0]
+        if stem not in captions:
+            continue
+        path = src / "image" / name
+        with Image.open(path) as im:
+            w, h = im.size
+        size = path.stat().st_size + (src / "caption" / captions[stem]).stat().st_size
+        buckets[nearest_bucket(w, h)].append((stem, name, captions[stem], size))
+    bound = shard_mb * 1024 * 1024
+    jobs, manifests = [], {}
+    for bucket in sorted(buckets):
+        shards: list[list] = [[]]
+        used = 0
+        for item in buckets[bucket]:
+            if shards[-1] and used + item[3] > bound:
+                shards.append([])
+                used = 0
+            shards[-1].append(item)
+            used += item[3]
+        jobs += [(str(src), str(out), bucket, i, [it[:3] for it in s]) for i, s in enumerate(shards)]
+        manifests[bucket] = [len(s) for s in shards]
+    with mp.get_context("fork").Pool(workers) as pool:
+        pool.map(_peer_write, jobs, chunksize=1)
+    for bucket, counts in manifests.items():
+        doc = {"data_keys": ["caption", "image"], "data_list": [f"part_000000/{i:06d}.tar" for i in range(len(counts))],
+               "data_list_key_count": counts, "total_key_count": sum(counts), "root": str(out / bucket)}
+        (out / bucket / "wdinfo.json").write_text(json.dumps(doc))
+    return {b: sum(c) for b, c in manifests.items()}
+
+
+def _cpu() -> float:
+    """User + system seconds of this process (all threads) and of its reaped children."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def check_rates(src: Path) -> list[str]:
+    """One core's speed at each validation level: every image checked in this thread."""
+    from pid_platform.build.validate import check_image
+
+    datas = [Path(e.path).read_bytes() for e in sorted(os.scandir(src / "image"), key=lambda e: e.name)]
+    mb = sum(map(len, datas)) / 1e6
+    lines = []
+    for level in ("header", "full"):
+        c = time.process_time()
+        for d in datas:
+            check_image(d, level)
+        s = time.process_time() - c
+        lines.append(f"check_image {level}: {s:.2f} CPU s for {len(datas)} images, {mb:.0f} MB ({mb / s:.0f} MB/s per core)")
+    return lines
+
+
+# ---------------------------------------------------------------- ours
+
+
+def ours(raw: Path, out: Path, shard_mb: float, workers: int, validate: str = "full"):
+    return build_source(LocalSourceStore(raw), SOURCE, out, ShardingConfig(max_shard_size_mb=shard_mb),
+                        num_workers=workers, validate=validate)
+
+
+def output_bytes(out: Path) -> dict[str, bytes]:
+    files = {}
+    for dirpath, dirs, names in os.walk(out):
+        dirs[:] = [d for d in dirs if d != ".pid-build"]
+        for n in names:
+            p = Path(dirpath) / n
+            files[str(p.relative_to(out))] = p.read_bytes()
+    return files
+
+
+def stages(raw: Path, out: Path, shard_mb: float, workers: int, validate: str) -> list[tuple[str, float]]:
+    """Each step of a first build, timed on its own (the same steps ``build_source`` runs)."""
+    store, config = LocalSourceStore(raw), ShardingConfig(max_shard_size_mb=shard_mb)
+    times = []
+    t = time.perf_counter()
+    run_intake(store, SOURCE, out, config, trust_pickle=False, num_workers=workers, validate=validate)
+    times.append(("intake", time.perf_counter() - t))
+    t = time.perf_counter()
+    run_sharding(store, SOURCE, out, config, num_workers=workers)
+    times.append(("tars", time.perf_counter() - t))
+    t = time.perf_counter()
+    run_key_indexes(out, num_workers=workers)
+    times.append(("key indexes", time.perf_counter() - t))
+    t = time.perf_counter()
+    run_manifests(out, SOURCE, num_workers=workers)
+    times.append(("manifests + commit", time.perf_counter() - t))
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size-mb", type=int, default=458, help="raw drop size in MB (default 458)")
+    ap.add_argument("--shard-mb", type=float, default=64.0, help="shard bound of the first builds (default 64)")
+    ap.add_argument("--reshard-mb", type=float, default=16.0, help="shard bound of the re-shard (default 16)")
+    ap.add_argument("--workers", type=int, default=2, help="workers for every contender (default 2)")
+    ap.add_argument("--repeat", type=int, default=3, help="timed rounds (default 3)")
+    ap.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "pid-bench-e2e")
+    ap.add_argument("--stages", action="store_true", help="time each step of a full and a header first build")
+    ap.add_argument("--profile", choices=("full", "header", "noop", "reshard", "peer"),
+                    help="cProfile one run of a contender (main process only) and exit")
+    args = ap.parse_args(argv)
+    work = args.work_dir.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    info = ensure_drop(work, args.size_mb)
+    raw, src = work / "raw", work / "raw" / SOURCE
+    print(f"raw drop: {info['samples']} photographs + captions, {info['bytes'] / 1e6:.0f} MB, at {src}")
+    out_ours, out_header, out_peer = work / "out-ours", work / "out-header", work / "out-peer"
+
+    if args.stages:
+        for validate in ("full", "header"):
+            fresh(out_ours)
+            warm(src)
+            steps = stages(raw, out_ours, args.shard_mb, args.workers, validate)
+            total = sum(s for _, s in steps)
+            print(f"first build, validate={validate}: {total:.2f}s = "
+                  + ", ".join(f"{name} {s:.2f}s" for name, s in steps))
+        fresh(out_ours)
+        for line in check_rates(src):
+            print(line)
+        return 0
+
+    if args.profile:
+        import cProfile
+        import pstats
+
+        run = {
+            "full": lambda: ours(raw, out_ours, args.shard_mb, args.workers),
+            "header": lambda: ours(raw, out_ours, args.shard_mb, args.workers, "header"),
+            "noop": lambda: ours(raw, out_ours, args.shard_mb, args.workers),
+            "reshard": lambda: ours(raw, out_ours, args.reshard_mb, args.workers),
+            "peer": lambda: peer_shard(src, out_peer, args.shard_mb, args.workers),
+        }[args.profile]
+        fresh(out_ours)
+        fresh(out_peer)
+        if args.profile in ("noop", "reshard"):
+            ours(raw, out_ours, args.shard_mb, args.workers)
+        warm(src)
+        prof = cProfile.Profile()
+        prof.enable()
+        run()
+        prof.disable()
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+        fresh(out_ours)
+        fresh(out_peer)
+        return 0
+
+    labels = {
+        "peer": "peer (PiD-style)",
+        "full": "ours, first build, full",
+        "header": "ours, first build, header",
+        "noop": "ours, no-op rebuild",
+        "reshard": "ours, re-shard",
+    }
+    times: dict[str, list[float]] = {k: [] for k in labels}
+
+    cpu: dict[str, list[float]] = {k: [] for k in labels}
+
+    def timed(key: str, fn):
+        warm(src)
+        os.sync()
+        c0 = _cpu()
+        t = time.perf_counter()
+        res = fn()
+        times[key].append(time.perf_counter() - t)
+        cpu[key].append(_cpu() - c0)
+        return res
+
+    for rnd in range(1, args.repeat + 1):
+        fresh(out_ours)
+        full = timed("full", lambda: ours(raw, out_ours, args.shard_mb, args.workers))
+        noop = timed("noop", lambda: ours(raw, out_ours, args.shard_mb, args.workers))
+        if rnd == 1:
+            assert not full.up_to_date and full.report.files_validated == 2 * info["samples"], full.report
+            assert noop.up_to_date and noop.report.files_validated == 0, noop.report
+            reference = output_bytes(out_ours)
+        reshard = timed("reshard", lambda: ours(raw, out_ours, args.reshard_mb, args.workers))
+        if rnd == 1:
+            assert reshard.report.files_validated == 0 and reshard.shards > full.shards, reshard.report
+        fresh(out_header)
+        timed("header", lambda: ours(raw, out_header, args.shard_mb, args.workers, "header"))
+        if rnd == 1:
+            assert output_bytes(out_header) == reference, "header and full builds differ"
+        fresh(out_peer)
+        peer = timed("peer", lambda: peer_shard(src, out_peer, args.shard_mb, args.workers))
+        if rnd == 1:
+            ours_buckets = {b: s.samples for b, s in full.buckets.items()}
+            assert peer == ours_buckets, (peer, ours_buckets)
+            print(f"check: full and header outputs identical; no-op and re-shard validated nothing; the peer "
+                  f"kept the same {full.samples} samples in the same {len(peer)} buckets ({full.shards} of our "
+                  f"shards, {reshard.shards} after the re-shard)")
+        print(f"round {rnd}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()), flush=True)
+    for p in (out_ours, out_header, out_peer):
+        fresh(p)
+
+    best = {k: min(v) for k, v in times.items()}
+    print()
+    print(f"whole build: {info['samples']} photographs + captions, {info['bytes'] / 1e6:.0f} MB, {args.workers} "
+          f"workers, {os.cpu_count()} CPUs, warm page cache; best and median of {args.repeat} rounds")
+    best_cpu = {k: min(v) for k, v in cpu.items()}
+    print(f"{'contender':<28}{'best s':>8}{'median s':>10}{'vs peer':>9}{'vs full':>9}{'CPU s':>8}{'CPU vs peer':>13}")
+    for k, label in labels.items():
+        print(f"{label:<28}{best[k]:>8.2f}{statistics.median(times[k]):>10.2f}"
+              f"{best[k] / best['peer']:>8.2f}x{best[k] / best['full']:>8.2f}x"
+              f"{best_cpu[k]:>8.2f}{best_cpu[k] / best_cpu['peer']:>12.2f}x")
+    print("(wall seconds judge the targets; CPU = user + system seconds of this process's threads and of the "
+          "peer's worker processes, which a shared machine disturbs less; fsync waits are not CPU)")
+    targets = [
+        ("no-op rebuild <= 0.1x our full first build", best["noop"] / best["full"], 0.1),
+        ("re-shard <= 0.3x our full first build", best["reshard"] / best["full"], 0.3),
+        ("header first build <= 1.2x the peer", best["header"] / best["peer"], 1.2),
+        ("full first build <= 3x the peer", best["full"] / best["peer"], 3.0),
+    ]
+    print()
+    for text, ratio, limit in targets:
+        print(f"{'PASS' if ratio <= limit else 'MISS'}: {text} ({ratio:.2f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""What a build records beside its output, and whether a new build would reproduce it.
+
+A rebuild that finds the same samples, the same intake report and the same settings as the
+committed version, and that version's files intact, has nothing to write: it stops early
+("up to date") instead of staging a copy of what is published.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from loader.formats.atomic import atomic_write_bytes
+from loader.formats.twin_tar import key_index_relpath
+from loader.formats.wdinfo import WDINFO_NAME
+from pid_platform.build.errors import ShardingConfigError
+from pid_platform.build.intake import IntakeReport, Sample
+from pid_platform.build.intake_cache import RULES_VERSION
+from pid_platform.build.layout import STATE_DIR, bucket_dir
+from pid_platform.build.plan import ShardingConfig, ShardPlan, plan_shards
+from pid_platform.build.tables import samples_table
+from pid_platform.build.writer import shard_up_to_date
+
+INTAKE_SETTINGS = "intake.json"  # how the samples were validated
+OUTPUTS = "outputs.json"  # sha256 of every key index and manifest, as committed
+SAMPLES = "samples.parquet"
+REPORT = "intake_report.json"
+SHARDING = "sharding.json"
+
+
+def state_dir(folder: Path) -> Path:
+    return Path(folder) / STATE_DIR
+
+
+def intake_settings(validate: str) -> dict:
+    """The settings that decide which samples a source yields (beside the sharding config)."""
+    return {"rules_version": RULES_VERSION, "validate": validate}
+
+
+def save_intake_settings(folder: Path, validate: str) -> Path:
+    path = state_dir(folder) / INTAKE_SETTINGS
+    atomic_write_bytes(path, json.dumps(intake_settings(validate), sort_keys=True, indent=1).encode())
+    return path
+
+
+def load_intake_settings(folder: Path) -> dict | None:
+    try:
+        return json.loads((state_dir(folder) / INTAKE_SETTINGS).read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _outputs_of(plans: list[ShardPlan]) -> list[str]:
+    """Key indexes and manifests of ``plans``, relative to the output folder (tars have stamps)."""
+    rels = []
+    for p in plans:
+        rels.append((bucket_dir(Path(), p.bucket) / key_index_relpath(p.relpath)).as_posix())
+    rels += [(bucket_dir(Path(), b) / WDINFO_NAME).as_posix() for b in sorted({p.bucket for p in plans})]
+    return sorted(rels)
+
+
+def save_outputs(folder: Path, plans: list[ShardPlan]) -> Path:
+    """Record the checksums of the key indexes and manifests in ``folder`` (just before its commit)."""
+    doc = {rel: _file_sha256(folder / rel) for rel in _outputs_of(plans)}
+    path = state_dir(folder) / OUTPUTS
+    atomic_write_bytes(path, json.dumps(doc, sort_keys=True, indent=0).encode())
+    return path
+
+
+def refresh_outputs(folder: Path, rels: list[str]) -> None:
+    """Record new checksums for ``rels`` (files of ``folder`` changed on purpose after its commit,
+    such as manifests whose roots were rewritten), so the version still counts as intact."""
+    path = state_dir(folder) / OUTPUTS
+    try:
+        recorded = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return  # no record (not a build's output, or an older one): nothing to keep in step
+    fresh = {**recorded, **{rel: _file_sha256(folder / rel) for rel in rels if rel in recorded}}
+    if fresh != recorded:
+        atomic_write_bytes(path, json.dumps(fresh, sort_keys=True, indent=0).encode())
+
+
+def _outputs_intact(folder: Path, plans: list[ShardPlan]) -> bool:
+    try:
+        recorded = json.loads((state_dir(folder) / OUTPUTS).read_bytes())
+        if sorted(recorded) != _outputs_of(plans):
+            return False
+        return all(_file_sha256(folder / rel) == sha for rel, sha in recorded.items())
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def committed_up_to_date(
+    final: Path, samples: list[Sample], report: IntakeReport, config: ShardingConfig, validate: str
+) -> bool:
+    """Whether the version published in ``final`` is what a build of ``samples`` (with this
+    report, config and validation level) would publish, and its files are as it wrote them:
+    every tar matches its stamp, every key index and manifest its recorded checksum."""
+    state = state_dir(final)
+    try:
+        if ShardingConfig(**json.loads((state / SHARDING).read_bytes())) != config:
+            return False
+        if load_intake_settings(final) != intake_settings(validate):
+            return False
+        if json.loads((state / REPORT).read_bytes()) != report.to_json():
+            return False
+        committed = pq.read_table(state / SAMPLES)
+    except (OSError, ValueError, TypeError, ShardingConfigError):
+        return False
+    if not committed.equals(samples_table(samples, report.modalities)):
+        return False
+    plans = plan_shards(samples, report.modalities, config)
+    return all(shard_up_to_date(final, p) for p in plans) and _outputs_intact(final, plans)
