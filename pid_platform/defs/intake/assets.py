@@ -86,7 +86,7 @@ def sample_set(
     Every file looked at is either in a sample or counted, with its reason, in the metadata
     (orphans per modality, dropped samples by reason, skipped files, key collisions). Only new
     or changed files are validated. When nothing changed since the committed build, the asset
-    records an observation (``up_to_date``) instead of a materialization: no new data version,
+    records an observation (`up_to_date`) instead of a materialization: no new data version,
     and the steps downstream are skipped.
     """
     source = context.partition_key
