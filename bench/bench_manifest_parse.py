@@ -24,8 +24,10 @@ it beside RSS), the table's own ``nbytes()`` (ours), and pickling the result - w
 ``run_on_rank0_and_broadcast`` (``torch.distributed.broadcast_object_list`` pickles) - dumps time,
 loads time and size. Both contenders must agree on every tar (digest checked).
 
-Target: ours parses 1,000,000 tars in seconds (< 10 s), faster and smaller than naive. A miss prints
-MISS; the exit status does not depend on it.
+Targets (1,000,000 tars): ours parses in < 2 s (first run, wall clock; the best CPU time is printed
+beside it, since other load on a shared machine stretches the wall clock), retains < 300 MB RSS, and
+what rank 0 broadcasts (the pickled result) is <= 50 MB; ours is faster and smaller than naive. A
+miss prints MISS; the exit status does not depend on it.
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-TARGET_S = 10.0
+TARGET_S = 2.0
+TARGET_RETAINED = 300e6
+TARGET_BROADCAST = 50e6
 
 
 # --- the naive contender (PiD: one object per tar) ---------------------------------------------
@@ -253,9 +257,17 @@ def main(argv: list[str] | None = None) -> int:
           f"{first(n) / first(o):.2f}x (first run); retained RSS naive/ours = "
           f"{n['rss_retained'] / max(o['rss_retained'], 1):.1f}x; pickle size naive/ours = "
           f"{n['pickle_bytes'] / o['pickle_bytes']:.1f}x")
-    scaled = first(o) * 1_000_000 / max(tars, 1)
+    per_million = 1_000_000 / max(tars, 1)
+    scaled = first(o) * per_million
+    note = "" if tars == 1_000_000 else f", scaled from {tars:,}"
     print(f"{'PASS' if scaled < TARGET_S else 'MISS'}: ours parses 1,000,000 tars in < {TARGET_S:.0f} s, first run "
-          f"({scaled:.2f} s{'' if tars == 1_000_000 else ', scaled from ' + f'{tars:,}'})")
+          f"({scaled:.2f} s wall{note}; best CPU time {cpu(o) * per_million:.2f} s)")
+    retained = o["rss_retained"] * per_million
+    print(f"{'PASS' if retained < TARGET_RETAINED else 'MISS'}: ours retains < {TARGET_RETAINED / 1e6:.0f} MB "
+          f"on rank 0 ({retained / 1e6:.1f} MB{note})")
+    sent = o["pickle_bytes"] * per_million
+    print(f"{'PASS' if sent <= TARGET_BROADCAST else 'MISS'}: rank 0 broadcasts <= {TARGET_BROADCAST / 1e6:.0f} MB "
+          f"({sent / 1e6:.1f} MB pickled{note}; dumps {o['pickle_dumps_s']:.2f} s, loads {o['pickle_loads_s']:.2f} s)")
     print(f"{'PASS' if speed > 1 else 'MISS'}: ours parses faster than naive ({speed:.2f}x CPU time)")
     print(f"{'PASS' if o['rss_retained'] < n['rss_retained'] else 'MISS'}: ours retains less memory than naive "
           f"({_mb(o['rss_retained']).strip()} vs {_mb(n['rss_retained']).strip()})")

@@ -224,7 +224,7 @@ def letterbox_sample(sample: dict[str, Any]) -> dict[str, Any]:
 def feature_stats(ds: Any, keys: tuple[str, ...], rank: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """(mean, std) of each vector feature from the dataset's ``meta/stats.json``; without that
     file, (0, 1) of the feature's size, said once."""
-    from loader.lerobot import fs
+    from loader.io import roots as fs
 
     stats: dict[str, Any] = {}
     if fs.exists(ds.root, "meta/stats.json"):

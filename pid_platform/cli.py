@@ -144,6 +144,11 @@ def shard_parser() -> argparse.ArgumentParser:
                    help="for an s3:// --output-dir: the local folder the build stages in and keeps to reuse "
                    f"unchanged tars (default: ${WORK_ROOT_ENV} or ~/.cache/pid-platform/work, then "
                    "<bucket>/<prefix>)")
+    p.add_argument("--manifest-root", default="relative", metavar="relative|absolute|URL",
+                   help="root written into each wdinfo.json: 'relative' (default; the manifest's folder, so "
+                   "moved data keeps working), 'absolute' (the output folder's absolute path, which PiD's "
+                   "reader needs) or the URL the output folder is published at (s3://bucket/prefix); an "
+                   "s3:// --output-dir keeps relative roots")
     return p
 
 
@@ -247,7 +252,7 @@ def run_shard(args: argparse.Namespace, root: str, source: str) -> BuildSummary:
         return build_source(
             store, source, Path(out), config, num_workers=args.num_workers, trust_pickle=args.trust_pickle,
             progress=progress, force=args.force, validate=args.validate, revalidate=args.revalidate,
-            publish_to=publish_to,
+            manifest_root=args.manifest_root, publish_to=publish_to,
         )
     finally:
         progress.close()
@@ -281,6 +286,38 @@ def shard_main(argv: Sequence[str] | None = None) -> int:
         print(format_summary(summary), flush=True)
     except BrokenPipeError:  # `pid-shard ... | head`: the build is done, the reader left early
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def rewrite_roots_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pid-rewrite-roots",
+        description="Rewrite the root of every wdinfo.json of an existing build (nothing else changes): "
+        "absolute roots for a PiD training job, relative ones to move the data freely.",
+    )
+    p.add_argument("output_dir", type=Path, help="the build's output folder (pid-shard --output-dir)")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--absolute", dest="mode", action="store_const", const="absolute",
+                      help="each manifest's folder as an absolute path (what PiD's reader needs)")
+    mode.add_argument("--relative", dest="mode", action="store_const", const="relative",
+                      help='"." (the manifest\'s folder: the default of a build)')
+    mode.add_argument("--url", dest="mode", metavar="URL",
+                      help="the URL the output folder is published at (s3://bucket/prefix): roots below it")
+    return p
+
+
+def rewrite_roots_main(argv: Sequence[str] | None = None) -> int:
+    from pid_platform.build.manifest_roots import rewrite_manifest_roots
+
+    args = rewrite_roots_parser().parse_args(argv)
+    try:
+        changed = rewrite_manifest_roots(args.output_dir, args.mode)
+    except (BuildError, FormatError) as exc:
+        print(f"pid-rewrite-roots: error: {exc}", file=sys.stderr)
+        return EXIT_BUILD_ERROR
+    print(f"pid-rewrite-roots: {len(changed)} manifest(s) of {args.output_dir} now have {args.mode} roots")
+    for path in changed:
+        print(f"  {path}")
     return 0
 
 

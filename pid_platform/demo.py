@@ -29,7 +29,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from loader.formats.wdinfo import read_wdinfo
+from loader.formats.wdinfo import WDINFO_NAME, read_wdinfo
 from loader.lerobot.sidecar import read_sidecar
 from pid_platform.build.layout import STATE_DIR
 from pid_platform.definitions import defs as load_defs
@@ -261,7 +261,7 @@ def describe_source(out: Path, outcome: SourceOutcome) -> list[str]:
     if outcome.failed_checks:
         lines.append(f"   failed checks: {', '.join(outcome.failed_checks)}")
     buckets = []
-    for path in sorted(p for p in src.rglob("wdinfo.json") if STATE_DIR not in p.parts):
+    for path in sorted(p for p in src.rglob(WDINFO_NAME) if STATE_DIR not in p.parts):
         man = read_wdinfo(path)
         buckets.append((man.bucket or "(flat)", len(man.tars), man.total_key_count,
                         sum(sum(t.bytes.values()) for t in man.tars)))

@@ -28,6 +28,7 @@ from loader.formats.key_index import (
     KeyIndexRow,
     index_modalities,
     key_index_table,
+    read_key_columns,
     read_key_index,
     write_key_index,
 )
@@ -109,6 +110,35 @@ def test_key_index_round_trip_and_same_rows_same_bytes(tmp_path: Path) -> None:
     d = back.to_pydict()
     assert d["key"] == ["a_b_0123456789", "c"] and d["basename"] == ["a.b", "c"]
     assert d["offset.image"] == [0, 1536] and d["size.caption"] == [30, 2] and d["width"] == [64, None]
+
+
+def test_key_columns_read_from_a_path_or_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "k.parquet"
+    write_key_index(path, key_index_table(_rows(), ["caption", "image"]))
+    for source in (path, path.read_bytes()):
+        cols = read_key_columns(source, ["image"])
+        assert cols.keys == ["a_b_0123456789", "c"]
+        assert cols.offsets == {"image": [0, 1536]} and cols.members == {} and cols.sizes == {}
+    full = read_key_columns(path, members=True, sizes=True)  # every modality the index lists
+    assert full.members == {"caption": ["a_b_0123456789.json", "c.json"], "image": ["a_b_0123456789.jpg", "c.png"]}
+    assert full.sizes == {"caption": [30, 2], "image": [700, 9]} and full.offsets["caption"] == [0, 1024]
+    # A modality the index has no column for is left out: the caller decides what that means.
+    assert read_key_columns(path, ["image", "umt5"]).offsets == {"image": [0, 1536]}
+    assert read_key_columns(path, ["image"], offsets=False).offsets == {}
+
+
+def test_key_columns_name_a_file_that_is_no_key_index(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 not really")
+    with pytest.raises(FormatError, match=r"bad\.parquet: not a readable key index"):
+        read_key_columns(bad)
+    with pytest.raises(FormatError, match=r"s3://b/k\.parquet: not a readable key index"):
+        read_key_columns(b"junk", origin="s3://b/k.parquet")
+    write_key_index(tmp_path / "nokey.parquet", key_index_table(_rows(), ["image"]).drop_columns(["key"]))
+    with pytest.raises(FormatError, match="needs a 'key' column"):
+        read_key_columns(tmp_path / "nokey.parquet")
+    with pytest.raises(FileNotFoundError):
+        read_key_columns(tmp_path / "missing.parquet")
 
 
 def test_catalog_resolves_datasets_to_manifest_paths(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from loader.lerobot import fs
+from loader.io import roots as fs
 from loader.lerobot.meta import (
     EpisodeInfo,
     LeRobotMeta,

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loader.lerobot import fs
+from loader.io import roots as fs
 from loader.lerobot.meta import LeRobotMeta
 from loader.lerobot.sidecar import (
     SidecarLockTimeout,

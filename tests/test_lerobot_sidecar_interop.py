@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loader.lerobot import fs
+from loader.io import roots as fs
 from loader.lerobot.meta import LeRobotMeta
 from loader.lerobot.mp4 import index_mp4
 from loader.lerobot.sidecar import (

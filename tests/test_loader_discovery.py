@@ -113,3 +113,35 @@ def test_a_moved_output_tree_still_loads(two_sources: Path, tmp_path: Path) -> N
     there = {s["__key__"]: s["image.jpg" if "image.jpg" in s else "image.png"]
              for s in build_dataset(str(two_sources / "portraits"), decode=None)}
     assert here == there and len(here) == 12
+
+
+def _same_tables(a, b) -> None:
+    assert len(a) == len(b) and a.fingerprint() == b.fingerprint()
+    assert list(a) == list(b)  # every TarSample: root, path, keys, count, key index, source, bucket, sha256
+
+
+def test_what_rank0_broadcasts_is_compact_and_exact(two_sources: Path, tmp_path: Path) -> None:
+    """A ShardTable pickles (what broadcast_object_list sends) to its compact wire form and back
+    to the same shards, checksums, nulls and fingerprint included."""
+    import pickle
+
+    from loader.formats.layout import key_index_relpath, shard_relpath
+    from loader.formats.wdinfo import TarEntry, WdinfoManifest, write_wdinfo
+    from loader.wds.discovery import parse_manifests
+
+    for keep in (False, True):
+        table = load_wdinfo(str(two_sources), broadcast=False, keep_sha256=keep).tar_files
+        _same_tables(pickle.loads(pickle.dumps(table)), table)
+    # Many tars of the build's layout: the paths repeat a prefix and a counter pattern.
+    for j in range(8):
+        tars = [TarEntry(shard_relpath(i), 1000 + (i * 7919) % 400, key_index=key_index_relpath(shard_relpath(i))
+                         if i % 3 else None) for i in range(j * 2500, (j + 1) * 2500)]
+        leaf = tmp_path / "many" / f"aspect_ratio_{j}_1"
+        leaf.mkdir(parents=True)
+        write_wdinfo(leaf, WdinfoManifest(["image", "caption"], tars, bucket=leaf.name))
+    table = parse_manifests(find_manifests(str(tmp_path / "many"))).tar_files
+    blob = pickle.dumps(table)
+    back = pickle.loads(blob)
+    _same_tables(back, table)
+    assert back.key_indexes.null_count == table.key_indexes.null_count > 0
+    assert len(blob) * 20 < table.nbytes(), (len(blob), table.nbytes())

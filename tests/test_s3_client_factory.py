@@ -1,44 +1,15 @@
-"""One S3 client factory for the whole project (``loader.io.s3_client``)."""
+"""One S3 client factory for the whole project (``loader.io.s3_client``); that nothing else
+makes clients is checked by tests/test_formats_ownership.py."""
 
 from __future__ import annotations
 
 import pickle
-import re
-from pathlib import Path
 
 import pytest
 
 from loader.io.config import StreamConfig
 from loader.io.s3_client import S3AccessError, S3Settings, s3_client, s3_errors
 from tests.support.seaweedfs import SeaweedS3
-
-REPO = Path(__file__).resolve().parents[1]
-PROJECT_DIRS = ("loader", "pid_platform", "examples", "bench")
-FACTORY = Path("loader/io/s3_client.py")
-# Every way boto3 (or dagster-aws) hands out a client or a session.
-MAKERS = re.compile(
-    r"boto3\.(client|resource|Session|session\.Session)\(|\.client\(\s*['\"]s3['\"]|"
-    r"\bget_client\(|\bget_s3_client\(|^\s*import boto3|^\s*from boto3(\.\w+)* import"
-)
-
-
-def test_no_module_outside_the_factory_makes_an_s3_client_or_session() -> None:
-    offenders = []
-    for folder in PROJECT_DIRS:
-        for path in sorted((REPO / folder).rglob("*.py")):
-            rel = path.relative_to(REPO)
-            if rel == FACTORY:
-                continue
-            for n, line in enumerate(path.read_text().splitlines(), 1):
-                if MAKERS.search(line):
-                    offenders.append(f"{rel}:{n}: {line.strip()}")
-    assert offenders == [], "make S3 clients with loader.io.s3_client.s3_client(S3Settings(...)):\n" + "\n".join(offenders)
-
-
-def test_the_grep_catches_a_client_made_by_hand() -> None:
-    for line in ('import boto3', 'c = boto3.client("s3")', 's = boto3.session.Session()', 'x.client("s3", endpoint_url=e)',
-                 'resource.get_client()'):
-        assert MAKERS.search(line), line
 
 
 def test_one_client_per_settings_and_environment(s3_env: SeaweedS3) -> None:

@@ -20,25 +20,23 @@ from pathlib import Path
 
 from loader.formats.atomic import atomic_writer
 from loader.formats.errors import FormatError
+from loader.formats.layout import (  # noqa: F401 - the layout's names, kept importable from here
+    DEFAULT_PART_SIZE,
+    bucket_name,
+    key_index_relpath,
+    shard_relpath,
+)
 
 BLOCK = 512
 RECORD = 20 * BLOCK  # GNU tar's default record size; the archive is padded to a multiple of it
 END_OF_ARCHIVE = 2 * BLOCK
-DEFAULT_PART_SIZE = 1000
 USTAR_NAME_MAX = 100
 MAX_KEY_LEN = 80
 MAX_EXT_LEN = 16
 
 # (name, width, height), in the order PiD lists them.
-ASPECT_BUCKETS: tuple[tuple[str, int, int], ...] = (
-    ("aspect_ratio_21_9", 21, 9),
-    ("aspect_ratio_16_9", 16, 9),
-    ("aspect_ratio_3_2", 3, 2),
-    ("aspect_ratio_4_3", 4, 3),
-    ("aspect_ratio_1_1", 1, 1),
-    ("aspect_ratio_3_4", 3, 4),
-    ("aspect_ratio_2_3", 2, 3),
-    ("aspect_ratio_9_16", 9, 16),
+ASPECT_BUCKETS: tuple[tuple[str, int, int], ...] = tuple(
+    (bucket_name(w, h), w, h) for w, h in ((21, 9), (16, 9), (3, 2), (4, 3), (1, 1), (3, 4), (2, 3), (9, 16))
 )
 BUCKET_NAMES = tuple(b[0] for b in ASPECT_BUCKETS)
 _LOG_RATIOS = tuple((name, math.log(w / h)) for name, w, h in ASPECT_BUCKETS)
@@ -51,18 +49,6 @@ def nearest_bucket(width: int, height: int) -> str:
     r = math.log(width / height)
     # Ties go to the bucket listed first: deterministic and independent of float noise order.
     return min(_LOG_RATIOS, key=lambda item: abs(item[1] - r))[0]
-
-
-def shard_relpath(index: int, part_size: int = DEFAULT_PART_SIZE) -> str:
-    """``part_<NNNNNN>/<NNNNNN>.tar``: the path of shard ``index`` under a modality folder."""
-    if index < 0:
-        raise ValueError(f"shard index must be >= 0, got {index}")
-    return f"part_{index // part_size:06d}/{index:06d}.tar"
-
-
-def key_index_relpath(shard_path: str) -> str:
-    """Where the parquet key index of a shard lives, relative to the bucket leaf."""
-    return f"_key_index/{shard_path[: -len('.tar')]}.parquet"
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")

@@ -20,8 +20,13 @@ import numpy as np
 
 from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError
+from loader.formats.layout import WDINFO_NAME, is_bucket_folder
 
-WDINFO_NAME = "wdinfo.json"
+__all__ = [
+    "FORMAT_VERSION", "WDINFO_NAME", "TarEntry", "WdinfoColumns", "WdinfoManifest", "check_wdinfo",
+    "ROOT_MODES", "derive_chunk_size", "manifest_bucket", "manifest_root", "parse_wdinfo", "read_wdinfo",
+    "rewrite_root", "root_base", "write_wdinfo",
+]
 FORMAT_VERSION = 1
 
 
@@ -85,7 +90,64 @@ class WdinfoManifest:
 def derive_chunk_size(counts: list[int]) -> int:
     # PiD converts "samples read" to "shards read" by dividing by chunk_size; the largest
     # count makes that conversion skip too few shards rather than too many, so none is lost.
+    # A build writes one value, the max over all its buckets, into every manifest: PiD keeps
+    # the *first* manifest's chunk_size for a whole dataset, and whichever comes first is safe.
     return max(counts, default=0)
+
+
+# -- roots -------------------------------------------------------------------------------------
+#
+# "relative" (the default): every manifest's root is ".", its own folder, so a moved or copied
+# output keeps working for our reader. PiD's reader joins root to its working directory, so for
+# a PiD job the roots must be absolute: "absolute" writes the output folder's absolute path, and
+# a URL (s3://bucket/prefix) says where the output folder is (or will be) published.
+
+ROOT_MODES = ("relative", "absolute")
+
+
+def root_base(mode: str, out: str | os.PathLike[str]) -> str | None:
+    """What the roots of a build at ``out`` hang from: None (relative), the absolute path of
+    ``out`` (``"absolute"``), or ``mode`` itself when it is a URL such as ``s3://bucket/prefix``.
+    """
+    if mode == "relative":
+        return None
+    if mode == "absolute":
+        return os.path.abspath(out)
+    scheme = mode.split("://", 1)[0] if "://" in mode else ""
+    if scheme and scheme.isalnum() and scheme != "file" and mode.split("://", 1)[1].strip("/"):
+        if "@" in mode.split("://", 1)[1].split("/", 1)[0] or "?" in mode or "#" in mode:
+            raise FormatError(f"manifest root {mode!r} carries credentials, a query or a fragment; give a plain URL")
+        return mode.rstrip("/")
+    raise FormatError(
+        f"manifest root {mode!r}: use 'relative' (the default), 'absolute' (the output folder's absolute "
+        "path) or the URL the output folder is published at (s3://bucket/prefix)"
+    )
+
+
+def manifest_root(base: str | None, leaf: str) -> str:
+    """The ``root`` of the manifest in ``<out>/<leaf>`` (``leaf`` "" in flat mode) under ``base``."""
+    if base is None:
+        return "."
+    if not leaf:
+        return base
+    return f"{base}/{leaf}" if "://" in base else os.path.join(base, leaf)
+
+
+def rewrite_root(path: str | os.PathLike[str], root: str) -> bool:
+    """Set the ``root`` of the manifest at ``path``, every other field kept as written (also a
+    PiD-written one's); True when it changed. The manifest is checked first, and replaced atomically."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_bytes())
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"{path}: invalid JSON ({exc}); rebuild the manifest") from None
+    check_wdinfo(doc, str(path))
+    if doc.get("root") == root:
+        return False
+    doc = {**doc, "root": root} if "root" in doc else {"root": root, **doc}
+    check_wdinfo(doc, str(path))
+    atomic_write_bytes(path, json.dumps(doc, separators=(",", ":")).encode() + b"\n")
+    return True
 
 
 def write_wdinfo(folder: str | os.PathLike[str], manifest: WdinfoManifest) -> Path:
@@ -236,6 +298,16 @@ def check_wdinfo(doc: Any, origin: str) -> WdinfoColumns:
         tar_bytes=per_tar["tar_bytes"],
         tar_sha256=per_tar["tar_sha256"],
     )
+
+
+def manifest_bucket(doc: Any, folder_name: str) -> str | None:
+    """The aspect bucket a manifest lists: its ``bucket`` field, else (PiD writes none) the name
+    of the folder it lies in when that is a bucket folder. Cheap: read before the full check, so
+    a filter on buckets skips the manifests it leaves out."""
+    bucket = doc.get("bucket") if isinstance(doc, dict) else None
+    if bucket:
+        return bucket
+    return folder_name if is_bucket_folder(folder_name) else None
 
 
 def parse_wdinfo(doc: dict[str, Any], manifest_dir: str | None, origin: str) -> WdinfoManifest:

@@ -1,6 +1,6 @@
 """LeRobot v3 dataset metadata: ``meta/info.json``, ``meta/tasks.parquet``, ``meta/episodes/``.
 
-Read through ``loader.lerobot.fs`` so one reader serves local, ``s3://``, ``http(s)://`` and
+Read through ``loader.io.roots`` so one reader serves local, ``s3://``, ``http(s)://`` and
 ``hf://`` roots. Only metadata is read here; video and data payloads are not touched.
 
 Layout (LeRobot ``src/lerobot/datasets/utils.py``)::
@@ -26,8 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loader.io import StreamConfig
-
-from . import fs
+from loader.io import roots as fs
 
 __all__ = [
     "DEFAULT_DATA_PATH",

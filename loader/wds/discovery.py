@@ -20,8 +20,9 @@ import pyarrow as pa
 
 from loader.formats.catalog import CATALOG_NAME, Catalog, parse_catalog, read_catalog
 from loader.formats.errors import FormatError
+from loader.formats.layout import STATE_DIR
 from loader.formats.version_pointer import POINTER_NAME, parse_pointer
-from loader.formats.wdinfo import WDINFO_NAME, check_wdinfo
+from loader.formats.wdinfo import WDINFO_NAME, check_wdinfo, manifest_bucket
 from loader.wds.errors import ManifestError
 from loader.wds.schema import ShardTable, Wdinfo, join_url
 
@@ -54,7 +55,7 @@ def _find_one(spec: str, catalog: str | None) -> list[str]:
         return _follow_pointer(os.path.abspath(spec))
     if os.path.isdir(spec):
         hits = sorted(glob.glob(os.path.join(spec, "**", WDINFO_NAME), recursive=True))
-        hits = [h for h in hits if ".pid-build" not in h.split(os.sep)]
+        hits = [h for h in hits if STATE_DIR not in h.split(os.sep)]
         if not hits:
             raise ManifestError(f"no {WDINFO_NAME} under folder {spec}; build it first (pid-shard or Dagster)")
         return [os.path.abspath(h) for h in hits]
@@ -164,10 +165,7 @@ def _url_join_norm(base: str, rel: str) -> str:
 
 
 def _bucket_of(doc: dict, path: str) -> str | None:
-    if doc.get("bucket"):
-        return doc["bucket"]
-    leaf = _manifest_dir(path).rstrip("/").rsplit("/", 1)[-1]
-    return leaf if leaf.startswith("aspect_ratio_") else None  # PiD's bucket folders
+    return manifest_bucket(doc, _manifest_dir(path).rstrip("/").rsplit("/", 1)[-1])
 
 
 class _Columns:
@@ -185,6 +183,7 @@ class _Columns:
         self.key_indexes: list[pa.Array] = []
         self.dirs: dict[str, int] = {}
         self.dir_ids: list[np.ndarray] = []
+        self.pid_names: list[np.ndarray] = []  # per manifest: PiD-written (no format_version)?
         self.chunk_size = 0
         self.keep_sha256 = keep_sha256
         self.sha256: list[tuple[int, dict[str, list]]] = []  # per manifest: (tars, modality -> digests)
@@ -232,6 +231,7 @@ class _Columns:
                 self.checksums.update(f"{len(self.counts)}:{m}:".encode())
                 self.checksums.update("\n".join(d or "" for d in digests).encode())
                 self.any_checksum = True
+        self.pid_names.append(np.full(n, cols.format_version == 0, dtype=bool))
         self.paths.append(pa.array(cols.data_list, pa.string()))
         self.counts.append(counts)
         self.key_indexes.append(key_index)
@@ -264,6 +264,7 @@ class _Columns:
             list(self.sources), cat(self.source_ids, np.int32), list(self.buckets), cat(self.bucket_ids, np.int32),
             list(self.dirs), cat(self.dir_ids, np.int32), sha256=self._sha256_columns(),
             checksums_digest=self.checksums.hexdigest() if self.any_checksum else "",
+            pid_names=cat(self.pid_names, bool) if any(a.any() for a in self.pid_names) else None,
         )
 
 

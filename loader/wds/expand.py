@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from itertools import zip_longest
 from typing import Any
 
+from loader.formats.errors import FormatError
+from loader.formats.pid_names import split_pid_member_name
 from loader.io.config import StreamStats
 from loader.wds.errors import CountMismatchError, MissingKeyError, ShardReadError, TwinMismatchError
 from loader.wds.members import iter_members, split_key
@@ -92,30 +94,24 @@ def _read_index(shard: TarSample, modalities: tuple[str, ...], offsets: bool = T
     ``offsets=False``: keys only (the offset columns cost as much again to decode), for a reader
     that starts at the shard's first sample anyway.
     """
-    import pyarrow.parquet as pq
-
+    from loader.formats.key_index import read_key_columns
     from loader.wds.members import open_stream
 
     if not shard.key_index:
         return None
-    import pyarrow as pa
-
     with open_stream(shard.key_index) as fh:
         data = fh.read()  # small, and parquet wants to seek: remote streams do not
-    # ParquetFile.read, only the columns used, one thread: ~4x cheaper than read_table (the
-    # datasets layer and a thread pool cost more than the decode of a few hundred rows).
-    pf = pq.ParquetFile(pa.BufferReader(data))
-    cols = set(pf.schema_arrow.names) if offsets else set()
-    table = pf.read(columns=["key", *(f"offset.{m}" for m in modalities if f"offset.{m}" in cols)],
-                    use_threads=False)
-    keys = table.column("key").to_pylist()
+    try:
+        index = read_key_columns(data, modalities, offsets=offsets, origin=shard.key_index)
+    except FormatError as exc:
+        raise ShardReadError(f"shard {shard.path}: {exc}") from None
+    keys = index.keys
     if len(keys) != shard.sample_count:
         raise CountMismatchError(
             f"shard {shard.path}: its key index {shard.key_index} lists {len(keys)} samples, the manifest "
             f"counts {shard.sample_count}; rebuild the manifest or the shard, or set shard_error_policy='skip'"
         )
-    offsets = {m: table.column(f"offset.{m}").to_pylist() for m in modalities if f"offset.{m}" in cols}
-    return keys, offsets
+    return keys, index.offsets
 
 
 def _checksum(shard: TarSample, modality: str, opts: ExpandOptions) -> str | None:
@@ -149,6 +145,7 @@ def _zip_members(shard: TarSample, task: Task, modalities: tuple[str, ...], opts
     # The task that reads a shard's last sample also reads on to the tar's end: a member past
     # the manifest's count is an error, not a sample silently never served.
     to_the_end = verify or task.ranges[-1][1] >= shard.sample_count
+    split = split_pid_member_name if shard.pid_names else split_key  # PiD-written: PiD's keys
     for tup in zip_longest(*iters):
         if nxt is None and not to_the_end:
             return
@@ -164,7 +161,7 @@ def _zip_members(shard: TarSample, task: Task, modalities: tuple[str, ...], opts
                 f"shard {shard.path}: tars of {lack} end at member {pos} while {have} go on "
                 f"({shard.url(lack[0])} vs {shard.url(have[0])}); rebuild the shard or use mode='index'"
             )
-        keys = [split_key(name) for name, _ in tup]
+        keys = [split(name) for name, _ in tup]
         k0 = keys[0][0]
         for m, (k, _) in zip(modalities[1:], keys[1:], strict=True):
             if k != k0:

@@ -6,9 +6,13 @@ import os
 import uuid
 from pathlib import Path
 
+from loader.formats.layout import STATE_DIR
 from pid_platform.build.errors import OutputNotWritableError
 
-STATE_DIR = ".pid-build"  # stamps and intermediate tables; not part of the output contract
+__all__ = [
+    "PROBE_PREFIX", "STATE_DIR", "bucket_dir", "ensure_writable", "final_dir", "sha_cache_path", "stamp_path",
+]
+
 PROBE_PREFIX = ".write-probe-"
 
 

@@ -10,18 +10,18 @@ a finishing holder had just deleted, and tries again).
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from loader.formats.layout import lock_name
+from loader.io.locks import flock_held, read_lock_holder
 from pid_platform.build.errors import BuildError, OutputNotWritableError
 from pid_platform.build.layout import final_dir
 
 # Steps nest (build_source calls every run_* step): the process keeps one lock per folder.
-_held: dict[Path, tuple[int, int]] = {}
+_held: dict[Path, int] = {}
 
 
 class BuildInProgressError(BuildError):
@@ -31,59 +31,39 @@ class BuildInProgressError(BuildError):
 def lock_path(out: str | os.PathLike[str]) -> Path:
     # Lock what is staged: ``out`` and a link to it stage in one folder, so they share one lock.
     final = final_dir(out)
-    return final.parent / f".{final.name}.pid-lock"
+    return final.parent / lock_name(final.name)
 
 
 @contextmanager
 def build_lock(out: str | os.PathLike[str]) -> Iterator[None]:
     path = lock_path(out)
     if path in _held:
-        fd, depth = _held[path]
-        _held[path] = (fd, depth + 1)
+        _held[path] += 1
         try:
             yield
         finally:
-            fd, depth = _held[path]
-            _held[path] = (fd, depth - 1)
+            _held[path] -= 1
         return
-    fd = _acquire(path, out)
-    _held[path] = (fd, 1)
-    try:
-        yield
-    finally:
-        del _held[path]
-        # Delete before letting go: a taker that opened the file meanwhile either finds it still
-        # locked (and names this build) or, once it holds it, sees the name gone and retries.
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        os.close(fd)  # closing the descriptor releases the flock
 
+    def in_progress() -> BuildInProgressError:
+        holder = read_lock_holder(path)[:64] or "unknown"
+        return BuildInProgressError(
+            f"another build of {Path(out)} is running (pid {holder}); wait for it to finish. The lock "
+            f"is released when that process exits, so {path} never needs deleting by hand"
+        )
 
-def _acquire(path: Path, out: str | os.PathLike[str]) -> int:
-    while True:
+    # No waiting: a second build stops at once. The file exists only while a build step runs:
+    # deleted before the lock goes (a taker that opened it meanwhile sees the name gone and retries).
+    with ExitStack() as stack:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            stack.enter_context(flock_held(path, holder=str(os.getpid()), busy=in_progress, timeout_s=0, remove=True))
         except OSError as exc:
             raise OutputNotWritableError(
                 f"output folder {out} is not writable ({exc.strerror or exc}); "
                 "choose another --output-dir or fix its permissions"
             ) from None
+        _held[path] = 1
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise BuildInProgressError(
-                f"another build of {Path(out)} is running (pid {holder}); wait for it to finish. The lock "
-                f"is released when that process exits, so {path} never needs deleting by hand"
-            ) from None
-        try:
-            same = os.path.samestat(os.fstat(fd), os.stat(path))
-        except FileNotFoundError:
-            same = False
-        if same:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
-            return fd
-        os.close(fd)  # the previous holder deleted this file as we opened it: take the new one
+            yield
+        finally:
+            del _held[path]

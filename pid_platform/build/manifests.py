@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ import pyarrow.parquet as pq
 from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError
 from loader.formats.key_index import KeyIndexRow, key_index_table, write_key_index
+from loader.formats.layout import BUILD_OUTPUT_PATH
 from loader.formats.twin_tar import (
     file_sha256,
     iter_member_headers,
@@ -26,6 +26,7 @@ from loader.formats.wdinfo import (
     TarEntry,
     WdinfoManifest,
     derive_chunk_size,
+    manifest_root,
     write_wdinfo,
 )
 from pid_platform.build.layout import STATE_DIR, bucket_dir, sha_cache_path
@@ -97,8 +98,15 @@ class BucketManifest:
     manifest: WdinfoManifest
 
 
-def write_manifests(out: Path, source: str, plans: list[ShardPlan], num_workers: int = 1) -> list[BucketManifest]:
-    """One wdinfo.json per bucket leaf, each written after all the tars and indexes it lists."""
+def write_manifests(out: Path, source: str, plans: list[ShardPlan], num_workers: int = 1,
+                    root_base: str | None = None) -> list[BucketManifest]:
+    """One wdinfo.json per bucket leaf, each written after all the tars and indexes it lists.
+
+    ``root_base`` (``wdinfo.root_base``): None writes relative roots (``"."``); else each root is
+    ``<root_base>/<bucket>``, where the published output folder is. Every manifest gets the
+    build's one ``chunk_size``, the largest count of any tar: safe whichever manifest PiD reads first.
+    """
+    chunk_size = derive_chunk_size([len(p.samples) for p in plans])
     shas = list(ordered_map(_hash_one, [(out, p) for p in plans], num_workers, threads=True))
     by_bucket: dict[str, list[tuple[ShardPlan, dict[str, str]]]] = defaultdict(list)
     for p, sha in zip(plans, shas, strict=True):
@@ -113,22 +121,12 @@ def write_manifests(out: Path, source: str, plans: list[ShardPlan], num_workers:
             entries.append(TarEntry(p.relpath, len(p.samples), {m: p.tar_bytes(m) for m in p.modalities}, sha, idx))
         modalities = list(by_bucket[bucket][0][0].modalities)
         manifest = WdinfoManifest(
-            data_keys=modalities, tars=entries, root=".",
-            chunk_size=derive_chunk_size([e.count for e in entries]),
+            data_keys=modalities, tars=entries, root=manifest_root(root_base, bucket), chunk_size=chunk_size,
             bucket=bucket or None, source=source,
         )
         path = write_wdinfo(bucket_dir(out, bucket), manifest)
         written.append(BucketManifest(bucket, path, manifest))
     return written
-
-
-# Paths (relative to the output folder) of the files a build writes. Anything else under the
-# output folder - another source's output, a user's files - is never touched.
-_BUCKET = r"(?:aspect_ratio_\d+_\d+/)?"
-_SHARD = r"part_\d{6,}/\d{6,}"  # shard_relpath: six digits, more past a million
-_OWNED = re.compile(
-    rf"^{_BUCKET}(?:[^/]+/{_SHARD}\.tar|_key_index/{_SHARD}\.parquet|{re.escape(WDINFO_NAME)})$"
-)
 
 
 def is_build_output(out: Path, path: Path) -> bool:
@@ -137,7 +135,7 @@ def is_build_output(out: Path, path: Path) -> bool:
         rel = path.relative_to(out).as_posix()
     except ValueError:
         return False
-    return _OWNED.match(rel) is not None
+    return BUILD_OUTPUT_PATH.match(rel) is not None
 
 
 def remove_unplanned(out: Path, plans: list[ShardPlan]) -> list[Path]:

@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import TypeVar
 
 from loader.formats.atomic import atomic_write_bytes
-from loader.formats.wdinfo import WDINFO_NAME
+from loader.formats.errors import FormatError
+from loader.formats.wdinfo import WDINFO_NAME, root_base
 from pid_platform.build import publish
 from pid_platform.build.intake import IntakeReport, Sample, intake
 from pid_platform.build.intake_cache import CACHE_NAME, IntakeCache
 from pid_platform.build.layout import bucket_dir, final_dir
 from pid_platform.build.lock import build_lock
+from pid_platform.build.manifest_roots import rewrite_manifest_roots
 from pid_platform.build.manifests import (
     BucketManifest,
     remove_unplanned,
@@ -214,12 +216,25 @@ def run_key_indexes(out: Path, *, num_workers: int) -> tuple[ShardingConfig, lis
     return config, plans, write_key_indexes(staging, plans, num_workers=num_workers)
 
 
+def refuse_roots_on_s3(manifest_root: str, publish_to: S3Output | None) -> None:
+    """A version's folder is named after its manifests' content, so no root written into them
+    can name it: an S3 output keeps relative roots, resolved inside the version the pointer names."""
+    if publish_to is not None and manifest_root != "relative":
+        raise FormatError(
+            f"manifest root {manifest_root!r}: the manifests of an s3:// output keep relative roots (each version "
+            f"lives under {publish_to}/versions/<id>/, named after them); read it through its pointer or catalog"
+        )
+
+
 @build_step
 def run_manifests(
-    out: Path, source: str, *, num_workers: int, publish_to: S3Output | None = None,
-    before_switch: Callable[[], None] | None = None,
+    out: Path, source: str, *, num_workers: int, manifest_root: str = "relative",
+    publish_to: S3Output | None = None, before_switch: Callable[[], None] | None = None,
 ) -> tuple[ShardingConfig, list[BucketManifest], list[Path]]:
     """wdinfo.json per bucket into the staging folder, then the commit that publishes it as ``out``.
+
+    ``manifest_root``: ``"relative"`` roots (``"."``), ``"absolute"`` (the published folder's
+    absolute path, which PiD's reader needs) or the URL the output is published at (``s3://...``).
 
     ``publish_to``: ``out`` is the local work folder of an S3 output; the staged version is
     published there first (new version prefix, manifests last, then the pointer: the commit
@@ -227,11 +242,13 @@ def run_manifests(
     Returns the manifests (at their published paths) and the files of the previous version the
     new one dropped.
     """
+    base = root_base(manifest_root, final_dir(out))  # refused before anything is written
+    refuse_roots_on_s3(manifest_root, publish_to)
     staging = publish.begin(out)
     config = load_sharding_config(staging)
     plans = load_plans(staging, config)
     remove_unplanned(staging, plans)  # an earlier, unfinished build may have left other shards
-    manifests = write_manifests(staging, source, plans, num_workers=num_workers)
+    manifests = write_manifests(staging, source, plans, num_workers=num_workers, root_base=base)
     save_outputs(staging, plans)  # what a later no-op rebuild checks the published files against
     if publish_to is not None:
         publish_version(staging, publish_to, num_workers=num_workers, before_switch=before_switch)
@@ -257,7 +274,8 @@ def _committed_summary(source: str, out: Path, result: IntakeResult) -> BuildSum
 def build_source(
     store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int = 1,
     trust_pickle: bool = False, progress: Callable[[int, int], None] | None = None, force: bool = False,
-    validate: str = VALIDATE_FULL, revalidate: bool = False, publish_to: S3Output | None = None,
+    validate: str = VALIDATE_FULL, revalidate: bool = False, manifest_root: str = "relative",
+    publish_to: S3Output | None = None,
 ) -> BuildSummary:
     """Intake -> twin tars -> key indexes -> wdinfo.json for one source, written under ``out``.
 
@@ -268,9 +286,13 @@ def build_source(
     call ``s3_output.check_writable`` first to stop before any work if the bucket refuses.
     """
     out = Path(out)
+    root_base(manifest_root, final_dir(out))  # a bad manifest root is refused before any work
+    refuse_roots_on_s3(manifest_root, publish_to)
     result = run_intake(store, source, out, config, trust_pickle=trust_pickle, num_workers=num_workers,
                         force=force, validate=validate, revalidate=revalidate, stop_if_up_to_date=True)
     if result.up_to_date:
+        # Nothing to rebuild; the roots alone may be asked otherwise than committed.
+        rewrite_manifest_roots(out, manifest_root)
         summary = _committed_summary(source, out, result)
         if publish_to is not None:
             # Up to date here; make sure the bucket serves this version too (a no-op when it does).
@@ -279,7 +301,8 @@ def build_source(
         return summary
     _, results = run_sharding(store, source, out, config, num_workers=num_workers, progress=progress)
     run_key_indexes(out, num_workers=num_workers)
-    _, manifests, removed = run_manifests(out, source, num_workers=num_workers, publish_to=publish_to)
+    _, manifests, removed = run_manifests(out, source, num_workers=num_workers, manifest_root=manifest_root,
+                                          publish_to=publish_to)
     published = None
     if publish_to is not None:
         pointer = read_pointer(publish_to)

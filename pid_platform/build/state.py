@@ -74,6 +74,19 @@ def save_outputs(folder: Path, plans: list[ShardPlan]) -> Path:
     return path
 
 
+def refresh_outputs(folder: Path, rels: list[str]) -> None:
+    """Record new checksums for ``rels`` (files of ``folder`` changed on purpose after its commit,
+    such as manifests whose roots were rewritten), so the version still counts as intact."""
+    path = state_dir(folder) / OUTPUTS
+    try:
+        recorded = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return  # no record (not a build's output, or an older one): nothing to keep in step
+    fresh = {**recorded, **{rel: _file_sha256(folder / rel) for rel in rels if rel in recorded}}
+    if fresh != recorded:
+        atomic_write_bytes(path, json.dumps(fresh, sort_keys=True, indent=0).encode())
+
+
 def _outputs_intact(folder: Path, plans: list[ShardPlan]) -> bool:
     try:
         recorded = json.loads((state_dir(folder) / OUTPUTS).read_bytes())

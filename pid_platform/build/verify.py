@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from loader.formats.key_index import read_key_index
+from loader.formats.key_index import read_key_columns
 from loader.formats.twin_tar import file_sha256, iter_member_headers, split_member_name, tar_path
-from loader.formats.wdinfo import read_wdinfo
+from loader.formats.wdinfo import WDINFO_NAME, read_wdinfo
 from pid_platform.build.layout import bucket_dir
 from pid_platform.build.plan import ShardingConfig, ShardPlan, is_oversize_singleton
 
@@ -40,15 +41,28 @@ def size_bound_violations(out: Path, plans: list[ShardPlan], config: ShardingCon
     return problems
 
 
+def _root_problem(path: Path, root: str, leaf: Path) -> list[str]:
+    """A local root (relative, or absolute as for PiD) must name the manifest's folder, where the
+    build's layout puts the tars; a URL root names where the output is published, not checked here."""
+    if "://" in root:
+        return []
+    where = Path(root) if os.path.isabs(root) else leaf / root
+    if where.is_dir() and os.path.samefile(where, leaf):
+        return []
+    return [f"{path}: root {root!r} does not name the manifest's folder {leaf}; "
+            "rewrite it (pid-rewrite-roots) or rebuild"]
+
+
 def manifest_mismatches(out: Path, buckets: list[str]) -> list[str]:
     problems = []
     for b in buckets:
-        path = bucket_dir(out, b) / "wdinfo.json"
+        path = bucket_dir(out, b) / WDINFO_NAME
         if not path.is_file():
             problems.append(f"{path}: missing")
             continue
         man = read_wdinfo(path)
-        root = Path(man.root_path())
+        root = bucket_dir(out, b)  # the layout: tars beside the manifest, whatever root says
+        problems += _root_problem(path, man.root, root)
         for t in man.tars:
             for m in man.data_keys:
                 tp = root / m / t.path
@@ -69,20 +83,24 @@ def key_index_mismatches(out: Path, buckets: list[str]) -> list[str]:
     """Each listed key index must name every tar member in order, with its exact offset and size."""
     problems = []
     for b in buckets:
-        path = bucket_dir(out, b) / "wdinfo.json"
+        path = bucket_dir(out, b) / WDINFO_NAME
         man = read_wdinfo(path)
-        root = Path(man.root_path())
+        root = bucket_dir(out, b)
         for t in man.tars:
             if t.key_index is None:
                 problems.append(f"{path}: {t.path} lists no key index")
                 continue
-            idx = read_key_index(Path(man.manifest_dir or ".") / t.key_index).to_pydict()
+            idx = read_key_columns(Path(man.manifest_dir or ".") / t.key_index, man.data_keys,
+                                   members=True, sizes=True)
             for m in man.data_keys:
                 headers = iter_member_headers(root / m / t.path)
-                listed = list(zip(idx[f"member.{m}"], idx[f"offset.{m}"], idx[f"size.{m}"], strict=True))
+                if not (m in idx.members and m in idx.offsets and m in idx.sizes):
+                    problems.append(f"{t.key_index}: no member/offset/size columns for {m}")
+                    continue
+                listed = list(zip(idx.members[m], idx.offsets[m], idx.sizes[m], strict=True))
                 if listed != [tuple(h) for h in headers]:
                     problems.append(f"{t.key_index}: {m} members/offsets/sizes differ from {root / m / t.path}")
-            keys = [split_member_name(n)[0] for n in idx[f"member.{man.data_keys[0]}"]]
-            if keys != idx["key"]:
+            keys = [split_member_name(n)[0] for n in idx.members.get(man.data_keys[0], [])]
+            if keys != idx.keys:
                 problems.append(f"{t.key_index}: key column differs from the member names")
     return problems

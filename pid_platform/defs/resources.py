@@ -139,6 +139,19 @@ class ShardingResource(dg.ConfigurableResource):
                                description="Allow embeddings that need pickle to load (trusted data only).")
     datasets: dict[str, list[str]] = Field(default_factory=dict,
                                            description="Logical dataset name -> its sources, for the catalog.")
+    manifest_root: str = Field(
+        default="relative",
+        description="Root written into each wdinfo.json: 'relative' (the manifest's folder; moved data keeps "
+        "working), 'absolute' (the source output folder's absolute path, which PiD's reader needs) or the URL "
+        "the output root is published at (s3://bucket/prefix; a source's roots go below <URL>/<source>).",
+    )
+
+    def manifest_root_of(self, source: str) -> str:
+        """The manifest-root mode of one source's build: a URL names the output root, so a source's
+        output folder is ``<URL>/<source>``."""
+        if "://" in self.manifest_root:
+            return f"{self.manifest_root.rstrip('/')}/{source}"
+        return self.manifest_root
 
     def config(self) -> ShardingConfig:
         return ShardingConfig(

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from loader.lerobot import fs
+from loader.io import roots as fs
 from loader.lerobot.meta import LeRobotMeta
 from loader.lerobot.mp4 import index_mp4
 from loader.lerobot.sidecar import ARRAY_NAMES, SidecarManifest

@@ -22,7 +22,7 @@ import numpy as np
 
 from loader.formats.atomic import atomic_writer
 from loader.io import StreamConfig
-from loader.lerobot import fs
+from loader.io import roots as fs
 from loader.lerobot.mp4 import index_mp4
 
 from .errors import SidecarBuildError

@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 from loader.formats.atomic import atomic_writer
 from loader.io import StreamConfig, open_url
-from loader.lerobot import fs
+from loader.io import roots as fs
 from loader.lerobot.sidecar.publish_layout import (
     SIDECAR_BRANCH,
     SIDECAR_DIR,

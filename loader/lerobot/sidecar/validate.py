@@ -7,7 +7,7 @@ import re
 from typing import TYPE_CHECKING
 
 from loader.io import StreamConfig
-from loader.lerobot import fs
+from loader.io import roots as fs
 
 from .build import needed_video_files
 from .errors import SidecarError

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from loader.io import StreamConfig
-from loader.lerobot import fs
+from loader.io import roots as fs
 from loader.lerobot.meta import LeRobotMeta
 from loader.lerobot.sidecar import CompactIndex, SidecarError, ensure_sidecar, validate_sidecar
 from loader.lerobot.sidecar.ensure import sidecar_cache_path

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from loader.lerobot import fs
+from loader.io import roots as fs
 from loader.lerobot.meta import EpisodeInfo, LeRobotMeta
 
 from .ranges import RangeFetcher

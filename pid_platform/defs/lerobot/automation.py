@@ -5,7 +5,7 @@ import json
 
 import dagster as dg
 
-from loader.lerobot import fs
+from loader.io import roots as fs
 from pid_platform.defs.lerobot.assets import SIDECAR_CODE_VERSION
 from pid_platform.defs.lerobot.partitions import LEROBOT_DATASETS, lerobot_datasets_partitions
 from pid_platform.defs.lerobot.pools import apply_pool_limits

@@ -27,7 +27,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from loader.lerobot import fs
+from loader.io import roots as fs
 from pid_platform.build.s3_output import default_work_root, is_s3_url, refuse_other_urls
 from pid_platform.lerobot.publish import PublishTarget, parse_target
 

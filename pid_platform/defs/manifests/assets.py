@@ -4,7 +4,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from loader.formats.wdinfo import read_wdinfo
+from loader.formats.wdinfo import WDINFO_NAME, read_wdinfo
 from pid_platform.build.catalog import build_catalog, build_s3_catalog
 from pid_platform.build.layout import bucket_dir
 from pid_platform.build.manifests import BucketManifest
@@ -49,7 +49,7 @@ def _committed_manifests(out: Path, source: str) -> tuple[ShardingConfig, list[B
     config, plans = built_plans(out)
     buckets = sorted({p.bucket for p in plans})
     _verified_or_fail(manifest_mismatches(out, buckets), "manifests", source)
-    found = [BucketManifest(b, bucket_dir(out, b) / "wdinfo.json", read_wdinfo(bucket_dir(out, b) / "wdinfo.json"))
+    found = [BucketManifest(b, bucket_dir(out, b) / WDINFO_NAME, read_wdinfo(bucket_dir(out, b) / WDINFO_NAME))
              for b in buckets]
     return config, found, []
 
@@ -135,6 +135,7 @@ def wdinfo_manifests(
             state = "committed"
         else:
             config, manifests, removed = run_manifests(out, source, num_workers=sharding.num_workers,
+                                                       manifest_root=sharding.manifest_root_of(source),
                                                        publish_to=target)
             state = "committed now"
         pointer = read_pointer(target) if target is not None else None
