@@ -168,3 +168,10 @@ def test_an_output_url_of_another_scheme_is_refused(raw_root: Path, tmp_path: Pa
         shard(str(raw_root / SOURCE), "gs://bucket/photos", tmp_path / "work")
     assert info.value.code == 2 and "gs:// is not a place builds are written to" in capsys.readouterr().err
     assert [p.name for p in tmp_path.iterdir()] == ["raw"]
+
+
+def test_an_s3_output_keeps_relative_manifest_roots(s3_env: SeaweedS3, raw_root: Path, tmp_path: Path, capsys) -> None:
+    bucket = s3_env.make_bucket("s3out-roots")
+    assert shard(str(raw_root / SOURCE), f"s3://{bucket}/photos", tmp_path / "work", "--manifest-root", "absolute") == 2
+    assert "the manifests of an s3:// output keep relative roots" in capsys.readouterr().err
+    assert keys(s3_env.client(), bucket) == []
