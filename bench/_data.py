@@ -2,7 +2,7 @@
 
 * :func:`twin_dataset` - a built twin-tar dataset (image / caption / umt5) of about ``samples``
   samples, made from scikit-image's photographs (``pid_platform.sample_data``) replicated under new
-  names, built with ``pid_platform.build.pipeline.build_source``; cached in the work folder.
+  names, built with ``pid_platform.sharding.pipeline.build_source``; cached in the work folder.
 * :func:`combined_tars` - the same shards as *one* plain WebDataset tar each (members
   ``<key>.image.<ext>``, ``<key>.caption.json``, ``<key>.umt5.npy`` in sample order, the same bytes).
 * :func:`warm` - read files once so the page cache is warm for every contender.
@@ -36,10 +36,10 @@ def _mark(folder: Path, stamp: dict) -> None:
 
 def twin_dataset(work: Path, samples: int, shard_mb: float, *, num_workers: int = 2, log=print) -> Path:
     """Output folder of a build (``<out>/<bucket>/<modality>/part_*/*.tar`` + wdinfo.json)."""
-    from pid_platform.build.pipeline import build_source
-    from pid_platform.build.plan import ShardingConfig
-    from pid_platform.build.storage import open_source_store
     from pid_platform.sample_data import make_sample_source
+    from pid_platform.sharding.pipeline import build_source
+    from pid_platform.sharding.shard_plan import ShardingConfig
+    from pid_platform.sharding.storage import open_source_store
 
     stamp = {"v": DATA_VERSION, "samples": samples, "shard_mb": shard_mb}
     folder = work / f"twin-n{samples}-s{shard_mb:g}"

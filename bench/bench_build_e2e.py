@@ -55,15 +55,15 @@ from collections import defaultdict
 from pathlib import Path
 
 from loader.formats.twin_tar import nearest_bucket
-from pid_platform.build.pipeline import (
+from pid_platform.sharding.pipeline import (
     build_source,
     run_intake,
     run_key_indexes,
     run_manifests,
     run_sharding,
 )
-from pid_platform.build.plan import ShardingConfig
-from pid_platform.build.storage import LocalSourceStore
+from pid_platform.sharding.shard_plan import ShardingConfig
+from pid_platform.sharding.storage import LocalSourceStore
 
 SOURCE = "e2e"
 DROP_VERSION = 1
@@ -186,7 +186,7 @@ def _cpu() -> float:
 
 def check_rates(src: Path) -> list[str]:
     """One core's speed at each validation level: every image checked in this thread."""
-    from pid_platform.build.validate import check_image
+    from pid_platform.sharding.file_checks import check_image
 
     datas = [Path(e.path).read_bytes() for e in sorted(os.scandir(src / "image"), key=lambda e: e.name)]
     mb = sum(map(len, datas)) / 1e6

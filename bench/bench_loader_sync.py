@@ -6,7 +6,7 @@
 
 Data: scikit-image's photographs (``pid_platform.sample_data``; JPEG and PNG, ~110 KB on average),
 a JSON caption and a float16 ``.npy`` embedding each, replicated under new names up to
-``--samples`` and built into twin tars by ``pid_platform.build.pipeline.build_source`` (aspect
+``--samples`` and built into twin tars by ``pid_platform.sharding.pipeline.build_source`` (aspect
 buckets, ``--shard-mb`` per shard, parquet key indexes, wdinfo.json). For the peer, every shard's
 three twin tars are merged into ONE plain tar (members ``<key>.image.<ext>``, ``<key>.caption.json``,
 ``<key>.umt5.npy``, sample after sample, the same bytes). Both sides read the same shards, in the

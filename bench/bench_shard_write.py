@@ -10,7 +10,7 @@ embeddings is generated once and cached in the work folder. Intake and planning 
 untimed. Then, over the same planned shards, each contender writes every tar of every shard into
 a fresh output folder:
 
-* ``ours, 1 worker``  - ``pid_platform.build.writer.write_shards(num_workers=1)``
+* ``ours, 1 worker``  - ``pid_platform.sharding.writer.write_shards(num_workers=1)``
 * ``ours, 2 workers`` - the same with ``num_workers=2``
 * ``GNU tar -cf``     - one ``tar -cf <tar> -C <modality folder> -T <list>`` per tar, run one
   after another, with the same member names in the same order (headers normalised with
@@ -49,10 +49,10 @@ import zlib
 from pathlib import Path
 
 from loader.formats.twin_tar import iter_member_headers, tar_path
-from pid_platform.build.intake import intake
-from pid_platform.build.plan import ShardingConfig, ShardPlan, plan_shards
-from pid_platform.build.storage import LocalSourceStore
-from pid_platform.build.writer import write_shards
+from pid_platform.sharding.intake import intake
+from pid_platform.sharding.shard_plan import ShardingConfig, ShardPlan, plan_shards
+from pid_platform.sharding.storage import LocalSourceStore
+from pid_platform.sharding.writer import write_shards
 
 # numpy, Pillow and the photographs are imported only to generate the drop: worker processes
 # (forkserver) re-import this file, and their start-up should cost what it costs in a build.

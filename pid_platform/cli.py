@@ -16,10 +16,10 @@ from pathlib import Path
 from loader.formats.errors import FormatError
 from loader.formats.twin_tar import DEFAULT_PART_SIZE, SourceChangedError
 from loader.io.s3_client import S3Settings
-from pid_platform.build.errors import BuildError, OutputNotWritableError
-from pid_platform.build.pipeline import BuildSummary, build_source
-from pid_platform.build.plan import ShardingConfig
-from pid_platform.build.s3_output import (
+from pid_platform.sharding.errors import BuildError, OutputNotWritableError
+from pid_platform.sharding.file_checks import VALIDATE_FULL, VALIDATE_LEVELS
+from pid_platform.sharding.pipeline import BuildSummary, build_source
+from pid_platform.sharding.s3_output import (
     WORK_ROOT_ENV,
     S3Output,
     check_writable,
@@ -27,8 +27,8 @@ from pid_platform.build.s3_output import (
     refuse_other_urls,
     work_dir,
 )
-from pid_platform.build.storage import SourceStore, open_source_store
-from pid_platform.build.validate import VALIDATE_FULL, VALIDATE_LEVELS
+from pid_platform.sharding.shard_plan import ShardingConfig
+from pid_platform.sharding.storage import SourceStore, open_source_store
 
 EXIT_BUILD_ERROR = 2  # argparse also exits 2 on bad arguments: "your input is wrong"
 MAX_EXAMPLES_SHOWN = 3
@@ -307,7 +307,7 @@ def rewrite_roots_parser() -> argparse.ArgumentParser:
 
 
 def rewrite_roots_main(argv: Sequence[str] | None = None) -> int:
-    from pid_platform.build.manifest_roots import rewrite_manifest_roots
+    from pid_platform.sharding.manifest_roots import rewrite_manifest_roots
 
     args = rewrite_roots_parser().parse_args(argv)
     try:

@@ -31,7 +31,6 @@ import dagster as dg
 
 from loader.formats.wdinfo import WDINFO_NAME, read_wdinfo
 from loader.lerobot.sidecar import read_sidecar
-from pid_platform.build.layout import STATE_DIR
 from pid_platform.definitions import defs as load_defs
 from pid_platform.defs.lerobot.automation import lerobot_sidecar_job
 from pid_platform.defs.lerobot.partitions import LEROBOT_DATASETS
@@ -40,6 +39,7 @@ from pid_platform.defs.partitions import SOURCES
 from pid_platform.defs.pools import apply_pool_limits
 from pid_platform.sample_data import PHOTOS, make_sample_source
 from pid_platform.sample_lerobot import write_v3_dataset
+from pid_platform.sharding.layout import STATE_DIR
 from pid_platform.workspace_runs import WorkspaceRuns, open_workspace_runs
 
 # A portrait-only source: a second partition, different buckets, quick to build.

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from loader.formats.twin_tar import sanitize_key, tar_path
-from pid_platform.build.errors import NoSamplesError, OutputNotWritableError, UnsafeInputError
-from pid_platform.build.layout import STATE_DIR
+from pid_platform.sharding.errors import NoSamplesError, OutputNotWritableError, UnsafeInputError
+from pid_platform.sharding.layout import STATE_DIR
 from tests.support.build_data import (
     CLEAN_SAMPLES,
     SOURCE,

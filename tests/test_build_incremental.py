@@ -14,13 +14,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pid_platform.build.intake_cache import CACHE_NAME, IntakeCache
-from pid_platform.build.layout import STATE_DIR
-from pid_platform.build.pipeline import build_source
-from pid_platform.build.plan import ShardingConfig
-from pid_platform.build.publish import staging_dir
-from pid_platform.build.storage import open_source_store
-from pid_platform.build.validate import stem_of
+from pid_platform.sharding.file_checks import stem_of
+from pid_platform.sharding.intake_cache import CACHE_NAME, IntakeCache
+from pid_platform.sharding.layout import STATE_DIR
+from pid_platform.sharding.pipeline import build_source
+from pid_platform.sharding.shard_plan import ShardingConfig
+from pid_platform.sharding.storage import open_source_store
+from pid_platform.sharding.versions import staging_dir
 from tests.conftest import SOURCE
 from tests.support.build_data import (
     SMALL_BOUND_MB,
@@ -126,9 +126,9 @@ def test_a_deleted_file_leaves_the_build_and_its_cache(raw_root: Path, tmp_path:
 _CRASH = """
 import os, signal, sys
 from pathlib import Path
-from pid_platform.build.pipeline import run_intake, run_key_indexes, run_sharding
-from pid_platform.build.plan import ShardingConfig
-from pid_platform.build.storage import LocalSourceStore
+from pid_platform.sharding.pipeline import run_intake, run_key_indexes, run_sharding
+from pid_platform.sharding.shard_plan import ShardingConfig
+from pid_platform.sharding.storage import LocalSourceStore
 raw, out, point, bound = sys.argv[1], Path(sys.argv[2]), sys.argv[3], float(sys.argv[4])
 store, config = LocalSourceStore(raw), ShardingConfig(max_shard_size_mb=bound)
 run_intake(store, "photos", out, config, trust_pickle=False, num_workers=1, stop_if_up_to_date=True)
@@ -292,7 +292,7 @@ def test_s3_rebuild_keys_outcomes_by_etag(s3_env: SeaweedS3, photo_drop_template
 # Lists every modality folder of a source in a fresh process and reports what it cost.
 _LIST = """
 import json, resource, sys, time
-from pid_platform.build.storage import LocalSourceStore
+from pid_platform.sharding.storage import LocalSourceStore
 store = LocalSourceStore(sys.argv[1])
 t = time.perf_counter()
 listings = {m: store.list_files("big", m) for m in store.list_modalities("big")}

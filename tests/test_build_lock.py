@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from pid_platform.build.lock import BuildInProgressError, build_lock, lock_path
+from pid_platform.sharding.output_lock import BuildInProgressError, build_lock, lock_path
 from tests.support.build_data import build
 
 HOLD = """
 import sys, time
-from pid_platform.build.lock import build_lock
+from pid_platform.sharding.output_lock import build_lock
 with build_lock(sys.argv[1]):
     print("held", flush=True)
     time.sleep(60)

@@ -13,7 +13,7 @@ from PIL import Image
 
 from loader.formats.twin_tar import BUCKET_NAMES, split_member_name, tar_path
 from loader.formats.wdinfo import WDINFO_NAME
-from pid_platform.build.pipeline import BuildSummary
+from pid_platform.sharding.pipeline import BuildSummary
 from tests.support.build_data import (
     CLEAN_SAMPLES,
     MODALITIES,

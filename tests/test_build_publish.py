@@ -17,12 +17,12 @@ from loader.formats.twin_tar import SourceChangedError, tar_path
 from loader.formats.wdinfo import WDINFO_NAME
 from loader.wds.discovery import find_manifests
 from loader.wds.errors import ManifestError
-from pid_platform.build import publish
-from pid_platform.build.catalog import build_catalog
-from pid_platform.build.errors import BuildError, OutputNotWritableError
-from pid_platform.build.layout import STATE_DIR, sha_cache_path
-from pid_platform.build.manifests import remove_unplanned, write_manifests
-from pid_platform.build.pipeline import (
+from pid_platform.sharding import versions
+from pid_platform.sharding.catalog import build_catalog
+from pid_platform.sharding.errors import BuildError, OutputNotWritableError
+from pid_platform.sharding.layout import STATE_DIR, sha_cache_path
+from pid_platform.sharding.manifests import remove_unplanned, write_manifests
+from pid_platform.sharding.pipeline import (
     build_source,
     load_plans,
     load_sharding_config,
@@ -30,9 +30,9 @@ from pid_platform.build.pipeline import (
     run_key_indexes,
     run_sharding,
 )
-from pid_platform.build.plan import ShardingConfig
-from pid_platform.build.storage import LocalSourceStore
-from pid_platform.build.verify import manifest_mismatches
+from pid_platform.sharding.shard_plan import ShardingConfig
+from pid_platform.sharding.storage import LocalSourceStore
+from pid_platform.sharding.verify_output import manifest_mismatches
 from tests.support.build_data import (
     SMALL_BOUND_MB,
     SOURCE,
@@ -72,11 +72,11 @@ def _stage_until_commit(raw_root: Path, out: Path, config: ShardingConfig) -> No
     """Everything a build does before its first rename: a complete staging folder, marked so."""
     _stage(raw_root, out, config)
     run_key_indexes(out, num_workers=1)
-    staged = publish.staging_dir(out)
+    staged = versions.staging_dir(out)
     plans = load_plans(staged, load_sharding_config(staged))
     remove_unplanned(staged, plans)
     write_manifests(staged, SOURCE, plans)
-    (staged / STATE_DIR / publish.COMMITTING).write_bytes(b"")
+    (staged / STATE_DIR / versions.COMMITTING).write_bytes(b"")
 
 
 @pytest.mark.parametrize("failure", ["source_changed", "unwritable_tar"])
@@ -86,7 +86,7 @@ def test_failed_reshard_leaves_the_output_untouched(raw_root: Path, tmp_path: Pa
     before = _snapshot(out)
     buckets = sorted(m.bucket for m in manifests(out))
     # The 4:3 bucket is the 7th of 8 and cut differently by COARSE: its one shard must be written.
-    blocked = tar_path(publish.staging_dir(out), "aspect_ratio_4_3", "caption", "part_000000/000000.tar")
+    blocked = tar_path(versions.staging_dir(out), "aspect_ratio_4_3", "caption", "part_000000/000000.tar")
     changed = source_file(raw_root, "image", "rocket-4x3")
     done: list[int] = []
 
@@ -112,7 +112,7 @@ def test_failed_reshard_leaves_the_output_untouched(raw_root: Path, tmp_path: Pa
     again = build_source(LocalSourceStore(raw_root), SOURCE, out, COARSE, num_workers=1)
     assert sum(b.written for b in again.buckets.values()) == 1  # resumed: only the failed shard
     assert all_problems(out, max_shard_size_mb=COARSE.max_shard_size_mb) == []
-    assert not publish.staging_dir(out).exists() and not publish.old_dir(out).exists()
+    assert not versions.staging_dir(out).exists() and not versions.old_dir(out).exists()
 
 
 def test_unchanged_shards_are_hard_linked_not_rewritten(raw_root: Path, tmp_path: Path) -> None:
@@ -123,7 +123,7 @@ def test_unchanged_shards_are_hard_linked_not_rewritten(raw_root: Path, tmp_path
     sha_inodes = {p.index: sha_cache_path(out, p.bucket, p.index).stat().st_ino for p in plans if p.bucket == ""}
     results = _stage(raw_root, out, ShardingConfig(max_shard_size_mb=SMALL_BOUND_MB))
     assert results and not any(r.written for r in results)
-    staged = publish.staging_dir(out)
+    staged = versions.staging_dir(out)
     for rel, ino in inodes.items():
         st = (staged / rel).stat()
         assert (st.st_ino, st.st_nlink) == (ino, 2)  # one file, two names: published and staged
@@ -164,14 +164,14 @@ def test_crash_after_the_first_rename_is_finished_by_the_next_build(raw_root: Pa
     out = tmp_path / "out"
     build(raw_root, out)
     _stage_until_commit(raw_root, out, COARSE)
-    staged_version = output_files(publish.staging_dir(out))
-    os.rename(out, publish.old_dir(out))  # the crash: F moved aside, S not yet in its place
+    staged_version = output_files(versions.staging_dir(out))
+    os.rename(out, versions.old_dir(out))  # the crash: F moved aside, S not yet in its place
     assert not out.exists()
 
-    publish.begin(out)  # the first step of any build repairs it
+    versions.begin(out)  # the first step of any build repairs it
     assert output_files(out) == staged_version
-    assert not publish.old_dir(out).exists()
-    assert not (out / STATE_DIR / publish.COMMITTING).exists()
+    assert not versions.old_dir(out).exists()
+    assert not (out / STATE_DIR / versions.COMMITTING).exists()
     assert all_problems(out, max_shard_size_mb=COARSE.max_shard_size_mb) == []
 
     coarse = build(raw_root, out, max_shard_size_mb=COARSE.max_shard_size_mb)
@@ -184,11 +184,11 @@ def test_crash_before_the_stage_was_complete_restores_the_previous_output(raw_ro
     build(raw_root, out)
     before = _snapshot(out)
     _stage(raw_root, out, COARSE)  # tars staged, no manifests, no COMMITTING marker
-    os.rename(out, publish.old_dir(out))  # F moved aside by hand: S must not be published
+    os.rename(out, versions.old_dir(out))  # F moved aside by hand: S must not be published
 
-    publish.recover(out)
+    versions.recover(out)
     assert _snapshot(out) == before
-    assert not publish.old_dir(out).exists()
+    assert not versions.old_dir(out).exists()
 
     coarse = build(raw_root, out, max_shard_size_mb=COARSE.max_shard_size_mb)
     assert sum(b.written for b in coarse.buckets.values()) == 0  # the stage was kept and finished
@@ -198,11 +198,11 @@ def test_crash_before_the_stage_was_complete_restores_the_previous_output(raw_ro
 def test_an_old_folder_beside_an_output_not_made_by_a_swap_is_left_alone(raw_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     build(raw_root, out)
-    old = publish.old_dir(out)
+    old = versions.old_dir(out)
     os.rename(out, old)
     (out / "notes").mkdir(parents=True)  # someone made a new output folder by hand
     previous = _snapshot(old)
-    publish.recover(out)
+    versions.recover(out)
     assert _snapshot(old) == previous
     with pytest.raises(BuildError, match=str(old)):
         build(raw_root, out)
@@ -214,8 +214,8 @@ def test_files_deleted_after_an_interrupted_carry_over_stay_deleted(raw_root: Pa
     build(raw_root, out)
     (out / "notes.txt").write_bytes(b"soon deleted")
     _stage_until_commit(raw_root, out, COARSE)
-    publish._carry(out, publish.staging_dir(out))  # the commit got this far, then stopped
-    assert (publish.staging_dir(out) / "notes.txt").is_file()
+    versions._carry(out, versions.staging_dir(out))  # the commit got this far, then stopped
+    assert (versions.staging_dir(out) / "notes.txt").is_file()
     (out / "notes.txt").unlink()
     build(raw_root, out, max_shard_size_mb=COARSE.max_shard_size_mb)
     assert not (out / "notes.txt").exists()
@@ -226,12 +226,12 @@ def test_crash_after_the_swap_deletes_the_old_version_next_time(raw_root: Path, 
     out = tmp_path / "out"
     build(raw_root, out)
     _stage_until_commit(raw_root, out, COARSE)
-    staged_version = output_files(publish.staging_dir(out))
-    os.rename(out, publish.old_dir(out))
-    os.rename(publish.staging_dir(out), out)  # both renames done; the old folder not yet deleted
-    publish.recover(out)
-    assert not publish.old_dir(out).exists()
-    assert not (out / STATE_DIR / publish.COMMITTING).exists()
+    staged_version = output_files(versions.staging_dir(out))
+    os.rename(out, versions.old_dir(out))
+    os.rename(versions.staging_dir(out), out)  # both renames done; the old folder not yet deleted
+    versions.recover(out)
+    assert not versions.old_dir(out).exists()
+    assert not (out / STATE_DIR / versions.COMMITTING).exists()
     assert output_files(out) == staged_version
 
 
@@ -272,15 +272,15 @@ def test_catalog_and_discovery_ignore_staging_and_old_folders(raw_root: Path, tm
     out = root / SOURCE
     build(raw_root, out)
     _stage_until_commit(raw_root, out, COARSE)  # a complete, unpublished version with manifests
-    os.rename(out, publish.old_dir(out))
+    os.rename(out, versions.old_dir(out))
     os.mkdir(out)  # and a stray old folder beside an output folder holding nothing yet
-    assert list(publish.staging_dir(out).rglob(WDINFO_NAME))
+    assert list(versions.staging_dir(out).rglob(WDINFO_NAME))
     _path, catalog = build_catalog(root)
     assert catalog.sources == {}
     with pytest.raises(ManifestError):
         find_manifests(str(root))  # a folder search skips dot-folders too
     os.rmdir(out)
-    publish.recover(out)
+    versions.recover(out)
     _path, catalog = build_catalog(root)
     assert sorted(catalog.sources) == [SOURCE]
     assert all(m.startswith(f"{SOURCE}/") for m in catalog.sources[SOURCE].manifests)

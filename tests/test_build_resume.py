@@ -14,11 +14,11 @@ import pytest
 
 from loader.formats.atomic import TMP_MARKER
 from loader.formats.twin_tar import SourceChangedError, iter_member_headers, tar_path
-from pid_platform.build.layout import stamp_path
-from pid_platform.build.pipeline import run_intake, run_sharding
-from pid_platform.build.plan import ShardingConfig
-from pid_platform.build.publish import staging_dir
-from pid_platform.build.storage import LocalSourceStore
+from pid_platform.sharding.layout import stamp_path
+from pid_platform.sharding.pipeline import run_intake, run_sharding
+from pid_platform.sharding.shard_plan import ShardingConfig
+from pid_platform.sharding.storage import LocalSourceStore
+from pid_platform.sharding.versions import staging_dir
 from tests.support.build_data import (
     SMALL_BOUND_MB,
     SOURCE,

@@ -14,10 +14,10 @@ from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, Temp
 from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
 from dagster._time import get_current_datetime
 
-from pid_platform.build.plan import ShardingConfig
-from pid_platform.build.settings import SETTINGS_NAME
 from pid_platform.defs.resources import ShardingResource
 from pid_platform.sample_data import make_sample_source
+from pid_platform.sharding.settings import SETTINGS_NAME
+from pid_platform.sharding.shard_plan import ShardingConfig
 from tests.support.dagster_runs import (
     apply_partition_requests,
     build_source,

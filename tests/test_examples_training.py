@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pid_platform.build.pipeline import build_source
-from pid_platform.build.plan import ShardingConfig
-from pid_platform.build.storage import open_source_store
+from pid_platform.sharding.pipeline import build_source
+from pid_platform.sharding.shard_plan import ShardingConfig
+from pid_platform.sharding.storage import open_source_store
 from tests.support.dist import _loopback_ifname, run_distributed
 from tests.support.lerobot_data import LEROBOT_V3_EPISODES
 from tests.support.process_tree import kill_process_tree, wait_until_gone

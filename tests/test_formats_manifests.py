@@ -39,7 +39,7 @@ from loader.formats.wdinfo import (
     read_wdinfo,
     write_wdinfo,
 )
-from pid_platform.build.catalog import build_catalog
+from pid_platform.sharding.catalog import build_catalog
 
 PID_KEYS = ["data_keys", "data_list", "data_list_key_count", "total_key_count", "root"]
 

@@ -91,11 +91,11 @@ from loader.wds.errors import (
     ResumeStateError,
 )
 from loader.wds.pipeline import build_dataset, make_loader
-from pid_platform.build.errors import NoSamplesError, ShardingConfigError, UnsafeInputError
-from pid_platform.build.lock import BuildInProgressError
-from pid_platform.build.plan import ShardingConfig
 from pid_platform.cli import shard_main
 from pid_platform.defs.resources import ShardingResource
+from pid_platform.sharding.errors import NoSamplesError, ShardingConfigError, UnsafeInputError
+from pid_platform.sharding.output_lock import BuildInProgressError
+from pid_platform.sharding.shard_plan import ShardingConfig
 from tests.support.build_data import SOURCE, add_sample, build, index_rows, jpeg_bytes, photo
 from tests.support.loader_data import caption_bytes, write_hand_shards
 from tests.support.loader_data import jpeg_bytes as small_jpeg
@@ -103,7 +103,7 @@ from tests.support.procs import descendants, wait_gone
 
 HOLD_LOCK = """
 import sys, time
-from pid_platform.build.lock import build_lock
+from pid_platform.sharding.output_lock import build_lock
 with build_lock(sys.argv[1]):
     print("held", flush=True)
     time.sleep(60)

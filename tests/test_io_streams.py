@@ -378,9 +378,9 @@ def test_tar_members_identical_through_faulty_s3(corpus: Path, s3_env, s3_bucket
 def test_built_twin_tars_identical_through_faulty_s3(photo_drop_template: Path, tmp_path: Path, s3_env,
                                                      fault_proxy) -> None:
     """Tars made by the real build, uploaded to S3, read through faults == read from disk."""
-    from pid_platform.build.pipeline import build_source
-    from pid_platform.build.plan import ShardingConfig
-    from pid_platform.build.storage import LocalSourceStore
+    from pid_platform.sharding.pipeline import build_source
+    from pid_platform.sharding.shard_plan import ShardingConfig
+    from pid_platform.sharding.storage import LocalSourceStore
 
     out = tmp_path / "out"
     build_source(LocalSourceStore(photo_drop_template), "photos", out, ShardingConfig())

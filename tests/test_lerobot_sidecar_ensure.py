@@ -28,7 +28,7 @@ from loader.lerobot.sidecar import (
 )
 from loader.lerobot.sidecar import ensure as ensure_mod
 from loader.lerobot.sidecar.ensure import lock_path
-from loader.lerobot.sidecar.locks import process_lock
+from loader.lerobot.sidecar.process_lock import process_lock
 from loader.lerobot.sidecar.schema import LEGACY_MANIFEST_MEMBER
 
 REPO = "pid-test/robot-arm"

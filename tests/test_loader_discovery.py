@@ -12,7 +12,7 @@ import pytest
 from loader.wds.discovery import CATALOG_ENV, find_manifests, load_wdinfo
 from loader.wds.errors import ManifestError
 from loader.wds.pipeline import build_dataset
-from pid_platform.build.catalog import build_catalog
+from pid_platform.sharding.catalog import build_catalog
 from tests.support.loader_data import build_photos
 
 ALL_BUCKETS = ("aspect_ratio_16_9", "aspect_ratio_1_1", "aspect_ratio_21_9", "aspect_ratio_2_3",

@@ -15,9 +15,9 @@ import pytest
 from loader.io import StreamConfig
 from loader.wds.discovery import find_manifests
 from loader.wds.pipeline import build_dataset
-from pid_platform.build.pipeline import build_source
-from pid_platform.build.plan import ShardingConfig
-from pid_platform.build.storage import open_source_store
+from pid_platform.sharding.pipeline import build_source
+from pid_platform.sharding.shard_plan import ShardingConfig
+from pid_platform.sharding.storage import open_source_store
 from tests.support.fault_proxy import drop, stall
 from tests.support.seaweedfs import upload_tree
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pid_platform.build.errors import BuildError, SourceNotFoundError
-from pid_platform.build.layout import STATE_DIR
-from pid_platform.build.pipeline import build_source
-from pid_platform.build.plan import ShardingConfig
-from pid_platform.build.storage import LocalSourceStore, S3SourceStore, open_source_store
+from pid_platform.sharding.errors import BuildError, SourceNotFoundError
+from pid_platform.sharding.layout import STATE_DIR
+from pid_platform.sharding.pipeline import build_source
+from pid_platform.sharding.shard_plan import ShardingConfig
+from pid_platform.sharding.storage import LocalSourceStore, S3SourceStore, open_source_store
 from tests.conftest import SOURCE
 from tests.support.seaweedfs import SeaweedS3, upload_tree
 

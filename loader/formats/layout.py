@@ -10,7 +10,7 @@
         _key_index/part_<NNNNNN>/<NNNNNN>.parquet   one key index per shard
     .<out>.pid-lock                                 beside the output, while a build runs
 
-The build (``pid_platform/build``) writes these names and the loader's discovery looks for them;
+The build (``pid_platform/sharding``) writes these names and the loader's discovery looks for them;
 both import them from here, so neither can drift from the other.
 """
 

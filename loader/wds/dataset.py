@@ -10,6 +10,7 @@ from typing import Any
 from torch.utils.data import IterableDataset
 
 from loader.wds.collate import collate_samples
+from loader.wds.epoch_plan import UNBATCHED_BLOCK, Layout
 from loader.wds.errors import DecodeError
 from loader.wds.expand import (
     DECODE_ERROR_POLICIES,
@@ -20,8 +21,7 @@ from loader.wds.expand import (
     tar_file_expander,
     url_opener,
 )
-from loader.wds.plan import UNBATCHED_BLOCK, Layout
-from loader.wds.schema import ShardTable
+from loader.wds.shard_table import ShardTable
 from loader.wds.shardlists import PlannedBatch, ShardlistBasic, current_worker
 from loader.wds.stages import with_sid
 
@@ -38,7 +38,7 @@ def _in_worker_process() -> bool:
 class TwinTarDataset(IterableDataset):
     """Samples (or batches) from twin tars.
 
-    The shard list plans the batches (``plan.py``: one order per epoch, dealt to ranks and
+    The shard list plans the batches (``epoch_plan.py``: one order per epoch, dealt to ranks and
     workers; ``shuffle_buffer`` is the order's shuffle window). Each planned batch is read with
     small generator stages: url_opener -> tar_file_expander -> process_sample -> group_by_keys,
     then put in plan order, decoded, mapped and collated. Every sample carries ``__key__``, ``__sid__`` (shard << 32 | member), ``__epoch__``,

@@ -24,7 +24,7 @@ from loader.formats.layout import STATE_DIR
 from loader.formats.version_pointer import POINTER_NAME, parse_pointer
 from loader.formats.wdinfo import WDINFO_NAME, check_wdinfo, manifest_bucket
 from loader.wds.errors import ManifestError
-from loader.wds.schema import ShardTable, Wdinfo, join_url
+from loader.wds.shard_table import ShardTable, Wdinfo, join_url
 
 CATALOG_ENV = "PID_CATALOG"
 

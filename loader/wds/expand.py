@@ -19,10 +19,10 @@ from typing import Any
 from loader.formats.errors import FormatError
 from loader.formats.pid_names import split_pid_member_name
 from loader.io.config import StreamStats
+from loader.wds.epoch_plan import Task
 from loader.wds.errors import CountMismatchError, MissingKeyError, ShardReadError, TwinMismatchError
 from loader.wds.members import iter_members, split_key
-from loader.wds.plan import Task
-from loader.wds.schema import TarSample
+from loader.wds.shard_table import TarSample
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from loader.wds.discovery import load_wdinfo
 from loader.wds.distributed import data_parallel_rank
 from loader.wds.expand import ExpandOptions
 from loader.wds.resume import ResumableLoader
-from loader.wds.schema import Wdinfo
+from loader.wds.shard_table import Wdinfo
 from loader.wds.shardlists import ShardlistBasic, ShardlistBasicParallelSync
 
 
@@ -59,7 +59,7 @@ def build_dataset(
 
     The epoch's order depends on ``seed``, the epoch, the shards and ``shuffle_buffer`` (a
     shuffle window over the order), and with ``same_aspect_batches`` on ``batch_size``; never
-    on the world size or ``num_workers`` (``loader/wds/plan.py``). With ``batch_size`` every
+    on the world size or ``num_workers`` (``loader/wds/epoch_plan.py``). With ``batch_size`` every
     rank gets the same number of batches, each full but the last of the epoch (with
     ``same_aspect_batches``: but each bucket's last); ``drop_last=True`` leaves those out.
     """

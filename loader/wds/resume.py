@@ -1,6 +1,6 @@
 """ResumableLoader: a DataLoader whose state_dict() is sample-exact, elastic and small.
 
-An epoch's order is one sequence of positions, dealt to ranks batch by batch (``plan.py``).
+An epoch's order is one sequence of positions, dealt to ranks batch by batch (``epoch_plan.py``).
 Only what this loader has handed to the training loop counts as consumed: batches prefetched by
 workers are read again after a restore. ``state_dict`` is a collective call when
 torch.distributed is initialised (every rank calls it; all get the same merged state): the
@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from loader.wds.dataset import Block, TwinTarDataset
 from loader.wds.distributed import all_gather_objects
+from loader.wds.epoch_plan import EpochPlan, merge_intervals
 from loader.wds.errors import ResumeStateError
-from loader.wds.plan import EpochPlan, merge_intervals
 
 STATE_VERSION = 2
 

@@ -3,7 +3,7 @@
 ``ShardlistBasic`` deals by data-parallel rank (the global rank), then by DataLoader worker.
 ``ShardlistBasicParallelSync`` deals by data-parallel *group*: every rank of one tensor- or
 context-parallel group reads the same batches in the same order, groups stay disjoint. The
-order and the dealing are in ``plan.py``; nothing consults the clock.
+order and the dealing are in ``epoch_plan.py``; nothing consults the clock.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from loader.wds.distributed import DataParallelRank, data_parallel_rank
-from loader.wds.plan import EpochOrder, EpochPlan, Layout, Task
+from loader.wds.epoch_plan import EpochOrder, EpochPlan, Layout, Task
 
 START_INDEX_ENV = "WDS_START_INDEX"
 EPOCH_ENV = "WDS_EPOCH_NUM"

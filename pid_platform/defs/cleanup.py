@@ -11,9 +11,9 @@ swaps folders and deletes the replaced one.
 import dagster as dg
 from pydantic import Field
 
-from pid_platform.build.s3_output import DEFAULT_GRACE_S, cleanup_versions, published_sources
 from pid_platform.defs.resources import SourceStoreResource
 from pid_platform.defs.retries import fail_without_retry_on
+from pid_platform.sharding.s3_output import DEFAULT_GRACE_S, cleanup_versions, published_sources
 
 
 class CleanupConfig(dg.Config):

@@ -5,7 +5,7 @@ sources are cut by default (``sharding``), and how S3 is reached (``s3``).
 root: ``PID_RAW_ROOT`` (default ``demo/raw``) and ``PID_OUTPUT_ROOT`` (default ``demo/out``),
 relative paths taken from the current directory. Either may be ``s3://bucket/prefix``: an S3
 output is built in a local work folder (``PID_WORK_ROOT``) and published at the commit as a new
-version behind a pointer (``pid_platform/build/s3_output.py``).
+version behind a pointer (``pid_platform/sharding/s3_output.py``).
 
 ``s3`` is dagster-aws's ``S3Resource``: endpoint (``AWS_ENDPOINT_URL``), region and profile as
 configuration; credentials only from boto3's usual chain, never in configuration or metadata. The
@@ -23,15 +23,15 @@ from dagster_aws.s3 import S3Resource
 from pydantic import Field
 
 from loader.io.s3_client import S3Settings
-from pid_platform.build.plan import PLAN_VERSION, ShardingConfig
-from pid_platform.build.s3_output import (
+from pid_platform.sharding.s3_output import (
     S3Output,
     default_work_root,
     is_s3_url,
     refuse_other_urls,
     work_dir,
 )
-from pid_platform.build.storage import LocalSourceStore, S3SourceStore, SourceStore
+from pid_platform.sharding.shard_plan import PLAN_VERSION, ShardingConfig
+from pid_platform.sharding.storage import LocalSourceStore, S3SourceStore, SourceStore
 
 DEFAULT_RAW_ROOT = "demo/raw"
 DEFAULT_OUTPUT_ROOT = "demo/out"
@@ -118,7 +118,7 @@ class ShardingResource(dg.ConfigurableResource):
     The first six fields change which bytes land in which tar. They are the defaults a source's
     own ``sharding.yaml`` (in its raw folder) overrides; set in the launchpad for a run, they
     are written into that file, so the sensor and the daily schedule keep them
-    (``pid_platform/build/settings.py``).
+    (``pid_platform/sharding/settings.py``).
     """
 
     max_shard_size_mb: float = Field(default=_DEFAULTS.max_shard_size_mb,

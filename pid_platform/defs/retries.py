@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import dagster as dg
 
-from pid_platform.build.errors import BuildError
+from pid_platform.sharding.errors import BuildError
 
 IO_RETRY = dg.RetryPolicy(max_retries=3, delay=10, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
 

@@ -1,7 +1,7 @@
 """Per-source sharding settings on the Dagster side: the ``sharding_settings`` observation the
 source's assets depend on, and the settings a run builds with.
 
-The settings live in ``<raw_root>/<source>/sharding.yaml`` (``pid_platform/build/settings.py``).
+The settings live in ``<raw_root>/<source>/sharding.yaml`` (``pid_platform/sharding/settings.py``).
 A run reads them there. A sharding setting given in the launchpad for a run is written into
 that file first (so the sensor and the daily schedule keep it, and the next run does not cut the
 source back), or, if the file cannot be written, the run fails and says to edit the file.
@@ -14,18 +14,18 @@ from typing import Any
 
 import dagster as dg
 
-from pid_platform.build.errors import BuildError
-from pid_platform.build.plan import ShardingConfig
-from pid_platform.build.settings import (
+from pid_platform.defs.groups import BUILD_GROUP
+from pid_platform.defs.partitions import SOURCES, sources_partitions
+from pid_platform.defs.resources import ShardingResource, SourceStoreResource
+from pid_platform.sharding.errors import BuildError
+from pid_platform.sharding.settings import (
     SETTING_KEYS,
     SETTINGS_NAME,
     SourceSettings,
     persist_settings,
     source_settings,
 )
-from pid_platform.defs.groups import BUILD_GROUP
-from pid_platform.defs.partitions import SOURCES, sources_partitions
-from pid_platform.defs.resources import ShardingResource, SourceStoreResource
+from pid_platform.sharding.shard_plan import ShardingConfig
 
 SETTINGS_ASSET = "sharding_settings"
 

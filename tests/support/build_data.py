@@ -18,18 +18,18 @@ from PIL import Image
 from loader.formats.key_index import read_key_index
 from loader.formats.twin_tar import TarMember, write_tar
 from loader.formats.wdinfo import WDINFO_NAME, WdinfoManifest, read_wdinfo
-from pid_platform.build.layout import STATE_DIR
-from pid_platform.build.pipeline import BuildSummary, build_source, load_plans
-from pid_platform.build.plan import ShardingConfig, ShardPlan
-from pid_platform.build.storage import LocalSourceStore
-from pid_platform.build.validate import stem_of
-from pid_platform.build.verify import (
+from pid_platform.sample_data import load_photo
+from pid_platform.sharding.file_checks import stem_of
+from pid_platform.sharding.layout import STATE_DIR
+from pid_platform.sharding.pipeline import BuildSummary, build_source, load_plans
+from pid_platform.sharding.shard_plan import ShardingConfig, ShardPlan
+from pid_platform.sharding.storage import LocalSourceStore
+from pid_platform.sharding.verify_output import (
     key_index_mismatches,
     manifest_mismatches,
     size_bound_violations,
     twin_key_mismatches,
 )
-from pid_platform.sample_data import load_photo
 
 SOURCE = "photos"
 MODALITIES = ["caption", "image", "umt5"]
@@ -78,7 +78,7 @@ def index_rows(out: Path) -> list[dict]:
 
 
 def all_problems(out: Path, **cfg) -> list[str]:
-    """Everything ``verify.py`` finds wrong with a build's output."""
+    """Everything ``verify_output.py`` finds wrong with a build's output."""
     config = ShardingConfig(**({"max_shard_size_mb": SMALL_BOUND_MB} | cfg))
     plans = load_plans(out, config)
     buckets = sorted({p.bucket for p in plans})

@@ -37,10 +37,10 @@ def build_photos(raw_template: Path, out_root: Path, *, shard_size: int = 3, dro
                  source: str = SOURCE) -> Path:
     """Build ``source`` from a private copy of ``raw_template`` into ``out_root/<source>``
     (minus the samples whose stem is in ``drop``) and write ``out_root/catalog.json``."""
-    from pid_platform.build.catalog import build_catalog
-    from pid_platform.build.pipeline import build_source
-    from pid_platform.build.plan import ShardingConfig
-    from pid_platform.build.storage import open_source_store
+    from pid_platform.sharding.catalog import build_catalog
+    from pid_platform.sharding.pipeline import build_source
+    from pid_platform.sharding.shard_plan import ShardingConfig
+    from pid_platform.sharding.storage import open_source_store
 
     raw = raw_root_of(out_root)
     shutil.copytree(raw_template / SOURCE, raw / source)

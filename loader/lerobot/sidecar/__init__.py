@@ -24,8 +24,8 @@ from .errors import (
     SidecarLockTimeout,
     SidecarSchemaError,
 )
-from .locks import DEFAULT_LOCK_TIMEOUT_S, LOCK_TIMEOUT_SETTING
 from .manifest import fingerprints_match
+from .process_lock import DEFAULT_LOCK_TIMEOUT_S, LOCK_TIMEOUT_SETTING
 from .schema import (
     ARRAY_NAMES,
     LAYOUT_LEGACY,

@@ -48,8 +48,8 @@ import numpy as np
 from loader.formats.atomic import TMP_MARKER, atomic_writer
 
 from .errors import CompactIndexError
-from .locks import process_lock
 from .paths import default_index_root
+from .process_lock import process_lock
 from .schema import ARRAY_NAMES, Sidecar, SidecarFile, SidecarManifest, sidecar_digest
 
 log = logging.getLogger(__name__)

@@ -29,8 +29,8 @@ from loader.formats.atomic import TMP_MARKER, atomic_writer
 from loader.io import StreamConfig
 
 from .build import Progress, build_sidecar
-from .locks import DEFAULT_LOCK_TIMEOUT_S, process_lock
 from .paths import default_sidecar_root, safe_component
+from .process_lock import DEFAULT_LOCK_TIMEOUT_S, process_lock
 from .schema import SIDECAR_SCHEMA_VERSION, public_root
 from .validate import validate_sidecar
 

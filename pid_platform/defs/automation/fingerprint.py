@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from pid_platform.build.storage import SourceStore
+from pid_platform.sharding.storage import SourceStore
 
 
 def source_fingerprint(store: SourceStore, source: str) -> tuple[str, int]:

@@ -11,11 +11,11 @@ the defaults. It is on by default; the run key carries the day and the settings'
 
 import dagster as dg
 
-from pid_platform.build.errors import BuildError
-from pid_platform.build.settings import SETTINGS_NAME, source_settings
 from pid_platform.defs.automation.jobs import source_build_job
 from pid_platform.defs.partitions import SOURCES
 from pid_platform.defs.resources import ShardingResource, SourceStoreResource
+from pid_platform.sharding.errors import BuildError
+from pid_platform.sharding.settings import SETTINGS_NAME, source_settings
 
 
 @dg.schedule(

@@ -9,13 +9,13 @@ import json
 
 import dagster as dg
 
-from pid_platform.build.errors import BuildError
-from pid_platform.build.settings import source_settings
 from pid_platform.defs.automation.fingerprint import source_fingerprint
 from pid_platform.defs.automation.jobs import source_build_job
 from pid_platform.defs.partitions import SOURCES, sources_partitions
 from pid_platform.defs.resources import ShardingResource, SourceStoreResource
 from pid_platform.defs.settings import settings_observation
+from pid_platform.sharding.errors import BuildError
+from pid_platform.sharding.settings import source_settings
 
 
 def _unusable_as_partition(name: str) -> bool:

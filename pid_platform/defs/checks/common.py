@@ -8,10 +8,10 @@ from pathlib import Path
 
 import dagster as dg
 
-from pid_platform.build.pipeline import load_plans, load_sharding_config
-from pid_platform.build.plan import ShardingConfig, ShardPlan
 from pid_platform.defs.metadata import first
 from pid_platform.defs.partitions import sources_partitions
+from pid_platform.sharding.pipeline import load_plans, load_sharding_config
+from pid_platform.sharding.shard_plan import ShardingConfig, ShardPlan
 
 
 def blocking_source_check(asset: str, description: str) -> Callable[[Callable], dg.AssetChecksDefinition]:

@@ -3,9 +3,9 @@ lists (it runs after the commit, on the source's output folder)."""
 
 import dagster as dg
 
-from pid_platform.build.verify import manifest_mismatches
 from pid_platform.defs.checks.common import blocking_source_check, built_plans, result
 from pid_platform.defs.resources import SourceStoreResource
+from pid_platform.sharding.verify_output import manifest_mismatches
 
 
 @blocking_source_check(

@@ -6,11 +6,11 @@ source's output folder still holds the previous good version, untouched.
 
 import dagster as dg
 
-from pid_platform.build.plan import is_oversize_singleton
-from pid_platform.build.publish import staging_dir
-from pid_platform.build.verify import size_bound_violations, twin_key_mismatches
 from pid_platform.defs.checks.common import blocking_source_check, built_plans, result
 from pid_platform.defs.resources import SourceStoreResource
+from pid_platform.sharding.shard_plan import is_oversize_singleton
+from pid_platform.sharding.verify_output import size_bound_violations, twin_key_mismatches
+from pid_platform.sharding.versions import staging_dir
 
 
 @blocking_source_check(

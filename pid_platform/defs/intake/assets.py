@@ -4,11 +4,6 @@ import hashlib
 
 import dagster as dg
 
-from pid_platform.build.intake import IntakeReport, Sample
-from pid_platform.build.layout import final_dir
-from pid_platform.build.pipeline import run_intake
-from pid_platform.build.publish import staging_dir
-from pid_platform.build.s3_output import check_writable, publish_version
 from pid_platform.defs.groups import BUILD_GROUP, BUILD_POOL
 from pid_platform.defs.metadata import markdown_table
 from pid_platform.defs.partitions import sources_partitions
@@ -16,6 +11,11 @@ from pid_platform.defs.plots import bar_png, png_markdown
 from pid_platform.defs.resources import DEFAULT_SHARDING, ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
 from pid_platform.defs.settings import SETTINGS_ASSET, settings_for_run, settings_metadata
+from pid_platform.sharding.intake import IntakeReport, Sample
+from pid_platform.sharding.layout import final_dir
+from pid_platform.sharding.pipeline import run_intake
+from pid_platform.sharding.s3_output import check_writable, publish_version
+from pid_platform.sharding.versions import staging_dir
 
 INTAKE_VERSION = "intake-v1"
 # classify_aspect_ratio decides every sample's bucket; the default is part of the code version,

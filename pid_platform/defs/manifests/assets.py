@@ -5,14 +5,6 @@ from pathlib import Path
 import dagster as dg
 
 from loader.formats.wdinfo import WDINFO_NAME, read_wdinfo
-from pid_platform.build.catalog import build_catalog, build_s3_catalog
-from pid_platform.build.layout import bucket_dir
-from pid_platform.build.manifests import BucketManifest
-from pid_platform.build.pipeline import run_key_indexes, run_manifests, state_dir
-from pid_platform.build.plan import ShardingConfig, ShardPlan
-from pid_platform.build.publish import staging_dir
-from pid_platform.build.s3_output import read_pointer
-from pid_platform.build.verify import key_index_mismatches, manifest_mismatches
 from pid_platform.defs.automation.conditions import FOLLOW_UPSTREAM
 from pid_platform.defs.checks.common import built_plans
 from pid_platform.defs.groups import BUILD_GROUP, CATALOG_GROUP
@@ -20,6 +12,14 @@ from pid_platform.defs.metadata import bucket_label, first, markdown_table
 from pid_platform.defs.partitions import sources_partitions
 from pid_platform.defs.resources import SHARDING_CODE_VERSION, ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
+from pid_platform.sharding.catalog import build_catalog, build_s3_catalog
+from pid_platform.sharding.layout import bucket_dir
+from pid_platform.sharding.manifests import BucketManifest
+from pid_platform.sharding.pipeline import run_key_indexes, run_manifests, state_dir
+from pid_platform.sharding.s3_output import read_pointer
+from pid_platform.sharding.shard_plan import ShardingConfig, ShardPlan
+from pid_platform.sharding.verify_output import key_index_mismatches, manifest_mismatches
+from pid_platform.sharding.versions import staging_dir
 
 
 def committed_only(out: Path) -> bool:

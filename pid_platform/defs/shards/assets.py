@@ -5,8 +5,6 @@ from dataclasses import asdict
 
 import dagster as dg
 
-from pid_platform.build.pipeline import run_sharding, summarize
-from pid_platform.build.plan import ShardPlan
 from pid_platform.defs.groups import BUILD_GROUP, BUILD_POOL
 from pid_platform.defs.intake.assets import ratio_label
 from pid_platform.defs.metadata import bucket_label, human_bytes, markdown_table
@@ -15,6 +13,8 @@ from pid_platform.defs.plots import png_markdown, shard_sizes_png
 from pid_platform.defs.resources import SHARDING_CODE_VERSION, ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
 from pid_platform.defs.settings import SETTINGS_ASSET, settings_for_run, settings_metadata
+from pid_platform.sharding.pipeline import run_sharding, summarize
+from pid_platform.sharding.shard_plan import ShardPlan
 
 
 def _plans_digest(config_version: str, plans: list[ShardPlan]) -> str:

@@ -9,11 +9,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from loader.formats.twin_tar import disambiguate_key, nearest_bucket, sanitize_key
-from pid_platform.build.errors import NoModalitiesError, NoSamplesError
-from pid_platform.build.intake_cache import CAPTION, IMAGE, SNIFF, FileOutcome, IntakeCache
-from pid_platform.build.parallel import chunked, ordered_map
-from pid_platform.build.storage import FileEntry, SourceStore
-from pid_platform.build.validate import (
+from pid_platform.sharding.errors import NoModalitiesError, NoSamplesError
+from pid_platform.sharding.file_checks import (
     CAPTION_EXTS,
     HEADER_BYTES,
     IMAGE_EXTS,
@@ -28,6 +25,9 @@ from pid_platform.build.validate import (
     sniff_size,
     stem_of,
 )
+from pid_platform.sharding.intake_cache import CAPTION, IMAGE, SNIFF, FileOutcome, IntakeCache
+from pid_platform.sharding.parallel import chunked, ordered_map
+from pid_platform.sharding.storage import FileEntry, SourceStore
 
 MAX_EXAMPLES = 20
 

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 
 from loader.formats.atomic import atomic_writer
 from loader.formats.twin_tar import shard_relpath
-from pid_platform.build.intake import Sample
-from pid_platform.build.plan import ShardPlan
-from pid_platform.build.storage import FileEntry
+from pid_platform.sharding.intake import Sample
+from pid_platform.sharding.shard_plan import ShardPlan
+from pid_platform.sharding.storage import FileEntry
 
 
 def samples_table(samples: list[Sample], modalities: list[str], shard_of: list[tuple[str, int]] | None = None) -> pa.Table:

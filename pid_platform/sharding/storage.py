@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from loader.formats.atomic import atomic_write_bytes
-from pid_platform.build.errors import BuildError, SourceNotFoundError
+from pid_platform.sharding.errors import BuildError, SourceNotFoundError
 
 if TYPE_CHECKING:  # loader.io pulls in the HTTP stack: imported where S3 is used, not for a local listing
     from loader.io.s3_client import S3Settings

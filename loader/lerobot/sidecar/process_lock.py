@@ -1,4 +1,4 @@
-"""An inter-process lock on a lock file (``loader.io.locks``) with a timeout and a named holder.
+"""An inter-process lock on a lock file (``loader.io.flock``) with a timeout and a named holder.
 
 The kernel drops an flock when its holder exits, even on SIGKILL, so a crashed builder never
 blocks the next one on a local file system. The holder writes who it is into the lock file
@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from loader.io.locks import flock_held, read_lock_holder
+from loader.io.flock import flock_held, read_lock_holder
 
 from .errors import SidecarLockTimeout
 

@@ -10,8 +10,8 @@ after locking, the taker checks that the path still names the inode it locked, a
 again on the new file. That makes deleting the file on release safe too (``remove=True``): a
 waiter that opened the old file sees the name gone once it gets the lock, and retries.
 
-Callers: the build's one-build-per-output lock (``pid_platform/build/lock.py``: no waiting,
-file removed on release) and the sidecar builders' lock (``loader/lerobot/sidecar/locks.py``:
+Callers: the build's one-build-per-output lock (``pid_platform/sharding/output_lock.py``: no waiting,
+file removed on release) and the sidecar builders' lock (``loader/lerobot/sidecar/process_lock.py``:
 waits with a timeout, file kept).
 """
 

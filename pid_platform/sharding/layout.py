@@ -7,7 +7,7 @@ import uuid
 from pathlib import Path
 
 from loader.formats.layout import STATE_DIR
-from pid_platform.build.errors import OutputNotWritableError
+from pid_platform.sharding.errors import OutputNotWritableError
 
 __all__ = [
     "PROBE_PREFIX", "STATE_DIR", "bucket_dir", "ensure_writable", "final_dir", "sha_cache_path", "stamp_path",

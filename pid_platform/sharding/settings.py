@@ -21,9 +21,9 @@ from typing import Any
 
 import yaml
 
-from pid_platform.build.errors import ShardingConfigError
-from pid_platform.build.plan import ShardingConfig
-from pid_platform.build.storage import SourceStore
+from pid_platform.sharding.errors import ShardingConfigError
+from pid_platform.sharding.shard_plan import ShardingConfig
+from pid_platform.sharding.storage import SourceStore
 
 SETTINGS_NAME = "sharding.yaml"
 # Every setting that changes which bytes land in which tar.

@@ -1,7 +1,7 @@
 """The whole build of one source, step by step; the Dagster assets call the same steps.
 
 Every step takes the source's output folder ``out`` and works in its staging folder beside it
-(``publish.staging_dir``); ``run_manifests`` ends with the commit that publishes it as ``out``.
+(``versions.staging_dir``); ``run_manifests`` ends with the commit that publishes it as ``out``.
 """
 
 from __future__ import annotations
@@ -18,21 +18,22 @@ from typing import TypeVar
 from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError
 from loader.formats.wdinfo import WDINFO_NAME, root_base
-from pid_platform.build import publish
-from pid_platform.build.intake import IntakeReport, Sample, intake
-from pid_platform.build.intake_cache import CACHE_NAME, IntakeCache
-from pid_platform.build.layout import bucket_dir, final_dir
-from pid_platform.build.lock import build_lock
-from pid_platform.build.manifest_roots import rewrite_manifest_roots
-from pid_platform.build.manifests import (
+from pid_platform.sharding import versions
+from pid_platform.sharding.file_checks import VALIDATE_FULL, check_validate_level
+from pid_platform.sharding.intake import IntakeReport, Sample, intake
+from pid_platform.sharding.intake_cache import CACHE_NAME, IntakeCache
+from pid_platform.sharding.layout import bucket_dir, final_dir
+from pid_platform.sharding.manifest_roots import rewrite_manifest_roots
+from pid_platform.sharding.manifests import (
     BucketManifest,
     remove_unplanned,
     write_key_indexes,
     write_manifests,
 )
-from pid_platform.build.plan import ShardingConfig, ShardPlan, plan_shards
-from pid_platform.build.s3_output import S3Output, publish_version, read_pointer
-from pid_platform.build.state import (
+from pid_platform.sharding.output_lock import build_lock
+from pid_platform.sharding.s3_output import S3Output, publish_version, read_pointer
+from pid_platform.sharding.shard_plan import ShardingConfig, ShardPlan, plan_shards
+from pid_platform.sharding.state import (
     REPORT,
     SAMPLES,
     committed_up_to_date,
@@ -40,10 +41,9 @@ from pid_platform.build.state import (
     save_outputs,
     state_dir,
 )
-from pid_platform.build.storage import SourceStore
-from pid_platform.build.tables import read_plans, read_samples, write_plans, write_samples
-from pid_platform.build.validate import VALIDATE_FULL, check_validate_level
-from pid_platform.build.writer import ShardResult, write_shards
+from pid_platform.sharding.storage import SourceStore
+from pid_platform.sharding.tables import read_plans, read_samples, write_plans, write_samples
+from pid_platform.sharding.writer import ShardResult, write_shards
 
 F = TypeVar("F", bound=Callable)
 
@@ -60,7 +60,7 @@ def build_step(fn: F) -> F:
             try:
                 return fn(*args, **kwargs)
             except BaseException:
-                publish.discard_empty_staging(out)
+                versions.discard_empty_staging(out)
                 raise
 
     return wrapper  # type: ignore[return-value]
@@ -141,13 +141,13 @@ def run_intake(store: SourceStore, source: str, out: Path, config: ShardingConfi
     final = final_dir(out)
     may_stop = stop_if_up_to_date and not revalidate
     if may_stop:
-        publish.prepare(out, first_step=True, force=force)
+        versions.prepare(out, first_step=True, force=force)
         # Only over a committed build, and not while an unfinished one is staged: that one is
         # finished (and published) by this run instead.
-        may_stop = (state_dir(final) / SAMPLES).is_file() and not publish.staging_dir(out).exists()
+        may_stop = (state_dir(final) / SAMPLES).is_file() and not versions.staging_dir(out).exists()
     if not may_stop:
-        publish.begin(out, first_step=True, force=force)  # proves the output writable before any work
-    caches = [state_dir(final) / CACHE_NAME, state_dir(publish.staging_dir(out)) / CACHE_NAME]
+        versions.begin(out, first_step=True, force=force)  # proves the output writable before any work
+    caches = [state_dir(final) / CACHE_NAME, state_dir(versions.staging_dir(out)) / CACHE_NAME]
     cache = IntakeCache(validate) if revalidate else IntakeCache.load(caches, validate)
     samples, report, used = intake(
         store, source, classify_aspect_ratio=config.classify_aspect_ratio, trust_pickle=trust_pickle,
@@ -157,7 +157,7 @@ def run_intake(store: SourceStore, source: str, out: Path, config: ShardingConfi
     # (cheap: every tar is hard-linked) rather than validate it again on every rebuild.
     if may_stop and report.files_validated == 0 and committed_up_to_date(final, samples, report, config, validate):
         return IntakeResult(samples, report, state_dir(final) / SAMPLES, validate, up_to_date=True)
-    staging = publish.begin(out, first_step=True, force=force)
+    staging = versions.begin(out, first_step=True, force=force)
     # The cache first: should the build stop after it, the next one still reuses these outcomes.
     used.save(state_dir(staging) / CACHE_NAME)
     path = write_samples(state_dir(staging) / SAMPLES, samples, report.modalities)
@@ -170,13 +170,13 @@ def run_intake(store: SourceStore, source: str, out: Path, config: ShardingConfi
 def run_sharding(store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int,
                  progress: Callable[[int, int], None] | None = None) -> tuple[list[ShardPlan], list[ShardResult]]:
     """Write the planned tars into the staging folder, hard-linking those ``out`` already holds."""
-    staging = publish.begin(out)
+    staging = versions.begin(out)
     samples, modalities = read_samples(state_dir(staging) / SAMPLES)
     plans = plan_shards(samples, modalities, config)
     done = iter(range(1, len(plans) + 1))
     step = (lambda _res: progress(next(done), len(plans))) if progress else None
     results = write_shards(
-        store, source, staging, plans, previous=publish.final_dir(out), num_workers=num_workers, progress=step
+        store, source, staging, plans, previous=versions.final_dir(out), num_workers=num_workers, progress=step
     )
     write_plans(state_dir(staging) / "plan.parquet", plans, modalities)
     save_sharding_config(staging, config)
@@ -210,7 +210,7 @@ def load_plans(folder: Path, config: ShardingConfig) -> list[ShardPlan]:
 @build_step
 def run_key_indexes(out: Path, *, num_workers: int) -> tuple[ShardingConfig, list[ShardPlan], list[str]]:
     """Key indexes of the staged tars, cut with the config recorded beside them."""
-    staging = publish.begin(out)
+    staging = versions.begin(out)
     config = load_sharding_config(staging)
     plans = load_plans(staging, config)
     return config, plans, write_key_indexes(staging, plans, num_workers=num_workers)
@@ -244,7 +244,7 @@ def run_manifests(
     """
     base = root_base(manifest_root, final_dir(out))  # refused before anything is written
     refuse_roots_on_s3(manifest_root, publish_to)
-    staging = publish.begin(out)
+    staging = versions.begin(out)
     config = load_sharding_config(staging)
     plans = load_plans(staging, config)
     remove_unplanned(staging, plans)  # an earlier, unfinished build may have left other shards
@@ -252,7 +252,7 @@ def run_manifests(
     save_outputs(staging, plans)  # what a later no-op rebuild checks the published files against
     if publish_to is not None:
         publish_version(staging, publish_to, num_workers=num_workers, before_switch=before_switch)
-    removed = publish.commit(out)
+    removed = versions.commit(out)
     published = [replace(m, path=Path(out) / m.path.relative_to(staging)) for m in manifests]
     return config, published, removed
 
@@ -296,7 +296,7 @@ def build_source(
         summary = _committed_summary(source, out, result)
         if publish_to is not None:
             # Up to date here; make sure the bucket serves this version too (a no-op when it does).
-            published = publish_version(publish.final_dir(out), publish_to, num_workers=num_workers)
+            published = publish_version(versions.final_dir(out), publish_to, num_workers=num_workers)
             summary.published = published.url
         return summary
     _, results = run_sharding(store, source, out, config, num_workers=num_workers, progress=progress)

@@ -8,8 +8,8 @@ from pathlib import Path
 from loader.formats.key_index import read_key_columns
 from loader.formats.twin_tar import file_sha256, iter_member_headers, split_member_name, tar_path
 from loader.formats.wdinfo import WDINFO_NAME, read_wdinfo
-from pid_platform.build.layout import bucket_dir
-from pid_platform.build.plan import ShardingConfig, ShardPlan, is_oversize_singleton
+from pid_platform.sharding.layout import bucket_dir
+from pid_platform.sharding.shard_plan import ShardingConfig, ShardPlan, is_oversize_singleton
 
 
 def _keys(path: Path) -> list[str]:

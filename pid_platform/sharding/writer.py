@@ -10,11 +10,11 @@ from pathlib import Path
 
 from loader.formats.atomic import atomic_write_bytes, remove_stale_temp_files
 from loader.formats.twin_tar import TarMember, tar_path, write_tar
-from pid_platform.build.layout import sha_cache_path, stamp_path
-from pid_platform.build.parallel import ordered_map
-from pid_platform.build.plan import ShardPlan
-from pid_platform.build.publish import link_atomic
-from pid_platform.build.storage import SourceStore
+from pid_platform.sharding.layout import sha_cache_path, stamp_path
+from pid_platform.sharding.parallel import ordered_map
+from pid_platform.sharding.shard_plan import ShardPlan
+from pid_platform.sharding.storage import SourceStore
+from pid_platform.sharding.versions import link_atomic
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ from pathlib import Path
 from loader.formats.catalog import CATALOG_NAME, Catalog, SourceEntry, write_catalog
 from loader.formats.errors import FormatError
 from loader.formats.wdinfo import WDINFO_NAME, parse_wdinfo, read_wdinfo
-from pid_platform.build.errors import BuildError
-from pid_platform.build.layout import STATE_DIR
-from pid_platform.build.s3_output import S3Output, get_bytes, published_sources
+from pid_platform.sharding.errors import BuildError
+from pid_platform.sharding.layout import STATE_DIR
+from pid_platform.sharding.s3_output import S3Output, get_bytes, published_sources
 
 ALL_DATASET = "all"
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loader.formats.atomic import atomic_writer
-from pid_platform.build.storage import FileEntry
+from pid_platform.sharding.storage import FileEntry
 
 CACHE_NAME = "intake_cache.parquet"
 # Bump when a check can give another outcome for the same bytes (a new rule, a fixed check):

@@ -29,9 +29,9 @@ from loader.formats.wdinfo import (
     manifest_root,
     write_wdinfo,
 )
-from pid_platform.build.layout import STATE_DIR, bucket_dir, sha_cache_path
-from pid_platform.build.parallel import ordered_map
-from pid_platform.build.plan import ShardPlan
+from pid_platform.sharding.layout import STATE_DIR, bucket_dir, sha_cache_path
+from pid_platform.sharding.parallel import ordered_map
+from pid_platform.sharding.shard_plan import ShardPlan
 
 
 def _index_one(args: tuple[Path, ShardPlan]) -> str:

@@ -16,9 +16,9 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from loader.formats.layout import lock_name
-from loader.io.locks import flock_held, read_lock_holder
-from pid_platform.build.errors import BuildError, OutputNotWritableError
-from pid_platform.build.layout import final_dir
+from loader.io.flock import flock_held, read_lock_holder
+from pid_platform.sharding.errors import BuildError, OutputNotWritableError
+from pid_platform.sharding.layout import final_dir
 
 # Steps nest (build_source calls every run_* step): the process keeps one lock per folder.
 _held: dict[Path, int] = {}

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from numpy.lib import format as npy_format
 from PIL import Image
 
-from pid_platform.build.errors import UnsafeInputError
+from pid_platform.sharding.errors import UnsafeInputError
 
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif"})
 CAPTION_EXTS = frozenset({"json", "txt"})

@@ -40,10 +40,10 @@ from loader.formats.version_pointer import (
 )
 from loader.formats.wdinfo import WDINFO_NAME, check_wdinfo
 from loader.io.s3_client import S3AccessError, S3Settings, s3_client, s3_errors, split_s3_url
-from pid_platform.build.errors import BuildError, OutputNotWritableError
-from pid_platform.build.layout import PROBE_PREFIX, STATE_DIR
-from pid_platform.build.manifests import is_build_output
-from pid_platform.build.parallel import ordered_map
+from pid_platform.sharding.errors import BuildError, OutputNotWritableError
+from pid_platform.sharding.layout import PROBE_PREFIX, STATE_DIR
+from pid_platform.sharding.manifests import is_build_output
+from pid_platform.sharding.parallel import ordered_map
 
 WORK_ROOT_ENV = "PID_WORK_ROOT"
 DEFAULT_GRACE_S = 24 * 3600.0

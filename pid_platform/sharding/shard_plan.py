@@ -24,8 +24,8 @@ from loader.formats.twin_tar import (
     shard_relpath,
     tar_size,
 )
-from pid_platform.build.errors import ShardingConfigError
-from pid_platform.build.intake import Sample
+from pid_platform.sharding.errors import ShardingConfigError
+from pid_platform.sharding.intake import Sample
 
 FLAT = ""  # bucket name used in flat mode (no aspect-ratio folders)
 PLAN_VERSION = 1
