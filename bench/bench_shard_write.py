@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
 
     store = LocalSourceStore(work / "raw")
     t0 = time.perf_counter()
-    samples, report = intake(store, SOURCE, num_workers=os.cpu_count() or 1)
+    samples, report, _ = intake(store, SOURCE, num_workers=os.cpu_count() or 1)
     if report.dropped_total:
         print(f"  warning: intake dropped {report.dropped_total} samples: {dict(report.dropped)}")
     config = ShardingConfig(max_shard_size_mb=args.shard_mb)

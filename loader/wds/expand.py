@@ -10,7 +10,8 @@ an end-of-shard marker keeps two shards' samples from ever merging.
 from __future__ import annotations
 
 import logging
-from collections import Counter
+import threading
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import zip_longest
@@ -88,17 +89,38 @@ def _wanted(task: Task):
         yield from range(a, b)
 
 
+_INDEX_CACHE: OrderedDict[tuple, tuple] = OrderedDict()
+_INDEX_CACHE_SIZE = 32   # shards: a worker reads its batches of one shard one after another
+_INDEX_CACHE_LOCK = threading.Lock()
+
+
 def _read_index(shard: TarSample, modalities: tuple[str, ...], offsets: bool = True):
     """``(keys, {modality: header offsets})`` from the shard's key index, or None without one.
 
     ``offsets=False``: keys only (the offset columns cost as much again to decode), for a reader
-    that starts at the shard's first sample anyway.
+    that starts at the shard's first sample anyway. The last few shards' indexes are kept: an
+    epoch plan hands a worker several batches of one shard, and each would read it again.
     """
+    if not shard.key_index:
+        return None
+    key = (shard.key_index, shard.sample_count, tuple(modalities), offsets)
+    with _INDEX_CACHE_LOCK:
+        hit = _INDEX_CACHE.get(key)
+        if hit is not None:
+            _INDEX_CACHE.move_to_end(key)
+            return hit
+    got = _read_index_uncached(shard, modalities, offsets)
+    with _INDEX_CACHE_LOCK:
+        _INDEX_CACHE[key] = got
+        while len(_INDEX_CACHE) > _INDEX_CACHE_SIZE:
+            _INDEX_CACHE.popitem(last=False)
+    return got
+
+
+def _read_index_uncached(shard: TarSample, modalities: tuple[str, ...], offsets: bool):
     from loader.formats.key_index import read_key_columns
     from loader.wds.members import open_stream
 
-    if not shard.key_index:
-        return None
     with open_stream(shard.key_index) as fh:
         data = fh.read()  # small, and parquet wants to seek: remote streams do not
     try:
