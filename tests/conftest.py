@@ -16,6 +16,7 @@ pytest_plugins = [
     "tests.support.fault_proxy",
     "tests.support.lerobot_data",
     "tests.support.hub_standin",
+    "tests.support.dagster_runs",
 ]
 
 # Four photographs x eight aspect ratios: every bucket gets real pictures, and it builds fast.

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import dagster as dg
-import pytest
 
 from pid_platform.defs.partitions import SOURCES
 from pid_platform.defs.resources import ShardingResource, source_store_from_env
@@ -24,15 +23,7 @@ from tests.support.dagster_runs import (
     load_defs,
     manifests,
     run_config,
-    use_roots,
 )
-
-
-@pytest.fixture
-def out_root(tmp_path: Path, raw_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    out = tmp_path / "out"
-    use_roots(monkeypatch, raw_root, out)
-    return out
 
 
 def _small_source(root: Path) -> Path:

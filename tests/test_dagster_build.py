@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import dagster as dg
-import pytest
 
 from loader.formats.wdinfo import read_wdinfo
 from pid_platform.sample_data import make_sample_source
@@ -27,17 +26,9 @@ from tests.support.dagster_runs import (
     run_config,
     skipped_steps,
     tars,
-    use_roots,
 )
 
 ALL_CHECKS = {"twin_tar_keys_match", "shards_within_size_bound", "manifest_counts_match_tars"}
-
-
-@pytest.fixture
-def out_root(tmp_path: Path, raw_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    out = tmp_path / "out"
-    use_roots(monkeypatch, raw_root, out)
-    return out
 
 
 def test_every_asset_materializes_and_every_check_passes(raw_root: Path, out_root: Path) -> None:

@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import dagster as dg
-import pytest
 
 from tests.support.build_data import reverse_members_in_place
 from tests.support.dagster_runs import (
@@ -18,15 +17,7 @@ from tests.support.dagster_runs import (
     materialized,
     run_config,
     tars,
-    use_roots,
 )
-
-
-@pytest.fixture
-def out_root(tmp_path: Path, raw_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    out = tmp_path / "out"
-    use_roots(monkeypatch, raw_root, out)
-    return out
 
 
 def _alone(defs: dg.Definitions, instance: dg.DagsterInstance, asset: str) -> dg.ExecuteInProcessResult:

@@ -27,6 +27,14 @@ def use_roots(monkeypatch: pytest.MonkeyPatch, raw_root: Path, out_root: Path) -
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
 
 
+@pytest.fixture
+def out_root(tmp_path: Path, raw_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh output root, with the code location pointed at ``raw_root`` and it."""
+    out = tmp_path / "out"
+    use_roots(monkeypatch, raw_root, out)
+    return out
+
+
 @contextmanager
 def dagster_instance() -> Iterator[dg.DagsterInstance]:
     """A real, empty Dagster instance with in-memory storage.

@@ -18,6 +18,11 @@ DEFAULT_SEED = 42   # what seed=None means (LeRobot's fixed streaming seed)
 _GB = 1 << 30
 
 
+def worker_share(total: int, num_workers: int) -> int:
+    """One worker's part of a per-rank amount (``num_workers`` 0: the training process reads)."""
+    return max(1, total // max(1, num_workers))
+
+
 @dataclass(frozen=True)
 class StreamingOptions:
     streaming_episode_pool_size: int = 32        # complete episodes mixed per rank (pool/N per worker)
@@ -71,15 +76,13 @@ class StreamingOptions:
 
     def per_worker(self, num_workers: int, cameras: int) -> WorkerShare:
         """What one of ``num_workers`` DataLoader workers (0 means the training process) gets."""
-        n = max(1, num_workers)
-        pool = max(1, self.streaming_episode_pool_size // n)
         decoders = self.video_decoder_cache_size or self.streaming_episode_pool_size * max(1, cameras)
         conns = self.streaming_native_http_connections
         return WorkerShare(
-            pool_size=pool,
-            byte_budget=max(1, self.byte_budget // n),
-            decoder_cache=max(1, decoders // n),
-            http_connections=None if conns is None else max(1, conns // n),
+            pool_size=worker_share(self.streaming_episode_pool_size, num_workers),
+            byte_budget=worker_share(self.byte_budget, num_workers),
+            decoder_cache=worker_share(decoders, num_workers),
+            http_connections=None if conns is None else worker_share(conns, num_workers),
         )
 
 

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .options import worker_share
+
 STATE_FORMAT = "pid-lerobot-stream"
 STATE_VERSION = 1
 
@@ -39,8 +41,8 @@ class Layout:
     base: tuple[tuple[int, int], ...] = ()   # (episode, first frame) for episodes not starting at 0
 
     def worker_pool(self) -> tuple[int, int]:
-        n = max(1, self.num_workers)
-        return max(1, self.pool_size // n), max(1, self.byte_budget // n)
+        """(pool size, byte budget) of one worker under this layout."""
+        return worker_share(self.pool_size, self.num_workers), worker_share(self.byte_budget, self.num_workers)
 
 
 @dataclass(frozen=True)
