@@ -12,18 +12,10 @@ from torch.utils.data import IterableDataset
 from loader.wds.collate import collate_samples
 from loader.wds.epoch_plan import UNBATCHED_BLOCK, Layout
 from loader.wds.errors import DecodeError
-from loader.wds.expand import (
-    DECODE_ERROR_POLICIES,
-    ExpandOptions,
-    ExpandStats,
-    group_by_keys,
-    process_sample,
-    tar_file_expander,
-    url_opener,
-)
+from loader.wds.expand import DECODE_ERROR_POLICIES, ExpandOptions, ExpandStats
 from loader.wds.shard_table import ShardTable
 from loader.wds.shardlists import PlannedBatch, ShardlistBasic, current_worker
-from loader.wds.stages import with_sid
+from loader.wds.twin_reader import TwinReader
 
 STATS_KEY = "__stats__"
 log = logging.getLogger(__name__)
@@ -39,9 +31,9 @@ class TwinTarDataset(IterableDataset):
     """Samples (or batches) from twin tars.
 
     The shard list plans the batches (``epoch_plan.py``: one order per epoch, dealt to ranks and
-    workers; ``shuffle_buffer`` is the order's shuffle window). Each planned batch is read with
-    small generator stages: url_opener -> tar_file_expander -> process_sample -> group_by_keys,
-    then put in plan order, decoded, mapped and collated. Every sample carries ``__key__``, ``__sid__`` (shard << 32 | member), ``__epoch__``,
+    workers; ``shuffle_buffer`` is the order's shuffle window). Each planned batch is read by the
+    process's ``TwinReader`` (``twin_reader.py``; it keeps a shard's tars open from one batch to
+    the next), then put in plan order, decoded, mapped and collated. Every sample carries ``__key__``, ``__sid__`` (shard << 32 | member), ``__epoch__``,
     ``__pad__`` (a repeat that evens out ranks) and ``__bucket__``.
     """
 
@@ -74,28 +66,49 @@ class TwinTarDataset(IterableDataset):
                                     drop_last=drop_last and batch_size is not None, window=shuffle_buffer))
         self.stats = ExpandStats()  # per process; workers keep their own copy
 
-    def read_batch(self, pb: PlannedBatch) -> tuple[list[int], list[dict]]:
+    def read_batch(self, pb: PlannedBatch, reader: TwinReader | None = None) -> tuple[list[int], list[dict]]:
         """The samples of one planned batch, in its order, with their slots (places in the
-        batch's plan); a sample dropped while reading (missing key, shard error) is absent."""
-        stream = url_opener(((pb.epoch, t) for t in pb.tasks()), self.shards)
-        members = map(process_sample, tar_file_expander(stream, self.modalities, self.options, self.stats))
-        got = {(s["__shard__"], s["__index__"], s["__pad__"]): s for s in with_sid(group_by_keys(members, self.stats))}
+        batch's plan); a sample dropped while reading (missing key, shard error) is absent.
+        ``reader`` keeps tars open from one batch to the next (one per process)."""
+        own = reader is None
+        reader = reader or self.reader()
+        try:
+            read: list[dict] = []
+            for task in pb.tasks():
+                reader.read(pb.epoch, task, read)
+        finally:
+            if own:
+                reader.close()
+        if len(read) == len(pb) and pb.in_task_order():  # the usual case: nothing to reorder
+            return list(range(pb.skip, pb.skip + len(read))), read
+        got = {(s["__shard__"], s["__index__"], s["__pad__"]): s for s in read}
         slots, out, used = [], [], set()
         keys = zip(pb.shards.tolist(), pb.members.tolist(), pb.pads.tolist(), strict=True)
-        for i, key in enumerate(keys):
+        for i, key in enumerate(keys, pb.skip):
             s = got.get(key)
             if s is None:
                 continue
-            out.append(dict(s) if key in used else s)  # tiny sets: one sample padded in twice
-            used.add(key)
-            slots.append(pb.skip + i)
+            if key in used:
+                s = dict(s)  # tiny sets: one sample padded in twice
+            else:
+                used.add(key)
+            out.append(s)
+            slots.append(i)
         return slots, out
+
+    def reader(self) -> TwinReader:
+        """A sample reader for this process (it holds open files: close it)."""
+        return TwinReader(self.shards, self.modalities, self.options, self.stats)
 
     def samples(self) -> Iterator[dict]:
         """Undecoded, unbatched samples for this process, in plan order."""
         worker_id, num_workers = current_worker()
-        for pb in self.shardlist.batches(worker_id, num_workers):
-            yield from self.read_batch(pb)[1]
+        reader = self.reader()
+        try:
+            for pb in self.shardlist.batches(worker_id, num_workers):
+                yield from self.read_batch(pb, reader)[1]
+        finally:
+            reader.close()
 
     def _decoded(self, samples: Iterator[dict]) -> Iterator[dict]:
         """Decode each sample; under ``on_decode_error="skip"`` a sample that cannot be decoded
@@ -113,6 +126,8 @@ class TwinTarDataset(IterableDataset):
 
     def _prepare(self, samples: list[dict], slots: list[int]) -> tuple[list[int], list[dict]]:
         """Decode and map one batch's samples; what a decoder skips or a map drops leaves."""
+        if self.decoder is None and not self.maps:
+            return slots, samples
         kept_slots, kept = [], []
         for slot, s in zip(slots, samples, strict=True):
             out: dict | None = s
@@ -132,13 +147,17 @@ class TwinTarDataset(IterableDataset):
         plan, so that the training process can count exactly what it handed out."""
         self.stats = ExpandStats()
         worker_id, num_workers = current_worker()
-        for pb in self.shardlist.batches(worker_id, num_workers):
-            read_slots, read = self.read_batch(pb)
-            slots, samples = self._prepare(read, read_slots)
-            payload: Any = samples
-            if self.batch_size is not None:
-                payload = self.collate(samples) if samples else None
-            yield Block(pb.epoch, pb.index, pb.skip + len(pb), slots, payload, (worker_id, self.stats.as_dict()))
+        reader = self.reader()
+        try:
+            for pb in self.shardlist.batches(worker_id, num_workers):
+                read_slots, read = self.read_batch(pb, reader)
+                slots, samples = self._prepare(read, read_slots)
+                payload: Any = samples
+                if self.batch_size is not None:
+                    payload = self.collate(samples) if samples else None
+                yield Block(pb.epoch, pb.index, pb.skip + len(pb), slots, payload, (worker_id, self.stats.as_dict()))
+        finally:
+            reader.close()
 
     def __iter__(self) -> Iterator[Any]:
         """Samples, or batches with ``batch_size``, for this process (without ``ResumableLoader``:
@@ -147,6 +166,9 @@ class TwinTarDataset(IterableDataset):
         # and the in-process case must not count an earlier epoch twice.
         in_worker = _in_worker_process()
         for block in self.blocks():
+            if self.batch_size is None and not in_worker:
+                yield from block.payload  # samples, none left out
+                continue
             items = block.payload if self.batch_size is None else [block.payload]
             for item in items:
                 if item is None:

@@ -1,20 +1,31 @@
-"""Iterate the members of one tar stream (``loader.formats.twin_tar.iter_tar`` reads the tar)."""
+"""One tar of a shard, opened for reading (``loader.formats.twin_tar.TarCursor`` reads the tar)."""
 
 from __future__ import annotations
 
 import hashlib
+import io
+import os
 from collections.abc import Iterator
 
-from loader.formats.twin_tar import TarReadError, iter_tar
+from loader.formats.twin_tar import TarCursor, TarReadError
 from loader.wds.errors import ChecksumError, ShardReadError
 
+SMALL_MEMBERS = 16 << 10  # a tar whose members average less than this is read through a buffer
+SMALL_MEMBERS_BUFFER = 64 << 10
 
-def open_stream(url: str, start: int = 0, stream_config=None, stats=None):
+
+def open_stream(url: str, start: int = 0, stream_config=None, stats=None, members: int | None = None):
+    """A byte stream of ``url`` from byte ``start``. ``members``: how many members the file
+    holds, if known: a local tar of small members (captions, embeddings) is read through a
+    64 KiB buffer, one system call for many members; one of large members is read unbuffered,
+    each member's data straight into the bytes handed on (a buffer would copy it twice)."""
     if "://" not in url or url.startswith("file://"):
         path = url.removeprefix("file://")
-        fh = open(path, "rb")  # noqa: SIM115 - closed by the caller
+        fh = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by the caller
         if start:
             fh.seek(start)
+        if members and os.fstat(fh.fileno()).st_size < members * SMALL_MEMBERS:
+            return io.BufferedReader(fh, SMALL_MEMBERS_BUFFER)
         return fh
     from loader.io import open_url
 
@@ -34,46 +45,84 @@ class _Hashing:
         return data
 
 
+class OpenTar:
+    """One modality tar of a shard, open at a header boundary: ``cursor`` reads its members.
+
+    ``sha256``: the tar's checksum from its manifest; reading starts at byte 0, every byte is
+    hashed, and :meth:`check_sha256` (once the members are exhausted) reads the rest and compares.
+    """
+
+    __slots__ = ("url", "start", "stream", "source", "cursor")
+
+    def __init__(self, url: str, start: int = 0, stream_config=None, stats=None, sha256: str | None = None,
+                 members: int | None = None):
+        if sha256 is not None and start:
+            raise ValueError("a checksum covers the whole tar: read it from byte 0")
+        self.url, self.start = url, start
+        try:
+            self.stream = open_stream(url, start, stream_config, stats, members)
+        except FileNotFoundError:
+            raise ShardReadError(f"{url}: tar not found; is the manifest stale? rebuild or re-sync the dataset") from None
+        self.source = _Hashing(self.stream) if sha256 is not None else self.stream
+        try:
+            self.cursor = TarCursor(self.source, url, start)
+        except (TarReadError, EOFError, OSError) as exc:
+            self.stream.close()
+            raise self.read_error(exc) from exc
+        except BaseException:
+            self.stream.close()
+            raise
+
+    def read_error(self, exc: BaseException) -> ShardReadError:
+        """The loader's error for a failure while reading this tar (a ``TarReadError`` or an I/O error)."""
+        if isinstance(exc, TarReadError):
+            stale = ""
+            if self.start and exc.offset == self.start:
+                stale = (f" (reading started at byte {self.start}, where the key index puts a member: if the tar was "
+                         "rewritten after its key index was built, the index is stale - rebuild it)")
+            return ShardReadError(
+                f"{self.url}: unreadable tar ({exc.problem}){stale}; the file is truncated or corrupt - rebuild the "
+                "shard or set shard_error_policy='skip'"
+            )
+        return ShardReadError(
+            f"{self.url}: unreadable tar after byte {self.start} ({type(exc).__name__}: {exc}); "
+            "the file is truncated or corrupt - rebuild the shard or set shard_error_policy='skip'"
+        )
+
+    def check_sha256(self, sha256: str) -> None:
+        assert isinstance(self.source, _Hashing)
+        while self.source.read(1 << 20):
+            pass
+        got = self.source.digest.hexdigest()
+        if got != sha256:
+            raise ChecksumError(
+                f"{self.url}: sha256 {got} differs from the {sha256} its manifest lists; the tar changed or "
+                "is damaged - rebuild or re-sync it, or set shard_error_policy='skip'"
+            )
+
+    def close(self) -> None:
+        self.stream.close()
+
+
 def iter_members(url: str, start: int = 0, stream_config=None, stats=None,
                  sha256: str | None = None) -> Iterator[tuple[str, bytes]]:
-    """``(member name, bytes)`` of each regular file, from byte ``start`` (a header boundary).
-
-    ``sha256``: the tar's checksum from its manifest; read from byte 0, every byte is hashed and,
-    once the members are exhausted, the rest of the file too, then compared (``ChecksumError``).
-    """
-    if sha256 is not None and start:
-        raise ValueError("a checksum covers the whole tar: read it from byte 0")
+    """``(member name, bytes)`` of each regular file, from byte ``start`` (a header boundary);
+    with ``sha256``, the whole tar is checked once its members are exhausted (``ChecksumError``)."""
+    tar = OpenTar(url, start, stream_config, stats, sha256)
     try:
-        stream = open_stream(url, start, stream_config, stats)
-    except FileNotFoundError:
-        raise ShardReadError(f"{url}: tar not found; is the manifest stale? rebuild or re-sync the dataset") from None
-    with stream:
-        source = _Hashing(stream) if sha256 is not None else stream
-        try:
-            yield from iter_tar(source, url, start)
-        except TarReadError as exc:
-            stale = ""
-            if start and exc.offset == start:
-                stale = (f" (reading started at byte {start}, where the key index puts a member: if the tar was "
-                         "rewritten after its key index was built, the index is stale - rebuild it)")
-            raise ShardReadError(
-                f"{url}: unreadable tar ({exc.problem}){stale}; the file is truncated or corrupt - rebuild the "
-                "shard or set shard_error_policy='skip'"
-            ) from exc
-        except (EOFError, OSError) as exc:
-            raise ShardReadError(
-                f"{url}: unreadable tar after byte {start} ({type(exc).__name__}: {exc}); "
-                "the file is truncated or corrupt - rebuild the shard or set shard_error_policy='skip'"
-            ) from exc
+        nxt = tar.cursor.next
+        while True:
+            try:
+                member = nxt()
+            except (TarReadError, EOFError, OSError) as exc:
+                raise tar.read_error(exc) from exc
+            if member is None:
+                break
+            yield member
         if sha256 is not None:
-            while source.read(1 << 20):
-                pass
-            got = source.digest.hexdigest()
-            if got != sha256:
-                raise ChecksumError(
-                    f"{url}: sha256 {got} differs from the {sha256} its manifest lists; the tar changed or "
-                    "is damaged - rebuild or re-sync it, or set shard_error_policy='skip'"
-                )
+            tar.check_sha256(sha256)
+    finally:
+        tar.close()
 
 
 def split_key(name: str, known: dict | set | None = None) -> tuple[str, str]:

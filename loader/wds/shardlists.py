@@ -42,6 +42,15 @@ class PlannedBatch:
     def __len__(self) -> int:
         return len(self.shards)
 
+    def in_task_order(self) -> bool:
+        """True when :meth:`tasks` read in order yield the batch's samples in its order (each
+        shard's members one run, ascending by one, no shard twice): no reordering needed."""
+        s, m, p = self.shards, self.members, self.pads
+        if len(s) < 2:
+            return True
+        runs = 1 + int(np.count_nonzero((s[1:] != s[:-1]) | (p[1:] != p[:-1]) | (m[1:] != m[:-1] + 1)))
+        return runs == len({(a, b) for a, b in zip(s.tolist(), p.tolist(), strict=True)}) if runs > 1 else True
+
     def tasks(self) -> list[Task]:
         """What to read: one task per run of consecutive members of one shard, in the order the
         batch first needs them (a reader starts each run at its member's offset)."""

@@ -1,0 +1,460 @@
+"""Twin-tar samples for one process: tasks (runs of one shard's members) in, samples out.
+
+Zip mode reads every modality tar of a shard in lockstep and checks that each tuple shares one
+key. Index mode is driven by the parquet key index and tolerates missing, duplicate and
+out-of-order members within a bounded look-ahead. A sample is one dict: ``__key__``,
+``__shard__``, ``__index__``, ``__epoch__``, ``__pad__``, ``__bucket__``, ``__sid__`` and a
+``<modality>.<ext>`` field per modality (``__missing__`` under ``missing_key_policy="partial"``).
+
+An epoch plan hands a worker a shard in several batches, one after another as a rule. The
+reader keeps the tars of the shards it read last open where it stopped (``KEEP_OPEN`` shards),
+so the next batch of a shard starts with no open, no seek and no key-index lookup; members a
+batch does not want are passed reading their headers only (a seek on a local tar). Each sample
+is built once, as the dict handed on: no per-member dicts, no grouping pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+
+from loader.formats.errors import FormatError
+from loader.formats.pid_names import split_pid_member_name
+from loader.formats.twin_tar import TarReadError
+from loader.io.heap import keep_heap_for_batches
+from loader.wds.consumed import SID_SHIFT
+from loader.wds.epoch_plan import Task
+from loader.wds.errors import CountMismatchError, MissingKeyError, ShardReadError, TwinMismatchError
+from loader.wds.members import OpenTar, open_stream, split_key
+from loader.wds.shard_table import TarSample
+
+log = logging.getLogger(__name__)
+
+KEEP_OPEN = 4  # shards whose tars stay open between tasks (x modalities file descriptors)
+SKIP_AHEAD = 8  # further ahead than this, a reader with header offsets reopens there instead of skipping
+_READ_ERRORS = (TarReadError, EOFError, OSError)
+
+_INDEX_CACHE: OrderedDict[tuple, tuple] = OrderedDict()
+_INDEX_CACHE_SIZE = 32   # shards: a worker reads its batches of one shard one after another
+_INDEX_CACHE_LOCK = threading.Lock()
+
+
+def read_index(shard: TarSample, modalities: tuple[str, ...], offsets: bool = True):
+    """``(keys, {modality: header offsets})`` from the shard's key index, or None without one.
+
+    ``offsets=False``: keys only (the offset columns cost as much again to decode), for a reader
+    that starts at the shard's first sample anyway. The last few shards' indexes are kept: an
+    epoch plan hands a worker several batches of one shard, and each may need it.
+    """
+    if not shard.key_index:
+        return None
+    key = (shard.key_index, shard.sample_count, tuple(modalities), offsets)
+    with _INDEX_CACHE_LOCK:
+        hit = _INDEX_CACHE.get(key)
+        if hit is not None:
+            _INDEX_CACHE.move_to_end(key)
+            return hit
+    got = _read_index_uncached(shard, modalities, offsets)
+    with _INDEX_CACHE_LOCK:
+        _INDEX_CACHE[key] = got
+        while len(_INDEX_CACHE) > _INDEX_CACHE_SIZE:
+            _INDEX_CACHE.popitem(last=False)
+    return got
+
+
+def _read_index_uncached(shard: TarSample, modalities: tuple[str, ...], offsets: bool):
+    from loader.formats.key_index import read_key_columns
+
+    with open_stream(shard.key_index) as fh:
+        data = fh.read()  # small, and parquet wants to seek: remote streams do not
+    try:
+        index = read_key_columns(data, modalities, offsets=offsets, origin=shard.key_index)
+    except FormatError as exc:
+        raise ShardReadError(f"shard {shard.path}: {exc}") from None
+    keys = index.keys
+    if len(keys) != shard.sample_count:
+        raise CountMismatchError(
+            f"shard {shard.path}: its key index {shard.key_index} lists {len(keys)} samples, the manifest "
+            f"counts {shard.sample_count}; rebuild the manifest or the shard, or set shard_error_policy='skip'"
+        )
+    return keys, index.offsets
+
+
+def _field(modality: str, ext: str) -> str:
+    return f"{modality}.{ext}" if ext else modality
+
+
+def _wds_split(name: str) -> tuple[str, str]:
+    """``split_key`` without known keys (the WebDataset rule: the first dot of the basename)."""
+    dot = name.find(".", name.rfind("/") + 1)
+    return (name, "") if dot < 0 else (name[:dot], name[dot + 1 :])
+
+
+class _Fields(dict):
+    """``<modality>.<ext>`` field names of one modality, made once per extension."""
+
+    def __init__(self, modality: str):
+        super().__init__()
+        self.modality = modality
+
+    def __missing__(self, ext: str) -> str:
+        self[ext] = f = _field(self.modality, ext)
+        return f
+
+
+class _Tars:
+    """A shard's modality tars, open; ``pos`` is the member index the next read is for."""
+
+    def __init__(self, shard: TarSample, modalities: tuple[str, ...], starts: dict[str, int], pos: int,
+                 opts, stats, verify: bool):
+        self.shard, self.modalities, self.pos, self.verify = shard, modalities, pos, verify
+        self.tars: list[OpenTar] = []
+        try:
+            for m in modalities:
+                sha = (shard.sha256 or {}).get(m) if verify else None
+                self.tars.append(OpenTar(shard.url(m), starts[m], opts.stream_config, stats.stream, sha,
+                                         members=shard.sample_count))
+        except BaseException:
+            self.close()
+            raise
+        self.nexts = [t.cursor.next for t in self.tars]
+        self.split = split_pid_member_name if shard.pid_names else _wds_split
+        self.lookahead: list[_Lookahead] | None = None  # index mode's readers
+        self.known: dict[str, int] | None = None
+        self.keys: list[str] | None = None  # the key index's keys, once read
+
+    def read_error(self, exc: BaseException) -> ShardReadError:
+        """A read failure as the loader's error, naming the tar it happened in."""
+        origin = getattr(exc, "origin", None)
+        tar = next((t for t in self.tars if t.url == origin), self.tars[0])
+        return tar.read_error(exc)
+
+    def check_sha256(self) -> None:
+        for m, t in zip(self.modalities, self.tars, strict=True):
+            t.check_sha256((self.shard.sha256 or {})[m])
+
+    def close(self) -> None:
+        for t in self.tars:
+            t.close()
+
+
+class _Lookahead:
+    """One modality's members, searchable by key within a bounded read-ahead buffer."""
+
+    def __init__(self, nxt, known: dict, limit: int, stats):
+        self.nxt, self.known, self.limit, self.stats = nxt, known, limit, stats
+        self.buffer: dict[str, tuple[str, bytes]] = {}
+        self.seen: set[str] = set()
+        self.exhausted = False
+
+    def take(self, key: str) -> tuple[str, bytes] | None:
+        if self.buffer and key in self.buffer:
+            return self.buffer.pop(key)
+        if self.exhausted or (got := self._next()) is None:
+            return None
+        name, data = got
+        # The usual case, members in index order: the name is "<key>.<ext>" with no other dot,
+        # so no longer known key can claim it and split_key's search is not needed.
+        cut = len(key) + 1
+        if name.startswith(key) and name[cut - 1 : cut] == "." and name.find(".", cut) < 0 and key not in self.seen:
+            self.seen.add(key)
+            return name[cut:], data
+        return self._search(key, name, data)
+
+    def _search(self, key: str, name: str, data: bytes) -> tuple[str, bytes] | None:
+        """Read on (``name``/``data`` is the member just read) until ``key``, buffering others."""
+        read = 1
+        while True:
+            k, ext = split_key(name, self.known)
+            if k not in self.known:
+                self.stats.unindexed_members += 1
+            elif k in self.seen or k in self.buffer:
+                self.stats.duplicates += 1  # first copy wins
+            else:
+                self.seen.add(k)
+                if k == key:
+                    return ext, data
+                if len(self.buffer) >= self.limit:
+                    self.buffer.pop(next(iter(self.buffer)))  # oldest: it can no longer be in order
+                self.buffer[k] = (ext, data)
+            if read >= self.limit or (got := self._next()) is None:
+                return None
+            name, data = got
+            read += 1
+
+    def _next(self) -> tuple[str, bytes] | None:
+        got = self.nxt()
+        if got is None:
+            self.exhausted = True
+        return got
+
+
+class TwinReader:
+    """Reads tasks of twin-tar shards into samples, for one process (a DataLoader worker or the
+    training process): it holds open files, so each process makes its own and closes it."""
+
+    def __init__(self, shards, modalities: tuple[str, ...] | None, options, stats):
+        self.shards, self.modalities, self.options, self.stats = shards, modalities, options, stats
+        keep_heap_for_batches()
+        self._open: OrderedDict[tuple[int, str], _Tars] = OrderedDict()
+
+    def close(self) -> None:
+        while self._open:
+            self._open.popitem()[1].close()
+
+    def _drop(self, shard_id: int, mode: str) -> None:
+        tars = self._open.pop((shard_id, mode), None)
+        if tars is not None:
+            tars.close()
+
+    def samples(self, epoch: int, task: Task) -> list[dict]:
+        """The samples of one task, in member order (a shard error under ``shard_error_policy=
+        "skip"`` ends them early, counted)."""
+        out: list[dict] = []
+        self.read(epoch, task, out)
+        return out
+
+    def read(self, epoch: int, task: Task, out: list[dict]) -> None:
+        """Append the samples of one task to ``out``, in member order. A list, not a generator:
+        a batch is collected whole before it is handed on anyway, and appending costs less than
+        passing each sample up through generator frames."""
+        shard: TarSample = self.shards[task.shard_id]
+        opts, stats = self.options, self.stats
+        mods = self.modalities or shard.keys
+        where = (epoch, task.shard_id, task.pad, shard.bucket)
+        before = len(out)
+        try:
+            try:
+                (self._zip if opts.mode == "zip" else self._index)(shard, task, mods, where, out)
+            except TwinMismatchError:
+                self._drop(task.shard_id, "zip")
+                if not (opts.mode == "zip" and opts.zip_fallback_to_index and shard.key_index):
+                    raise
+                # Zip mode checks a whole tuple before appending any of it, so every member up to
+                # the last sample appended is complete: index mode reads the rest of the task.
+                done = out[-1]["__index__"] if len(out) > before else -1
+                stats.zip_fallbacks += 1
+                log.warning("shard %s: zip mode mismatch after member %d, falling back to index mode",
+                            shard.path, done)
+                rest = tuple((max(a, done + 1), b) for a, b in task.ranges if b > done + 1)
+                self._index(shard, Task(task.shard_id, rest, task.pad), mods, where, out)
+        except ShardReadError:
+            self._drop(task.shard_id, "zip")
+            self._drop(task.shard_id, "index")
+            if opts.shard_error_policy == "raise":
+                raise
+            stats.shard_errors += 1
+            log.exception("skipping the rest of shard %s", shard.path)
+        finally:
+            stats.samples += len(out) - before
+        stats.shards += 1
+
+    # ------------------------------------------------------------------ opening and reusing
+
+    def _tars(self, shard: TarSample, task: Task, mods: tuple[str, ...], mode: str, first: int) -> _Tars:
+        """The shard's tars positioned before member ``first``: kept open from an earlier task
+        when they are at or a little before it, else opened at its key-index offsets."""
+        verify = self.options.verify is not None
+        key = (task.shard_id, mode)
+        tars = self._open.pop(key, None)
+        if tars is not None and tars.modalities == mods and not verify:
+            gap = first - tars.pos
+            # Zip mode passes members cheaply (headers only); past a few, a key index's offset is cheaper.
+            if gap == 0 or (mode == "zip" and gap > 0 and (gap <= SKIP_AHEAD or not shard.key_index)):
+                self._keep(key, tars)
+                return tars
+        if tars is not None:
+            tars.close()
+        starts, pos, keys = {m: 0 for m in mods}, 0, None
+        if first > 0 and not verify:  # a checksum covers the whole tar: read it from byte 0
+            index = read_index(shard, mods)
+            if index is not None and all(m in index[1] for m in mods):
+                keys = index[0]
+                if mode == "zip":
+                    starts, pos = {m: index[1][m][first] for m in mods}, first
+                else:  # members may come out of order: start at the earliest one the task wants
+                    wanted = [i for a, b in task.ranges for i in range(a, b)]
+                    starts, pos = {m: min(index[1][m][i] for i in wanted) for m in mods}, first
+        tars = _Tars(shard, mods, starts, pos, self.options, self.stats, verify)
+        tars.keys = keys
+        if not verify:
+            self._keep(key, tars)
+        return tars
+
+    def _keep(self, key: tuple[int, str], tars: _Tars) -> None:
+        self._open[key] = tars
+        while len(self._open) > KEEP_OPEN:
+            self._open.popitem(last=False)[1].close()
+
+    def _finish(self, key: tuple[int, str], tars: _Tars) -> None:
+        """The shard's last sample was read: close its tars (checked against their sha256)."""
+        self._open.pop(key, None)
+        try:
+            if tars.verify:
+                tars.check_sha256()
+        finally:
+            tars.close()
+
+    # ------------------------------------------------------------------ zip mode
+
+    def _zip(self, shard: TarSample, task: Task, mods: tuple[str, ...], where: tuple, out: list[dict]) -> None:
+        epoch, shard_id, pad, bucket = where
+        n = shard.sample_count
+        first = task.ranges[0][0]
+        tars = self._tars(shard, task, mods, "zip", first)
+        verify = tars.verify
+        nexts, split = tars.nexts, tars.split
+        plain = split is _wds_split  # PiD's rule re-joins dots: no shortcut
+        fields = [_Fields(m) for m in mods]
+        rest = tuple(zip(mods[1:], nexts[1:], fields[1:], strict=True))
+        nxt0, mod0, fields0 = nexts[0], mods[0], fields[0]
+        sid = shard_id << SID_SHIFT
+        template = {"__key__": "", "__shard__": shard_id, "__index__": 0, "__epoch__": epoch, "__pad__": pad,
+                    "__bucket__": bucket, "__sid__": 0}
+        copy, append = template.copy, out.append
+        try:
+            for a, b in task.ranges:
+                while tars.pos < a:
+                    self._zip_skip(tars)
+                for i in range(a, b):
+                    got = nxt0()
+                    if got is None:
+                        self._zip_ended(tars, i, [None, *(nx() for _, nx, _ in rest)])
+                    name = got[0]
+                    if plain:  # _wds_split, inline: this runs once per sample
+                        dot = name.find(".", name.rfind("/") + 1)
+                        key, ext = (name, "") if dot < 0 else (name[:dot], name[dot + 1 :])
+                    else:
+                        key, ext = split(name)
+                    sample = copy()
+                    sample["__key__"], sample["__index__"], sample["__sid__"] = key, i, sid | i
+                    sample[fields0[ext]] = got[1]
+                    cut = len(key) + 1
+                    for m, nx, f in rest:
+                        other = nx()
+                        if other is None:
+                            self._zip_ended(tars, i, [got, *([None] * len(rest))])
+                        name = other[0]
+                        # The twin's name is "<key>.<ext>" as a rule: its key is ours, unsplit.
+                        if plain and name.startswith(key) and name[cut - 1 : cut] == "." and "/" not in name[cut:]:
+                            k, e = key, name[cut:]
+                        else:
+                            k, e = split(name)
+                        if k != key:
+                            raise TwinMismatchError(
+                                f"shard {shard.path} member {i}: key {key!r} in {shard.url(mod0)} but {k!r} in "
+                                f"{shard.url(m)}; the twins are out of sync - rebuild the shard or use mode='index'"
+                            )
+                        sample[f[e]] = other[1]
+                    append(sample)
+                tars.pos = b
+            if verify or tars.pos >= n:
+                # The task that reads a shard's last sample reads on to the tar's end: a member
+                # past the manifest's count is an error, not a sample silently never served.
+                while tars.pos < n:
+                    self._zip_skip(tars)
+                extra = [nx() for nx in nexts]
+                if any(x is not None for x in extra):
+                    raise CountMismatchError(
+                        f"shard {shard.path}: {shard.url(mod0)} holds more than the {n} samples its manifest "
+                        "counts; rebuild the manifest or the shard, or set shard_error_policy='skip'"
+                    )
+                self._finish((shard_id, "zip"), tars)
+        except _READ_ERRORS as exc:
+            raise tars.read_error(exc) from exc
+        finally:
+            if verify:  # never kept open: read from byte 0 each time
+                tars.close()
+
+    def _zip_skip(self, tars: _Tars) -> None:
+        """Pass one tuple of members (headers read, names compared), for a task that starts later."""
+        names = [t.cursor.skip() for t in tars.tars]
+        if None in names:
+            self._zip_ended(tars, tars.pos, names)
+        keys = [tars.split(nm)[0] for nm in names]
+        for m, k in zip(tars.modalities[1:], keys[1:], strict=True):
+            if k != keys[0]:
+                shard = tars.shard
+                raise TwinMismatchError(
+                    f"shard {shard.path} member {tars.pos}: key {keys[0]!r} in {shard.url(tars.modalities[0])} but "
+                    f"{k!r} in {shard.url(m)}; the twins are out of sync - rebuild the shard or use mode='index'"
+                )
+        tars.pos += 1
+
+    @staticmethod
+    def _zip_ended(tars: _Tars, pos: int, got: list) -> None:
+        shard, mods = tars.shard, tars.modalities
+        lack = [m for m, x in zip(mods, got, strict=True) if x is None]
+        have = [m for m, x in zip(mods, got, strict=True) if x is not None]
+        if have:
+            raise TwinMismatchError(
+                f"shard {shard.path}: tars of {lack} end at member {pos} while {have} go on "
+                f"({shard.url(lack[0])} vs {shard.url(have[0])}); rebuild the shard or use mode='index'"
+            )
+        raise CountMismatchError(
+            f"shard {shard.path}: {shard.url(mods[0])} ends after {pos} samples, its manifest counts "
+            f"{shard.sample_count}; rebuild the manifest or the shard, or set shard_error_policy='skip'"
+        )
+
+    # ------------------------------------------------------------------ index mode
+
+    def _index(self, shard: TarSample, task: Task, mods: tuple[str, ...], where: tuple, out: list[dict]) -> None:
+        opts, stats = self.options, self.stats
+        wanted = [i for a, b in task.ranges for i in range(a, b)]
+        if not wanted:
+            return
+        if not shard.key_index:
+            raise MissingKeyError(f"shard {shard.path}: mode='index' needs a key index, and its manifest lists none")
+        epoch, shard_id, pad, bucket = where
+        tars = self._tars(shard, task, mods, "index", wanted[0])
+        if tars.keys is None:
+            # Keys only: a reader from byte 0 sees every member, and tars kept open carry their keys.
+            tars.keys = read_index(shard, mods, offsets=False)[0]
+        keys = tars.keys
+        if tars.lookahead is None:
+            tars.known = dict(zip(keys, range(len(keys))))  # noqa: B905 - the same length
+            tars.lookahead = [_Lookahead(nx, tars.known, opts.lookahead, stats) for nx in tars.nexts]
+        takes = [r.take for r in tars.lookahead]
+        fields = [_Fields(m) for m in mods]
+        sid = shard_id << SID_SHIFT
+        try:
+            for i in wanted:
+                key = keys[i]
+                found = [take(key) for take in takes]
+                tars.pos = i + 1
+                if None not in found:  # the usual case, spelled out: this loop runs once per sample
+                    sample = {"__key__": key, "__shard__": shard_id, "__index__": i, "__epoch__": epoch,
+                              "__pad__": pad, "__bucket__": bucket, "__sid__": sid | i}
+                    for f, (ext, data) in zip(fields, found):  # noqa: B905 - same length by construction
+                        sample[f[ext]] = data
+                    out.append(sample)
+                    continue
+                lacking = [m for m, v in zip(mods, found, strict=True) if v is None]
+                for m in lacking:
+                    stats.missing_keys[m] += 1
+                if opts.missing_key_policy == "error":
+                    raise MissingKeyError(
+                        f"shard {shard.path}: key {key!r} missing from {[shard.url(m) for m in lacking]}; "
+                        "set missing_key_policy='skip' or 'partial' to read on"
+                    )
+                log.warning("shard %s: key %r missing from %s (%s)", shard.path, key, lacking, opts.missing_key_policy)
+                if opts.missing_key_policy == "skip":
+                    continue
+                sample = {"__key__": key, "__shard__": shard_id, "__index__": i, "__epoch__": epoch,
+                          "__pad__": pad, "__bucket__": bucket, "__sid__": sid | i, "__missing__": tuple(lacking)}
+                for m, v in zip(mods, found, strict=True):
+                    if v is not None:
+                        sample[_field(m, v[0])] = v[1]
+                out.append(sample)
+            if tars.verify:
+                for nx in tars.nexts:  # read each tar to its end: its checksum is compared there
+                    while nx() is not None:
+                        pass
+            if tars.verify or tars.pos >= shard.sample_count:
+                self._finish((shard_id, "index"), tars)
+        except _READ_ERRORS as exc:
+            raise tars.read_error(exc) from exc
+        finally:
+            if tars.verify:  # never kept open: read from byte 0 each time
+                tars.close()
