@@ -18,6 +18,9 @@ Contenders, each iterated in-process to the end (samples are dicts of raw bytes)
 * ``ours zip``    - ``loader.wds.pipeline.build_dataset(out, mode="zip", decode=None, shuffle=False,
   shuffle_buffer=0)``: three twin tars per shard read in lockstep, keys checked
 * ``ours index``  - the same with ``mode="index"`` (parquet key index drives the read)
+* ``floor``       - what bounds a reader that hands each member out as its own ``bytes`` in
+  batches: one read of each member's data into a new bytes object and one of its padding with
+  the next header, batches of 64 held, small-member tars buffered as ours; no checks, no dicts
 * ``cat``         - the physical limit: the combined tars' bytes read front to back into one
   reused 1 MiB buffer (``readinto``), no parsing, no objects
 
