@@ -145,3 +145,30 @@ def test_one_global_order_for_any_ranks_and_workers_and_resumes_continue_it(buil
     for r in range(2):
         assert two[r][n]["batches"] + again[r][0]["batches"] == two[r][2]["batches"]
         assert two[r][n + 1]["batches"] + again[r][1]["batches"] == two[r][2]["batches"]
+
+
+def test_a_billion_sample_epoch_plans_without_a_table_per_batch() -> None:
+    """Without same-aspect batches a plan computes its batches: 10^9 samples in 10^6 shards,
+    batches of 64 for 8 ranks, plan in a few MB (a table would be 250 MB), and the batches it
+    deals are the same as a small table-free reference says."""
+    import tracemalloc
+
+    import numpy as np
+
+    from loader.wds.epoch_plan import EpochOrder, EpochPlan, Layout
+
+    counts = np.full(1_000_000, 1000, np.int64)
+    counts[-1] = 1001  # a short last batch: 10^9 + 1 samples
+    tracemalloc.start()
+    order = EpochOrder(counts, None, seed=3, epoch=1, shuffle=True, layout=Layout(block=64))
+    plan = EpochPlan(order, [(0, 640)], 8)  # the first 10 batches consumed before
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 64 * 2**20, peak  # the per-shard arrays (8 MB each), nothing per batch
+    R = 10**9 + 1 - 640
+    T = -(-R // 64)
+    assert plan.batches_per_rank == -(-T // 8)
+    assert plan.batch(3, 0).start == 3 * 64 and plan.batch(3, 0).stop == 4 * 64
+    total = sum(plan.rank_samples(r) for r in range(8))
+    assert R <= total < R + 8  # at most ranks - 1 padding repeats
+    assert plan.consumed_after({r: (2, 0) for r in range(8)}) == [(0, 640 + 2 * 8 * 64)]

@@ -228,28 +228,42 @@ class EpochPlan:
         self.order, self.ranks, self.consumed = order, num_ranks, consumed
         layout = order.layout
         B, W = layout.block, num_ranks
+        self.B = B
         self.remaining = rem = Remaining(order.size, consumed)
-        R = rem.count
+        self.R = R = rem.count
+        # Without same-aspect chunks batch i is [i*B, min((i+1)*B, R)) of the remaining order:
+        # computed, not stored (a table would hold one entry per batch: 250 MB at 1e9 samples).
+        self.starts: np.ndarray | None = None
+        self.stops: np.ndarray | None = None
         if order.chunked:
             starts = rem.to_index(order.chunk_start)
             stops = rem.to_index(order.chunk_start + order.chunk_size)
             keep = stops > starts
-            starts, stops = starts[keep], stops[keep]
+            if layout.drop_last:
+                keep &= stops - starts == B
+            self.starts, self.stops = starts[keep], stops[keep]
+            T = len(self.starts)
         else:
-            starts = np.arange(0, R, B, dtype=np.int64)
-            stops = np.minimum(starts + B, R)
+            T = R // B if layout.drop_last else -(-R // B)
+        self.T = T
         if layout.drop_last:
-            keep = stops - starts == B
-            starts, stops = starts[keep], stops[keep]
-            self.full_steps = len(starts) // W
+            self.full_steps = T // W
             self.tail: list[RankBatch] | None = None
         else:
-            T = len(starts)
             self.full_steps = T // W if (order.chunked and T % W == 0) else max(0, -(-T // W) - 1)
-            rest = slice(self.full_steps * W, T)
-            self.tail = self._split_tail(starts[rest], stops[rest]) if self.full_steps * W < T else None
-        self.starts, self.stops = starts, stops
+            if self.full_steps * W < T:
+                starts, stops = self._bounds(self.full_steps * W, T)
+                self.tail = self._split_tail(starts, stops)
+            else:
+                self.tail = None
         self.batches_per_rank = self.full_steps + (self.tail is not None)
+
+    def _bounds(self, first: int, stop: int, step: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """Starts and stops (remaining-order indexes) of batches first, first + step, ... < stop."""
+        if self.starts is None or self.stops is None:
+            a = np.arange(first, stop, step, dtype=np.int64) * self.B
+            return a, np.minimum(a + self.B, self.R)
+        return self.starts[first:stop:step], self.stops[first:stop:step]
 
     def _pad(self, ordinal: int) -> int:
         return ordinal % self.order.size
@@ -287,13 +301,19 @@ class EpochPlan:
     def batch(self, rank: int, k: int) -> RankBatch:
         if k < self.full_steps:
             i = k * self.ranks + rank
+            if self.starts is None or self.stops is None:
+                return RankBatch(i * self.B, min((i + 1) * self.B, self.R))
             return RankBatch(int(self.starts[i]), int(self.stops[i]))
         if k == self.full_steps and self.tail is not None:
             return self.tail[rank]
         raise IndexError(f"rank {rank} has {self.batches_per_rank} batches, not {k + 1}")
 
     def rank_samples(self, rank: int) -> int:
-        full = int((self.stops - self.starts)[rank : self.full_steps * self.ranks : self.ranks].sum())
+        if self.starts is None:
+            full = self.full_steps * self.B  # every batch before the tail is whole
+        else:
+            starts, stops = self._bounds(rank, self.full_steps * self.ranks, self.ranks)
+            full = int((stops - starts).sum())
         return full + (self.tail[rank].size if self.tail is not None else 0)
 
     def progress(self, rank: int, samples: int) -> tuple[int, int]:
@@ -321,9 +341,12 @@ class EpochPlan:
         W = self.ranks
         low = min(c for c, _ in progress.values())
         low_full = min(low, self.full_steps)
-        # Every rank has all of steps < low_full: one vectorised union.
-        idx_starts = [self.starts[: low_full * W]]
-        idx_stops = [self.stops[: low_full * W]]
+        # Every rank has all of steps < low_full: one vectorised union (one interval unchunked).
+        if self.starts is None or self.stops is None:
+            idx_starts = [np.asarray([0], np.int64)] if low_full else []
+            idx_stops = [np.asarray([low_full * W * self.B], np.int64)] if low_full else []
+        else:
+            idx_starts, idx_stops = [self.starts[: low_full * W]], [self.stops[: low_full * W]]
         extra: list[tuple[int, int]] = []
         for rank, (c, s) in progress.items():
             for k in range(low_full, min(c + (s > 0), self.batches_per_rank)):
