@@ -137,10 +137,12 @@ def test_the_webdataset_style_stages_give_the_datasets_samples(tmp_path: Path) -
     manifest = _shards(tmp_path, 3, 7)
     ds = build_dataset(str(manifest), shuffle=False, decode=None)
     tasks = [(0, Task(i, ((0, 7),))) for i in range(3)]
-    members = map(process_sample, tar_file_expander(url_opener(tasks, ds.shards), None, ExpandOptions(), ExpandStats()))
-    staged = [{k: v for k, v in s.items() if k != "__sid__"} for s in group_by_keys(members, ExpandStats())]
+    stats = ExpandStats()
+    members = map(process_sample, tar_file_expander(url_opener(tasks, ds.shards), None, ExpandOptions(), stats))
+    staged = [{k: v for k, v in s.items() if k != "__sid__"} for s in group_by_keys(members, stats)]
     direct = [{k: v for k, v in s.items() if k != "__sid__"} for s in ds]
     assert staged == direct and len(direct) == 21
+    assert (stats.samples, stats.shards) == (21, 3)  # each counted once
 
 
 _HEAP_PROBE = """

@@ -1,10 +1,10 @@
-"""Twin-tar expansion: ``url_opener -> tar_file_expander -> group_by_keys``.
+"""Reader options and counts, and the webdataset-style stages over the sample reader.
 
-Zip mode reads every modality tar of a shard in lockstep and checks that each tuple shares one
-key. Index mode is driven by the parquet key index and tolerates missing, duplicate and
-out-of-order members within a bounded look-ahead. Either way, members come out renamed
-``<key>.<modality>.<ext>`` (``process_sample``) and ``group_by_keys`` turns them into samples;
-an end-of-shard marker keeps two shards' samples from ever merging.
+``ExpandOptions`` (zip or index mode, missing-key, shard-error and verify policies) and
+``ExpandStats`` (every drop counted) configure ``twin_reader.TwinReader``, which the dataset
+uses. ``url_opener -> tar_file_expander -> process_sample -> group_by_keys`` are the same read
+as PiD's generator stages (members out, renamed ``<key>.<modality>.<ext>``, regrouped into
+samples, an end-of-shard marker between shards) for code composed that way.
 """
 
 from __future__ import annotations
@@ -118,15 +118,15 @@ def process_sample(member: dict) -> dict:
     return member
 
 
-def group_by_keys(members: Iterable[dict], stats: ExpandStats) -> Iterator[dict]:
-    """Consecutive members with one key become one sample ``{"__key__", "image.jpg", ...}``."""
+def group_by_keys(members: Iterable[dict], stats: ExpandStats | None = None) -> Iterator[dict]:
+    """Consecutive members with one key become one sample ``{"__key__", "image.jpg", ...}``
+    (``stats`` is not needed: the reader behind ``tar_file_expander`` counts the samples)."""
     current: dict | None = None
     for m in members:
         if m is EOS or (current is not None and m["key"] != current["__key__"]) or (
             current is not None and m["index"] != current["__index__"]
         ):
             if current is not None:
-                stats.samples += 1
                 yield current
                 current = None
             if m is EOS:
@@ -142,5 +142,4 @@ def group_by_keys(members: Iterable[dict], stats: ExpandStats) -> Iterator[dict]
         suffix = m["fname"][len(m["key"]) + 1 :]  # "<modality>.<ext>"
         current[suffix] = m["data"]
     if current is not None:
-        stats.samples += 1
         yield current
