@@ -73,13 +73,14 @@ class TwinTarDataset(IterableDataset):
         own = reader is None
         reader = reader or self.reader()
         try:
+            tasks, in_order = pb.runs()
             read: list[dict] = []
-            for task in pb.tasks():
+            for task in tasks:
                 reader.read(pb.epoch, task, read)
         finally:
             if own:
                 reader.close()
-        if len(read) == len(pb) and pb.in_task_order():  # the usual case: nothing to reorder
+        if in_order and len(read) == len(pb):  # the usual case: nothing to reorder
             return list(range(pb.skip, pb.skip + len(read))), read
         got = {(s["__shard__"], s["__index__"], s["__pad__"]): s for s in read}
         slots, out, used = [], [], set()

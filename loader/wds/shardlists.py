@@ -42,32 +42,43 @@ class PlannedBatch:
     def __len__(self) -> int:
         return len(self.shards)
 
-    def in_task_order(self) -> bool:
-        """True when :meth:`tasks` read in order yield the batch's samples in its order (each
-        shard's members one run, ascending by one, no shard twice): no reordering needed."""
+    def runs(self) -> tuple[list[Task], bool]:
+        """(tasks, in order): one task per run of consecutive members of one shard, in the order
+        the batch first needs them; ``in order`` when reading them one after another yields the
+        batch's own order (each shard's members one run, ascending by one, no shard twice)."""
         s, m, p = self.shards, self.members, self.pads
-        if len(s) < 2:
-            return True
-        runs = 1 + int(np.count_nonzero((s[1:] != s[:-1]) | (p[1:] != p[:-1]) | (m[1:] != m[:-1] + 1)))
-        return runs == len({(a, b) for a, b in zip(s.tolist(), p.tolist(), strict=True)}) if runs > 1 else True
-
-    def tasks(self) -> list[Task]:
-        """What to read: one task per run of consecutive members of one shard, in the order the
-        batch first needs them (a reader starts each run at its member's offset)."""
+        n = len(s)
+        if n:
+            cut = np.flatnonzero((s[1:] != s[:-1]) | (p[1:] != p[:-1]) | (m[1:] != m[:-1] + 1)) + 1
+            first = np.concatenate(([0], cut)).tolist()
+            last = np.concatenate((cut - 1, [n - 1])).tolist()
+            sl, ml, pl = s.tolist(), m.tolist(), p.tolist()
+            if len({(sl[i], pl[i]) for i in first}) == len(first):
+                return [Task(sl[i], ((ml[i], ml[j] + 1),), pl[i]) for i, j in zip(first, last, strict=True)], True
         seen: dict[tuple[int, bool], list[int]] = {}
-        for s, m, p in zip(self.shards.tolist(), self.members.tolist(), self.pads.tolist(), strict=True):
-            seen.setdefault((s, p), []).append(m)
+        for sh, mm, pp in zip(s.tolist(), m.tolist(), p.tolist(), strict=True):
+            seen.setdefault((sh, pp), []).append(mm)
         out = []
         for (shard, pad), members in seen.items():
             ms = sorted(set(members))
             start = prev = ms[0]
-            for m in ms[1:]:
-                if m != prev + 1:
+            for mm in ms[1:]:
+                if mm != prev + 1:
                     out.append(Task(shard, ((start, prev + 1),), pad))
-                    start = m
-                prev = m
+                    start = mm
+                prev = mm
             out.append(Task(shard, ((start, prev + 1),), pad))
-        return out
+        return out, False
+
+    def in_task_order(self) -> bool:
+        """True when :meth:`tasks` read in order yield the batch's samples in its order: no
+        reordering needed."""
+        return self.runs()[1]
+
+    def tasks(self) -> list[Task]:
+        """What to read: one task per run of consecutive members of one shard, in the order the
+        batch first needs them (a reader starts each run at its member's offset)."""
+        return self.runs()[0]
 
 
 class ShardlistBasic:
