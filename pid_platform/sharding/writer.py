@@ -10,10 +10,12 @@ from pathlib import Path
 
 from loader.formats.atomic import atomic_write_bytes, remove_stale_temp_files
 from loader.formats.twin_tar import TarMember, tar_path, write_tar
+from pid_platform.sharding.early_sync import sync_soon
 from pid_platform.sharding.layout import sha_cache_path, stamp_path
 from pid_platform.sharding.parallel import ordered_map
 from pid_platform.sharding.shard_plan import ShardPlan
 from pid_platform.sharding.storage import SourceStore
+from pid_platform.sharding.tar_digests import tar_digests
 from pid_platform.sharding.versions import link_atomic
 
 
@@ -87,7 +89,12 @@ def _write_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan]) -> S
                 members.append(TarMember(name, f.size, path=f.local_path))
             else:
                 members.append(TarMember(name, f.size, data=store.read(source, f)))
-        write_tar(tar_path(out, plan.bucket, m, plan.relpath), members, durable=False)
+        path = tar_path(out, plan.bucket, m, plan.relpath)
+        write_tar(path, members, durable=False)
+        sync_soon(path)
+    # Hashed here, while the bytes are in the page cache and the other workers copy: the
+    # manifests step finds every digest cached instead of reading all tars once more.
+    tar_digests(out, plan)
     _write_stamp(out, plan)
     return ShardResult(plan.bucket, plan.index, plan.relpath, len(plan.samples), sizes, True)
 
