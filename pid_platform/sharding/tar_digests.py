@@ -11,9 +11,8 @@ import json
 import os
 from pathlib import Path
 
-from loader.formats.atomic import atomic_write_bytes
 from loader.formats.twin_tar import file_sha256, tar_path
-from pid_platform.sharding.layout import sha_cache_path
+from pid_platform.sharding.layout import sha_cache_path, write_staged_state
 from pid_platform.sharding.shard_plan import ShardPlan
 
 
@@ -42,5 +41,5 @@ def tar_digests(out: Path, plan: ShardPlan) -> dict[str, str]:
             digests[m] = file_sha256(p)
         fresh[m] = [ident, digests[m]]
     if fresh != cache:
-        atomic_write_bytes(cache_file, json.dumps(fresh).encode())
+        write_staged_state(cache_file, json.dumps(fresh).encode())
     return digests
