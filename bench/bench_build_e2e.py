@@ -40,6 +40,7 @@ the exit status does not depend on it. ``--stages`` times each build step of a f
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -200,6 +201,57 @@ def check_rates(src: Path) -> list[str]:
     return lines
 
 
+def _wall_cpu(fn, repeat: int = 2) -> tuple[float, float]:
+    """Best wall and best CPU seconds of ``repeat`` calls of ``fn``."""
+    walls, cpus = [], []
+    for _ in range(repeat):
+        c, t = _cpu(), time.perf_counter()
+        fn()
+        walls.append(time.perf_counter() - t)
+        cpus.append(_cpu() - c)
+    return min(walls), min(cpus)
+
+
+def floors(src: Path, out_peer: Path, shard_mb: float, workers: int) -> list[str]:
+    """What bounds each first build, on ``workers`` threads, against a peer run: the full
+    build's image checks alone (JPEGs, then every image), the header build's sha256 alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pid_platform.sharding.file_checks import check_image
+
+    def peer():
+        fresh(out_peer)
+        peer_shard(src, out_peer, shard_mb, workers)
+
+    warm(src)
+    peer_wall, peer_cpu = _wall_cpu(peer)
+    fresh(out_peer)
+    names = sorted(e.name for e in os.scandir(src / "image"))
+    datas = {n: (src / "image" / n).read_bytes() for n in names}
+    jpegs = [d for n, d in datas.items() if n.lower().endswith((".jpg", ".jpeg"))]
+    every = list(datas.values())
+
+    def on_threads(fn, items):
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(fn, items, chunksize=8))
+
+    lines = [f"peer: {peer_wall:.2f} s wall, {peer_cpu:.2f} CPU s"]
+    for label, items in ((f"{len(jpegs)} JPEGs", jpegs), (f"every image ({len(every)})", every)):
+        mb = sum(map(len, items)) / 1e6
+        wall, cpu = _wall_cpu(lambda items=items: on_threads(lambda d: check_image(d, "full"), items))
+        lines.append(f"floor of a full build: check_image full of {label}, {mb:.0f} MB, on {workers} threads: "
+                     f"{wall:.2f} s wall ({cpu:.2f} CPU s) = {wall / peer_wall:.1f}x the peer's whole run")
+    mb = sum(map(len, every)) / 1e6
+
+    def sha(d: bytes) -> None:
+        hashlib.sha256(d).digest()
+
+    wall, cpu = _wall_cpu(lambda: on_threads(sha, every))
+    lines.append(f"sha256 of the same bytes (what a header build adds for the manifests) on {workers} threads: "
+                 f"{wall:.2f} s wall ({cpu:.2f} CPU s) = {wall / peer_wall:.2f}x the peer's whole run")
+    return lines
+
+
 # ---------------------------------------------------------------- ours
 
 
@@ -265,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"first build, validate={validate}: {total:.2f}s = "
                   + ", ".join(f"{name} {s:.2f}s" for name, s in steps))
         fresh(out_ours)
-        for line in check_rates(src):
+        for line in check_rates(src) + floors(src, out_peer, args.shard_mb, args.workers):
             print(line)
         return 0
 
