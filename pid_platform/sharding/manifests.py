@@ -79,8 +79,8 @@ def planned_headers(path: Path, plan: ShardPlan, modality: str) -> list[tuple[st
     return headers
 
 
-def _index_one(args: tuple[Path, ShardPlan]) -> str:
-    out, plan = args
+def write_key_index_of(out: Path, plan: ShardPlan) -> str:
+    """The key index of ``plan``'s tars in ``out``, from their headers (checked against the plan)."""
     members = {m: planned_headers(tar_path(out, plan.bucket, m, plan.relpath), plan, m) for m in plan.modalities}
     rows = [
         KeyIndexRow(
@@ -96,7 +96,7 @@ def _index_one(args: tuple[Path, ShardPlan]) -> str:
 
 def write_key_indexes(out: Path, plans: list[ShardPlan], num_workers: int = 1) -> list[str]:
     # Threads: reading headers and writing parquet release the GIL; no process start-up per build.
-    return list(ordered_map(_index_one, [(out, p) for p in plans], num_workers, threads=True))
+    return list(ordered_map(lambda p: write_key_index_of(out, p), plans, num_workers, threads=True))
 
 
 def _hash_one(args: tuple[Path, ShardPlan]) -> dict[str, str]:

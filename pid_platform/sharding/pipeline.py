@@ -27,6 +27,7 @@ from pid_platform.sharding.manifest_roots import rewrite_manifest_roots
 from pid_platform.sharding.manifests import (
     BucketManifest,
     remove_unplanned,
+    write_key_index_of,
     write_key_indexes,
     write_manifests,
 )
@@ -168,15 +169,23 @@ def run_intake(store: SourceStore, source: str, out: Path, config: ShardingConfi
 
 @build_step
 def run_sharding(store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int,
-                 progress: Callable[[int, int], None] | None = None) -> tuple[list[ShardPlan], list[ShardResult]]:
-    """Write the planned tars into the staging folder, hard-linking those ``out`` already holds."""
+                 progress: Callable[[int, int], None] | None = None,
+                 key_indexes: bool = False) -> tuple[list[ShardPlan], list[ShardResult]]:
+    """Write the planned tars into the staging folder, hard-linking those ``out`` already holds.
+
+    ``key_indexes``: also write each shard's key index as soon as its tars are in place, on the
+    same worker, while other shards are still being copied (what ``run_key_indexes`` does
+    afterwards, for all of them at once; ``build_source`` then needs no separate pass).
+    """
     staging = versions.begin(out)
     samples, modalities = read_samples(state_dir(staging) / SAMPLES)
     plans = plan_shards(samples, modalities, config)
     done = iter(range(1, len(plans) + 1))
     step = (lambda _res: progress(next(done), len(plans))) if progress else None
+    then = (lambda plan: write_key_index_of(staging, plan)) if key_indexes else None
     results = write_shards(
-        store, source, staging, plans, previous=versions.final_dir(out), num_workers=num_workers, progress=step
+        store, source, staging, plans, previous=versions.final_dir(out), num_workers=num_workers, progress=step,
+        then=then,
     )
     write_plans(state_dir(staging) / "plan.parquet", plans, modalities)
     save_sharding_config(staging, config)
@@ -277,7 +286,7 @@ def build_source(
     validate: str = VALIDATE_FULL, revalidate: bool = False, manifest_root: str = "relative",
     publish_to: S3Output | None = None,
 ) -> BuildSummary:
-    """Intake -> twin tars -> key indexes -> wdinfo.json for one source, written under ``out``.
+    """Intake -> twin tars and key indexes -> wdinfo.json for one source, written under ``out``.
 
     A rebuild validates only new or changed files (``revalidate``: all of them), and one that
     finds nothing changed writes nothing (``BuildSummary.up_to_date``). The Dagster assets put
@@ -299,8 +308,8 @@ def build_source(
             published = publish_version(versions.final_dir(out), publish_to, num_workers=num_workers)
             summary.published = published.url
         return summary
-    _, results = run_sharding(store, source, out, config, num_workers=num_workers, progress=progress)
-    run_key_indexes(out, num_workers=num_workers)
+    _, results = run_sharding(store, source, out, config, num_workers=num_workers, progress=progress,
+                              key_indexes=True)
     _, manifests, removed = run_manifests(out, source, num_workers=num_workers, manifest_root=manifest_root,
                                           publish_to=publish_to)
     published = None

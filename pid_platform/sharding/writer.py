@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,7 +65,16 @@ def _write_stamp(folder: Path, plan: ShardPlan) -> None:
     write_staged_state(stamp_path(folder, plan.bucket, plan.index), json.dumps(doc).encode())
 
 
-def _write_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan]) -> ShardResult:
+def _write_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan, Callable[[ShardPlan], object] | None],
+               ) -> ShardResult:
+    *job, then = args
+    result = _shard_one(tuple(job))  # type: ignore[arg-type]
+    if then is not None:
+        then(job[-1])
+    return result
+
+
+def _shard_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan]) -> ShardResult:
     store, source, out, previous, plan = args
     sizes = {m: plan.tar_bytes(m) for m in plan.modalities}
     result = ShardResult(plan.bucket, plan.index, plan.relpath, len(plan.samples), sizes, False)
@@ -101,10 +111,14 @@ def _write_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan]) -> S
 
 def write_shards(
     store: SourceStore, source: str, out: Path, plans: list[ShardPlan], *, previous: Path | None = None,
-    num_workers: int = 1, progress=None,
+    num_workers: int = 1, progress=None, then: Callable[[ShardPlan], object] | None = None,
 ) -> list[ShardResult]:
     """Write ``plans`` under ``out`` (a build's staging folder). A shard already up to date in
-    ``out`` is kept; one up to date in ``previous`` (the published output) is hard-linked."""
+    ``out`` is kept; one up to date in ``previous`` (the published output) is hard-linked.
+
+    ``then(plan)`` runs on the worker once the shard's tars are in place (written, kept or
+    linked), before its result is reported: the next step of the build, shard by shard.
+    """
     remove_stale_temp_files(out)
     # Several workers take the largest shards first: they then end together on small ones, not
     # one of them on the last big shard while the others wait (buckets make shard sizes uneven).
@@ -112,7 +126,7 @@ def write_shards(
     if num_workers > 1:
         order.sort(key=lambda i: (-plans[i].total_bytes, i))
     results: list[ShardResult | None] = [None] * len(plans)
-    jobs = [(store, source, out, previous, plans[i]) for i in order]
+    jobs = [(store, source, out, previous, plans[i], then) for i in order]
     for i, res in zip(order, ordered_map(_write_one, jobs, num_workers, threads=True), strict=True):
         results[i] = res
         if progress is not None:
