@@ -17,8 +17,10 @@ from typing import TypeVar
 
 from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError
+from loader.formats.twin_tar import tar_path
 from loader.formats.wdinfo import WDINFO_NAME, root_base
 from pid_platform.sharding import versions
+from pid_platform.sharding.early_sync import sync_soon
 from pid_platform.sharding.file_checks import VALIDATE_FULL, check_validate_level
 from pid_platform.sharding.intake import IntakeReport, Sample, intake
 from pid_platform.sharding.intake_cache import CACHE_NAME, IntakeCache
@@ -44,7 +46,8 @@ from pid_platform.sharding.state import (
 )
 from pid_platform.sharding.storage import SourceStore
 from pid_platform.sharding.tables import read_plans, read_samples, write_plans, write_samples
-from pid_platform.sharding.writer import ShardResult, write_shards
+from pid_platform.sharding.tar_digests import tar_digests
+from pid_platform.sharding.writer import AfterShard, ShardResult, write_shards
 
 F = TypeVar("F", bound=Callable)
 
@@ -173,7 +176,8 @@ def run_sharding(store: SourceStore, source: str, out: Path, config: ShardingCon
                  key_indexes: bool = False) -> tuple[list[ShardPlan], list[ShardResult]]:
     """Write the planned tars into the staging folder, hard-linking those ``out`` already holds.
 
-    ``key_indexes``: also write each shard's key index as soon as its tars are in place, on the
+    The worker that puts a shard's tars in place also records their sha256 (for the manifests)
+    and hands newly written ones to the background fsync. ``key_indexes``: also write each shard's key index as soon as its tars are in place, on the
     same worker, while other shards are still being copied (what ``run_key_indexes`` does
     afterwards, for all of them at once; ``build_source`` then needs no separate pass).
     """
@@ -182,14 +186,31 @@ def run_sharding(store: SourceStore, source: str, out: Path, config: ShardingCon
     plans = plan_shards(samples, modalities, config)
     done = iter(range(1, len(plans) + 1))
     step = (lambda _res: progress(next(done), len(plans))) if progress else None
-    then = (lambda plan: write_key_index_of(staging, plan)) if key_indexes else None
     results = write_shards(
         store, source, staging, plans, previous=versions.final_dir(out), num_workers=num_workers, progress=step,
-        then=then,
+        then=_after_shard(staging, key_indexes),
     )
     write_plans(state_dir(staging) / "plan.parquet", plans, modalities)
     save_sharding_config(staging, config)
     return plans, results
+
+
+def _after_shard(staging: Path, key_indexes: bool) -> AfterShard:
+    """What each writer worker does with a shard once its tars are in place."""
+
+    def then(plan: ShardPlan, result: ShardResult) -> None:
+        if result.written:
+            # The disk starts on these bytes now, while later shards are written; the commit's
+            # fsync of the whole staging folder stays the guarantee (``early_sync``).
+            for m in plan.modalities:
+                sync_soon(tar_path(staging, plan.bucket, m, plan.relpath))
+        # Hashed while the bytes are in the page cache and the other workers copy: the manifests
+        # step finds every digest cached instead of reading all tars once more at the end.
+        tar_digests(staging, plan)
+        if key_indexes:
+            write_key_index_of(staging, plan)
+
+    return then
 
 
 def save_sharding_config(folder: Path, config: ShardingConfig) -> Path:

@@ -11,12 +11,10 @@ from pathlib import Path
 
 from loader.formats.atomic import remove_stale_temp_files
 from loader.formats.twin_tar import TarMember, tar_path, write_tar
-from pid_platform.sharding.early_sync import sync_soon
 from pid_platform.sharding.layout import sha_cache_path, stamp_path, write_staged_state
 from pid_platform.sharding.parallel import ordered_map
 from pid_platform.sharding.shard_plan import ShardPlan
 from pid_platform.sharding.storage import SourceStore
-from pid_platform.sharding.tar_digests import tar_digests
 from pid_platform.sharding.versions import link_atomic
 
 
@@ -65,12 +63,14 @@ def _write_stamp(folder: Path, plan: ShardPlan) -> None:
     write_staged_state(stamp_path(folder, plan.bucket, plan.index), json.dumps(doc).encode())
 
 
-def _write_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan, Callable[[ShardPlan], object] | None],
-               ) -> ShardResult:
+AfterShard = Callable[[ShardPlan, ShardResult], object]
+
+
+def _write_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan, AfterShard | None]) -> ShardResult:
     *job, then = args
     result = _shard_one(tuple(job))  # type: ignore[arg-type]
     if then is not None:
-        then(job[-1])
+        then(job[-1], result)
     return result
 
 
@@ -99,25 +99,21 @@ def _shard_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan]) -> S
                 members.append(TarMember(name, f.size, path=f.local_path))
             else:
                 members.append(TarMember(name, f.size, data=store.read(source, f)))
-        path = tar_path(out, plan.bucket, m, plan.relpath)
-        write_tar(path, members, durable=False)
-        sync_soon(path)
-    # Hashed here, while the bytes are in the page cache and the other workers copy: the
-    # manifests step finds every digest cached instead of reading all tars once more.
-    tar_digests(out, plan)
+        write_tar(tar_path(out, plan.bucket, m, plan.relpath), members, durable=False)
     _write_stamp(out, plan)
     return ShardResult(plan.bucket, plan.index, plan.relpath, len(plan.samples), sizes, True)
 
 
 def write_shards(
     store: SourceStore, source: str, out: Path, plans: list[ShardPlan], *, previous: Path | None = None,
-    num_workers: int = 1, progress=None, then: Callable[[ShardPlan], object] | None = None,
+    num_workers: int = 1, progress=None, then: AfterShard | None = None,
 ) -> list[ShardResult]:
     """Write ``plans`` under ``out`` (a build's staging folder). A shard already up to date in
     ``out`` is kept; one up to date in ``previous`` (the published output) is hard-linked.
 
-    ``then(plan)`` runs on the worker once the shard's tars are in place (written, kept or
-    linked), before its result is reported: the next step of the build, shard by shard.
+    ``then(plan, result)`` runs on the worker once the shard's tars are in place (written, kept
+    or linked; ``result.written`` says which), before the result is reported: the build's next
+    steps, shard by shard, while other shards are still being written.
     """
     remove_stale_temp_files(out)
     # Several workers take the largest shards first: they then end together on small ones, not
