@@ -18,8 +18,9 @@ workers, every input read once before each run so the page cache is warm:
   and caption tar with ``tarfile`` (one process per shard, ``--workers`` at a time) and one
   ``wdinfo.json`` per bucket. No validation, no key index, no checksum, no fsync, no staging.
 * ``ours, first build, full``   - ``build_source(..., validate="full")`` into an empty folder: every
-  image decoded (JPEG at 1/8 scale), captions parsed, tars, key indexes, sha256 manifests, the
-  staged version fsynced and swapped in.
+  image decoded (every JPEG's entropy-coded data, output at 1/8 scale in greyscale), captions
+  parsed, tars (hashed by the worker that writes them, then handed to a background fsync), key
+  indexes, sha256 manifests, the staged version fsynced and swapped in.
 * ``ours, first build, header`` - the same with ``validate="header"`` (size and EXIF from the header).
 * ``ours, no-op rebuild``       - ``build_source`` again over the full build, nothing changed.
 * ``ours, re-shard``            - then ``build_source`` with ``--reshard-mb`` instead of ``--shard-mb``.
@@ -33,13 +34,17 @@ the same buckets.
 Targets (ratio of wall times): no-op <= 0.1x our full first build; re-shard <= 0.3x our full first
 build; header first build <= 1.2x the peer; full first build <= 3x the peer. A miss prints MISS;
 the exit status does not depend on it. ``--stages`` times each build step of a first build
-(intake, tars, key indexes, manifests + commit) and one core's image-check speed at each level;
-``--profile`` runs cProfile over one run (main thread only).
+(intake; tars with their key indexes; manifests + commit), one core's image-check speed at each
+level, and the floors against a peer run: the image checks alone on ``--workers`` threads (what
+a full build cannot go below) and sha256 of the same bytes (what a header build adds to the
+peer's work, with the fsync of the staged version); ``--profile`` runs cProfile over one run
+(main thread only).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -58,7 +63,6 @@ from loader.formats.twin_tar import nearest_bucket
 from pid_platform.sharding.pipeline import (
     build_source,
     run_intake,
-    run_key_indexes,
     run_manifests,
     run_sharding,
 )
@@ -200,6 +204,57 @@ def check_rates(src: Path) -> list[str]:
     return lines
 
 
+def _wall_cpu(fn, repeat: int = 2) -> tuple[float, float]:
+    """Best wall and best CPU seconds of ``repeat`` calls of ``fn``."""
+    walls, cpus = [], []
+    for _ in range(repeat):
+        c, t = _cpu(), time.perf_counter()
+        fn()
+        walls.append(time.perf_counter() - t)
+        cpus.append(_cpu() - c)
+    return min(walls), min(cpus)
+
+
+def floors(src: Path, out_peer: Path, shard_mb: float, workers: int) -> list[str]:
+    """What bounds each first build, on ``workers`` threads, against a peer run: the full
+    build's image checks alone (JPEGs, then every image), the header build's sha256 alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pid_platform.sharding.file_checks import check_image
+
+    def peer():
+        fresh(out_peer)
+        peer_shard(src, out_peer, shard_mb, workers)
+
+    warm(src)
+    peer_wall, peer_cpu = _wall_cpu(peer)
+    fresh(out_peer)
+    names = sorted(e.name for e in os.scandir(src / "image"))
+    datas = {n: (src / "image" / n).read_bytes() for n in names}
+    jpegs = [d for n, d in datas.items() if n.lower().endswith((".jpg", ".jpeg"))]
+    every = list(datas.values())
+
+    def on_threads(fn, items):
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(fn, items, chunksize=8))
+
+    lines = [f"peer: {peer_wall:.2f} s wall, {peer_cpu:.2f} CPU s"]
+    for label, items in ((f"{len(jpegs)} JPEGs", jpegs), (f"every image ({len(every)})", every)):
+        mb = sum(map(len, items)) / 1e6
+        wall, cpu = _wall_cpu(lambda items=items: on_threads(lambda d: check_image(d, "full"), items))
+        lines.append(f"floor of a full build: check_image full of {label}, {mb:.0f} MB, on {workers} threads: "
+                     f"{wall:.2f} s wall ({cpu:.2f} CPU s) = {wall / peer_wall:.1f}x the peer's whole run")
+    mb = sum(map(len, every)) / 1e6
+
+    def sha(d: bytes) -> None:
+        hashlib.sha256(d).digest()
+
+    wall, cpu = _wall_cpu(lambda: on_threads(sha, every))
+    lines.append(f"sha256 of the same bytes (what a header build adds for the manifests) on {workers} threads: "
+                 f"{wall:.2f} s wall ({cpu:.2f} CPU s) = {wall / peer_wall:.2f}x the peer's whole run")
+    return lines
+
+
 # ---------------------------------------------------------------- ours
 
 
@@ -226,11 +281,8 @@ def stages(raw: Path, out: Path, shard_mb: float, workers: int, validate: str) -
     run_intake(store, SOURCE, out, config, trust_pickle=False, num_workers=workers, validate=validate)
     times.append(("intake", time.perf_counter() - t))
     t = time.perf_counter()
-    run_sharding(store, SOURCE, out, config, num_workers=workers)
-    times.append(("tars", time.perf_counter() - t))
-    t = time.perf_counter()
-    run_key_indexes(out, num_workers=workers)
-    times.append(("key indexes", time.perf_counter() - t))
+    run_sharding(store, SOURCE, out, config, num_workers=workers, key_indexes=True)
+    times.append(("tars (hashed) + key indexes", time.perf_counter() - t))
     t = time.perf_counter()
     run_manifests(out, SOURCE, num_workers=workers)
     times.append(("manifests + commit", time.perf_counter() - t))
@@ -245,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="workers for every contender (default 2)")
     ap.add_argument("--repeat", type=int, default=3, help="timed rounds (default 3)")
     ap.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "pid-bench-e2e")
-    ap.add_argument("--stages", action="store_true", help="time each step of a full and a header first build")
+    ap.add_argument("--stages", action="store_true",
+                    help="time each step of a full and a header first build, and the floors of each against the peer")
     ap.add_argument("--profile", choices=("full", "header", "noop", "reshard", "peer"),
                     help="cProfile one run of a contender (main process only) and exit")
     args = ap.parse_args(argv)
@@ -265,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"first build, validate={validate}: {total:.2f}s = "
                   + ", ".join(f"{name} {s:.2f}s" for name, s in steps))
         fresh(out_ours)
-        for line in check_rates(src):
+        for line in check_rates(src) + floors(src, out_peer, args.shard_mb, args.workers):
             print(line)
         return 0
 
@@ -363,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for text, ratio, limit in targets:
         print(f"{'PASS' if ratio <= limit else 'MISS'}: {text} ({ratio:.2f}x)")
+    print("(what bounds the first builds: --stages prints the image checks alone and sha256 alone on the same "
+          "workers, each as a multiple of a peer run)")
     return 0
 
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from loader.formats.atomic import TMP_MARKER
-from loader.formats.twin_tar import SourceChangedError, iter_member_headers, tar_path
-from pid_platform.sharding.layout import stamp_path
-from pid_platform.sharding.pipeline import run_intake, run_sharding
+from loader.formats.errors import FormatError
+from loader.formats.twin_tar import SourceChangedError, file_sha256, iter_member_headers, tar_path
+from pid_platform.sharding.layout import sha_cache_path, stamp_path
+from pid_platform.sharding.pipeline import run_intake, run_key_indexes, run_sharding
 from pid_platform.sharding.shard_plan import ShardingConfig
 from pid_platform.sharding.storage import LocalSourceStore
 from pid_platform.sharding.versions import staging_dir
@@ -29,6 +30,7 @@ from tests.support.build_data import (
     manifests,
     output_files,
     photo,
+    reverse_members_in_place,
     source_file,
 )
 
@@ -167,3 +169,27 @@ def test_manifest_sha256_follows_a_rewrite_that_keeps_size_and_mtime(raw_root: P
     build(raw_root, out)
     assert all_problems(out) == []
     assert victim.read_bytes() != b"" and victim.stat().st_ino != st.st_ino  # the new tar is published
+
+
+def test_key_indexes_refuse_a_staged_tar_changed_after_it_was_written(raw_root: Path, tmp_path: Path) -> None:
+    # Key indexes take each member's offset from the plan and read only its header there: a tar
+    # whose members moved (same size, inode and mtime) must still be refused, naming the tar.
+    out = tmp_path / "out"
+    plans, _results = _reshard(raw_root, out)
+    plan = next(p for p in plans if len(p.samples) > 1)
+    victim = tar_path(staging_dir(out), plan.bucket, "caption", plan.relpath)
+    reverse_members_in_place(victim)
+    with pytest.raises(FormatError, match=f"{victim}.*re-materialize twin_tar_shards"):
+        run_key_indexes(out, num_workers=1)
+    assert not out.exists()  # nothing was published
+
+
+def test_digests_the_writer_keeps_are_the_staged_tars_sha256(raw_root: Path, tmp_path: Path) -> None:
+    # The writer hashes each tar as it writes it; the manifests list those digests unread.
+    out = tmp_path / "out"
+    plans, _results = _reshard(raw_root, out)
+    staged = staging_dir(out)
+    for p in plans:
+        cached = json.loads(sha_cache_path(staged, p.bucket, p.index).read_bytes())
+        for m in p.modalities:
+            assert cached[m][1] == file_sha256(tar_path(staged, p.bucket, m, p.relpath))

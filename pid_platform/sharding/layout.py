@@ -6,11 +6,13 @@ import os
 import uuid
 from pathlib import Path
 
+from loader.formats.atomic import atomic_writer
 from loader.formats.layout import STATE_DIR
 from pid_platform.sharding.errors import OutputNotWritableError
 
 __all__ = [
     "PROBE_PREFIX", "STATE_DIR", "bucket_dir", "ensure_writable", "final_dir", "sha_cache_path", "stamp_path",
+    "write_staged_state",
 ]
 
 PROBE_PREFIX = ".write-probe-"
@@ -37,6 +39,20 @@ def stamp_path(out: Path, bucket: str, index: int) -> Path:
 
 def sha_cache_path(out: Path, bucket: str, index: int) -> Path:
     return out / STATE_DIR / "sha256" / (bucket or "_flat") / f"{index:06d}.json"
+
+
+def write_staged_state(path: Path, data: bytes) -> None:
+    """Write a per-shard state file (stamp, checksum cache) of a staging folder, atomically but
+    without its own fsync.
+
+    The commit fsyncs every file of the staging folder before it publishes it, and on ext4 an
+    fsync here would also wait for the journal to flush the tars being written beside it. A
+    crash before the commit leaves such a file old, missing or empty; each only makes the next
+    build rewrite or hash that shard again (a stamp records its tars' size, which a tar whose
+    bytes were lost no longer has).
+    """
+    with atomic_writer(path, durable=False) as fh:
+        fh.write(data)
 
 
 def ensure_writable(out: str | os.PathLike[str], *, shown_as: Path | None = None) -> Path:

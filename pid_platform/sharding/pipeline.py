@@ -17,8 +17,10 @@ from typing import TypeVar
 
 from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError
+from loader.formats.twin_tar import tar_path
 from loader.formats.wdinfo import WDINFO_NAME, root_base
 from pid_platform.sharding import versions
+from pid_platform.sharding.early_sync import sync_soon
 from pid_platform.sharding.file_checks import VALIDATE_FULL, check_validate_level
 from pid_platform.sharding.intake import IntakeReport, Sample, intake
 from pid_platform.sharding.intake_cache import CACHE_NAME, IntakeCache
@@ -27,6 +29,7 @@ from pid_platform.sharding.manifest_roots import rewrite_manifest_roots
 from pid_platform.sharding.manifests import (
     BucketManifest,
     remove_unplanned,
+    write_key_index_of,
     write_key_indexes,
     write_manifests,
 )
@@ -43,7 +46,8 @@ from pid_platform.sharding.state import (
 )
 from pid_platform.sharding.storage import SourceStore
 from pid_platform.sharding.tables import read_plans, read_samples, write_plans, write_samples
-from pid_platform.sharding.writer import ShardResult, write_shards
+from pid_platform.sharding.tar_digests import tar_digests
+from pid_platform.sharding.writer import AfterShard, ShardResult, write_shards
 
 F = TypeVar("F", bound=Callable)
 
@@ -168,19 +172,45 @@ def run_intake(store: SourceStore, source: str, out: Path, config: ShardingConfi
 
 @build_step
 def run_sharding(store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int,
-                 progress: Callable[[int, int], None] | None = None) -> tuple[list[ShardPlan], list[ShardResult]]:
-    """Write the planned tars into the staging folder, hard-linking those ``out`` already holds."""
+                 progress: Callable[[int, int], None] | None = None,
+                 key_indexes: bool = False) -> tuple[list[ShardPlan], list[ShardResult]]:
+    """Write the planned tars into the staging folder, hard-linking those ``out`` already holds.
+
+    The worker that puts a shard's tars in place also records their sha256 (for the manifests)
+    and hands newly written ones to the background fsync. ``key_indexes``: also write each shard's key index as soon as its tars are in place, on the
+    same worker, while other shards are still being copied (what ``run_key_indexes`` does
+    afterwards, for all of them at once; ``build_source`` then needs no separate pass).
+    """
     staging = versions.begin(out)
     samples, modalities = read_samples(state_dir(staging) / SAMPLES)
     plans = plan_shards(samples, modalities, config)
     done = iter(range(1, len(plans) + 1))
     step = (lambda _res: progress(next(done), len(plans))) if progress else None
     results = write_shards(
-        store, source, staging, plans, previous=versions.final_dir(out), num_workers=num_workers, progress=step
+        store, source, staging, plans, previous=versions.final_dir(out), num_workers=num_workers, progress=step,
+        then=_after_shard(staging, key_indexes),
     )
     write_plans(state_dir(staging) / "plan.parquet", plans, modalities)
     save_sharding_config(staging, config)
     return plans, results
+
+
+def _after_shard(staging: Path, key_indexes: bool) -> AfterShard:
+    """What each writer worker does with a shard once its tars are in place."""
+
+    def then(plan: ShardPlan, result: ShardResult) -> None:
+        if result.written:
+            # The disk starts on these bytes now, while later shards are written; the commit's
+            # fsync of the whole staging folder stays the guarantee (``early_sync``).
+            for m in plan.modalities:
+                sync_soon(tar_path(staging, plan.bucket, m, plan.relpath))
+        # Hashed while the bytes are in the page cache and the other workers copy: the manifests
+        # step finds every digest cached instead of reading all tars once more at the end.
+        tar_digests(staging, plan)
+        if key_indexes:
+            write_key_index_of(staging, plan)
+
+    return then
 
 
 def save_sharding_config(folder: Path, config: ShardingConfig) -> Path:
@@ -277,7 +307,7 @@ def build_source(
     validate: str = VALIDATE_FULL, revalidate: bool = False, manifest_root: str = "relative",
     publish_to: S3Output | None = None,
 ) -> BuildSummary:
-    """Intake -> twin tars -> key indexes -> wdinfo.json for one source, written under ``out``.
+    """Intake -> twin tars and key indexes -> wdinfo.json for one source, written under ``out``.
 
     A rebuild validates only new or changed files (``revalidate``: all of them), and one that
     finds nothing changed writes nothing (``BuildSummary.up_to_date``). The Dagster assets put
@@ -299,8 +329,8 @@ def build_source(
             published = publish_version(versions.final_dir(out), publish_to, num_workers=num_workers)
             summary.published = published.url
         return summary
-    _, results = run_sharding(store, source, out, config, num_workers=num_workers, progress=progress)
-    run_key_indexes(out, num_workers=num_workers)
+    _, results = run_sharding(store, source, out, config, num_workers=num_workers, progress=progress,
+                              key_indexes=True)
     _, manifests, removed = run_manifests(out, source, num_workers=num_workers, manifest_root=manifest_root,
                                           publish_to=publish_to)
     published = None

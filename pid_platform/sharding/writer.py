@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from loader.formats.atomic import atomic_write_bytes, remove_stale_temp_files
+from loader.formats.atomic import remove_stale_temp_files
 from loader.formats.twin_tar import TarMember, tar_path, write_tar
-from pid_platform.sharding.layout import sha_cache_path, stamp_path
+from pid_platform.sharding.layout import sha_cache_path, stamp_path, write_staged_state
 from pid_platform.sharding.parallel import ordered_map
 from pid_platform.sharding.shard_plan import ShardPlan
 from pid_platform.sharding.storage import SourceStore
@@ -59,10 +60,21 @@ def shard_up_to_date(folder: Path, plan: ShardPlan) -> bool:
 def _write_stamp(folder: Path, plan: ShardPlan) -> None:
     # After every tar of the shard: a crash before it means "rewrite the shard".
     doc = {"digest": plan.digest(), "tars": _tar_stats(folder, plan)}
-    atomic_write_bytes(stamp_path(folder, plan.bucket, plan.index), json.dumps(doc).encode())
+    write_staged_state(stamp_path(folder, plan.bucket, plan.index), json.dumps(doc).encode())
 
 
-def _write_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan]) -> ShardResult:
+AfterShard = Callable[[ShardPlan, ShardResult], object]
+
+
+def _write_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan, AfterShard | None]) -> ShardResult:
+    *job, then = args
+    result = _shard_one(tuple(job))  # type: ignore[arg-type]
+    if then is not None:
+        then(job[-1], result)
+    return result
+
+
+def _shard_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan]) -> ShardResult:
     store, source, out, previous, plan = args
     sizes = {m: plan.tar_bytes(m) for m in plan.modalities}
     result = ShardResult(plan.bucket, plan.index, plan.relpath, len(plan.samples), sizes, False)
@@ -94,15 +106,25 @@ def _write_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan]) -> S
 
 def write_shards(
     store: SourceStore, source: str, out: Path, plans: list[ShardPlan], *, previous: Path | None = None,
-    num_workers: int = 1, progress=None,
+    num_workers: int = 1, progress=None, then: AfterShard | None = None,
 ) -> list[ShardResult]:
     """Write ``plans`` under ``out`` (a build's staging folder). A shard already up to date in
-    ``out`` is kept; one up to date in ``previous`` (the published output) is hard-linked."""
+    ``out`` is kept; one up to date in ``previous`` (the published output) is hard-linked.
+
+    ``then(plan, result)`` runs on the worker once the shard's tars are in place (written, kept
+    or linked; ``result.written`` says which), before the result is reported: the build's next
+    steps, shard by shard, while other shards are still being written.
+    """
     remove_stale_temp_files(out)
-    results: list[ShardResult] = []
-    jobs = [(store, source, out, previous, p) for p in plans]
-    for res in ordered_map(_write_one, jobs, num_workers, threads=True):
-        results.append(res)
+    # Several workers take the largest shards first: they then end together on small ones, not
+    # one of them on the last big shard while the others wait (buckets make shard sizes uneven).
+    order = list(range(len(plans)))
+    if num_workers > 1:
+        order.sort(key=lambda i: (-plans[i].total_bytes, i))
+    results: list[ShardResult | None] = [None] * len(plans)
+    jobs = [(store, source, out, previous, plans[i], then) for i in order]
+    for i, res in zip(order, ordered_map(_write_one, jobs, num_workers, threads=True), strict=True):
+        results[i] = res
         if progress is not None:
             progress(res)
-    return results
+    return results  # type: ignore[return-value]
