@@ -7,7 +7,6 @@ from typing import Any
 import numpy as np
 import torch
 
-
 _INT_FIELDS = ("__sid__", "__epoch__", "__shard__", "__index__")
 
 
