@@ -36,7 +36,7 @@ ROOT = BENCH.parent
 # included the first time; each benchmark caches its data in its work folder).
 QUICK_ARGS: dict[str, list[str]] = {
     "bench_shard_write": ["--size-mb", "256", "--repeat", "3"],
-    "bench_loader_sync": ["--repeat", "5"],
+    "bench_loader_sync": ["--repeat", "7", "--pipeline-repeat", "5"],
     "bench_manifest_parse": ["--no-tracemalloc"],
     "bench_mp4_index": ["--repeat", "3"],
 }

@@ -330,14 +330,15 @@ class TwinReader:
                     sample = copy()
                     sample["__key__"], sample["__index__"], sample["__sid__"] = key, i, sid | i
                     sample[fields0[ext]] = got[1]
-                    cut = len(key) + 1
+                    stem = key + "."
+                    cut = len(stem)
                     for m, nx, f in rest:
                         other = nx()
                         if other is None:
                             self._zip_ended(tars, i, [got, *([None] * len(rest))])
                         name = other[0]
                         # The twin's name is "<key>.<ext>" as a rule: its key is ours, unsplit.
-                        if plain and name.startswith(key) and name[cut - 1 : cut] == "." and "/" not in name[cut:]:
+                        if plain and name.startswith(stem) and "/" not in name[cut:]:
                             k, e = key, name[cut:]
                         else:
                             k, e = split(name)
