@@ -288,6 +288,23 @@ def _checksum_ok(hdr: bytes, chk: int) -> bool:
     return chk == _header_sum(hdr)
 
 
+def is_member_header(hdr: bytes, name: str, size: int) -> bool:
+    """Whether ``hdr`` is the USTAR header of a regular member ``name`` of ``size`` bytes as
+    :func:`write_tar` writes it (the name in the name field, no prefix, an unsigned checksum
+    that adds up): what the build checks before indexing a tar it wrote."""
+    raw = name.encode("utf-8")
+    if len(hdr) != BLOCK or len(raw) > USTAR_NAME_MAX or hdr[:100] != raw.ljust(100, b"\0"):
+        return False
+    if hdr[156:157] not in (b"0", b"\0") or hdr[345:500].strip(b"\0"):
+        return False
+    try:
+        stored_size = int(hdr[124:136].strip(b" \0") or b"0", 8)
+        stored_sum = int(hdr[148:156].strip(b" \0"), 8)
+    except ValueError:
+        return False
+    return stored_size == size and stored_sum == _header_sum(hdr)
+
+
 def _plain_header(hdr: bytes) -> tuple[str, int, bool] | None:
     """``(name, size, is_regular)`` of a plain header we read ourselves, or None for tarfile.
 

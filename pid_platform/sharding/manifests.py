@@ -15,7 +15,7 @@ from loader.formats.key_index import KeyIndexRow, key_index_table, write_key_ind
 from loader.formats.layout import BUILD_OUTPUT_PATH
 from loader.formats.twin_tar import (
     BLOCK,
-    USTAR_NAME_MAX,
+    is_member_header,
     key_index_relpath,
     member_span,
     shard_relpath,
@@ -35,22 +35,6 @@ from pid_platform.sharding.shard_plan import ShardPlan
 from pid_platform.sharding.tar_digests import tar_digests
 
 
-def _header_ok(hdr: bytes, name: str, size: int) -> bool:
-    """Whether ``hdr`` is the USTAR header of a regular member ``name`` of ``size`` bytes, as
-    ``write_tar`` writes it (name in the name field, no prefix, a valid checksum)."""
-    raw = name.encode("utf-8")
-    if len(hdr) != BLOCK or len(raw) > USTAR_NAME_MAX or hdr[:100] != raw.ljust(100, b"\0"):
-        return False
-    if hdr[156:157] not in (b"0", b"\0") or hdr[345:500].strip(b"\0"):
-        return False
-    try:
-        stored_size = int(hdr[124:136].strip(b" \0") or b"0", 8)
-        stored_sum = int(hdr[148:156].strip(b" \0"), 8)
-    except ValueError:
-        return False
-    return stored_size == size and stored_sum == sum(hdr[:148]) + 8 * 32 + sum(hdr[156:])
-
-
 def planned_headers(path: Path, plan: ShardPlan, modality: str) -> list[tuple[str, int, int]]:
     """``(name, header_offset, size)`` of each member of ``plan``'s tar for ``modality``, after
     checking the tar holds exactly those headers where the plan puts them, and nothing more.
@@ -63,7 +47,7 @@ def planned_headers(path: Path, plan: ShardPlan, modality: str) -> list[tuple[st
         fd = fh.fileno()
         for name, s in plan.members(modality):
             size = s.files[modality].size
-            if not _header_ok(os.pread(fd, BLOCK, pos), name, size):
+            if not is_member_header(os.pread(fd, BLOCK, pos), name, size):
                 raise FormatError(
                     f"{path}: member {len(headers)} (byte {pos}) is not {name!r} of {size} bytes as the shard "
                     "plan says; the tar changed after it was written - re-materialize twin_tar_shards"
