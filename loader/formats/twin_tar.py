@@ -283,11 +283,6 @@ def _header_sum(hdr: bytes, adler32=zlib.adler32) -> int:
     return (adler32(hdr[:148]) & 0xFFFF) + (adler32(hdr[156:384]) & 0xFFFF) + (adler32(hdr[384:]) & 0xFFFF) + 253
 
 
-def _checksum_ok(hdr: bytes, chk: int) -> bool:
-    """tarfile's unsigned checksum test."""
-    return chk == _header_sum(hdr)
-
-
 def is_member_header(hdr: bytes, name: str, size: int) -> bool:
     """Whether ``hdr`` is the USTAR header of a regular member ``name`` of ``size`` bytes as
     :func:`write_tar` writes it (the name in the name field, no prefix, an unsigned checksum
@@ -313,18 +308,6 @@ def _plain_header(hdr: bytes) -> tuple[str, int, bool] | None:
     directory, the checksum an unsigned sum with its own field counted as spaces.
     """
     kind = hdr[156]
-    if kind == 48 and not hdr[135] and not hdr[154] and not hdr[345]:
-        # The regular-file header pid-shard, GNU tar and tarfile write: an 11-digit size and a
-        # 6-digit checksum, each NUL-terminated, no ustar prefix. Anything else takes the path below.
-        try:
-            size = int(hdr[124:135], 8)
-            chk = int(hdr[148:154], 8)
-        except ValueError:
-            size = chk = -1
-        if size >= 0 and _checksum_ok(hdr, chk):
-            end = hdr.find(0, 0, 100)
-            name = hdr[:end] if end >= 0 else hdr[:100]
-            return name.decode(tarfile.ENCODING, "surrogateescape"), size, not name.endswith(b"/")
     if not (kind in _REGULAR or kind in _NO_DATA) or hdr[124] & 0x80:
         return None
     try:
@@ -332,7 +315,7 @@ def _plain_header(hdr: bytes) -> tuple[str, int, bool] | None:
         size = int(_cstr(hdr[124:136]).strip() or b"0", 8)
     except ValueError:
         return None  # tarfile names the damage
-    if not _checksum_ok(hdr, chk):
+    if chk != _header_sum(hdr):  # tarfile's unsigned test
         return None  # maybe a signed checksum (old tars), maybe damage: tarfile decides
     name = _cstr(hdr[:100])
     if hdr[345]:

@@ -132,13 +132,10 @@ def split_key(name: str, known: dict | set | None = None) -> tuple[str, str]:
     matched too: the longest known prefix ending at a dot wins.
     """
     slash = name.rfind("/") + 1
-    base = name[slash:]
-    if known is not None and "." in base:
+    if known is not None:
         dot = len(name)
         while (dot := name.rfind(".", slash, dot)) != -1:
             if name[:dot] in known:
                 return name[:dot], name[dot + 1 :]
-    if "." not in base:
-        return name, ""
-    dot = slash + base.index(".")
-    return name[:dot], name[dot + 1 :]
+    dot = name.find(".", slash)
+    return (name, "") if dot < 0 else (name[:dot], name[dot + 1 :])

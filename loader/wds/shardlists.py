@@ -70,11 +70,6 @@ class PlannedBatch:
             out.append(Task(shard, ((start, prev + 1),), pad))
         return out, False
 
-    def in_task_order(self) -> bool:
-        """True when :meth:`tasks` read in order yield the batch's samples in its order: no
-        reordering needed."""
-        return self.runs()[1]
-
     def tasks(self) -> list[Task]:
         """What to read: one task per run of consecutive members of one shard, in the order the
         batch first needs them (a reader starts each run at its member's offset)."""

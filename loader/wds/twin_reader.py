@@ -85,12 +85,6 @@ def _field(modality: str, ext: str) -> str:
     return f"{modality}.{ext}" if ext else modality
 
 
-def _wds_split(name: str) -> tuple[str, str]:
-    """``split_key`` without known keys (the WebDataset rule: the first dot of the basename)."""
-    dot = name.find(".", name.rfind("/") + 1)
-    return (name, "") if dot < 0 else (name[:dot], name[dot + 1 :])
-
-
 class _Fields(dict):
     """``<modality>.<ext>`` field names of one modality, made once per extension."""
 
@@ -119,7 +113,7 @@ class _Tars:
             self.close()
             raise
         self.nexts = [t.cursor.next for t in self.tars]
-        self.split = split_pid_member_name if shard.pid_names else _wds_split
+        self.split = split_pid_member_name if shard.pid_names else split_key
         self.lookahead: list[_Lookahead] | None = None  # index mode's readers
         self.known: dict[str, int] | None = None
         self.keys: list[str] | None = None  # the key index's keys, once read
@@ -305,7 +299,7 @@ class TwinReader:
         tars = self._tars(shard, task, mods, "zip", first)
         verify = tars.verify
         nexts, split = tars.nexts, tars.split
-        plain = split is _wds_split  # PiD's rule re-joins dots: no shortcut
+        plain = split is split_key  # PiD's rule re-joins dots: no shortcut
         fields = [_Fields(m) for m in mods]
         rest = tuple(zip(mods[1:], nexts[1:], fields[1:], strict=True))
         nxt0, mod0, fields0 = nexts[0], mods[0], fields[0]
@@ -322,7 +316,7 @@ class TwinReader:
                     if got is None:
                         self._zip_ended(tars, i, [None, *(nx() for _, nx, _ in rest)])
                     name = got[0]
-                    if plain:  # _wds_split, inline: this runs once per sample
+                    if plain:  # split_key, inline: this runs once per sample
                         dot = name.find(".", name.rfind("/") + 1)
                         key, ext = (name, "") if dot < 0 else (name[:dot], name[dot + 1 :])
                     else:
