@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 
 from loader.formats.atomic import atomic_writer
@@ -30,7 +29,7 @@ from loader.lerobot.sidecar.publish_layout import (
 from loader.lerobot.sidecar.published import fetch_published, published_home
 from loader.lerobot.sidecar.schema import public_root
 from pid_platform.lerobot.publish import GitTarget, HubTarget, PublishTarget, S3Target
-from pid_platform.lerobot.publish_git import REMOTE, _Git
+from pid_platform.lerobot.publish_git import REMOTE, scratch_repo
 
 __all__ = ["NothingPublishedError", "fetch_published_sidecar"]
 
@@ -72,12 +71,7 @@ def _fetch_git(target: GitTarget, revision: str | None, dest: Path) -> Path:
     branch_ref = f"refs/heads/{target.branch}"
     pointer_path = f"{SIDECAR_DIR}/{pointer_name(revision)}"
     where = f"{display}#{target.branch}:{pointer_path}"
-    with tempfile.TemporaryDirectory(prefix="pid-sidecar-fetch-") as tmp:
-        repo = Path(tmp) / "fetch.git"
-        repo.mkdir()
-        git = _Git(repo, target)
-        git("init", "--quiet", "--bare")
-        git("remote", "add", REMOTE, target.url)
+    with scratch_repo(target, "pid-sidecar-fetch-") as git:
         head = git.remote_refs().get(branch_ref)
         if head is None:
             raise NothingPublishedError(f"{display} has no branch {target.branch}: no sidecar is published there; "

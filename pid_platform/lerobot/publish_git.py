@@ -16,9 +16,11 @@ Uses the ``git`` command line; credentials stay in git's own helpers and never r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +52,19 @@ class GitTarget:
 
     def __str__(self) -> str:
         return f"git:{public_root(self.url)}#{self.branch}"
+
+
+@contextlib.contextmanager
+def scratch_repo(target: GitTarget, prefix: str) -> Iterator[_Git]:
+    """A temporary bare repository with ``target`` as its remote ``REMOTE``, removed afterwards:
+    where publishing and reading back both work, so no user checkout is ever touched."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        repo = Path(tmp) / "scratch.git"
+        repo.mkdir()
+        git = _Git(repo, target)
+        git("init", "--quiet", "--bare")
+        git("remote", "add", REMOTE, target.url)
+        yield git
 
 
 class _Git:
@@ -149,12 +164,7 @@ def publish_git(target: GitTarget, files: dict[str, Path | bytes], *, revision: 
     """Commit ``files`` (name in ``meta/mp4-sidecars`` -> content) on ``target.branch``; push it."""
     require_commit_sha(revision, str(target))
     display = public_root(target.url)
-    with tempfile.TemporaryDirectory(prefix="pid-sidecar-git-") as tmp:
-        repo = Path(tmp) / "publish.git"
-        repo.mkdir()
-        git = _Git(repo, target)
-        git("init", "--quiet", "--bare")
-        git("remote", "add", REMOTE, target.url)
+    with scratch_repo(target, "pid-sidecar-git-") as git:
         branch_ref = f"refs/heads/{target.branch}"
         old = git.remote_refs().get(branch_ref)
 
