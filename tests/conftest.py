@@ -17,6 +17,7 @@ pytest_plugins = [
     "tests.support.lerobot_data",
     "tests.support.hub_standin",
     "tests.support.dagster_runs",
+    "tests.support.publish_data",  # `source`: a bare git repo holding the dataset, and its sidecar
 ]
 
 # Four photographs x eight aspect ratios: every bucket gets real pictures, and it builds fast.

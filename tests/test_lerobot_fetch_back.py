@@ -24,17 +24,8 @@ from tests.support.publish_data import (
     commit_on_branch,
     dataset_files,
     git_bytes,
-    make_source_repo,
     serve_partial_clones,
 )
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory, lerobot_v3_root: Path) -> tuple[Path, str, Path]:  # noqa: F811
-    """(bare repo template holding the dataset on main, its commit, a complete sidecar for it)."""
-    tmp = tmp_path_factory.mktemp("lerobot-fetch-back")
-    bare, sha = make_source_repo(tmp, lerobot_v3_root)
-    return bare, sha, build(lerobot_v3_root, tmp / "complete.npz", revision=sha)
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from loader.lerobot.meta import (
     VideoSpan,
 )
 from tests.support.lerobot_data import CAMERAS, LEROBOT_V3_EPISODES, write_v3_dataset
-from tests.support.seaweedfs import upload_tree
+from tests.support.seaweedfs import upload_to_new_bucket
 
 # Fixtures from tests/support, bound here so this module works whether or not conftest lists them.
 
@@ -250,9 +250,7 @@ def test_local_identity_sees_a_same_size_rewrite(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def s3_dataset(seaweedfs, lerobot_v3_root: Path) -> str:
-    bucket = seaweedfs.make_bucket("lerobot-meta")
-    upload_tree(seaweedfs.client(), lerobot_v3_root, bucket, "datasets/arm")
-    return f"s3://{bucket}/datasets/arm"
+    return upload_to_new_bucket(seaweedfs, lerobot_v3_root, "lerobot-meta", "datasets/arm")
 
 
 def test_s3_root(s3_env, s3_dataset: str, lerobot_v3_root: Path) -> None:

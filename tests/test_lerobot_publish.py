@@ -34,21 +34,12 @@ from tests.support.publish_data import (
     dataset_files,
     git,
     git_bytes,
-    make_source_repo,
     refs,
     touch_video,
 )
-from tests.support.seaweedfs import upload_tree
+from tests.support.seaweedfs import upload_to_new_bucket
 
 BRANCH_REF = f"refs/heads/{SIDECAR_BRANCH}"
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory, lerobot_v3_root: Path) -> tuple[Path, str, Path]:  # noqa: F811
-    """(bare repo template holding the dataset on main, its commit, a complete sidecar for it)."""
-    tmp = tmp_path_factory.mktemp("lerobot-git")
-    bare, sha = make_source_repo(tmp, lerobot_v3_root)
-    return bare, sha, build(lerobot_v3_root, tmp / "complete.npz", revision=sha)
 
 
 @pytest.fixture
@@ -176,9 +167,7 @@ def test_git_errors_name_the_repository_without_its_credentials(tmp_path: Path, 
 @pytest.fixture
 def s3_dataset(s3_env, lerobot_v3_root: Path) -> str:  # noqa: F811
     """The v3 dataset uploaded to a fresh bucket: its ``s3://`` root."""
-    bucket = s3_env.make_bucket(f"lerobot-{uuid.uuid4().hex[:12]}")
-    upload_tree(s3_env.client(), lerobot_v3_root, bucket, "datasets/av1")
-    return f"s3://{bucket}/datasets/av1"
+    return upload_to_new_bucket(s3_env, lerobot_v3_root, f"lerobot-{uuid.uuid4().hex[:12]}", "datasets/av1")
 
 
 def _s3_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:

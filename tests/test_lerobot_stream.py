@@ -310,11 +310,10 @@ def _fast():
 
 
 def test_s3_root_gives_the_same_items(s3_env, lerobot_v3_root: Path, local_items: list[dict]) -> None:
-    from tests.support.seaweedfs import upload_tree
+    from tests.support.seaweedfs import upload_to_new_bucket
 
-    bucket = s3_env.make_bucket("lerobot-stream")
-    upload_tree(s3_env.client(), lerobot_v3_root, bucket, "datasets/arm")
-    ds = StreamingLeRobotDataset(REPO, root=f"s3://{bucket}/datasets/arm", delta_timestamps=DELTAS,
+    root = upload_to_new_bucket(s3_env, lerobot_v3_root, "lerobot-stream", "datasets/arm")
+    ds = StreamingLeRobotDataset(REPO, root=root, delta_timestamps=DELTAS,
                                  streaming_episode_pool_size=3, stream_config=_fast())
     _same_items(list(ds), local_items)
     assert ds.stats()["requests"] > 0
@@ -324,11 +323,10 @@ def test_s3_with_resets_and_stalls_gives_the_same_items(s3_env, fault_proxy, ler
                                                         local_items: list[dict],
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.support.fault_proxy import drop, stall
-    from tests.support.seaweedfs import upload_tree
+    from tests.support.seaweedfs import upload_to_new_bucket
 
-    bucket = s3_env.make_bucket("lerobot-stream-faults")
-    upload_tree(s3_env.client(), lerobot_v3_root, bucket, "datasets/arm")
-    ds = StreamingLeRobotDataset(REPO, root=f"s3://{bucket}/datasets/arm", delta_timestamps=DELTAS,
+    root = upload_to_new_bucket(s3_env, lerobot_v3_root, "lerobot-stream-faults", "datasets/arm")
+    ds = StreamingLeRobotDataset(REPO, root=root, delta_timestamps=DELTAS,
                                  streaming_episode_pool_size=3, stream_config=_fast())
     # Faults only for the payload reads (metadata and sidecar were read above, fault-free).
     proxy = fault_proxy(s3_env.endpoint_url, [drop(1_500), stall(800, 1.0), drop(3_000, rst=False)] * 4)

@@ -33,7 +33,7 @@ from loader.lerobot.streaming.tabular import (
 )
 from tests.support.fault_proxy import drop, stall
 from tests.support.lerobot_data import write_v3_dataset
-from tests.support.seaweedfs import upload_tree
+from tests.support.seaweedfs import upload_to_new_bucket
 
 # Three long episodes (a file of ~300 KB: pruning shows in bytes), then two files of short ones.
 LENGTHS = (1500, 2000, 2500, 7, 9, 11, 6, 8, 10)
@@ -148,9 +148,7 @@ def test_chosen_columns_only(tab_root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def s3_tab_root(seaweedfs, tab_root: Path) -> str:
-    bucket = seaweedfs.make_bucket("lerobot-tabular")
-    upload_tree(seaweedfs.client(), tab_root, bucket, "arm")
-    return f"s3://{bucket}/arm"
+    return upload_to_new_bucket(seaweedfs, tab_root, "lerobot-tabular", "arm")
 
 
 def test_s3_root_reads_every_episode(s3_env, s3_tab_root: str, tab_root: Path) -> None:

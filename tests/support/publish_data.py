@@ -13,6 +13,8 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 from loader.lerobot.meta import LeRobotMeta
 from loader.lerobot.sidecar import build_sidecar
 
@@ -111,3 +113,12 @@ def serve_partial_clones(bare: Path) -> None:
     GitLab and the Hub do (git's own default for a local path is to ignore the filter)."""
     git("config", "uploadpack.allowFilter", "true", cwd=bare)
     git("config", "uploadpack.allowAnySHA1InWant", "true", cwd=bare)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory, lerobot_v3_root: Path) -> tuple[Path, str, Path]:
+    """(bare repo template holding the dataset on main, its commit, a complete sidecar for it);
+    for the modules that publish to git or read a publish back."""
+    tmp = tmp_path_factory.mktemp("lerobot-git")
+    bare, sha = make_source_repo(tmp, lerobot_v3_root)
+    return bare, sha, build(lerobot_v3_root, tmp / "complete.npz", revision=sha)

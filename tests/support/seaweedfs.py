@@ -69,6 +69,13 @@ def upload_tree(client, local_dir: str | os.PathLike[str], bucket: str, prefix: 
     return keys
 
 
+def upload_to_new_bucket(server: SeaweedS3, local_dir: str | os.PathLike[str], bucket: str, prefix: str) -> str:
+    """Make ``bucket``, upload ``local_dir`` under ``prefix``; the ``s3://`` URL of that copy."""
+    made = server.make_bucket(bucket)
+    upload_tree(server.client(), local_dir, made, prefix)
+    return f"s3://{made}/{prefix.strip('/')}"
+
+
 def stop(server: SeaweedS3) -> None:
     local_s3.stop(server)
 
