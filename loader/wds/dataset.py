@@ -167,9 +167,6 @@ class TwinTarDataset(IterableDataset):
         # and the in-process case must not count an earlier epoch twice.
         in_worker = _in_worker_process()
         for block in self.blocks():
-            if self.batch_size is None and not in_worker:
-                yield from block.payload  # samples, none left out
-                continue
             items = block.payload if self.batch_size is None else [block.payload]
             for item in items:
                 if item is None:
