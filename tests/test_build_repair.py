@@ -120,3 +120,17 @@ def test_repair_rewrites_a_local_tar_changed_in_place_behind_the_builds_back(
     summary = capsys.readouterr().out
     assert "repaired: 1 shards had a missing or damaged tar" in summary and "shards written: 1 " in summary
     assert read_verified(str(out)) == SAMPLES
+
+
+def test_a_new_version_uploads_a_tar_the_damaged_current_one_lost_instead_of_copying_it(
+    s3_env: SeaweedS3, raw_root: Path, tmp_path: Path
+) -> None:
+    client, bucket = s3_env.client(), s3_env.make_bucket("repair-copy-source")
+    url = f"s3://{bucket}/photos"
+    assert shard(raw_root, url, tmp_path / "work") == 0
+    before = pointer(client, bucket, "photos")["version"]
+    client.delete_object(Bucket=bucket, Key=first_tar(client, bucket, "photos"))
+    # Another seed without --shuffle: the same tars in a new version, each copied inside the bucket.
+    assert shard(raw_root, url, tmp_path / "work", "--seed", "1") == 0
+    assert pointer(client, bucket, "photos")["version"] != before
+    assert read_verified(url) == SAMPLES

@@ -9,12 +9,18 @@ reuse, the same bytes); its commit step then publishes the staged version to the
    where it stopped: objects already there with the right size are kept; a tar the current
    version already holds with the same checksum is copied inside the bucket, not uploaded);
 2. then the manifests and the settings the version was cut with;
-3. then ``pid-current.json`` is replaced in one PUT: the commit point. Until then readers keep
-   the previous version; a build killed before it changed nothing they see.
+3. then one listing checks every object of the version against what was staged (sizes, the
+   tars' as their manifests list them): a bucket emptied or deleted meanwhile fails the build;
+4. then ``pid-current.json`` is replaced in one conditional PUT (``If-Match`` the ETag the
+   build read at its start, ``If-None-Match: *`` for a first pointer): the commit point. Until
+   then readers keep the previous version; a build killed before it changed nothing they see,
+   and a build whose pointer moved meanwhile (another build won) fails naming the winner.
 
-The version the pointer moves away from is recorded as retired, with the time; only
-``cleanup_versions`` (the ``s3_version_cleanup`` job) deletes versions, once retired longer than
-a grace period, and abandoned uploads (no pointer ever named them) once older than it.
+From before step 1's listing until after step 4 the build holds a claim on its version
+(``claims.py``). The version the pointer moves away from is recorded as retired, with the time;
+only ``cleanup_versions`` (the ``s3_version_cleanup`` job) deletes versions, once retired longer
+than a grace period, and abandoned uploads (no pointer ever named them) once older than it;
+never the version the pointer names when the deletion starts, nor one a build has claimed.
 """
 
 from __future__ import annotations
@@ -444,8 +450,13 @@ def publish_version(
                 with output.errors(f"writing {where}"):
                     if current is not None and rel in new_sha and old_sha.get(rel) == new_sha[rel]:
                         src = output.key(current.version_dir(), rel)
-                        client.copy({"Bucket": output.bucket, "Key": src}, output.bucket, key)
-                        return "copied"
+                        try:
+                            client.copy({"Bucket": output.bucket, "Key": src}, output.bucket, key)
+                            return "copied"
+                        except Exception as exc:
+                            if not _not_found(exc):
+                                raise
+                            # Gone from the current version too (it is damaged): upload it instead.
                     client.upload_file(str(path), output.bucket, key)
                     return "repaired" if republish or rel in there else "uploaded"
             except S3AccessError as exc:
