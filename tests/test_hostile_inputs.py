@@ -32,6 +32,9 @@ S3 outputs: versions and the pointer (every case reads every sample back with ve
   two builds from two machines (first pointer, existing pointer)
                                                    one publishes, the other exits 2 naming it; conditional PUT
                                                    (test_s3_version_races.py::test_of_two_builds_from_two_machines_...)
+  cleanup rewrites the pointer's "retired" while a build is about to switch
+                                                   the build switches from the rewritten pointer (still its start)
+                                                   (test_s3_version_races.py::test_a_cleanup_forgetting_...)
   bucket emptied / deleted during a build          exit 2 before the switch, no pointer; the next build publishes
                                                    (test_s3_version_races.py::test_a_bucket_emptied_or_deleted_...)
   kill -9 right before the pointer switch          previous version served (test_build_s3_output.py::

@@ -11,6 +11,7 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -107,6 +108,10 @@ def procs():
     yield start
     for p in started:
         p.kill()
+
+
+def _host() -> str:
+    return socket.gethostname()[:100]
 
 
 def pid_shard(*args: str) -> list[str]:
@@ -207,6 +212,7 @@ def test_a_build_waits_for_a_cleanup_deleting_its_version_and_uploads_it_again(
     cleanup.release("cleanup:deleting")
     assert cleanup.finish() == 0, cleanup.stderr()
     assert v1 in json.loads(cleanup.stdout())["removed"]
+    assert f"waiting for the delete claim of {_host()} pid {cleanup.proc.pid} on {v1}" in build.stderr()
     # The deletion is over: the build lists what is left (nothing) and uploads V1 whole.
     build.wait_reached("publish:claimed")
     build.release("publish:claimed")
@@ -278,4 +284,27 @@ def test_a_bucket_emptied_or_deleted_during_a_build_publishes_no_pointer(
         read_verified(url)
     # The next build publishes the whole version again.
     assert shard_main(shard_args(raw_root, url, tmp_path / "work")) == 0
+    assert len(read_verified(url)) == SAMPLES
+
+
+def test_a_cleanup_forgetting_deleted_versions_in_the_pointer_does_not_fail_a_build_switching_meanwhile(
+    s3_env: SeaweedS3, raw_root: Path, tmp_path: Path, procs
+) -> None:
+    client, bucket = s3_env.client(), s3_env.make_bucket("race-cleanup-forget")
+    url = f"s3://{bucket}/photos"
+    v1, v2 = two_versions(raw_root, url, tmp_path / "work", client, bucket)
+    # A third version is up and checked; its switch is conditional on the pointer read at the start...
+    build = procs(pid_shard(*shard_args(raw_root, url, tmp_path / "work", "--shard-size", "8")), tmp_path / "build",
+                  "publish:before-switch")
+    build.wait_reached("publish:before-switch")
+    # ... which the cleanup rewrites meanwhile (V1 deleted, so forgotten under "retired").
+    cleanup = procs(["-c", CLEANUP, url], tmp_path / "cleanup")
+    assert cleanup.finish() == 0, cleanup.stderr()
+    assert json.loads(cleanup.stdout())["removed"] == [v1]
+    assert pointer(client, bucket, "photos")["retired"] == {}
+    # Still the version the build started from: the build switches from the rewritten pointer.
+    build.release("publish:before-switch")
+    assert build.finish() == 0, build.stderr()
+    now = pointer(client, bucket, "photos")
+    assert now["version"] not in (v1, v2) and list(now["retired"]) == [v2]
     assert len(read_verified(url)) == SAMPLES

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
 import uuid
@@ -61,6 +62,7 @@ from pid_platform.sharding.manifests import is_build_output
 from pid_platform.sharding.parallel import ordered_map
 from pid_platform.sharding.pause_points import pause_point
 
+log = logging.getLogger(__name__)
 WORK_ROOT_ENV = "PID_WORK_ROOT"
 DEFAULT_GRACE_S = 24 * 3600.0
 # Build state a version carries: the settings it was cut with (for people and checks).
@@ -435,7 +437,9 @@ def publish_version(
     with HeldClaim(output, vid, PUBLISH, holder=holder, now=now) as claim:
         # A cleanup that claimed this version before us may be deleting it: what it leaves is
         # listed (and sent again) once it is done. One that claims after us sees our claim.
-        wait_until_unclaimed(output, vid, DELETE, now=now)
+        wait_until_unclaimed(output, vid, DELETE, now=now, on_wait=lambda c: log.warning(
+            "%s: waiting for the %s (until it ends, or its claim expires at %s) before publishing version %s",
+            output, c.describe(), time.strftime("%H:%M:%S", time.localtime(c.expires)), vid))
         pause_point("publish:claimed")
         there = list_sizes(output, vdir)
 
