@@ -29,6 +29,9 @@ S3 outputs: versions and the pointer (every case reads every sample back with ve
   a build republishes a version the cleanup is deleting
                                                    the build waits, then uploads it whole
                                                    (test_s3_version_races.py::test_a_build_waits_for_a_cleanup_...)
+  kill -9 of a cleanup holding a delete claim      a republishing build waits until the claim expires, then
+                                                   uploads what was deleted (test_s3_version_races.py::
+                                                   test_a_cleanup_killed_while_deleting_...)
   two builds from two machines (first pointer, existing pointer)
                                                    one publishes, the other exits 2 naming it; conditional PUT
                                                    (test_s3_version_races.py::test_of_two_builds_from_two_machines_...)

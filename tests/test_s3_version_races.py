@@ -34,7 +34,8 @@ REACH_TIMEOUT_S = 180
 CLEANUP = """
 import json, sys
 from pid_platform.sharding.s3_output import S3Output, cleanup_versions
-report = cleanup_versions(S3Output(sys.argv[1]), grace_s=0)
+ttl = float(sys.argv[2]) if len(sys.argv) > 2 else 600.0
+report = cleanup_versions(S3Output(sys.argv[1]), grace_s=0, claim_ttl_s=ttl)
 print(json.dumps({"removed": report.removed, "kept": report.kept, "claimed": report.claimed}))
 """
 
@@ -307,4 +308,31 @@ def test_a_cleanup_forgetting_deleted_versions_in_the_pointer_does_not_fail_a_bu
     assert build.finish() == 0, build.stderr()
     now = pointer(client, bucket, "photos")
     assert now["version"] not in (v1, v2) and list(now["retired"]) == [v2]
+    assert len(read_verified(url)) == SAMPLES
+
+
+def test_a_cleanup_killed_while_deleting_holds_a_republishing_build_only_until_its_claim_expires(
+    s3_env: SeaweedS3, raw_root: Path, tmp_path: Path, procs
+) -> None:
+    client, bucket = s3_env.client(), s3_env.make_bucket("race-cleanup-killed")
+    url = f"s3://{bucket}/photos"
+    v1, _v2 = two_versions(raw_root, url, tmp_path / "work", client, bucket)
+    n_v1 = len(version_objects(client, bucket, "photos", v1))
+    # A build republishing V1 is about to publish it...
+    build = procs(pid_shard(*shard_args(raw_root, url, tmp_path / "work")), tmp_path / "build", "publish:start")
+    build.wait_reached("publish:start")
+    # ... when a cleanup with 8-second claims is killed with V1 claimed for deletion, part of it deleted.
+    cleanup = procs(["-c", CLEANUP, url, "8"], tmp_path / "cleanup", "cleanup:deleting")
+    cleanup.wait_reached("cleanup:deleting")
+    some = sorted(version_objects(client, bucket, "photos", v1))[: n_v1 // 2]
+    client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": f"photos/versions/{v1}/{k}"} for k in some]})
+    cleanup.proc.send_signal(signal.SIGKILL)
+    cleanup.proc.wait()
+    assert any(k.startswith(f"{v1}/delete-") for k in keys(client, bucket, "photos/.pid-claims"))
+    # The build waits out the dead claim, then sends what the deletion took.
+    build.release("publish:start")
+    assert build.finish() == 0, build.stderr()
+    assert "waiting for the delete claim" in build.stderr()
+    assert pointer(client, bucket, "photos")["version"] == v1
+    assert len(version_objects(client, bucket, "photos", v1)) == n_v1
     assert len(read_verified(url)) == SAMPLES

@@ -48,6 +48,7 @@ from loader.formats.version_pointer import (
 from loader.formats.wdinfo import WDINFO_NAME, check_wdinfo
 from loader.io.s3_client import S3AccessError, S3Settings, s3_client, s3_errors, split_s3_url
 from pid_platform.sharding.claims import (
+    DEFAULT_TTL_S,
     DELETE,
     PUBLISH,
     HeldClaim,
@@ -434,6 +435,7 @@ def publish_version(
             old_sha = {}  # an unreadable old manifest only costs the copies
     new_sha = _checksums_of({m: (staging / m).read_bytes() for m in manifests})
 
+    pause_point("publish:start")
     with HeldClaim(output, vid, PUBLISH, holder=holder, now=now) as claim:
         # A cleanup that claimed this version before us may be deleting it: what it leaves is
         # listed (and sent again) once it is done. One that claims after us sees our claim.
@@ -527,13 +529,16 @@ class Cleanup:
 
 
 def cleanup_versions(output: S3Output, *, grace_s: float = DEFAULT_GRACE_S,
-                     now: Callable[[], float] = time.time, holder: str | None = None) -> Cleanup:
+                     now: Callable[[], float] = time.time, holder: str | None = None,
+                     claim_ttl_s: float = DEFAULT_TTL_S) -> Cleanup:
     """Delete the versions of ``output`` no reader should still use: retired longer than
     ``grace_s`` ago, or never made current and untouched for ``grace_s`` (an abandoned upload).
 
     Never deleted: the version the pointer names when its deletion starts, and one a build has
     claimed. Each deletion claims the version first, then reads the build claims and the
     pointer again (``claims.py`` says why that order closes the race with a build).
+    ``claim_ttl_s``: how long a cleanup killed while deleting a version holds up a build
+    republishing it.
     """
     pointer = read_pointer(output)
     report = Cleanup(str(output), pointer.version if pointer else None)
@@ -547,7 +552,7 @@ def cleanup_versions(output: S3Output, *, grace_s: float = DEFAULT_GRACE_S,
         if t - retired.get(vid, newest) < grace_s:
             report.kept.append(vid)
             continue
-        with HeldClaim(output, vid, DELETE, holder=holder, now=now) as claim:
+        with HeldClaim(output, vid, DELETE, holder=holder, now=now, ttl_s=claim_ttl_s) as claim:
             pause_point("cleanup:claimed")
             if any(c.purpose == PUBLISH and c.live(now()) for c in claims_on(output, vid)):
                 report.claimed.append(vid)
