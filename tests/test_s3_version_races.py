@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from loader.formats.version_pointer import POINTER_NAME
+from loader.formats.errors import FormatError
+from loader.formats.version_pointer import POINTER_NAME, VersionPointer, parse_pointer
 from loader.wds.errors import ManifestError
 from loader.wds.pipeline import build_dataset
 from pid_platform.cli import shard_main
@@ -336,3 +337,13 @@ def test_a_cleanup_killed_while_deleting_holds_a_republishing_build_only_until_i
     assert pointer(client, bucket, "photos")["version"] == v1
     assert len(version_objects(client, bucket, "photos", v1)) == n_v1
     assert len(read_verified(url)) == SAMPLES
+
+
+def test_a_pointer_names_the_build_that_moved_it_and_older_pointers_still_parse() -> None:
+    named = VersionPointer("ab" * 10, ["wdinfo.json"], {"cd" * 10: 1.5}, built_by="host-a pid 12")
+    assert parse_pointer(named.to_bytes(), "p") == named
+    plain = VersionPointer("ab" * 10, ["wdinfo.json"])
+    assert b"built_by" not in plain.to_bytes() and parse_pointer(plain.to_bytes(), "p") == plain
+    doc = json.loads(named.to_bytes()) | {"built_by": 5}
+    with pytest.raises(FormatError, match="p: 'built_by' must be a string"):
+        parse_pointer(json.dumps(doc).encode(), "p")
