@@ -25,7 +25,8 @@ S3 outputs: versions and the pointer (every case reads every sample back with ve
                                                    kept: the cleanup reads the pointer again after claiming it
                                                    (test_s3_version_races.py::test_a_cleanup_that_listed_...)
   cleanup runs while a build republishes a retired version
-                                                   kept as claimed (::test_a_cleanup_leaves_a_version_a_build_...)
+                                                   kept as claimed (test_s3_version_races.py::
+                                                   test_a_cleanup_leaves_a_version_a_build_has_claimed)
   a build republishes a version the cleanup is deleting
                                                    the build waits, then uploads it whole
                                                    (test_s3_version_races.py::test_a_build_waits_for_a_cleanup_...)
