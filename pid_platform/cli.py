@@ -136,6 +136,10 @@ def shard_parser() -> argparse.ArgumentParser:
     p.add_argument("--revalidate", action="store_true",
                    help="validate every file again instead of reusing the outcomes of earlier builds "
                    "(kept by file identity: size, times and inode, or S3 ETag), and run every step")
+    p.add_argument("--repair", action="store_true",
+                   help="read every tar of the published output (and every object of an s3:// one) and rewrite or "
+                   "re-upload those whose sha256 differs from their manifest's; any rebuild already rewrites a tar "
+                   "that is missing or of the wrong size (a listing, no download)")
     p.add_argument("--force", action="store_true",
                    help="build into a non-empty --output-dir that pid-shard did not make (its files are kept)")
     p.add_argument("--s3-endpoint-url", default=None,
@@ -185,6 +189,10 @@ def format_summary(s: BuildSummary) -> str:
         f"  intake (validate={s.validate}): files validated: {r.files_validated}  "
         f"outcomes reused: {r.outcomes_reused}",
         f"  shards written: {written}  already up to date: {s.shards - written}",
+        *([f"  repaired: {s.damaged_shards} shards had a missing or damaged tar; written again"]
+          if s.damaged_shards else []),
+        *([f"  repaired: {s.repaired} objects of the published version were missing or damaged; sent again"]
+          if s.repaired else []),
         f"    {'bucket':<24} {'shards':>7} {'samples':>8} {'bytes':>14}",
     ]
     for name, b in s.buckets.items():
@@ -252,7 +260,7 @@ def run_shard(args: argparse.Namespace, root: str, source: str) -> BuildSummary:
         return build_source(
             store, source, Path(out), config, num_workers=args.num_workers, trust_pickle=args.trust_pickle,
             progress=progress, force=args.force, validate=args.validate, revalidate=args.revalidate,
-            manifest_root=args.manifest_root, publish_to=publish_to,
+            manifest_root=args.manifest_root, publish_to=publish_to, repair=args.repair,
         )
     finally:
         progress.close()

@@ -129,6 +129,7 @@ def test_a_build_killed_before_the_pointer_switch_leaves_the_previous_version_se
     assert any(k.endswith("/wdinfo.json") for k in new) and any(k.endswith(".tar") for k in new)
     assert pointer(client, "s3out-kill", "photos") == before
     assert sample_keys(url) == served
+    assert len(list(build_dataset(url, decode=None, verify="sha256"))) == 32  # whole, checksums included
     assert sorted(build_dataset(url, decode=None).shardlist.counts.tolist()) != []  # still readable
 
     # The next build finishes the same version, keeping what the killed one sent.
@@ -136,6 +137,7 @@ def test_a_build_killed_before_the_pointer_switch_leaves_the_previous_version_se
     after = pointer(client, "s3out-kill", "photos")
     assert after["version"] != before["version"] and after["manifests"] == ["wdinfo.json"]
     assert new[0].split("/")[0] == after["version"]
+    assert len(list(build_dataset(url, decode=None, verify="sha256"))) == 32
 
 
 @pytest.mark.parametrize("case", ["unreachable endpoint", "missing bucket", "wrong credentials"])

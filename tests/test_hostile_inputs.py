@@ -20,6 +20,40 @@ Output folder and build processes
                                                    ::test_a_build_that_fails_early_...)
   a process a test leaves running                  the session fails (tests/support/leaks.py, test_leak_check.py)
 
+S3 outputs: versions and the pointer (every case reads every sample back with verify="sha256")
+  cleanup listed a retired version, a build republishes it before the deletion
+                                                   kept: the cleanup reads the pointer again after claiming it
+                                                   (test_s3_version_races.py::test_a_cleanup_that_listed_...)
+  cleanup runs while a build republishes a retired version
+                                                   kept as claimed (test_s3_version_races.py::
+                                                   test_a_cleanup_leaves_a_version_a_build_has_claimed)
+  a build republishes a version the cleanup is deleting
+                                                   the build waits, then uploads it whole
+                                                   (test_s3_version_races.py::test_a_build_waits_for_a_cleanup_...)
+  kill -9 of a cleanup holding a delete claim      a republishing build waits until the claim expires, then
+                                                   uploads what was deleted (test_s3_version_races.py::
+                                                   test_a_cleanup_killed_while_deleting_...)
+  two builds from two machines (first pointer, existing pointer)
+                                                   one publishes, the other exits 2 naming it; conditional PUT
+                                                   (test_s3_version_races.py::test_of_two_builds_from_two_machines_...)
+  cleanup rewrites the pointer's "retired" while a build is about to switch
+                                                   the build switches from the rewritten pointer (still its start)
+                                                   (test_s3_version_races.py::test_a_cleanup_forgetting_...)
+  bucket emptied / deleted during a build          exit 2 before the switch, no pointer; the next build publishes
+                                                   (test_s3_version_races.py::test_a_bucket_emptied_or_deleted_...)
+  kill -9 right before the pointer switch          previous version served (test_build_s3_output.py::
+                                                   test_a_build_killed_before_the_pointer_switch_...)
+  a tar deleted from the current version (rebuild, --revalidate, another work folder)
+                                                   sent again, "repaired"; reader error names --repair
+                                                   (test_build_repair.py::test_a_tar_deleted_from_the_current_s3_...)
+  a tar changed in place on S3 / locally (same size, same times)
+                                                   pid-shard --repair replaces it (test_build_repair.py::
+                                                   test_repair_replaces_an_s3_tar_..., test_repair_rewrites_a_local_...)
+  a tar deleted from a local output                rewritten by the next build (test_build_repair.py::
+                                                   test_a_tar_deleted_from_a_local_output_is_written_again)
+  a new version whose tar the damaged current one lost (it would be copied from there)
+                                                   uploaded instead (test_build_repair.py::test_a_new_version_...)
+
 Settings and resume states
   --max-shard-size-mb inf / nan / 1e999            exit 2 with usage, before intake (::test_a_shard_size_bound_...)
   ShardingConfig / Dagster resource out of range   ShardingConfigError naming the field (::test_sharding_settings_...)

@@ -11,9 +11,16 @@ only by an explicit cleanup once its grace period is over (readers may still be 
 Pointer, ``format_version`` 1::
 
     {"format_version": 1, "version": "<id>", "manifests": ["aspect_ratio_1_1/wdinfo.json", ...],
-     "retired": {"<older id>": <unix seconds it stopped being current>, ...}}
+     "retired": {"<older id>": <unix seconds it stopped being current>, ...},
+     "built_by": "<host> pid <pid>"}
 
-``manifests`` are relative to the version's folder, so a reader needs no listing.
+``manifests`` are relative to the version's folder, so a reader needs no listing. ``built_by``
+(optional, for people) names the build that moved the pointer here: a build that lost a race
+to it says whose version won.
+
+The pointer changes only by a conditional PUT (``If-Match`` on the ETag the writer read, or
+``If-None-Match: *`` for the first one), after the version's objects were checked against its
+manifests; ``pid_platform/sharding/s3_output.py`` holds the writer's side.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from loader.formats.errors import FormatError
 POINTER_NAME = "pid-current.json"
 VERSIONS_DIR = "versions"
 POINTER_FORMAT_VERSION = 1
+MAX_BUILT_BY_CHARS = 200
 _VERSION_ID = re.compile(r"^[0-9a-f]{8,64}$")
 
 
@@ -37,6 +45,7 @@ class VersionPointer:
     version: str
     manifests: list[str]
     retired: dict[str, float] = field(default_factory=dict)
+    built_by: str | None = None
 
     def version_dir(self) -> str:
         """The version's folder, relative to the output (the pointer's folder)."""
@@ -49,6 +58,8 @@ class VersionPointer:
     def to_bytes(self) -> bytes:
         doc = {"format_version": POINTER_FORMAT_VERSION, "version": self.version,
                "manifests": sorted(self.manifests), "retired": dict(sorted(self.retired.items()))}
+        if self.built_by:
+            doc["built_by"] = self.built_by
         return json.dumps(doc, indent=1).encode() + b"\n"
 
 
@@ -76,4 +87,8 @@ def parse_pointer(data: bytes, origin: str) -> VersionPointer:
         isinstance(k, str) and _VERSION_ID.match(k) and isinstance(v, int | float) for k, v in retired.items()
     ):
         raise FormatError(f"{origin}: 'retired' must map version ids to times, got {retired!r}")
-    return VersionPointer(version, list(manifests), {k: float(v) for k, v in retired.items()})
+    built_by = doc.get("built_by")
+    if built_by is not None and not isinstance(built_by, str):
+        raise FormatError(f"{origin}: 'built_by' must be a string, got {type(built_by).__name__}")
+    return VersionPointer(version, list(manifests), {k: float(v) for k, v in retired.items()},
+                          built_by[:MAX_BUILT_BY_CHARS] if built_by else None)

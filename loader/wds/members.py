@@ -10,6 +10,9 @@ from collections.abc import Iterator
 from loader.formats.twin_tar import TarCursor, TarReadError
 from loader.wds.errors import ChecksumError, ShardReadError
 
+# What repairs a dataset whose tar is missing or differs from its manifest (pid_platform/cli.py).
+REPAIR_HINT = ("repair it by running the build that wrote it again with --repair (pid-shard --input-dir <its source> "
+               "--output-dir <this output> --repair): it rewrites or re-uploads every missing or damaged tar")
 SMALL_MEMBERS = 16 << 10  # a tar whose members average less than this is read through a buffer
 SMALL_MEMBERS_BUFFER = 64 << 10
 
@@ -62,7 +65,7 @@ class OpenTar:
         try:
             self.stream = open_stream(url, start, stream_config, stats, members)
         except FileNotFoundError:
-            raise ShardReadError(f"{url}: tar not found; is the manifest stale? rebuild or re-sync the dataset") from None
+            raise ShardReadError(f"{url}: tar not found, though its manifest lists it; {REPAIR_HINT}") from None
         self.source = _Hashing(self.stream) if sha256 is not None else self.stream
         try:
             self.cursor = TarCursor(self.source, url, start)
@@ -97,7 +100,7 @@ class OpenTar:
         if got != sha256:
             raise ChecksumError(
                 f"{self.url}: sha256 {got} differs from the {sha256} its manifest lists; the tar changed or "
-                "is damaged - rebuild or re-sync it, or set shard_error_policy='skip'"
+                f"is damaged - {REPAIR_HINT}, or set shard_error_policy='skip'"
             )
 
     def close(self) -> None:

@@ -4,8 +4,10 @@ A build on S3 publishes a new version beside the old ones and moves the pointer;
 resolved the old pointer may still be streaming the old version (a training epoch can take
 hours), so nothing is deleted at the commit. This job removes versions retired longer than the
 grace period ago, and abandoned uploads (a build killed before its pointer switch) older than it.
-The current version of a source is never touched. A local output needs no cleanup: its commit
-swaps folders and deletes the replaced one.
+The version a source's pointer names when its deletion starts is never touched, nor one a
+build has claimed (``pid_platform/sharding/claims.py``): a build republishing a retired version
+while this job runs keeps it. A local output needs no cleanup: its commit swaps folders and
+deletes the replaced one.
 """
 
 import dagster as dg
@@ -35,10 +37,13 @@ def remove_retired_versions(context: dg.OpExecutionContext, config: CleanupConfi
             report = cleanup_versions(root.child(source), grace_s=config.grace_hours * 3600)
             removed[source] = report.removed
             context.log.info(f"{source}: current {report.current}; removed {report.removed or 'none'} "
-                             f"({report.objects_deleted} objects); kept within the grace period {report.kept or 'none'}")
+                             f"({report.objects_deleted} objects); kept within the grace period {report.kept or 'none'}; "
+                             f"kept as claimed by a build {report.claimed or 'none'}; expired claims deleted "
+                             f"{report.claims_expired}")
     return removed
 
 
-@dg.job(description="Delete versions of S3 outputs retired longer than the grace period ago (never the current one).")
+@dg.job(description="Delete versions of S3 outputs retired longer than the grace period ago (never the current one, "
+                    "nor one a build is publishing).")
 def s3_version_cleanup() -> None:
     remove_retired_versions()

@@ -24,7 +24,7 @@ from pid_platform.sharding.early_sync import sync_soon
 from pid_platform.sharding.file_checks import VALIDATE_FULL, check_validate_level
 from pid_platform.sharding.intake import IntakeReport, Sample, intake
 from pid_platform.sharding.intake_cache import CACHE_NAME, IntakeCache
-from pid_platform.sharding.layout import bucket_dir, final_dir
+from pid_platform.sharding.layout import bucket_dir, final_dir, stamp_path
 from pid_platform.sharding.manifest_roots import rewrite_manifest_roots
 from pid_platform.sharding.manifests import (
     BucketManifest,
@@ -34,7 +34,7 @@ from pid_platform.sharding.manifests import (
     write_manifests,
 )
 from pid_platform.sharding.output_lock import build_lock
-from pid_platform.sharding.s3_output import S3Output, publish_version, read_pointer
+from pid_platform.sharding.s3_output import PublishedVersion, S3Output, publish_version
 from pid_platform.sharding.shard_plan import ShardingConfig, ShardPlan, plan_shards
 from pid_platform.sharding.state import (
     REPORT,
@@ -47,6 +47,7 @@ from pid_platform.sharding.state import (
 from pid_platform.sharding.storage import SourceStore
 from pid_platform.sharding.tables import read_plans, read_samples, write_plans, write_samples
 from pid_platform.sharding.tar_digests import tar_digests
+from pid_platform.sharding.verify_output import damaged_shards
 from pid_platform.sharding.writer import AfterShard, ShardResult, write_shards
 
 F = TypeVar("F", bound=Callable)
@@ -94,6 +95,10 @@ class BuildSummary:
     # For an S3 output: the version now current (``s3://.../versions/<id>``); ``out`` is then
     # the local work folder the build staged in.
     published: str | None = None
+    # Objects of the published version that were missing or of the wrong size, sent again.
+    repaired: int = 0
+    # With ``repair``: committed shards with a tar missing or whose sha256 differs, written again.
+    damaged_shards: int = 0
 
     @property
     def shards(self) -> int:
@@ -260,6 +265,7 @@ def refuse_roots_on_s3(manifest_root: str, publish_to: S3Output | None) -> None:
 def run_manifests(
     out: Path, source: str, *, num_workers: int, manifest_root: str = "relative",
     publish_to: S3Output | None = None, before_switch: Callable[[], None] | None = None,
+    published: list[PublishedVersion] | None = None, repair: bool = False,
 ) -> tuple[ShardingConfig, list[BucketManifest], list[Path]]:
     """wdinfo.json per bucket into the staging folder, then the commit that publishes it as ``out``.
 
@@ -270,7 +276,8 @@ def run_manifests(
     published there first (new version prefix, manifests last, then the pointer: the commit
     point readers see; ``before_switch`` runs just before it), then committed locally.
     Returns the manifests (at their published paths) and the files of the previous version the
-    new one dropped.
+    new one dropped; ``published`` (a list) receives the S3 publish's outcome. ``repair``: the
+    publish also reads back every object already there (``publish_version``).
     """
     base = root_base(manifest_root, final_dir(out))  # refused before anything is written
     refuse_roots_on_s3(manifest_root, publish_to)
@@ -281,10 +288,29 @@ def run_manifests(
     manifests = write_manifests(staging, source, plans, num_workers=num_workers, root_base=base)
     save_outputs(staging, plans)  # what a later no-op rebuild checks the published files against
     if publish_to is not None:
-        publish_version(staging, publish_to, num_workers=num_workers, before_switch=before_switch)
+        outcome = publish_version(staging, publish_to, num_workers=num_workers, before_switch=before_switch,
+                                  repair=repair)
+        if published is not None:
+            published.append(outcome)
     removed = versions.commit(out)
     published = [replace(m, path=Path(out) / m.path.relative_to(staging)) for m in manifests]
     return config, published, removed
+
+
+def forget_damaged_shards(out: Path) -> int:
+    """Read every tar of the committed build of ``out``; a shard with one missing or whose sha256
+    differs from its manifest's loses its stamp, so this build writes it again instead of
+    reusing it. Returns how many."""
+    final = final_dir(out)
+    try:
+        config = load_sharding_config(final)
+        plans = load_plans(final, config)
+    except FileNotFoundError:
+        return 0  # nothing committed: the build writes every shard anyway
+    damaged = damaged_shards(final, plans)
+    for plan, _tar in damaged:
+        stamp_path(final, plan.bucket, plan.index).unlink(missing_ok=True)
+    return len(damaged)
 
 
 def _committed_summary(source: str, out: Path, result: IntakeResult) -> BuildSummary:
@@ -305,7 +331,7 @@ def build_source(
     store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int = 1,
     trust_pickle: bool = False, progress: Callable[[int, int], None] | None = None, force: bool = False,
     validate: str = VALIDATE_FULL, revalidate: bool = False, manifest_root: str = "relative",
-    publish_to: S3Output | None = None,
+    publish_to: S3Output | None = None, repair: bool = False,
 ) -> BuildSummary:
     """Intake -> twin tars and key indexes -> wdinfo.json for one source, written under ``out``.
 
@@ -314,10 +340,14 @@ def build_source(
     a source under ``<output_root>/<source>``; the CLI writes where told.
     ``publish_to``: an S3 output, published from ``out`` (the local work folder) at the commit;
     call ``s3_output.check_writable`` first to stop before any work if the bucket refuses.
+    A missing tar, or one of the wrong size, is seen by every rebuild (stamps locally, one
+    listing on S3) and written or sent again; ``repair`` also reads every tar (and every object
+    on S3) and replaces those whose sha256 differs from their manifest's.
     """
     out = Path(out)
     root_base(manifest_root, final_dir(out))  # a bad manifest root is refused before any work
     refuse_roots_on_s3(manifest_root, publish_to)
+    damaged = forget_damaged_shards(out) if repair else 0
     result = run_intake(store, source, out, config, trust_pickle=trust_pickle, num_workers=num_workers,
                         force=force, validate=validate, revalidate=revalidate, stop_if_up_to_date=True)
     if result.up_to_date:
@@ -326,16 +356,18 @@ def build_source(
         summary = _committed_summary(source, out, result)
         if publish_to is not None:
             # Up to date here; make sure the bucket serves this version too (a no-op when it does).
-            published = publish_version(versions.final_dir(out), publish_to, num_workers=num_workers)
-            summary.published = published.url
+            # Its objects are checked (one listing); those missing or of the wrong size are sent again.
+            outcome = publish_version(versions.final_dir(out), publish_to, num_workers=num_workers, repair=repair)
+            summary.published = outcome.url
+            summary.repaired = outcome.repaired
+            summary.up_to_date = not outcome.repaired
         return summary
     _, results = run_sharding(store, source, out, config, num_workers=num_workers, progress=progress,
                               key_indexes=True)
+    outcomes: list[PublishedVersion] = []
     _, manifests, removed = run_manifests(out, source, num_workers=num_workers, manifest_root=manifest_root,
-                                          publish_to=publish_to)
-    published = None
-    if publish_to is not None:
-        pointer = read_pointer(publish_to)
-        published = f"{publish_to}/{pointer.version_dir()}" if pointer else None
+                                          publish_to=publish_to, published=outcomes, repair=repair)
+    # This build's own version (not a re-read of the pointer, which another build may have moved).
     return BuildSummary(source, out, result.report, summarize(results), [m.path for m in manifests], removed,
-                        validate, published=published)
+                        validate, published=outcomes[0].url if outcomes else None,
+                        repaired=sum(o.repaired for o in outcomes), damaged_shards=damaged)

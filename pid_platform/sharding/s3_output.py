@@ -9,18 +9,25 @@ reuse, the same bytes); its commit step then publishes the staged version to the
    where it stopped: objects already there with the right size are kept; a tar the current
    version already holds with the same checksum is copied inside the bucket, not uploaded);
 2. then the manifests and the settings the version was cut with;
-3. then ``pid-current.json`` is replaced in one PUT: the commit point. Until then readers keep
-   the previous version; a build killed before it changed nothing they see.
+3. then one listing checks every object of the version against what was staged (sizes, the
+   tars' as their manifests list them): a bucket emptied or deleted meanwhile fails the build;
+4. then ``pid-current.json`` is replaced in one conditional PUT (``If-Match`` the ETag the
+   build read at its start, ``If-None-Match: *`` for a first pointer): the commit point. Until
+   then readers keep the previous version; a build killed before it changed nothing they see,
+   and a build whose pointer moved meanwhile (another build won) fails naming the winner.
 
-The version the pointer moves away from is recorded as retired, with the time; only
-``cleanup_versions`` (the ``s3_version_cleanup`` job) deletes versions, once retired longer than
-a grace period, and abandoned uploads (no pointer ever named them) once older than it.
+From before step 1's listing until after step 4 the build holds a claim on its version
+(``claims.py``). The version the pointer moves away from is recorded as retired, with the time;
+only ``cleanup_versions`` (the ``s3_version_cleanup`` job) deletes versions, once retired longer
+than a grace period, and abandoned uploads (no pointer ever named them) once older than it;
+never the version the pointer names when the deletion starts, nor one a build has claimed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
 import uuid
@@ -30,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from loader.formats.errors import FormatError
-from loader.formats.twin_tar import tar_path
+from loader.formats.twin_tar import file_sha256, tar_path
 from loader.formats.version_pointer import (
     POINTER_NAME,
     VERSIONS_DIR,
@@ -40,11 +47,23 @@ from loader.formats.version_pointer import (
 )
 from loader.formats.wdinfo import WDINFO_NAME, check_wdinfo
 from loader.io.s3_client import S3AccessError, S3Settings, s3_client, s3_errors, split_s3_url
+from pid_platform.sharding.claims import (
+    DEFAULT_TTL_S,
+    DELETE,
+    PUBLISH,
+    HeldClaim,
+    claims_on,
+    remove_expired,
+    this_process,
+    wait_until_unclaimed,
+)
 from pid_platform.sharding.errors import BuildError, OutputNotWritableError
 from pid_platform.sharding.layout import PROBE_PREFIX, STATE_DIR
 from pid_platform.sharding.manifests import is_build_output
 from pid_platform.sharding.parallel import ordered_map
+from pid_platform.sharding.pause_points import pause_point
 
+log = logging.getLogger(__name__)
 WORK_ROOT_ENV = "PID_WORK_ROOT"
 DEFAULT_GRACE_S = 24 * 3600.0
 # Build state a version carries: the settings it was cut with (for people and checks).
@@ -151,14 +170,43 @@ def get_bytes(output: S3Output, rel: str) -> bytes | None:
 
 
 def read_pointer(output: S3Output) -> VersionPointer | None:
-    data = get_bytes(output, POINTER_NAME)
-    if data is None:
-        return None
+    return read_pointer_tagged(output)[0]
+
+
+def read_pointer_tagged(output: S3Output) -> tuple[VersionPointer | None, str | None]:
+    """The pointer and its ETag (what a conditional switch from it must match), or ``(None, None)``."""
+    key = output.key(POINTER_NAME)
     try:
-        return parse_pointer(data, f"{output}/{POINTER_NAME}")
+        with output.errors(f"reading s3://{output.bucket}/{key}"):
+            got = output.client().get_object(Bucket=output.bucket, Key=key)
+            data, etag = got["Body"].read(), got.get("ETag")
+    except Exception as exc:
+        if _not_found(exc):
+            return None, None
+        if isinstance(exc, S3AccessError):
+            raise BuildError(str(exc)) from None
+        raise
+    try:
+        return parse_pointer(data, f"{output}/{POINTER_NAME}"), etag
     except FormatError as exc:
         raise BuildError(f"{exc}; delete it to publish a fresh version (readers then see none until the build "
                          "commits)") from None
+
+
+def object_sha256(output: S3Output, rel: str) -> str | None:
+    """The sha256 of the object at ``output/rel`` (read whole, in chunks), or ``None`` if absent."""
+    key = output.key(rel)
+    h = hashlib.sha256()
+    try:
+        with output.errors(f"reading s3://{output.bucket}/{key}"):
+            body = output.client().get_object(Bucket=output.bucket, Key=key)["Body"]
+            while chunk := body.read(1 << 22):
+                h.update(chunk)
+    except Exception as exc:
+        if _not_found(exc):
+            return None
+        raise
+    return h.hexdigest()
 
 
 def list_sizes(output: S3Output, rel_prefix: str) -> dict[str, int]:
@@ -172,6 +220,14 @@ def list_sizes(output: S3Output, rel_prefix: str) -> dict[str, int]:
     return sizes
 
 
+class PublishRaceError(BuildError):
+    """Another build (or a person) moved the pointer while this build ran: it published nothing."""
+
+
+class VersionIncompleteError(BuildError):
+    """The version's objects in the bucket are not those its manifests list: nothing was switched."""
+
+
 @dataclass
 class PublishedVersion:
     output: str
@@ -181,6 +237,7 @@ class PublishedVersion:
     copied: int = 0     # tars copied inside the bucket from the previous version
     kept: int = 0       # objects an interrupted publish of this version had already sent
     unchanged: bool = False  # the pointer already named this version
+    repaired: int = 0   # objects of the current version that were missing or of the wrong size, sent again
 
     @property
     def url(self) -> str:
@@ -232,30 +289,145 @@ def _checksums_of(manifests: dict[str, bytes]) -> dict[str, str]:
     return {os.path.normpath(k): v for k, v in found.items()}
 
 
+def _listed_sizes(manifests: dict[str, bytes]) -> dict[str, int]:
+    """Path of each tar (relative to the version folder) -> its size, as the manifests list it."""
+    sizes: dict[str, int] = {}
+    for rel, data in manifests.items():
+        manifest_dir = Path(rel.rpartition("/")[0] or ".")
+        cols = check_wdinfo(json.loads(data), rel)
+        for m in cols.data_keys:
+            for path, size in zip(cols.data_list, cols.tar_bytes.get(m) or [], strict=False):
+                if cols.root == ".":
+                    sizes[os.path.normpath(tar_path(manifest_dir, "", m, path).as_posix())] = int(size)
+    return sizes
+
+
+def expected_objects(staging: Path) -> dict[str, int]:
+    """Every object of the version staged in ``staging`` (relative to its version folder) -> size:
+    tars, key indexes, manifests and carried settings. The tars are checked against the sizes the
+    manifests list: a version is what its manifests say, or it is not published."""
+    data, manifests, state = _version_files(staging)
+    expected = {rel: (staging / rel).stat().st_size for rel in data + manifests + state}
+    for rel, size in _listed_sizes({m: (staging / m).read_bytes() for m in manifests}).items():
+        if expected.get(rel) != size:
+            raise BuildError(f"{staging}/{rel}: its manifest lists {size} bytes, the staged file has "
+                             f"{expected.get(rel, 'none')}; rebuild (nothing was published)")
+    return expected
+
+
+def damaged_objects(output: S3Output, version: str, expected: dict[str, int]) -> list[str]:
+    """The objects of ``version`` missing from the bucket or of another size than ``expected``
+    (one listing, nothing downloaded), sorted."""
+    there = list_sizes(output, version_dir(version))
+    return [rel for rel, size in sorted(expected.items()) if there.get(rel) != size]
+
+
+def _verify_before_switch(output: S3Output, version: str, expected: dict[str, int]) -> None:
+    try:
+        bad = damaged_objects(output, version, expected)
+    except S3AccessError as exc:
+        raise VersionIncompleteError(f"{exc} (checking version {version} before the pointer switch: the bucket "
+                                     "was deleted during the build?); the pointer was not changed") from None
+    if bad:
+        there = list_sizes(output, version_dir(version))
+        raise VersionIncompleteError(
+            f"{output}/{version_dir(version)}: {len(bad)} of its {len(expected)} objects are missing or of the "
+            f"wrong size after the upload (e.g. {bad[0]}: {there.get(bad[0], 'missing')}, expected "
+            f"{expected[bad[0]]} bytes): the bucket was emptied, deleted or changed during the build; the pointer "
+            "was not changed, re-run the build to upload the version again")
+
+
+def _precondition_failed(exc: Exception) -> bool:
+    from botocore.exceptions import ClientError
+
+    if not isinstance(exc, ClientError):
+        return False
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return status in (409, 412) or exc.response.get("Error", {}).get("Code") in (
+        "PreconditionFailed", "ConditionalRequestConflict")
+
+
+def put_pointer(output: S3Output, pointer: VersionPointer, etag: str | None) -> bool:
+    """Replace the pointer only if it is still the one with ``etag`` (``None``: only if there is
+    none). False when it is not (a conditional write the server refused)."""
+    cond = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
+    with output.errors(f"writing {output}/{POINTER_NAME}"):
+        try:
+            output.client().put_object(Bucket=output.bucket, Key=output.key(POINTER_NAME), Body=pointer.to_bytes(),
+                                       ContentType="application/json", **cond)
+        except Exception as exc:
+            if _precondition_failed(exc) or (etag and _not_found(exc)):
+                return False
+            raise
+    return True
+
+
+def _switch(output: S3Output, vid: str, manifests: list[str], started: VersionPointer | None,
+            etag: str | None, holder: str, now: Callable[[], float]) -> None:
+    """Point ``output`` at ``vid``, conditional on the pointer being the one the build started
+    from. A pointer that changed only in its ``retired`` record (the cleanup forgetting versions
+    it deleted) still names the version the build started from: switch from it instead."""
+    base = started
+    for _ in range(5):
+        retired = dict(base.retired) if base else {}
+        if base is not None and base.version != vid:
+            retired[base.version] = now()
+        retired.pop(vid, None)  # a version published again is current, not retired
+        if put_pointer(output, VersionPointer(vid, manifests, retired, built_by=holder), etag):
+            return
+        base, etag = read_pointer_tagged(output)
+        if (base.version if base else None) != (started.version if started else None):
+            raise _lost_race(output, base, started, vid)
+    raise _lost_race(output, base, started, vid)
+
+
+def _lost_race(output: S3Output, now_there: VersionPointer | None, started: VersionPointer | None,
+               vid: str) -> PublishRaceError:
+    if now_there is None:
+        what = (f"{output}/{POINTER_NAME} vanished while this build ran (the bucket was emptied or deleted, or "
+                "someone deleted the pointer)")
+    else:
+        what = (f"another build ({now_there.built_by or 'unnamed'}) moved {output}/{POINTER_NAME} to version "
+                f"{now_there.version} while this one ran")
+    start = f"version {started.version}" if started else "no version (a first publish)"
+    return PublishRaceError(
+        f"{what}; this build started from {start} and did not publish its version {vid} (its objects stay under "
+        f"{output}/{version_dir(vid)}/ until the cleanup removes them); re-run it to publish on top of what is "
+        "current now")
+
+
 def publish_version(
     staging: Path, output: S3Output, *, num_workers: int = 4, before_switch: Callable[[], None] | None = None,
-    now: Callable[[], float] = time.time,
+    now: Callable[[], float] = time.time, holder: str | None = None, repair: bool = False,
 ) -> PublishedVersion:
     """Publish the complete version staged in ``staging`` (manifests written) as ``output``'s
-    current version. ``before_switch`` runs after every object is up and before the pointer
-    moves (the last moment a crash leaves the previous version served)."""
+    current version. ``before_switch`` runs after every object is up and checked, before the
+    pointer moves (the last moment a crash leaves the previous version served).
+
+    The version is claimed (``claims.py``) from before its objects are listed until after the
+    switch, so the cleanup leaves it alone. When the pointer already names it, the objects are
+    checked (one listing) and those missing or of the wrong size are sent again (``repaired``).
+    ``repair``: also read back every object already there with the right size and send again
+    those whose sha256 differs from the staged file's (a full download: what ``--repair`` costs).
+    Raises ``VersionIncompleteError`` when the objects are not all there before the switch, and
+    ``PublishRaceError`` when the pointer moved since this build read it.
+    """
     data, manifests, state = _version_files(staging)
     if not manifests:
         raise BuildError(f"{staging}: no {WDINFO_NAME} staged; nothing to publish to {output}")
     key_indexes = [r for r in data if r.endswith(".parquet")]
     vid = version_id(staging, manifests, state, key_indexes)
-    current = read_pointer(output)
+    expected = expected_objects(staging)
+    holder = (holder or this_process())
+    current, etag = read_pointer_tagged(output)
     result = PublishedVersion(str(output), vid, current.version if current else None)
-    if current is not None and current.version == vid:
-        result.unchanged = True
-        return result
+    republish = current is not None and current.version == vid
     client = output.client()
     vdir = version_dir(vid)
-    there = list_sizes(output, vdir)
 
     # Tars the current version holds with the same checksum are copied inside the bucket.
     old_sha: dict[str, str] = {}
-    if current is not None:
+    if current is not None and not republish:
         old_docs = {m: get_bytes(output, f"{current.version_dir()}/{m}") or b"{}" for m in current.manifests}
         try:
             old_sha = _checksums_of(old_docs)
@@ -263,41 +435,59 @@ def publish_version(
             old_sha = {}  # an unreadable old manifest only costs the copies
     new_sha = _checksums_of({m: (staging / m).read_bytes() for m in manifests})
 
-    def send(rel: str) -> str:
-        path = staging / rel
-        size = path.stat().st_size
-        if there.get(rel) == size:
-            return "kept"
-        key = output.key(vdir, rel)
-        where = f"s3://{output.bucket}/{key}"
-        try:
-            with output.errors(f"writing {where}"):
-                if current is not None and rel in new_sha and old_sha.get(rel) == new_sha[rel]:
-                    src = output.key(current.version_dir(), rel)
-                    client.copy({"Bucket": output.bucket, "Key": src}, output.bucket, key)
-                    return "copied"
-                client.upload_file(str(path), output.bucket, key)
-                return "uploaded"
-        except S3AccessError as exc:
-            raise BuildError(f"{exc}; the pointer was not changed, readers keep version "
-                             f"{result.previous or '(none)'}") from None
+    pause_point("publish:start")
+    with HeldClaim(output, vid, PUBLISH, holder=holder, now=now) as claim:
+        # A cleanup that claimed this version before us may be deleting it: what it leaves is
+        # listed (and sent again) once it is done. One that claims after us sees our claim.
+        wait_until_unclaimed(output, vid, DELETE, now=now, on_wait=lambda c: log.warning(
+            "%s: waiting for the %s (until it ends, or its claim expires at %s) before publishing version %s",
+            output, c.describe(), time.strftime("%H:%M:%S", time.localtime(c.expires)), vid))
+        pause_point("publish:claimed")
+        there = list_sizes(output, vdir)
 
-    def tally(outcomes: list[str]) -> None:
-        for o in outcomes:
-            setattr(result, o, getattr(result, o) + 1)
+        def send(rel: str) -> str:
+            path = staging / rel
+            if there.get(rel) == expected[rel] and not (
+                    repair and object_sha256(output, f"{vdir}/{rel}") != (new_sha.get(rel) or file_sha256(path))):
+                return "kept"
+            key = output.key(vdir, rel)
+            where = f"s3://{output.bucket}/{key}"
+            try:
+                with output.errors(f"writing {where}"):
+                    if current is not None and rel in new_sha and old_sha.get(rel) == new_sha[rel]:
+                        src = output.key(current.version_dir(), rel)
+                        try:
+                            client.copy({"Bucket": output.bucket, "Key": src}, output.bucket, key)
+                            return "copied"
+                        except Exception as exc:
+                            if not _not_found(exc):
+                                raise
+                            # Gone from the current version too (it is damaged): upload it instead.
+                    client.upload_file(str(path), output.bucket, key)
+                    return "repaired" if republish or rel in there else "uploaded"
+            except S3AccessError as exc:
+                raise BuildError(f"{exc}; the pointer was not changed, readers keep version "
+                                 f"{result.previous or '(none)'}") from None
 
-    tally(list(ordered_map(send, data, num_workers, threads=True)))
-    tally([send(rel) for rel in manifests + state])  # manifests after every tar they list
-    if before_switch is not None:
-        before_switch()
-    retired = dict(current.retired) if current else {}
-    if current is not None:
-        retired[current.version] = now()
-    retired.pop(vid, None)  # a version published again is current, not retired
-    pointer = VersionPointer(vid, manifests, retired)
-    with output.errors(f"writing {output}/{POINTER_NAME}"):
-        client.put_object(Bucket=output.bucket, Key=output.key(POINTER_NAME), Body=pointer.to_bytes(),
-                          ContentType="application/json")
+        def tally(outcomes: list[str]) -> None:
+            for o in outcomes:
+                setattr(result, o, getattr(result, o) + 1)
+
+        tally(list(ordered_map(send, data, num_workers, threads=True)))
+        tally([send(rel) for rel in manifests + state])  # manifests after every tar they list
+        if republish and not result.repaired:
+            result.unchanged = True  # named by the pointer and whole: the one listing was the check
+            return result
+        pause_point("publish:before-verify")
+        _verify_before_switch(output, vid, expected)
+        if republish:
+            result.unchanged = True  # the pointer already names it: nothing to switch
+            return result
+        if before_switch is not None:
+            before_switch()
+        pause_point("publish:before-switch")
+        claim.check()
+        _switch(output, vid, manifests, current, etag, holder, now)
     return result
 
 
@@ -336,37 +526,63 @@ class Cleanup:
     current: str | None
     removed: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # not current, still within the grace period
+    claimed: list[str] = field(default_factory=list)  # past it, but a build is publishing them
     objects_deleted: int = 0
+    claims_expired: int = 0  # claims of processes that died holding them, deleted
 
 
 def cleanup_versions(output: S3Output, *, grace_s: float = DEFAULT_GRACE_S,
-                     now: Callable[[], float] = time.time) -> Cleanup:
+                     now: Callable[[], float] = time.time, holder: str | None = None,
+                     claim_ttl_s: float = DEFAULT_TTL_S) -> Cleanup:
     """Delete the versions of ``output`` no reader should still use: retired longer than
     ``grace_s`` ago, or never made current and untouched for ``grace_s`` (an abandoned upload).
-    The current version is never touched."""
+
+    Never deleted: the version the pointer names when its deletion starts, and one a build has
+    claimed. Each deletion claims the version first, then reads the build claims and the
+    pointer again (``claims.py`` says why that order closes the race with a build).
+    ``claim_ttl_s``: how long a cleanup killed while deleting a version holds up a build
+    republishing it.
+    """
     pointer = read_pointer(output)
     report = Cleanup(str(output), pointer.version if pointer else None)
     t = now()
     retired = dict(pointer.retired) if pointer else {}
-    for vid, newest in sorted(list_versions(output).items()):
+    found = list_versions(output)
+    pause_point("cleanup:listed")
+    for vid, newest in sorted(found.items()):
         if pointer is not None and vid == pointer.version:
             continue
-        since = retired.get(vid, newest)
-        if t - since < grace_s:
+        if t - retired.get(vid, newest) < grace_s:
             report.kept.append(vid)
             continue
-        report.objects_deleted += _delete_prefix(output, version_dir(vid))
-        report.removed.append(vid)
-    if pointer is not None and any(v in pointer.retired for v in report.removed):
-        # Forget removed versions in the pointer, unless a build moved it meanwhile.
-        again = read_pointer(output)
-        if again == pointer:
-            left = {v: s for v, s in pointer.retired.items() if v not in report.removed}
-            with output.errors(f"writing {output}/{POINTER_NAME}"):
-                output.client().put_object(Bucket=output.bucket, Key=output.key(POINTER_NAME),
-                                           Body=replace(pointer, retired=left).to_bytes(),
-                                           ContentType="application/json")
+        with HeldClaim(output, vid, DELETE, holder=holder, now=now, ttl_s=claim_ttl_s) as claim:
+            pause_point("cleanup:claimed")
+            if any(c.purpose == PUBLISH and c.live(now()) for c in claims_on(output, vid)):
+                report.claimed.append(vid)
+                continue
+            fresh = read_pointer(output)
+            if fresh is not None and fresh.version == vid:
+                report.kept.append(vid)  # republished since the first read: current now
+                continue
+            if fresh is not None and vid in fresh.retired and t - fresh.retired[vid] < grace_s:
+                report.kept.append(vid)  # current and retired again since the first read
+                continue
+            claim.check()
+            pause_point("cleanup:deleting")
+            report.objects_deleted += _delete_prefix(output, version_dir(vid))
+            report.removed.append(vid)
+    _forget_removed(output, report.removed)
+    report.claims_expired = remove_expired(output, now=now)
     return report
+
+
+def _forget_removed(output: S3Output, removed: list[str]) -> None:
+    """Drop deleted versions from the pointer's ``retired`` record, unless the pointer changed."""
+    pointer, etag = read_pointer_tagged(output)
+    if pointer is None or not any(v in pointer.retired for v in removed):
+        return
+    left = {v: s for v, s in pointer.retired.items() if v not in removed}
+    put_pointer(output, replace(pointer, retired=left), etag)  # refused: the next cleanup forgets them
 
 
 def _delete_prefix(output: S3Output, rel_prefix: str) -> int:

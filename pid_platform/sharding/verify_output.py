@@ -79,6 +79,25 @@ def manifest_mismatches(out: Path, buckets: list[str]) -> list[str]:
     return problems
 
 
+def damaged_shards(out: Path, plans: list[ShardPlan]) -> list[tuple[ShardPlan, Path]]:
+    """The shards of the committed build in ``out`` with a tar missing or whose sha256 differs
+    from the one its manifest lists (every tar is read), with the first such tar."""
+    listed: dict[tuple[str, str], dict[str, str]] = {}
+    for b in sorted({p.bucket for p in plans}):
+        path = bucket_dir(out, b) / WDINFO_NAME
+        if path.is_file():
+            listed.update({(b, t.path): t.sha256 for t in read_wdinfo(path).tars})
+    damaged = []
+    for p in plans:
+        sha = listed.get((p.bucket, p.relpath), {})
+        for m in p.modalities:
+            tp = tar_path(out, p.bucket, m, p.relpath)
+            if not tp.is_file() or (sha.get(m) and file_sha256(tp) != sha[m]):
+                damaged.append((p, tp))
+                break
+    return damaged
+
+
 def key_index_mismatches(out: Path, buckets: list[str]) -> list[str]:
     """Each listed key index must name every tar member in order, with its exact offset and size."""
     problems = []
