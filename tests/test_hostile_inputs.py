@@ -64,6 +64,12 @@ Manifests and tars at read time
   pickle members (.pkl, object .npy)               UnsafeDataError unless trusted_data (test_loader_expand.py)
   a pickle in a .bin member                        bytes, never unpickled, trusted or not
                                                    (::test_the_loader_never_unpickles_a_bin_member)
+
+Remote reads
+  every range answered with an empty 206           counted as a retry: max_retries + 1 requests, then
+                                                   RetryBudgetExceeded naming the URL and offset, for
+                                                   open_url and the LeRobot RangeFetcher (test_io_streams.py::
+                                                   test_http_empty_206_answers_spend_the_retry_budget)
 """
 
 from __future__ import annotations
