@@ -177,3 +177,41 @@ def test_killed_job_resumes_and_trains_on_each_sample_once_per_epoch(
             expected = Counter(ref[0]["ids"] + ref[1]["ids"])
             assert len(expected) == 32 and set(expected.values()) == {1}
             assert real == expected, f"epoch {epoch}: keys not trained on exactly once"
+
+
+@pytest.mark.parametrize("kind", list(CASES))
+def test_kill_9_of_the_trainer_leaves_no_dataloader_worker(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    # One plain process (no torchrun) with 2 DataLoader workers, killed alone: nothing else sends
+    # its workers a signal, so only their own death-with-the-parent can end them.
+    from tests.support.procs import descendants, wait_gone
+
+    root = request.getfixturevalue("lerobot_v3_root" if kind == "lerobot" else "twin_tars")
+    ckpt_dir = tmp_path / "ckpt"
+    output = tmp_path / "job.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+           "HF_LEROBOT_HOME": str(tmp_path / "lerobot-home"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(SCRIPT), "--data", kind, "--root", str(root), "--checkpoint-dir", str(ckpt_dir),
+           "--epochs", "50", "--batch-size", "2", "--num-workers", "2", "--checkpoint-every", "1000",
+           "--step-delay-s", "0.2"]
+    if kind == "lerobot":
+        cmd += ["--repo-id", REPO_ID]
+    job = launch(cmd, env, output)
+    log = ckpt_dir / "samples-rank0.jsonl"
+    workers: set[int] = set()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    try:
+        # Training has begun (a step is logged) and both workers run.
+        while time.monotonic() < deadline and not (len(workers) == 2 and log.exists() and '"step"' in log.read_text()):
+            if job.poll() is not None:
+                pytest.fail(f"the trainer exited ({job.returncode}) before its first step:\n" + output.read_text()[-6000:])
+            workers = descendants(job.pid)
+            time.sleep(0.05)
+        assert len(workers) == 2, f"expected 2 DataLoader workers, found {sorted(workers)}:\n{output.read_text()[-3000:]}"
+    finally:
+        job.kill()
+        job.wait()
+    # PyTorch's own watchdog would notice the dead parent only after 5 s, and only if the worker
+    # were idle; the kernel kills ours at once.
+    left = wait_gone(workers, timeout=3.0)
+    assert not left, f"DataLoader workers {sorted(left)} still run 3 s after kill -9 of their trainer"

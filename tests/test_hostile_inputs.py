@@ -19,6 +19,11 @@ Output folder and build processes
                                                    no empty staging folder (::test_a_build_leaves_nothing_...,
                                                    ::test_a_build_that_fails_early_...)
   a process a test leaves running                  the session fails (tests/support/leaks.py, test_leak_check.py)
+  kill -9 of a trainer with num_workers=2          its DataLoader workers end within 3 s, twin tars and LeRobot
+                                                   (test_examples_training.py::test_kill_9_of_the_trainer_leaves_
+                                                   no_dataloader_worker; PR_SET_PDEATHSIG: test_workers.py)
+  an orphan that runs on, then ends before the end the session fails too (test_leak_check.py::
+                                                   test_dataloader_workers_that_outlive_a_killed_trainer_fail_the_run)
 
 Settings and resume states
   --max-shard-size-mb inf / nan / 1e999            exit 2 with usage, before intake (::test_a_shard_size_bound_...)

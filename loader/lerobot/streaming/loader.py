@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from loader.workers import worker_init
+
 from .dataset import STAT_FIELDS, StreamingLeRobotDataset, _all_gather_ints
 from .ownership import NoEpisodesError
 from .state import make_state, parse_state
@@ -59,8 +61,9 @@ class StreamingLoader:
         if setup.point is None:
             self.samples = self.batches = 0
         self._shared.zero_()
-        loader = DataLoader(ds, batch_size=self.batch_size, num_workers=self.num_workers,
-                            **self.dataloader_kwargs)
+        kwargs = dict(self.dataloader_kwargs)
+        kwargs["worker_init_fn"] = worker_init(kwargs.get("worker_init_fn"))  # workers die with us
+        loader = DataLoader(ds, batch_size=self.batch_size, num_workers=self.num_workers, **kwargs)
         for batch in loader:
             self.samples += _batch_len(batch) if self.batch_size is not None else 1
             self.batches += 1
