@@ -70,6 +70,17 @@ Manifests and tars at read time
   a pickle in a .bin member                        bytes, never unpickled, trusted or not
                                                    (::test_the_loader_never_unpickles_a_bin_member)
 
+Padding and repeats (LeRobot streaming)
+  a 15-frame epoch, 2 workers, one rank           15 items, each frame once, none marked: no padding between
+                                                   workers (test_lerobot_stream.py::test_a_15_frame_epoch_...)
+  two ranks of unequal episodes                    equal batches; each frame once unmarked, every repeat __pad__
+                                                   (test_lerobot_stream.py::test_two_ranks_cover_every_frame_once)
+  make_loader(drop_last=True)                      no repeats at all (test_lerobot_stream.py::test_drop_last_...)
+  resume with workers of unequal counts            exact (test_lerobot_stream_plan.py::test_worker_steps_pass_...)
+  examples/train_policy.py                         repeats leave the loss (both data kinds; a batch of repeats
+                                                   only: loss 0, no gradient) (test_examples_training.py::
+                                                   test_the_example_leaves_padding_repeats_out_of_the_loss)
+
 Remote reads
   every range answered with an empty 206           counted as a retry: max_retries + 1 requests, then
                                                    RetryBudgetExceeded naming the URL and offset, for
