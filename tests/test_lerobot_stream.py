@@ -176,6 +176,26 @@ def test_resume_after_k_batches_continues_the_uninterrupted_order(lerobot_v3_roo
     assert batch_indices(resumed) == batch_indices(second)
 
 
+@pytest.mark.parametrize("k", [5, 6, 7])
+def test_resume_after_one_worker_ran_out_continues_the_uninterrupted_order(lerobot_v3_root: Path, k: int) -> None:
+    # Episodes 0 and 1, one per worker: 3 and 5 batches of 2. From batch 6 on only one worker has any.
+    def new():
+        return make_loader(stream(lerobot_v3_root, episodes=[0, 1], streaming_episode_pool_size=2),
+                           batch_size=2, num_workers=2)
+
+    full = batch_indices(new())
+    first = new()
+    taken = []
+    for step, batch in enumerate(first):
+        taken.append(batch)
+        if step + 1 == k:
+            state = first.state_dict()
+            break
+    resumed = new()
+    resumed.load_state_dict(state)
+    assert batch_indices(taken) + batch_indices(resumed) == full and sorted(full) == list(range(15))
+
+
 def test_the_dataset_itself_resumes_in_process(lerobot_v3_root: Path) -> None:
     full = indices(stream(lerobot_v3_root, streaming_episode_pool_size=3))
     ds = stream(lerobot_v3_root, streaming_episode_pool_size=3)
