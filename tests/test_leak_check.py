@@ -30,8 +30,8 @@ def test_waits_for_its_child():
 
 
 # A trainer whose DataLoader workers block (here: in a sleep, as a reader blocked on a dead
-# connection would), killed with SIGKILL. The test then waits 3 s (more than the nested grace of
-# 1 s) and kills the workers itself, so at session end nothing runs any more.
+# connection would), killed with SIGKILL. The test then waits 3 s (more than the nested orphan
+# grace of 1 s) and kills the workers itself, so at session end nothing runs any more.
 KILLED_TRAINER = '''
 import os, signal, subprocess, sys, time
 from tests.support.procs import descendants, wait_gone
@@ -73,6 +73,7 @@ def _run_nested(tmp_path: Path, body: str, env: dict[str, str] | None = None) ->
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "test_nested.py").write_text(body)
     env = os.environ | {"PYTHONPATH": str(REPO), "PID_TEST_LEAK_GRACE_S": "1", "PID_TEST_ORPHAN_POLL_S": "0.2",
+                        "PID_TEST_ORPHAN_GRACE_S": "1",
                         **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.support.leaks",

@@ -10,8 +10,9 @@ running get a grace period to exit; those left are listed, killed, and the run f
 An orphan that ends before the session does - a killed trainer's DataLoader worker that runs on
 for a minute, then stops - would slip through a check made only at the end. So a watcher thread
 polls the process tree (every ``PID_TEST_ORPHAN_POLL_S``, 0.5 s; 0 turns it off): a descendant
-whose parent changes to pytest was orphaned, and one still running ``GRACE_S`` after that fails
-the run as well, even if it is gone by the end.
+whose parent changes to pytest was orphaned, and one still running ``ORPHAN_GRACE_S`` (30 s)
+after that fails the run as well, even if it is gone by the end. (Longer than ``GRACE_S``: a
+server told to stop may orphan its helpers while they shut down, ``dagster dev`` for up to 25 s.)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ PR_SET_CHILD_SUBREAPER = 36
 # DataLoader workers and servers told to stop may take a moment to exit.
 GRACE_S = float(os.environ.get("PID_TEST_LEAK_GRACE_S", "10"))
 ORPHAN_POLL_S = float(os.environ.get("PID_TEST_ORPHAN_POLL_S", "0.5"))
+ORPHAN_GRACE_S = float(os.environ.get("PID_TEST_ORPHAN_GRACE_S", "30"))
 
 
 class OrphanWatch(threading.Thread):
@@ -103,13 +105,13 @@ _WATCH = pytest.StashKey["OrphanWatch | None"]()
 
 
 def _late_orphans(watch: OrphanWatch | None, reported: set[int]) -> list[str]:
-    """Orphans that ran ``GRACE_S`` or more after their parent died (those still running at the
-    end are reported with the other leaks)."""
+    """Orphans that ran ``ORPHAN_GRACE_S`` or more after their parent died (those still running
+    at the end are reported with the other leaks)."""
     if watch is None:
         return []
     watch.stop()
     return [f"pid {pid}: ran {secs:.0f} s after its parent (pid {parent}) died: {cmd}"
-            for pid, secs, parent, cmd in sorted(watch.outlived) if secs >= GRACE_S and pid not in reported]
+            for pid, secs, parent, cmd in sorted(watch.outlived) if secs >= ORPHAN_GRACE_S and pid not in reported]
 
 
 def _own_helpers() -> set[int]:
@@ -140,7 +142,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     late = _late_orphans(session.config.stash.get(_WATCH, None), left)
     if late:
         msgs.append(
-            f"{len(late)} process(es) ran on {GRACE_S:.0f} s or more after the process that started them "
+            f"{len(late)} process(es) ran on {ORPHAN_GRACE_S:.0f} s or more after the process that started them "
             "was killed (a DataLoader worker of a killed trainer: give the DataLoader "
             "loader.workers.worker_init(...) as worker_init_fn):\n  " + "\n  ".join(late)
         )
