@@ -10,7 +10,10 @@
 * ``--data twin-tars``: twin tars through ``loader.wds.pipeline``; each image is letterboxed into
   32x32 (its shape survives as black borders) and a small conv net predicts log(width / height).
 
-Launched by torchrun it trains with DDP over gloo (CPU); run plainly it is one process. Every
+Both loaders give every rank the same number of batches; where a rank has fewer samples they add
+repeats, flagged ``__pad__`` in the batch, which the loss leaves out (a batch of repeats only
+still takes its DDP step, with no gradient). Launched by torchrun it trains with DDP over gloo
+(CPU); run plainly it is one process. Every
 ``--checkpoint-every`` steps every rank takes the loader's state (a collective) and rank 0 writes
 model + optimizer + step + loader state atomically (temp name, fsync, rename). On start the
 latest checkpoint in ``--checkpoint-dir`` is resumed, so a job killed at any moment finishes with
@@ -149,8 +152,16 @@ class Task:
     def ids(self, batch: dict[str, Any]) -> list[Any]:
         raise NotImplementedError
 
-    def pads(self, batch: dict[str, Any]) -> list[bool] | None:
-        return None
+    def pads(self, batch: dict[str, Any]) -> list[bool]:
+        return [bool(p) for p in batch["__pad__"]]
+
+
+def masked_mse(pred: torch.Tensor, target: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+    """MSE over the samples that are not padding repeats (``pad``: (B,) bool). A batch of repeats
+    only gives 0 with a zero gradient, so every rank still takes the step."""
+    per_sample = (pred - target).pow(2).reshape(len(pred), -1).mean(dim=1)
+    keep = (~pad.to(torch.bool)).to(per_sample.dtype)
+    return (per_sample * keep).sum() / keep.sum().clamp_min(1.0)
 
 
 class LeRobotTask(Task):
@@ -178,7 +189,7 @@ class LeRobotTask(Task):
         pred = model([batch[c] for c in self.cameras], batch["observation.state"])
         target = (model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model).normalise_action(
             batch["action"])
-        return nn.functional.mse_loss(pred, target)
+        return masked_mse(pred, target, batch["__pad__"])
 
     def ids(self, batch: dict[str, Any]) -> list[Any]:
         return [int(i) for i in batch["index"]]
@@ -195,13 +206,10 @@ class TwinTarTask(Task):
                          f"{args.num_workers} workers per rank")
 
     def loss(self, model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
-        return nn.functional.mse_loss(model(batch["letterboxed"]), batch["log_aspect"])
+        return masked_mse(model(batch["letterboxed"]), batch["log_aspect"], batch["__pad__"])
 
     def ids(self, batch: dict[str, Any]) -> list[Any]:
         return list(batch["__key__"])
-
-    def pads(self, batch: dict[str, Any]) -> list[bool] | None:
-        return [bool(p) for p in batch["__pad__"]]
 
 
 def letterbox_sample(sample: dict[str, Any]) -> dict[str, Any]:
@@ -386,10 +394,8 @@ def train(args: argparse.Namespace) -> int:
             optimizer.step()
             step += 1
             ids = task.ids(batch)
-            samples += len(ids)
-            record = {"step": step, "epoch": epoch, "ids": ids}
-            if (pads := task.pads(batch)) is not None:
-                record["pad"] = pads
+            samples += len(ids)  # repeats included: what the loader handed out
+            record = {"step": step, "epoch": epoch, "ids": ids, "pad": task.pads(batch)}
             log.write(json.dumps(record) + "\n")
             log.flush()
             if step % args.log_every == 0:

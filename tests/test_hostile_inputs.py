@@ -19,6 +19,11 @@ Output folder and build processes
                                                    no empty staging folder (::test_a_build_leaves_nothing_...,
                                                    ::test_a_build_that_fails_early_...)
   a process a test leaves running                  the session fails (tests/support/leaks.py, test_leak_check.py)
+  kill -9 of a trainer with num_workers=2          its DataLoader workers end within 3 s, twin tars and LeRobot
+                                                   (test_examples_training.py::test_kill_9_of_the_trainer_leaves_
+                                                   no_dataloader_worker; PR_SET_PDEATHSIG: test_workers.py)
+  an orphan that runs on, then ends before the end the session fails too (test_leak_check.py::
+                                                   test_dataloader_workers_that_outlive_a_killed_trainer_fail_the_run)
 
 S3 outputs: versions and the pointer (every case reads every sample back with verify="sha256")
   cleanup listed a retired version, a build republishes it before the deletion
@@ -98,6 +103,23 @@ Manifests and tars at read time
   pickle members (.pkl, object .npy)               UnsafeDataError unless trusted_data (test_loader_expand.py)
   a pickle in a .bin member                        bytes, never unpickled, trusted or not
                                                    (::test_the_loader_never_unpickles_a_bin_member)
+
+Padding and repeats (LeRobot streaming)
+  a 15-frame epoch, 2 workers, one rank           15 items, each frame once, none marked: no padding between
+                                                   workers (test_lerobot_stream.py::test_a_15_frame_epoch_...)
+  two ranks of unequal episodes                    equal batches; each frame once unmarked, every repeat __pad__
+                                                   (test_lerobot_stream.py::test_two_ranks_cover_every_frame_once)
+  make_loader(drop_last=True)                      no repeats at all (test_lerobot_stream.py::test_drop_last_...)
+  resume with workers of unequal counts            exact (test_lerobot_stream_plan.py::test_worker_steps_pass_...)
+  examples/train_policy.py                         repeats leave the loss (both data kinds; a batch of repeats
+                                                   only: loss 0, no gradient) (test_examples_training.py::
+                                                   test_the_example_leaves_padding_repeats_out_of_the_loss)
+
+Remote reads
+  every range answered with an empty 206           counted as a retry: max_retries + 1 requests, then
+                                                   RetryBudgetExceeded naming the URL and offset, for
+                                                   open_url and the LeRobot RangeFetcher (test_io_streams.py::
+                                                   test_http_empty_206_answers_spend_the_retry_budget)
 """
 
 from __future__ import annotations

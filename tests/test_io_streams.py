@@ -188,6 +188,30 @@ def test_http_retry_budget_exhausted(corpus: Path, http_server, fault_proxy) -> 
     assert stats.retries == 3 and proxy.connections == 4
 
 
+EMPTY_ANSWERS = 1000   # far more than any budget: the old loop asked again each time, for free
+
+
+@pytest.mark.parametrize("reader", ["open_url", "lerobot RangeFetcher"])
+@pytest.mark.parametrize(("start", "length"), [(0, None), (123_456, 50_000)], ids=["whole", "window"])
+def test_http_empty_206_answers_spend_the_retry_budget(corpus: Path, http_server, reader: str, start: int,
+                                                       length: int | None) -> None:
+    from loader.lerobot.streaming.ranges import RangeFetcher
+
+    server = http_server(corpus)
+    server.empty_ranges = EMPTY_ANSWERS
+    url = f"{server.url}/blob.bin"
+    config = StreamConfig(**{**FAST.__dict__, "max_retries": 2})
+    with pytest.raises(RetryBudgetExceeded) as exc:
+        if reader == "open_url":
+            read_all(url, start, length, config=config)
+        else:
+            RangeFetcher(config=config).fetch(url, start, length or BLOB_SIZE - start)
+    # The first answer and one per retry, then a named error: the URL, the offset, no progress.
+    assert len(server.gets("blob.bin")) == 3
+    assert exc.value.url == url and exc.value.offset == start and exc.value.retries == 2
+    assert url in str(exc.value) and f"offset {start}" in str(exc.value) and "no bytes" in str(exc.value)
+
+
 def test_http_unreachable_server_spends_budget(http_server, corpus: Path) -> None:
     server = http_server(corpus)
     url = f"{server.url}/blob.bin"

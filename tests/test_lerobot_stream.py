@@ -71,6 +71,19 @@ def test_one_epoch_visits_every_frame_once(lerobot_v3_root: Path, workers: int, 
     assert other != got and sorted(set(other)) == sorted(set(got))
 
 
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_a_15_frame_epoch_with_2_workers_yields_each_frame_once(lerobot_v3_root: Path, batch_size) -> None:
+    # Episodes 0 and 1 (6 + 9 frames): one each per worker. One rank needs no padding at all; the
+    # old reader evened the workers out to 9 frames each, 18 items with 3 frames twice.
+    ds = stream(lerobot_v3_root, episodes=[0, 1], streaming_episode_pool_size=2)
+    loader = make_loader(ds, batch_size=batch_size, num_workers=2)
+    got = list(loader)
+    items = got if batch_size is None else [{"index": i, "__pad__": p} for b in got
+                                            for i, p in zip(b["index"], b["__pad__"], strict=True)]
+    assert sorted(indices(items)) == list(range(15)) and not any(bool(i["__pad__"]) for i in items)
+    assert loader.stats()["padding_samples"] == 0 and len(got) == len(loader)
+
+
 def test_next_epoch_has_another_order(lerobot_v3_root: Path) -> None:
     loader = make_loader(stream(lerobot_v3_root, streaming_episode_pool_size=2), batch_size=None)
     first, second = indices(loader), indices(loader)
@@ -163,6 +176,26 @@ def test_resume_after_k_batches_continues_the_uninterrupted_order(lerobot_v3_roo
     assert batch_indices(resumed) == batch_indices(second)
 
 
+@pytest.mark.parametrize("k", [5, 6, 7])
+def test_resume_after_one_worker_ran_out_continues_the_uninterrupted_order(lerobot_v3_root: Path, k: int) -> None:
+    # Episodes 0 and 1, one per worker: 3 and 5 batches of 2. From batch 6 on only one worker has any.
+    def new():
+        return make_loader(stream(lerobot_v3_root, episodes=[0, 1], streaming_episode_pool_size=2),
+                           batch_size=2, num_workers=2)
+
+    full = batch_indices(new())
+    first = new()
+    taken = []
+    for step, batch in enumerate(first):
+        taken.append(batch)
+        if step + 1 == k:
+            state = first.state_dict()
+            break
+    resumed = new()
+    resumed.load_state_dict(state)
+    assert batch_indices(taken) + batch_indices(resumed) == full and sorted(full) == list(range(15))
+
+
 def test_the_dataset_itself_resumes_in_process(lerobot_v3_root: Path) -> None:
     full = indices(stream(lerobot_v3_root, streaming_episode_pool_size=3))
     ds = stream(lerobot_v3_root, streaming_episode_pool_size=3)
@@ -222,8 +255,17 @@ def _rank_epochs(rank: int, world: int, root: str, home: str) -> dict:
             ds = StreamingLeRobotDataset(REPO, root=root, streaming_sampling_strategy=strategy,
                                          streaming_episode_pool_size=2)
             loader = make_loader(ds, batch_size=2, num_workers=workers)
-            batches = [b["index"].tolist() for b in loader]
-            out[workers, strategy] = {"batches": batches, "padding": loader.stats()["padding_samples"]}
+            got = list(loader)
+            out[workers, strategy] = {"batches": [b["index"].tolist() for b in got],
+                                      "pads": [b["__pad__"].tolist() for b in got],
+                                      "padding": loader.stats()["padding_samples"], "len": len(loader)}
+    for workers in (0, 2):
+        loader = make_loader(StreamingLeRobotDataset(REPO, root=root, streaming_episode_pool_size=2),
+                             batch_size=2, num_workers=workers, drop_last=True)
+        got = list(loader)
+        out["drop_last", workers] = {"batches": [b["index"].tolist() for b in got],
+                                     "pads": [b["__pad__"].tolist() for b in got],
+                                     "padding": loader.stats()["padding_samples"], "len": len(loader)}
 
     def new():
         return make_loader(StreamingLeRobotDataset(REPO, root=root, streaming_episode_pool_size=2),
@@ -261,8 +303,25 @@ def test_two_ranks_cover_every_frame_once(two_ranks: list[dict], lerobot_v3_root
     assert set(flat[0]) | set(flat[1]) == set(frames)
     padding = sum(rank["padding"] for rank in per_rank)
     assert sum(map(len, flat)) == len(frames) + padding
-    # Same samples and the same number of batches on every rank: no rank waits at the end.
-    assert len(flat[0]) == len(flat[1]) and len(per_rank[0]["batches"]) == len(per_rank[1]["batches"])
+    # The same number of batches on every rank: no rank waits at the end (and len() says it).
+    assert len(per_rank[0]["batches"]) == len(per_rank[1]["batches"]) == per_rank[0]["len"] == per_rank[1]["len"]
+    if workers <= 1:  # one stream per rank: the same samples too
+        assert len(flat[0]) == len(flat[1])
+    # Each frame exactly once unmarked; every repeat, and nothing else, marked __pad__.
+    marked = [(i, p) for rank in per_rank for b, pads in zip(rank["batches"], rank["pads"], strict=True)
+              for i, p in zip(b, pads, strict=True)]
+    assert sorted(i for i, p in marked if not p) == sorted(frames)
+    assert sum(p for _, p in marked) == padding
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_drop_last_leaves_padding_out(two_ranks: list[dict], workers: int) -> None:
+    for r in (0, 1):
+        run = two_ranks[r]["drop_last", workers]
+        assert run["padding"] == 0 and not any(p for pads in run["pads"] for p in pads)
+        assert all(len(b) == 2 for b in run["batches"]) and len(run["batches"]) == run["len"]
+    # Without drop_last the same epoch needs padding (44 frames, 2 ranks of whole episodes).
+    assert sum(two_ranks[r][workers, "remaining"]["padding"] for r in (0, 1)) > 0
 
 
 def test_two_ranks_resume_continues_each_ranks_order(two_ranks: list[dict]) -> None:

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from loader.lerobot.streaming.options import StreamingOptions
-from loader.lerobot.streaming.ownership import EpisodeWork, NoEpisodesError, Ownership, max_workers
+from loader.lerobot.streaming.ownership import (
+    EpisodeWork,
+    NoEpisodesError,
+    Ownership,
+    batches_of,
+    max_workers,
+)
 from loader.lerobot.streaming.planner import EpisodeTooLargeError, plan_worker
 from loader.lerobot.streaming.state import StreamResumeError, worker_steps
 
@@ -57,8 +63,16 @@ def test_ownership_splits_whole_episodes_frame_balanced(world, workers):
     loads = [own.frames(r, w) for r in range(world) for w in range(max(1, workers))]
     # Longest-first greedy: no part exceeds the lightest by more than the longest episode.
     assert max(loads) - min(loads) <= max(LENGTHS)
-    assert own.quota == max(loads)
-    assert all(own.padding(r, w) >= 0 for r in range(world) for w in range(max(1, workers)))
+    # Padding only evens out ranks: one rank pads nothing, and every rank yields the same batches.
+    pads = [own.padding(r, w) for r in range(world) for w in range(max(1, workers))]
+    assert all(p >= 0 for p in pads) and (world > 1 or not any(pads))
+    if workers <= 1:
+        assert len({own.rank_samples(r) for r in range(world)}) == 1
+    batched = Ownership.compute(_work(), world_size=world, num_workers=workers, seed=7, batch_size=4)
+    per_rank = {sum(batches_of(c, 4) for c in batched.counts[r]) for r in range(world)}
+    assert len(per_rank) == 1
+    assert not any(Ownership.compute(_work(), world_size=world, num_workers=workers, seed=7, batch_size=4,
+                                     pad=False).padding(r, w) for r in range(world) for w in range(max(1, workers)))
     again = Ownership.compute(_work(), world_size=world, num_workers=workers, seed=7)
     assert again == own
 
@@ -178,11 +192,26 @@ def test_plan_prefix_consumption_counts():
 # -- resume arithmetic ------------------------------------------------------------------------------
 
 def test_worker_steps_follow_the_dataloader_round_robin():
-    # 3 workers, batch 4, quota 10 per worker: batches of sizes 4,4,2 per worker.
+    # 3 workers, batch 4, 10 samples each: batches of sizes 4,4,2 per worker.
     # 7 batches handed out: workers 0,1,2,0,1,2,0 -> worker 0: 3 batches (10 samples), 1 and 2: 2 (8).
-    assert worker_steps(26, 7, num_workers=3, batch_size=4, quota=10) == [10, 8, 8]
-    assert worker_steps(5, None, num_workers=0, batch_size=None, quota=10) == [5]
+    assert worker_steps(26, 7, num_workers=3, batch_size=4, counts=[10, 10, 10]) == ([10, 8, 8], 1)
+    assert worker_steps(5, None, num_workers=0, batch_size=None, counts=[10]) == ([5], 0)
     with pytest.raises(StreamResumeError, match="'samples' .* and 'batches'"):
-        worker_steps(25, 7, num_workers=3, batch_size=4, quota=10)
+        worker_steps(25, 7, num_workers=3, batch_size=4, counts=[10, 10, 10])
     with pytest.raises(StreamResumeError, match="no batch count"):
-        worker_steps(5, None, num_workers=2, batch_size=4, quota=10)
+        worker_steps(5, None, num_workers=2, batch_size=4, counts=[10, 10])
+
+
+def test_worker_steps_pass_over_exhausted_workers():
+    # Unequal workers (no padding between them): 1, 3 and 2 batches of 4 (samples 3, 12, 5).
+    # The loader's order: w0 w1 w2 | w1 w2 | w1, passing over a worker once it is exhausted.
+    counts = [3, 12, 5]
+    expect = [([0, 0, 0], 0), ([3, 0, 0], 1), ([3, 4, 0], 2), ([3, 4, 4], 0), ([3, 8, 4], 2),
+              ([3, 8, 5], 0), ([3, 12, 5], 0)]
+    for batches, (steps, turn) in enumerate(expect):
+        assert worker_steps(sum(steps), batches, num_workers=3, batch_size=4, counts=counts) == (steps, turn)
+    # drop_last: each worker's short last batch never comes (w0 has none): w1 w2 | w1 | w1. After
+    # 3 batches the next pass starts (w2 has nothing left, so it does not matter who is next).
+    assert worker_steps(12, 3, num_workers=3, batch_size=4, counts=counts, drop_last=True) == ([0, 8, 4], 0)
+    with pytest.raises(StreamResumeError, match="more than the 6 batches"):
+        worker_steps(20, 7, num_workers=3, batch_size=4, counts=counts)

@@ -2,7 +2,10 @@
 
 The caller sees exactly the bytes ``[start, start + length)`` of the object, or a named error.
 Every failure (reset, timeout, 5xx, a body that ends early) becomes a ranged reopen at the exact
-offset reached, after a jittered back-off, until ``max_retries`` is spent.
+offset reached, after a jittered back-off, until ``max_retries`` is spent. A response that ends
+cleanly but short of what is wanted is followed by a request "for the rest" for free only when it
+delivered bytes; one that delivered nothing is a failure like any other (otherwise a server
+answering every range with an empty 206 would be asked again forever).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class RetryingStream(io.RawIOBase):
         self._pos = start
         self._end: int | None = None if length is None else start + length
         self._resp: Opened | None = None
+        self._opened_at = start   # where the current response started: did it deliver anything?
         self._opened_once = False
         self._etag: str | None = None
         self._size: int | None = None
@@ -131,6 +135,7 @@ class RetryingStream(io.RawIOBase):
             self._end = self._pos
             return
         self._resp = opened
+        self._opened_at = self._pos
         try:
             self._check_identity(opened, first)
             if opened.size is not None:
@@ -170,6 +175,10 @@ class RetryingStream(io.RawIOBase):
         resp = self._resp
         assert resp is not None
         if resp.end is not None and self._pos == resp.end and (self._end is None or self._pos < self._end):
+            if self._pos == self._opened_at:
+                # No progress: asking "for the rest" again would repeat this answer forever.
+                raise TransientError(f"{self.url}: the server answered the range from byte {self._pos} "
+                                     "with no bytes")
             self._drop()  # the server sent a shorter range than we asked for: ask for the rest
             return
         expected = resp.end if resp.end is not None else self._end

@@ -21,6 +21,7 @@ from loader.wds.dataset import Block, TwinTarDataset
 from loader.wds.distributed import all_gather_objects
 from loader.wds.epoch_plan import EpochPlan, merge_intervals
 from loader.wds.errors import ResumeStateError
+from loader.workers import worker_init
 
 STATE_VERSION = 2
 
@@ -104,9 +105,10 @@ class ResumableLoader:
         sl.consumed = {e: c for e, c in self.consumed.items() if e >= self.epoch}
         sl.progress = {e: p for e, p in self.progress.items() if e >= self.epoch}
         sl.start_index = 0  # the loader's own progress says what is read
+        kwargs = dict(self.dataloader_kwargs)
+        kwargs["worker_init_fn"] = worker_init(kwargs.get("worker_init_fn"))  # workers die with us
         loader = DataLoader(
-            _Blocks(self.dataset), batch_size=None, num_workers=self.num_workers, collate_fn=_identity,
-            **self.dataloader_kwargs,
+            _Blocks(self.dataset), batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **kwargs,
         )
         self._fold_stats()
         if self.num_workers == 0:

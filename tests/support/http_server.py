@@ -4,9 +4,11 @@ Serves a directory with ``Range: bytes=a-b | a- | -n`` (206 + Content-Range, 416
 strong ETags (content hash) and If-Match (412). Knobs for tests: ``forbidden`` paths answer 403,
 ``ignore_range`` answers every GET with 200 and the whole file, ``require_bearer`` answers 401
 without ``Authorization: Bearer <token>``, ``delay_s`` waits that long before answering each GET
-(so concurrent requests really overlap), and setting ``fail_gets = n`` answers the next ``n``
-GETs with 503. Every request is recorded in ``requests``; ``max_in_flight`` is the most GETs
-that were being answered at once (``reset_in_flight()`` starts a new measurement).
+(so concurrent requests really overlap), setting ``fail_gets = n`` answers the next ``n``
+GETs with 503, and ``empty_ranges = n`` the next ``n`` ranged GETs with a 206 holding no bytes
+(Content-Length 0, no Content-Range: what a broken cache in front of a server may send). Every
+request is recorded in ``requests``; ``max_in_flight`` is the most GETs that were being answered
+at once (``reset_in_flight()`` starts a new measurement).
 
 Fixture ``http_server(root, **options) -> RangeHTTPServer``; servers stop at teardown.
 """
@@ -49,6 +51,7 @@ class RangeHTTPServer:
         self.require_bearer = require_bearer
         self.delay_s = delay_s
         self.fail_gets = 0
+        self.empty_ranges = 0
         self.in_flight = 0
         self.max_in_flight = 0
         self.requests: list[Request] = []
@@ -91,6 +94,12 @@ class RangeHTTPServer:
             fail = self.fail_gets > 0
             self.fail_gets -= fail
             return fail
+
+    def _take_empty_range(self) -> bool:
+        with self._lock:
+            empty = self.empty_ranges > 0
+            self.empty_ranges -= empty
+            return empty
 
     def _leave_get(self) -> None:
         with self._lock:
@@ -193,6 +202,8 @@ class _Handler(BaseHTTPRequestHandler):
             return reply(416, {**base, "Content-Range": f"bytes */{len(data)}"})
         if span is None:
             return reply(200, base, data)
+        if body and owner._take_empty_range():
+            return reply(206, base)
         a, b = span
         return reply(206, {**base, "Content-Range": f"bytes {a}-{b - 1}/{len(data)}"}, data[a:b])
 

@@ -333,6 +333,12 @@ def assert_item_equal(got: dict, want: dict, *, where: str = "",
     values (``task``) equal. ``video_keys`` default: float32 tensors shaped (C, H, W) or
     (T, C, H, W) with C of 1 or 3."""
     prefix = f"{where}: " if where else ""
+    if "__pad__" in got and "__pad__" not in want:
+        # The streaming reader's repeat flag (not LeRobot's): a 0-d bool, the rest is the frame's item.
+        pad = got["__pad__"]
+        if not isinstance(pad, torch.Tensor) or pad.dtype != torch.bool or pad.shape != ():
+            raise AssertionError(f"{prefix}'__pad__' must be a 0-d bool tensor, got {pad!r}")
+        got = {k: v for k, v in got.items() if k != "__pad__"}
     if set(got) != set(want):
         raise AssertionError(f"{prefix}keys differ: missing {sorted(set(want) - set(got))}, "
                              f"unexpected {sorted(set(got) - set(want))}")

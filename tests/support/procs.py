@@ -36,10 +36,11 @@ def parent_map() -> dict[int, int]:
     return out
 
 
-def descendants(root: int) -> set[int]:
-    """Every process below ``root`` in the process tree (children, their children...)."""
+def descendants(root: int, parents: dict[int, int] | None = None) -> set[int]:
+    """Every process below ``root`` in the process tree (children, their children...), from
+    ``parents`` (a :func:`parent_map`) or from /proc now."""
     children: dict[int, list[int]] = {}
-    for pid, ppid in parent_map().items():
+    for pid, ppid in (parent_map() if parents is None else parents).items():
         children.setdefault(ppid, []).append(pid)
     found: set[int] = set()
     todo = [root]

@@ -33,9 +33,9 @@ from loader.lerobot.sidecar.schema import public_root
 
 from .byte_cache import EpisodeByteCache
 from .executor import EpisodePayload, PlanRunner, RunCounters
-from .items import EpisodeRows, build_item, check_delta_timestamps, delta_indices
+from .items import EpisodeRows, build_item, check_delta_timestamps, delta_indices, mark_padding
 from .options import DEFAULT_SEED, StreamingOptions
-from .ownership import EpisodeWork, Ownership, max_workers
+from .ownership import EpisodeWork, Ownership, batches_of, max_workers
 from .planner import WorkerPlan, plan_worker
 from .ranges import FetchCounters, RangeFetcher
 from .state import (
@@ -69,7 +69,8 @@ STAT_FIELDS = ("samples", "padding_samples", "episodes_fetched", "bytes_fetched"
 
 
 class StreamingLeRobotDataset(IterableDataset):
-    """A ``torch.utils.data.IterableDataset`` yielding what ``LeRobotDataset.__getitem__`` gives.
+    """A ``torch.utils.data.IterableDataset`` yielding what ``LeRobotDataset.__getitem__`` gives,
+    plus ``__pad__`` (a 0-d bool: true on a repeat that evens out the ranks' batches).
 
     ``root``: a folder, ``s3://bucket/prefix``, ``http(s)://...`` or
     ``hf://datasets/OWNER/NAME[@rev]`` (default: the Hub dataset ``repo_id`` at ``revision``);
@@ -130,6 +131,7 @@ class StreamingLeRobotDataset(IterableDataset):
         self.index_cache_root = index_cache_root
         self._resume: ResumePoint | None = None
         self._batch_size: int | None = None      # set by make_loader: resume arithmetic needs it
+        self._drop_last = False                  # set by make_loader(drop_last=True): no padding
         self._shared_stats: torch.Tensor | None = None
         self._yielded = 0                        # in-process iteration: samples handed out this epoch
         self.byte_cache: EpisodeByteCache | None = None
@@ -252,10 +254,21 @@ class StreamingLeRobotDataset(IterableDataset):
                       pool_size=self.options.streaming_episode_pool_size,
                       byte_budget=self.options.byte_budget)
 
-    def samples_per_rank(self, num_workers: int = 0) -> int:
-        """Samples each rank yields in a fresh epoch (padding included)."""
-        own = Ownership.compute(self._work({}), world_size=self.world_size, num_workers=num_workers, seed=self.seed)
-        return own.quota * max(1, num_workers)
+    def samples_per_rank(self, num_workers: int = 0, batch_size: int | None = None) -> int:
+        """Samples this rank yields in a fresh epoch (padding included), with ``num_workers``
+        DataLoader workers batching ``batch_size`` (default: the loader's)."""
+        return self._fresh_ownership(num_workers, batch_size).rank_samples(self.rank)
+
+    def batches_per_rank(self, num_workers: int = 0, batch_size: int | None = None) -> int:
+        """Batches every rank yields in a fresh epoch (the same on each, but with ``drop_last``)."""
+        batch_size = batch_size or self._batch_size or 1
+        own = self._fresh_ownership(num_workers, batch_size)
+        counts = own.counts[self.rank] if num_workers > 1 else [own.rank_samples(self.rank)]
+        return sum(batches_of(c, batch_size, self._drop_last) for c in counts)
+
+    def _fresh_ownership(self, num_workers: int, batch_size: int | None) -> Ownership:
+        return Ownership.compute(self._work({}), world_size=self.world_size, num_workers=num_workers, seed=self.seed,
+                                 batch_size=batch_size or self._batch_size, pad=not self._drop_last)
 
     # -- resume -------------------------------------------------------------------------------------
 
@@ -266,7 +279,7 @@ class StreamingLeRobotDataset(IterableDataset):
         setup = self._setup if self._setup is not None and self._setup.epoch == self.epoch else None
         layout = setup.layout if setup is not None else self.layout(0)
         return make_state(fingerprint=self.fingerprint, epoch=self.epoch, layout=layout, batch_size=None,
-                          samples=samples, batches=None)
+                          samples=samples, batches=None, drop_last=self._drop_last)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the epoch the state was taken in, from where it stopped (next iteration)."""
@@ -289,7 +302,7 @@ class StreamingLeRobotDataset(IterableDataset):
         else:
             old = point.layout
             keys = ("world_size", "num_workers", "seed", "strategy", "pool_size", "byte_budget")
-            same = all(getattr(old, k) == getattr(fresh, k) for k in keys)
+            same = all(getattr(old, k) == getattr(fresh, k) for k in keys) and point.drop_last == self._drop_last
             if same and (num_workers <= 1 or point.batch_size == self._batch_size):
                 setup = EpochSetup(self.epoch, num_workers, old, point)
             else:
@@ -306,20 +319,21 @@ class StreamingLeRobotDataset(IterableDataset):
         self._setup = setup
         return setup
 
-    def _ownership(self, layout: Layout) -> Ownership:
+    def _ownership(self, layout: Layout, batch_size: int | None, drop_last: bool) -> Ownership:
         base = dict(layout.base)
         return Ownership.compute(self._work(base), world_size=layout.world_size, num_workers=layout.num_workers,
-                                 seed=layout.seed, allow_empty=bool(base))
+                                 seed=layout.seed, allow_empty=bool(base), batch_size=batch_size, pad=not drop_last)
 
     def _replay(self, point: ResumePoint) -> dict[int, int]:
         """Frames of each episode the state's configuration had handed out (padding excluded)."""
         old = point.layout
-        own = self._ownership(old)
+        own = self._ownership(old, point.batch_size, point.drop_last)
         sizes = self.episode_bytes()
         consumed: dict[int, int] = {}
         for r in range(old.world_size):
-            steps = worker_steps(point.samples[r], None if point.batches is None else point.batches[r],
-                                 num_workers=old.num_workers, batch_size=point.batch_size, quota=own.quota)
+            steps, _ = worker_steps(point.samples[r], None if point.batches is None else point.batches[r],
+                                    num_workers=old.num_workers, batch_size=point.batch_size, counts=own.counts[r],
+                                    drop_last=point.drop_last)
             for w, n in enumerate(steps):
                 if n:
                     for e, c in self._plan(own, old, r, w, sizes).consumed(n).items():
@@ -327,14 +341,14 @@ class StreamingLeRobotDataset(IterableDataset):
         return consumed
 
     def _donor(self, own: Ownership, layout: Layout, rank: int, worker: int) -> EpisodeWork | None:
-        if own.parts[rank][worker] or not own.quota:
+        if own.parts[rank][worker] or not own.count(rank, worker):
             return None
         left = [w for w in self._work(dict(layout.base)) if w.remaining > 0]
         return max(left, key=lambda w: (w.remaining, -w.episode))
 
     def _plan(self, own: Ownership, layout: Layout, rank: int, worker: int, sizes: Mapping[int, int]) -> WorkerPlan:
         pool, budget = layout.worker_pool()
-        return plan_worker(list(own.parts[rank][worker]), quota=own.quota, pool_size=pool, byte_budget=budget,
+        return plan_worker(list(own.parts[rank][worker]), quota=own.count(rank, worker), pool_size=pool, byte_budget=budget,
                            sizes=sizes, strategy=layout.strategy, seed=layout.seed, epoch=self.epoch,
                            rank=rank, worker=worker, donor=self._donor(own, layout, rank, worker))
 
@@ -344,17 +358,17 @@ class StreamingLeRobotDataset(IterableDataset):
         worker_id = info.id if info is not None else 0
         setup = self.prepare_epoch(num_workers)
         layout = setup.layout
-        own = self._ownership(layout)
+        own = self._ownership(layout, self._batch_size, self._drop_last)
         logical, start = worker_id, 0
         if setup.point is not None:
             point, r = setup.point, self.rank
             batches = None if point.batches is None else point.batches[r]
-            steps = worker_steps(point.samples[r], batches, num_workers=num_workers,
-                                 batch_size=point.batch_size, quota=own.quota)
+            steps, turn = worker_steps(point.samples[r], batches, num_workers=num_workers,
+                                       batch_size=point.batch_size, counts=own.counts[r], drop_last=point.drop_last)
             if num_workers > 1:
                 # The DataLoader starts with worker 0; the uninterrupted run's next batch came from
-                # worker `batches % N`: rotate so the order continues.
-                logical = (worker_id + batches) % num_workers
+                # worker `turn`: rotate so the order continues.
+                logical = (worker_id + turn) % num_workers
             start = steps[logical]
         share = self.options.per_worker(num_workers, len(self.video_keys))
         donor = self._donor(own, layout, self.rank, logical)
@@ -421,9 +435,10 @@ class StreamingLeRobotDataset(IterableDataset):
                         if not dec.closed:
                             raise
 
-            return build_item(payload.rows, frame, length=info_e.length, deltas=self.delta_indices,
+            item = build_item(payload.rows, frame, length=info_e.length, deltas=self.delta_indices,
                               video_keys=self.video_keys, decode=decode, tasks=self.meta.tasks,
                               image_keys=self.image_keys, image_transforms=transforms_here)
+            return mark_padding(item, step >= plan.real_steps)
 
         def release(ep: int) -> None:
             with decoders_lock:

@@ -10,7 +10,8 @@ Rules (LeRobot ``lerobot_dataset.py`` / ``utils.py``):
   tabular keys with deltas are stacked to ``(T, ...)``;
 * a camera is decoded at ``from_timestamp + timestamp`` of each queried row (its own row when
   it has no deltas), frames float32 in [0, 1], ``(T, C, H, W)`` then ``squeeze(0)``;
-* video keys come first in the dict, ``task`` last (the task string of ``task_index``).
+* video keys come first in the dict, then the tabular keys and ``task`` (the task string of
+  ``task_index``), then ``__pad__`` (ours, not LeRobot's: see ``mark_padding``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,16 @@ import pyarrow as pa
 import torch
 
 _TABULAR_EXCLUDED = ("video",)
+PAD_KEY = "__pad__"
+
+
+def mark_padding(item: dict[str, Any], repeated: bool) -> dict[str, Any]:
+    """Flag whether ``item`` repeats a frame already handed out this epoch (padding that evens out
+    the ranks' batches): ``item["__pad__"]``, a 0-d bool tensor, on every item so that batches
+    collate to a (B,) mask. The same key as twin-tar samples carry; LeRobot's ``<key>_is_pad``
+    keys mean something else (a window position clamped into the episode)."""
+    item[PAD_KEY] = torch.tensor(repeated)
+    return item
 
 
 def check_delta_timestamps(delta_timestamps: Mapping[str, Sequence[float]], fps: int,

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from loader.workers import worker_init
+
 from .dataset import STAT_FIELDS, StreamingLeRobotDataset, _all_gather_ints
 from .ownership import NoEpisodesError
 from .state import make_state, parse_state
@@ -42,6 +44,10 @@ class StreamingLoader:
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.dataloader_kwargs = dataloader_kwargs
+        # drop_last=True: no padding repeats at all (and, as in PyTorch, each worker's short last
+        # batch is left out); ranks may then yield different numbers of batches.
+        self.drop_last = bool(dataloader_kwargs.get("drop_last", False))
+        dataset._batch_size, dataset._drop_last = batch_size, self.drop_last
         self.epoch = dataset.epoch
         self.samples = 0
         self.batches = 0
@@ -52,15 +58,16 @@ class StreamingLoader:
         ds = self.dataset
         if ds.epoch != self.epoch:
             ds.set_epoch(self.epoch)
-        ds._batch_size = self.batch_size
+        ds._batch_size, ds._drop_last = self.batch_size, self.drop_last
         ds._shared_stats = self._shared
         setup = ds.prepare_epoch(self.num_workers)
         self._layout = setup.layout
         if setup.point is None:
             self.samples = self.batches = 0
         self._shared.zero_()
-        loader = DataLoader(ds, batch_size=self.batch_size, num_workers=self.num_workers,
-                            **self.dataloader_kwargs)
+        kwargs = dict(self.dataloader_kwargs)
+        kwargs["worker_init_fn"] = worker_init(kwargs.get("worker_init_fn"))  # workers die with us
+        loader = DataLoader(ds, batch_size=self.batch_size, num_workers=self.num_workers, **kwargs)
         for batch in loader:
             self.samples += _batch_len(batch) if self.batch_size is not None else 1
             self.batches += 1
@@ -69,13 +76,12 @@ class StreamingLoader:
         self.samples = self.batches = 0
 
     def __len__(self) -> int:
-        """Batches this rank yields in a fresh epoch (every rank the same)."""
-        per_worker = self.dataset.samples_per_rank(self.num_workers) // max(1, self.num_workers)
+        """Batches this rank yields in a fresh epoch (every rank the same, but with drop_last)."""
+        ds = self.dataset
+        ds._batch_size, ds._drop_last = self.batch_size, self.drop_last
         if self.batch_size is None:
-            return per_worker * max(1, self.num_workers)
-        full, part = divmod(per_worker, self.batch_size)
-        drop = self.dataloader_kwargs.get("drop_last", False)
-        return max(1, self.num_workers) * (full + (0 if drop or not part else 1))
+            return ds.samples_per_rank(self.num_workers)
+        return ds.batches_per_rank(self.num_workers, self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)
@@ -88,7 +94,8 @@ class StreamingLoader:
         layout = setup.layout if setup is not None else ds.layout(self.num_workers)
         return make_state(fingerprint=ds.fingerprint, epoch=self.epoch, layout=layout,
                           batch_size=self.batch_size if self.num_workers else None,
-                          samples=_all_gather_ints(self.samples), batches=_all_gather_ints(self.batches))
+                          samples=_all_gather_ints(self.samples), batches=_all_gather_ints(self.batches),
+                          drop_last=self.drop_last)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         point = parse_state(state, fingerprint=self.dataset.fingerprint)

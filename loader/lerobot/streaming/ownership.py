@@ -6,10 +6,16 @@ are fetched once. Balancing is longest-first onto the least-loaded part (ties to
 part), after a permutation drawn from the seed alone, so ownership is the same every epoch
 (caches stay warm) and the same on every rank that computes it.
 
-Every worker of every rank yields ``quota`` samples: its own frames, then padding frames
-repeated from its last episode (counted and reported). Equal counts per worker give every rank
-the same number of samples and, with a DataLoader taking batches from its workers in turn,
-the same number of batches, so no rank waits at the end of an epoch for a batch that never comes.
+Padding only where a contract needs it: every rank must yield the same number of batches (DDP
+steps in lockstep; a rank short of a batch would leave the others waiting). Each worker yields
+its own frames, then, on a rank that would yield fewer batches than the busiest, the fewest
+repeated frames that give it as many (``pads``): a worker yields ``counts[rank][worker]`` samples
+in all. The workers of one rank are *not* evened out: the DataLoader takes batches from its
+workers in turn, skipping a worker once it is exhausted, which is a fixed order whatever the
+counts are, so an exact resume needs no padding between them (``state.worker_steps``). With one
+stream per rank (no workers, or one) ranks are evened out to the same number of samples, which
+gives the same number of batches for any batch size. Every repeat is marked ``__pad__`` in its
+item; ``pad=False`` (the loader's ``drop_last=True``) pads nothing.
 """
 
 from __future__ import annotations
@@ -54,20 +60,42 @@ def balance(work: Sequence[EpisodeWork], parts: int, rng: np.random.Generator) -
     return out
 
 
+def batches_of(samples: int, batch_size: int, drop_last: bool = False) -> int:
+    """The batches a DataLoader worker makes of ``samples`` (its last one short, or left out)."""
+    return samples // batch_size if drop_last else -(-samples // batch_size)
+
+
+def _even_out(frames: list[list[int]], batch_size: int) -> list[list[int]]:
+    """Samples per (rank, worker): ``frames`` plus the fewest repeats that give every rank the
+    batches of the busiest one (``batch_size`` 1 also evens out samples)."""
+    target = max((sum(batches_of(n, batch_size) for n in rank) for rank in frames), default=0)
+    counts = [list(rank) for rank in frames]
+    for rank in counts:
+        missing = target - sum(batches_of(n, batch_size) for n in rank)
+        for _ in range(missing):
+            # One more batch on the worker where it costs the fewest repeats: fill its short last
+            # batch, plus one sample. Ties: the worker with fewer samples, then the lowest one.
+            cost = [(-n % batch_size) + 1 for n in rank]
+            w = min(range(len(rank)), key=lambda i: (cost[i], rank[i], i))
+            rank[w] += cost[w]
+    return counts
+
+
 @dataclass(frozen=True)
 class Ownership:
-    """Episodes of every (rank, worker) for one configuration, and the per-worker quota."""
+    """Episodes of every (rank, worker) for one configuration, and how many samples each yields."""
 
     parts: tuple[tuple[tuple[EpisodeWork, ...], ...], ...]   # [rank][worker] -> episodes
-    quota: int
+    counts: tuple[tuple[int, ...], ...]                      # [rank][worker] -> samples (frames + pads)
 
     @classmethod
     def compute(cls, work: Sequence[EpisodeWork], *, world_size: int, num_workers: int, seed: int,
-                allow_empty: bool = False) -> Ownership:
+                allow_empty: bool = False, batch_size: int | None = None, pad: bool = True) -> Ownership:
         """``num_workers`` 0 means the training process reads (one part per rank).
 
         ``allow_empty`` (elastic resumes late in an epoch): a part with nothing left is allowed
-        and pads from a donor episode instead of failing.
+        and pads from a donor episode instead of failing. ``batch_size``: of the DataLoader with
+        more than one worker (ranks are evened out to its batches); ``pad=False``: no repeats.
         """
         work = [w for w in work if w.remaining > 0]
         n = max(1, num_workers)
@@ -88,14 +116,24 @@ class Ownership:
                         f"use num_workers <= {max_workers(work, world_size=world_size, seed=seed)} "
                         "(StreamingLeRobotDataset.num_workers_for(...) gives it).")
             parts.append(tuple(tuple(p) for p in split))
-        quota = max((sum(w.remaining for w in p) for rank in parts for p in rank), default=0)
-        return cls(parts=tuple(parts), quota=quota)
+        frames = [[sum(w.remaining for w in p) for p in rank] for rank in parts]
+        if pad:
+            # One stream per rank: even out samples. Several workers: batches, as the DataLoader cuts them.
+            frames = _even_out(frames, batch_size if n > 1 and batch_size else 1)
+        return cls(parts=tuple(parts), counts=tuple(tuple(rank) for rank in frames))
 
     def frames(self, rank: int, worker: int) -> int:
         return sum(w.remaining for w in self.parts[rank][worker])
 
+    def count(self, rank: int, worker: int) -> int:
+        """Samples worker ``worker`` of rank ``rank`` yields: its frames, then its padding."""
+        return self.counts[rank][worker]
+
     def padding(self, rank: int, worker: int) -> int:
-        return self.quota - self.frames(rank, worker)
+        return self.count(rank, worker) - self.frames(rank, worker)
+
+    def rank_samples(self, rank: int) -> int:
+        return sum(self.counts[rank])
 
     @property
     def num_workers(self) -> int:

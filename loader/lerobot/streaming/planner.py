@@ -17,7 +17,8 @@ episode are drawn in frame order (the decoder moves forward), episodes are mixed
   of each; an episode admitted during a round joins the next.
 
 Both visit every frame once. After the worker's own frames come ``padding`` steps (frames
-cycled from the last episode, still resident), so every worker yields the same count.
+cycled from the last episode, still resident) where its rank needs them to yield as many
+batches as every other rank (``ownership``); the items of those steps are marked ``__pad__``.
 """
 
 from __future__ import annotations

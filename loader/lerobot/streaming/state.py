@@ -4,9 +4,10 @@ A state records the configuration the epoch's plans were made with (world size, 
 strategy, pool, budget, and ``base``: the first frame of each episode when the epoch itself
 started from an elastic resume) and, per rank, the samples and batches handed to the training
 loop. With the same configuration and batch size a worker skips exactly its share of those
-samples (a DataLoader takes batches from its workers in turn, so batch ``k`` came from worker
-``k mod N``) and the workers are rotated so the next batch comes from the worker whose turn it
-was: the rest of the epoch is the uninterrupted order. With any other configuration the old
+samples (a DataLoader takes batches from its workers in turn, passing over a worker once it is
+exhausted, so which worker made each batch follows from the batch count) and the workers are
+rotated so the next batch comes from the worker whose turn it was: the rest of the epoch is the
+uninterrupted order. With any other configuration the old
 plans are replayed to find which frames were handed out, and the rest of the epoch visits each
 remaining frame exactly once under the new one.
 """
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .options import worker_share
+from .ownership import batches_of
 
 STATE_FORMAT = "pid-lerobot-stream"
 STATE_VERSION = 1
@@ -52,6 +54,7 @@ class ResumePoint:
     batch_size: int | None
     samples: tuple[int, ...]            # per rank
     batches: tuple[int, ...] | None     # per rank (None: counted per sample, no DataLoader batches)
+    drop_last: bool = False             # the loader's drop_last: no padding, short batches left out
 
 
 def selection_fingerprint(repo_id: str, episodes: Sequence[int], lengths: Sequence[int], fps: int) -> str:
@@ -61,7 +64,7 @@ def selection_fingerprint(repo_id: str, episodes: Sequence[int], lengths: Sequen
 
 
 def make_state(*, fingerprint: str, epoch: int, layout: Layout, batch_size: int | None,
-               samples: Sequence[int], batches: Sequence[int] | None) -> dict[str, Any]:
+               samples: Sequence[int], batches: Sequence[int] | None, drop_last: bool = False) -> dict[str, Any]:
     return {
         "format": STATE_FORMAT, "version": STATE_VERSION, "fingerprint": fingerprint, "epoch": int(epoch),
         "world_size": layout.world_size, "num_workers": layout.num_workers, "seed": layout.seed,
@@ -69,6 +72,7 @@ def make_state(*, fingerprint: str, epoch: int, layout: Layout, batch_size: int 
         "base": [list(b) for b in layout.base], "batch_size": batch_size,
         "samples": [int(s) for s in samples],
         "batches": None if batches is None else [int(b) for b in batches],
+        "drop_last": bool(drop_last),
     }
 
 
@@ -113,26 +117,50 @@ def parse_state(state: Any, *, fingerprint: str) -> ResumePoint:
                     strategy=strategy, pool_size=_int(state, "pool_size", minimum=1),
                     byte_budget=_int(state, "byte_budget", minimum=1),
                     base=tuple((int(e), int(f)) for e, f in base))
+    drop_last = state.get("drop_last", False)   # absent in states written before it existed
+    if not isinstance(drop_last, bool):
+        raise StreamResumeError(f"resume state field 'drop_last' must be true or false, got {drop_last!r}")
     return ResumePoint(epoch=_int(state, "epoch"), layout=layout,
                        batch_size=_int(state, "batch_size", minimum=1, allow_none=True),
-                       samples=tuple(samples), batches=None if batches is None else tuple(batches))
+                       samples=tuple(samples), batches=None if batches is None else tuple(batches),
+                       drop_last=drop_last)
 
 
 def worker_steps(samples: int, batches: int | None, *, num_workers: int, batch_size: int | None,
-                 quota: int) -> list[int]:
-    """Samples each (logical) worker of one rank had handed out, from the rank's counts."""
+                 counts: Sequence[int], drop_last: bool = False) -> tuple[list[int], int]:
+    """Samples each (logical) worker of one rank had handed out, from the rank's counts, and the
+    worker whose turn is next. ``counts``: the samples each worker yields in the epoch.
+
+    The DataLoader asks its workers in turn, 0, 1, ..., N-1, 0, ..., passing over a worker once it
+    is exhausted; so pass k hands out batch k of every worker that has more than k of them, in
+    worker order, and a batch count says exactly where in which pass the loader stopped."""
     if num_workers <= 1:
-        return [min(samples, quota)]
+        return [min(samples, counts[0])], 0
     if batches is None or batch_size is None:
         raise StreamResumeError(
             "resume state has no batch count: with DataLoader workers, take the state from the loader "
             "make_loader() returns (it counts batches), not from the dataset")
-    steps = []
+    per = [batches_of(c, batch_size, drop_last) for c in counts]
+    if batches > sum(per):
+        raise StreamResumeError(
+            f"resume state field 'batches' ({batches}) is more than the {sum(per)} batches of the epoch")
+    lo, hi = 0, max(per, default=0)   # the most whole passes that fit in `batches`
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if sum(min(b, mid) for b in per) <= batches:
+            lo = mid
+        else:
+            hi = mid - 1
+    taken = [min(b, lo) for b in per]
+    left, turn = batches - sum(taken), 0
     for w in range(num_workers):
-        b = batches // num_workers + (1 if w < batches % num_workers else 0)
-        steps.append(min(b * batch_size, quota))
+        if left and per[w] > lo:
+            taken[w] += 1
+            left -= 1
+            turn = (w + 1) % num_workers
+    steps = [min(t * batch_size, c) for t, c in zip(taken, counts, strict=True)]
     if sum(steps) != samples:
         raise StreamResumeError(
             f"resume state fields 'samples' ({samples}) and 'batches' ({batches}) do not agree with "
-            f"batch_size={batch_size}, num_workers={num_workers} and {quota} samples per worker")
-    return steps
+            f"batch_size={batch_size}, num_workers={num_workers} and the workers' {list(counts)} samples")
+    return steps, turn
