@@ -189,7 +189,7 @@ def dataset_catalog(source_store: SourceStoreResource, sharding: ShardingResourc
     return dg.MaterializeResult(
         metadata={
             "sources": dg.MetadataValue.json(sorted(catalog.sources)),
-            "datasets": dg.MetadataValue.json(catalog.datasets),
+            "datasets": dg.MetadataValue.json(catalog.to_json()["datasets"]),
             "total_key_count": sum(s.total_key_count for s in catalog.sources.values()),
             "sources_table": dg.MetadataValue.md(
                 markdown_table(("source", "buckets", "samples", "modalities"), rows)
