@@ -90,7 +90,6 @@ def _catalog_with(mixroot: Path, tmp_path: Path, datasets: dict) -> Path:
     ({"sources": {"photos": {"weight": 1}}, "modalities": ["image", "depth"]},
      ("source 'photos'", "lacks modalities ['depth']", "drop them from the dataset's 'modalities'")),
     ({"sources": {"photos": {}}, "samples": 3}, ("unknown keys ['samples']",)),
-    (["photos", "nope"], ("source 'nope'", "no such source")),
 ])
 def test_a_bad_catalog_entry_is_one_error_when_the_catalog_is_read(mixroot, tmp_path, entry, names) -> None:
     path = _catalog_with(mixroot, tmp_path, {"blend": entry})

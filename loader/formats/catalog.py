@@ -136,24 +136,26 @@ def parse_catalog(data: bytes, path: str) -> Catalog:
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
         raise FormatError(f"{path}: unreadable catalog ({exc}); re-run the dataset_catalog asset") from None
     try:
-        datasets = check_datasets(raw, sources)
+        datasets = check_datasets(raw, sources, unions=False)
     except MixtureError as exc:
         raise MixtureError(f"{path}: {exc}") from None
     return Catalog(sources, datasets, path.rsplit("/", 1)[0] if "://" in path else os.path.dirname(path))
 
 
-def check_datasets(raw: dict[str, Any], sources: dict[str, SourceEntry]) -> dict[str, list[str] | Mixture]:
+def check_datasets(raw: dict[str, Any], sources: dict[str, SourceEntry], *,
+                   unions: bool = True) -> dict[str, list[str] | Mixture]:
     """The logical datasets of a catalog, each checked against its ``sources``: a list names
-    sources that exist; a mixture's sources exist and have the modalities it reads (one
-    ``MixtureError`` naming the dataset, the source and the fix). The one reader of the
-    ``datasets`` field, for ``catalog.json`` and for the build's settings alike."""
+    sources that exist (``unions=False``: left to ``Catalog.resolve``, as catalogs were always
+    read); a mixture's sources exist and have the modalities it reads (one ``MixtureError``
+    naming the dataset, the source and the fix). The one reader of the ``datasets`` field, for
+    ``catalog.json`` and for the build's settings alike."""
     out: dict[str, list[str] | Mixture] = {}
     for name, value in raw.items():
         if isinstance(value, (list, tuple)):
             if not all(isinstance(v, str) for v in value):
                 raise MixtureError(f"dataset {name!r}: {list(value)!r} is not a list of source names")
             missing = [s for s in value if s not in sources]
-            if missing:
+            if missing and unions:
                 raise MixtureError(f"dataset {name!r}, source {missing[0]!r}: no such source in the catalog "
                                    f"(built: {sorted(sources)}); build it first or fix the name")
             out[name] = list(value)
