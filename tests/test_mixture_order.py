@@ -182,3 +182,33 @@ def test_each_source_keeps_its_own_order(mixroot: Path) -> None:
         start = own.index(taken[0])
         assert taken == (own * 3)[start:start + len(taken)], name
         offset += len(load_wdinfo(name, catalog=str(mixroot)).tar_files)
+
+
+def test_the_schedule_keeps_every_prefix_within_one_of_the_shares_and_is_random_access() -> None:
+    """Two and three sources, many share vectors: every prefix within ±1; any stretch computed on
+    its own equals the same stretch of the whole epoch; a billion-sample epoch answers at once."""
+    import random
+
+    import numpy as np
+
+    from loader.mixture.schedule import Schedule
+
+    rng = random.Random(7)
+    for trial in range(150):
+        counts = [rng.randint(1, 120) for _ in range(rng.choice((2, 3)))]
+        sched = Schedule(counts, seed=trial, epoch=trial % 3)
+        src, j = sched.run(0, sched.size)
+        for i, c in enumerate(counts):
+            assert (j[src == i] == np.arange(c)).all()  # each source's samples in its own order
+        taken = np.cumsum(np.eye(len(counts), dtype=np.int64)[src], axis=0)
+        t = np.arange(1, sched.size + 1)[:, None]
+        assert (np.abs(taken - t * np.asarray(counts) / sched.size) < 1).all(), counts
+        for _ in range(4):
+            a = rng.randint(0, sched.size)
+            b = rng.randint(a, sched.size)
+            s2, j2 = Schedule(counts, seed=trial, epoch=trial % 3).run(a, b)
+            assert (s2 == src[a:b]).all() and (j2 == j[a:b]).all()
+    big = Schedule([600_000_000, 300_000_000, 100_000_000], seed=0, epoch=0)
+    s, j = big.run(700_000_000, 700_000_010)
+    assert len(s) == 10 and sorted(set(s.tolist())) == [0, 1, 2]
+    assert big.before(700_000_000) == (420_000_000, 210_000_000, 70_000_000)

@@ -20,12 +20,16 @@ Everything is a pure function of (seed, epoch, the sources' shard counts, the de
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
 from loader.mixture.schedule import Schedule
 from loader.wds.epoch_plan import EpochOrder, Layout
+
+CHUNK = 4096  # positions worked out together (see MixtureOrder.locate)
+KEEP_CHUNKS = 8
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,8 @@ class MixtureOrder:
         self.schedule = Schedule([p.per_epoch for p in parts], seed=seed, epoch=epoch)
         self.size = self.schedule.size
         self._orders: dict[int, EpochOrder] = {}
+        self._starts: dict[int, int] = {}
+        self._chunks: OrderedDict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
 
     def _order(self, i: int) -> EpochOrder:
         """Source i's own order of this epoch."""
@@ -62,10 +68,43 @@ class MixtureOrder:
 
     def window_start(self, i: int) -> int:
         """Where source i's partial pass starts in that pass's order (seeded per epoch)."""
-        return int(np.random.default_rng([self.seed, self.epoch, i, 0xC4005E]).integers(self.parts[i].size))
+        start = self._starts.get(i)
+        if start is None:
+            rng = np.random.default_rng([self.seed, self.epoch, i, 0xC4005E])
+            start = self._starts[i] = int(rng.integers(self.parts[i].size))
+        return start
 
     def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(shards, members, repeats, sources) of these positions."""
+        """(shards, members, repeats, sources) of these positions.
+
+        Worked out a chunk of CHUNK positions at a time and kept (a few chunks): a batch is a
+        few dozen neighbouring positions, and numpy's cost per call would otherwise dominate."""
+        g = np.asarray(positions, np.int64)
+        if not len(g):
+            return tuple(np.zeros(0, np.int64) for _ in range(4))  # type: ignore[return-value]
+        chunk = g // CHUNK
+        first, last = int(chunk.min()), int(chunk.max())
+        if first == last:
+            cols = self._chunk(first)
+            at = g - first * CHUNK
+            return cols[0][at], cols[1][at], cols[2][at], cols[3][at]
+        out = tuple(np.empty(len(g), np.int64) for _ in range(4))
+        for c in np.unique(chunk).tolist():
+            sel = np.flatnonzero(chunk == c)
+            cols = self._chunk(c)
+            for o, col in zip(out, cols, strict=True):
+                o[sel] = col[g[sel] - c * CHUNK]
+        return out  # type: ignore[return-value]
+
+    def _chunk(self, c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        cols = self._chunks.get(c)
+        if cols is None:
+            if len(self._chunks) >= KEEP_CHUNKS:
+                self._chunks.popitem(last=False)
+            cols = self._chunks[c] = self._locate(np.arange(c * CHUNK, min((c + 1) * CHUNK, self.size), dtype=np.int64))
+        return cols
+
+    def _locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         src, j = self.schedule.at(positions)
         shards, members = np.empty(len(j), np.int64), np.empty(len(j), np.int64)
         passes = np.empty(len(j), np.int64)
