@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,22 @@ def test_a_changed_definition_refuses_the_state_naming_the_change(mixroot: Path)
     _assert_names(exc.value, "the state is for one source list")
     same = loader_of(Mixture.from_json("weighted", WEIGHTED))
     same.load_state_dict(state)  # the same definition, written in Python: accepted
+
+
+@pytest.mark.timeout(180)
+def test_the_training_example_trains_on_a_catalog_mixture(mixroot: Path, tmp_path: Path) -> None:
+    """``train_policy.py --data twin-tars --root counted --catalog <root>``: one epoch is the
+    mixture's 38 samples (hq's 8 twice, 10 of web's 20, 12 of photos' 32)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, str(REPO_ROOT / "examples" / "train_policy.py"), "--data", "twin-tars",
+                          "--root", "counted", "--catalog", str(mixroot), "--checkpoint-dir", str(tmp_path / "ckpt"),
+                          "--epochs", "1", "--batch-size", "4", "--num-workers", "0", "--seed", "3"],
+                         capture_output=True, text=True, timeout=170, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    records = [json.loads(line) for line in (tmp_path / "ckpt" / "samples-rank0.jsonl").read_text().splitlines()]
+    ids = [i for r in records if "ids" in r for i, pad in zip(r["ids"], r.get("pad", [False] * len(r["ids"])),
+                                                                  strict=True) if not pad]
+    assert len(ids) == 38
+    seen = Counter(ids)  # keys, not unique across these sources (all cut from the same photographs)
+    chelsea = [k for k in seen if k.startswith("chelsea")]
+    assert len(chelsea) == 8 and all(seen[k] >= 2 for k in chelsea)  # hq (chelsea's 8) twice
