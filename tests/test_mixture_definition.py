@@ -132,6 +132,9 @@ def test_sources_with_different_modalities_must_choose_common_ones(mixroot: Path
     with pytest.raises(MixtureError) as exc:
         build_dataset(mix, decode=None)
     _assert_names(exc.value, "dataset 'py'", "source 'lean'", "choose common ones: 'modalities': ['caption', 'image']")
+    with pytest.raises(MixtureError) as exc:
+        build_dataset(mix, modalities=["image", "umt5"], decode=None)
+    _assert_names(exc.value, "dataset 'py'", "source 'lean'", "lacks modalities ['umt5']", "remove the source")
     ds = build_dataset(mix, modalities=["image", "caption"], decode=None, batch_size=4)  # common ones: fine
     batch = next(iter(make_loader(ds)))
     assert set(batch["__source__"]) <= {"photos", "lean"} and "umt5" not in batch

@@ -212,3 +212,21 @@ def test_the_schedule_keeps_every_prefix_within_one_of_the_shares_and_is_random_
     s, j = big.run(700_000_000, 700_000_010)
     assert len(s) == 10 and sorted(set(s.tolist())) == [0, 1, 2]
     assert big.before(700_000_000) == (420_000_000, 210_000_000, 70_000_000)
+
+
+@pytest.mark.timeout(120)
+def test_tensor_parallel_groups_are_dealt_the_mixture_order(mixroot: Path) -> None:
+    """With ``parallel_sync`` (groups of tensor-parallel ranks) the groups' batches, step by
+    step, are the mixture's one order, as for ranks."""
+    from loader.wds.pipeline import build_dataset, make_loader
+
+    whole = _order_in_process(mixroot, "weighted")
+    per_group = []
+    for g in range(2):
+        ds = build_dataset("weighted", catalog=str(mixroot), batch_size=B, decode=None, seed=SEED,
+                           parallel_sync=True, group_id=g, num_groups=2)
+        per_group.append([[(s, src, p) for s, src, p in zip(b["__sid__"].tolist(), b["__source__"],
+                                                             b["__pad__"].tolist(), strict=True)]
+                          for b in make_loader(ds)])
+    dealt = [(s, src) for k in range(len(per_group[0])) for g in per_group for s, src, p in g[k] if not p]
+    assert dealt == [(s, src) for s, src in whole]
