@@ -88,7 +88,8 @@ class Mixture:
             object.__setattr__(self, "aspect_ratios", tuple(self.aspect_ratios))
         self._validate()
 
-    def _err(self, what: str, fix: str, source: Source | str | None = None) -> MixtureError:
+    def error(self, what: str, fix: str, source: Source | str | None = None) -> MixtureError:
+        """The one shape of a definition error: the dataset, the source, what is wrong; the fix."""
         where = f"dataset {self.name!r}"
         if source is not None:
             where += f", source {source.label if isinstance(source, Source) else source!r}"
@@ -96,47 +97,47 @@ class Mixture:
 
     def _validate(self) -> None:
         if not self.sources:
-            raise self._err("has no sources", "name at least one source")
+            raise self.error("has no sources", "name at least one source")
         seen: set[str] = set()
         for s in self.sources:
             if not isinstance(s, Source):
-                raise self._err(f"{s!r} is not a Source", "wrap it: Source(spec, weight=...)")
+                raise self.error(f"{s!r} is not a Source", "wrap it: Source(spec, weight=...)")
             if s.label in seen:
-                raise self._err("is named twice", "list each source once (give one a name=...)", s)
+                raise self.error("is named twice", "list each source once (give one a name=...)", s)
             seen.add(s.label)
             given = [k for k in SOURCE_KEYS if getattr(s, k) is not None]
             if len(given) > 1:
-                raise self._err(f"has both {given[0]!r} and {given[1]!r}", "give one of weight, repeat or choose", s)
+                raise self.error(f"has both {given[0]!r} and {given[1]!r}", "give one of weight, repeat or choose", s)
             if s.weight is not None and (not _number(s.weight) or s.weight <= 0):
-                raise self._err(f"weight {s.weight!r} is not a number > 0",
+                raise self.error(f"weight {s.weight!r} is not a number > 0",
                                 "give a positive weight (its share of samples_per_epoch), or remove the source", s)
             if s.repeat is not None and (not _number(s.repeat) or s.repeat < 0):
-                raise self._err(f"repeat {s.repeat!r} is not a number >= 0",
+                raise self.error(f"repeat {s.repeat!r} is not a number >= 0",
                                 "give how many times each sample comes per epoch (0.5: half of them, 2: twice)", s)
             if s.choose is not None and (not isinstance(s.choose, int) or isinstance(s.choose, bool) or s.choose < 0):
-                raise self._err(f"choose {s.choose!r} is not a whole number >= 0",
+                raise self.error(f"choose {s.choose!r} is not a whole number >= 0",
                                 "give how many of its samples each epoch takes", s)
         weighted = [s for s in self.sources if s.weight is not None]
         counted = [s for s in self.sources if s.repeat is not None or s.choose is not None]
         if weighted and counted:
-            raise self._err(f"mixes weights with {counted[0].kind()}",
+            raise self.error(f"mixes weights with {counted[0].kind()}",
                             "give every source a weight (shares of samples_per_epoch), or every source "
                             "repeat/choose (absolute counts)", counted[0])
         if weighted and len(weighted) < len(self.sources):
             lacking = next(s for s in self.sources if s.weight is None)
-            raise self._err("has no weight while the other sources have one",
+            raise self.error("has no weight while the other sources have one",
                             "give every source a weight, or none", lacking)
         spe = self.samples_per_epoch
         if spe is not None:
             if not weighted:
-                raise self._err(f"samples_per_epoch={spe!r} is given without weights",
+                raise self.error(f"samples_per_epoch={spe!r} is given without weights",
                                 "remove samples_per_epoch: with repeat/choose the epoch is the sum of their counts")
             if not isinstance(spe, int) or isinstance(spe, bool) or spe < 1:
-                raise self._err(f"samples_per_epoch {spe!r} is not a whole number >= 1",
+                raise self.error(f"samples_per_epoch {spe!r} is not a whole number >= 1",
                                 "give the epoch's length in samples, or leave it out (the sources' total)")
         for name, value in (("modalities", self.modalities), ("aspect_ratios", self.aspect_ratios)):
             if value is not None and (not value or not all(isinstance(v, str) and v for v in value)):
-                raise self._err(f"{name} {list(value)!r} is not a list of names", f"list the {name}, or leave it out")
+                raise self.error(f"{name} {list(value)!r} is not a list of names", f"list the {name}, or leave it out")
 
     @property
     def weighted(self) -> bool:
@@ -153,9 +154,9 @@ class Mixture:
         sizes = [int(n) for n in sizes]
         for s, n in zip(self.sources, sizes, strict=True):
             if n == 0:
-                raise self._err("has no samples", "build it, or remove it from the dataset", s)
+                raise self.error("has no samples", "build it, or remove it from the dataset", s)
             if s.choose is not None and s.choose > n:
-                raise self._err(f"choose={s.choose} is more than its {n} samples",
+                raise self.error(f"choose={s.choose} is more than its {n} samples",
                                 f"choose at most {n}, or use repeat={Fraction(s.choose, n)} to repeat samples", s)
         if not self.weighted:
             return [s.choose if s.choose is not None else
@@ -228,7 +229,7 @@ def check_modalities(mix: Mixture, source_keys: Mapping[str, Sequence[str]],
             have = sorted(source_keys[s.label])
             missing = [m for m in wanted if m not in have]
             if missing:
-                raise mix._err(f"lacks modalities {missing} (it has {have})",
+                raise mix.error(f"lacks modalities {missing} (it has {have})",
                                "drop them from the dataset's 'modalities', or remove the source", s)
         return wanted
     sets = {s.label: tuple(sorted(source_keys[s.label])) for s in mix.sources}
@@ -236,6 +237,6 @@ def check_modalities(mix: Mixture, source_keys: Mapping[str, Sequence[str]],
     for s in mix.sources[1:]:
         if sets[s.label] != sets[first]:
             common = sorted(set.intersection(*(set(v) for v in sets.values())))
-            raise mix._err(f"has modalities {list(sets[s.label])}, source {first!r} has {list(sets[first])}",
+            raise mix.error(f"has modalities {list(sets[s.label])}, source {first!r} has {list(sets[first])}",
                            f"choose common ones: 'modalities': {common}", s)
     return sets[first]

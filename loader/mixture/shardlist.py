@@ -27,7 +27,7 @@ class MixtureShardlist(ShardlistBasic):
                       for off, n, c in zip(sources.offsets, sources.shard_counts, self.per_epoch, strict=True)]
         self.source_names = tuple(s.label for s in mix.sources)
         if sum(self.per_epoch) == 0:
-            raise mix._err("gives no sample per epoch", "give some source a repeat or choose above 0")
+            raise mix.error("gives no sample per epoch", "give some source a repeat or choose above 0")
 
     def order(self, epoch: int) -> MixtureOrder:  # type: ignore[override]
         return MixtureOrder(self.parts, seed=self.seed, epoch=epoch, shuffle=self.shuffle, layout=self.layout)

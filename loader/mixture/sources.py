@@ -82,7 +82,7 @@ def _read_source(mix: Mixture, index: int, catalog: str | None, aspect_ratios: I
     try:
         return parse_manifests(find_manifests(spec, catalog), aspect_ratios=aspect_ratios, keep_sha256=keep_sha256)
     except (ManifestError, FormatError) as exc:
-        raise mix._err(f"cannot be read ({exc})", "build the source, or fix its name or path", source) from None
+        raise mix.error(f"cannot be read ({exc})", "build the source, or fix its name or path", source) from None
 
 
 def load_mixture(mix: Mixture, *, catalog: str | None = None, modalities: Sequence[str] | None = None,
