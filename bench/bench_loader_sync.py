@@ -43,8 +43,13 @@ targets are judged on CPU time; both ratios are printed. Manifest parsing and ``
 are outside the timed region (``bench_manifest_parse.py`` measures them). ``--profile`` prints a
 cProfile of one contender instead.
 
+Mixture row: the same shards as a 3-source weighted mixture (``loader.mixture``: the bucket
+manifests dealt round-robin to three sources, weights their sizes, so an epoch holds every sample
+once) against the one source, both ``mode="zip"``, unshuffled, iterated in-process: what the
+interleave (a source switch every sample or two) costs.
+
 Targets: ours zip >= 2x webdataset; ours zip >= 0.5x cat; ours index >= 0.95x ours zip; full
-pipeline, ours >= 1.0x webdataset (samples/s, CPU time). A miss prints MISS; the exit status does
+pipeline, ours >= 1.0x webdataset; 3-source mixture >= 0.95x one source (samples/s, CPU time). A miss prints MISS; the exit status does
 not depend on it.
 """
 
@@ -80,6 +85,7 @@ TARGET_VS_WDS = 2.0  # ours zip vs webdataset on the combined tars
 TARGET_VS_CAT = 0.5  # ours zip vs reading the same bytes into a buffer
 TARGET_INDEX = 0.95  # ours index vs ours zip
 TARGET_PIPELINE = 1.0  # decode pipeline: ours vs webdataset
+TARGET_MIXTURE = 0.95  # a 3-source mixture vs one source of the same total size
 
 
 def _wds_dataset(urls: list[str]):
@@ -114,6 +120,25 @@ def full_ours(mode):
         return lambda: _count(ds)
 
     return make
+
+
+def one_source(urls, out):
+    ds = build_dataset(str(out), mode="zip", decode=None, shuffle=False)
+    return lambda: _count(ds)
+
+
+def three_source_mixture(urls, out):
+    """The same manifests as three sources (bucket manifests dealt round-robin), weighted by
+    their sizes: one epoch reads every sample once, interleaved."""
+    from loader.mixture import Mixture, Source
+
+    manifests = find_manifests(str(out))
+    groups = [manifests[i::3] for i in range(3)]
+    sizes = [parse_manifests(g).tar_files.total_samples for g in groups]
+    mix = Mixture([Source(g, name=f"part{i}", weight=n) for i, (g, n) in enumerate(zip(groups, sizes, strict=True))],
+                  samples_per_epoch=sum(sizes), name="bench")
+    ds = build_dataset(mix, mode="zip", decode=None, shuffle=False)
+    return lambda: _count(ds)
 
 
 def raw_wds(urls, out):
@@ -405,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         "samples": {"webdataset": full_wds, "ours zip": full_ours("zip"), "ours index": full_ours("index"),
                     "floor": floor_members, "cat": cat_tars},
     }
+    groups["mixture"] = {"one source": one_source, "3-source mixture": three_source_mixture}
     if not args.no_stages:
         groups["raw tar members"] = {"webdataset": raw_wds, "wds on twins": raw_twins_wds,
                                      "ours on twins": raw_twins_ours}
@@ -430,6 +456,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{per_shard:+.2f} ms CPU per shard of {n / len(shards):.0f} samples: its key index is read and parsed)")
     print(f"bound (CPU): floor / cat = {c_floor_cat:.3f}x (member bytes into their own objects, batches held); "
           f"ours zip / floor = {c_floor:.3f}x (what ours adds: header checks, names, sample dicts, the plan)")
+
+    c_mix = cpu_rates["mixture"]["3-source mixture"] / cpu_rates["mixture"]["one source"]
+    r_mix = rates["mixture"]["3-source mixture"] / rates["mixture"]["one source"]
+    if counts["mixture", "3-source mixture"] != counts["mixture", "one source"]:
+        print("WARNING: the mixture and the one source yielded different sample counts")
+    print(f"mixture: 3-source mixture / one source = {c_mix:.3f}x CPU, {r_mix:.3f}x wall")
 
     c_pipe = r_pipe = None
     if args.pipeline_samples > 0:
@@ -465,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     if c_pipe is not None:
         print(f"{'PASS' if c_pipe >= TARGET_PIPELINE else 'MISS'}: full pipeline, ours >= {TARGET_PIPELINE:g}x "
               f"webdataset ({c_pipe:.3f}x CPU time, {r_pipe:.3f}x wall)")
+    print(f"{'PASS' if c_mix >= TARGET_MIXTURE else 'MISS'}: 3-source mixture >= {TARGET_MIXTURE:g}x one source "
+          f"({c_mix:.3f}x CPU time, {r_mix:.3f}x wall)")
     if not same:
         print("WARNING: the contenders did not yield the same samples; the ratios compare different work")
     return 0

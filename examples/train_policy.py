@@ -4,6 +4,8 @@
         --checkpoint-dir /tmp/ckpt-lerobot
     torchrun --nproc_per_node 2 examples/train_policy.py --data twin-tars --root demo/out/photos \\
         --checkpoint-dir /tmp/ckpt-photos
+    torchrun --nproc_per_node 2 examples/train_policy.py --data twin-tars --root blend --catalog demo/out \\
+        --checkpoint-dir /tmp/ckpt-blend      # a weighted mixture defined in demo/out/catalog.json
 
 * ``--data lerobot``: ``StreamingLeRobotDataset`` over a LeRobot v3 dataset; a small conv encoder
   per camera plus a state MLP predicts the action (MSE).
@@ -57,6 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--root", required=True,
                    help="lerobot: a LeRobot v3 dataset (folder, s3://, http(s)://, hf://); "
                         "twin-tars: a build output folder, wdinfo.json, glob or catalog name")
+    p.add_argument("--catalog", help="twin-tars only: the output root (or catalog.json) that resolves a dataset "
+                                      "name in --root, e.g. a weighted mixture defined in the catalog")
     p.add_argument("--repo-id", help="lerobot only: the dataset's OWNER/NAME (default: local/<folder name>)")
     p.add_argument("--checkpoint-dir", required=True, type=Path, help="checkpoints and per-rank sample logs")
     p.add_argument("--epochs", type=int, default=2)
@@ -79,6 +83,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--lr must be positive, got {args.lr}")
     if args.repo_id is not None and args.data != "lerobot":
         p.error("--repo-id applies to --data lerobot only")
+    if args.catalog is not None and args.data != "twin-tars":
+        p.error("--catalog applies to --data twin-tars only")
     # A twin-tars --root may also be a glob or a catalog name (no slash); anything else must exist.
     local = "://" not in args.root and not any(c in args.root for c in "*?[")
     if local and (args.data == "lerobot" or "/" in args.root) and not Path(args.root).exists():
@@ -199,8 +205,8 @@ class TwinTarTask(Task):
     def __init__(self, args: argparse.Namespace, rank: int):
         from loader.wds.pipeline import build_dataset, make_loader
 
-        ds = build_dataset(args.root, modalities=["image"], seed=args.seed, batch_size=args.batch_size,
-                           augment=[letterbox_sample])
+        ds = build_dataset(args.root, catalog=args.catalog, modalities=["image"], seed=args.seed,
+                           batch_size=args.batch_size, augment=[letterbox_sample])
         super().__init__(make_loader(ds, num_workers=args.num_workers), AspectNet(),
                          f"{args.root}: {int(sum(ds.shards.counts))} samples in {len(ds.shards.counts)} shards, "
                          f"{args.num_workers} workers per rank")

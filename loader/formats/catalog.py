@@ -3,6 +3,11 @@
 PiD keeps this in two Python files (``data_source_local.py`` maps a source name to where its
 ``wdinfo.json`` files are; ``dataset_definition.py`` maps a dataset to sources). Here it is one
 JSON file, ``catalog.json``, written by the build; paths are relative to the catalog's folder.
+
+A logical dataset is either a list of source names (a union: every sample of each, once per
+epoch) or a weighted mixture, ``{"sources": {"photos": {"weight": 0.6}, ...},
+"samples_per_epoch": N}`` (``loader.mixture.definition``), checked when the catalog is read:
+its sources must be in the catalog, with the modalities it reads.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 
 from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError
+from loader.mixture.definition import Mixture, MixtureError, check_modalities
 
 CATALOG_NAME = "catalog.json"
 CATALOG_VERSION = 1
@@ -38,8 +44,17 @@ class SourceEntry:
 @dataclass(frozen=True)
 class Catalog:
     sources: dict[str, SourceEntry]
-    datasets: dict[str, list[str]]  # dataset name -> source names
+    datasets: dict[str, list[str] | Mixture]  # dataset name -> source names, or a weighted mixture
     location: str | None = None  # folder the catalog was read from
+
+    def mixture(self, name: str) -> Mixture | None:
+        """The weighted mixture ``name`` defines (``None``: a union, a source, or unknown)."""
+        d = self.datasets.get(name)
+        return d if isinstance(d, Mixture) else None
+
+    def source_names(self, name: str) -> list[str]:
+        d = self.datasets[name]
+        return [s.label for s in d.sources] if isinstance(d, Mixture) else list(d)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -53,13 +68,14 @@ class Catalog:
                 }
                 for n, s in sorted(self.sources.items())
             },
-            "datasets": {n: sorted(v) for n, v in sorted(self.datasets.items())},
+            "datasets": {n: v.to_json() if isinstance(v, Mixture) else sorted(v)
+                         for n, v in sorted(self.datasets.items())},
         }
 
     def resolve(self, name: str) -> list[str]:
         """Manifest paths of a dataset (or of a single source), sorted."""
-        if name in self.datasets:
-            sources = self.datasets[name]
+        if name in self.datasets:  # a mixture's manifests: those of every source it names
+            sources = self.source_names(name)
         elif name in self.sources:
             sources = [name]
         else:
@@ -116,7 +132,36 @@ def parse_catalog(data: bytes, path: str) -> Catalog:
             )
             for n, s in doc["sources"].items()
         }
-        datasets = {n: list(v) for n, v in doc.get("datasets", {}).items()}
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raw = dict(doc.get("datasets", {}))
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
         raise FormatError(f"{path}: unreadable catalog ({exc}); re-run the dataset_catalog asset") from None
+    try:
+        datasets = check_datasets(raw, sources, unions=False)
+    except MixtureError as exc:
+        raise MixtureError(f"{path}: {exc}") from None
     return Catalog(sources, datasets, path.rsplit("/", 1)[0] if "://" in path else os.path.dirname(path))
+
+
+def check_datasets(raw: dict[str, Any], sources: dict[str, SourceEntry], *,
+                   unions: bool = True) -> dict[str, list[str] | Mixture]:
+    """The logical datasets of a catalog, each checked against its ``sources``: a list names
+    sources that exist (``unions=False``: left to ``Catalog.resolve``, as catalogs were always
+    read); a mixture's sources exist and have the modalities it reads (one ``MixtureError``
+    naming the dataset, the source and the fix). The one reader of the ``datasets`` field, for
+    ``catalog.json`` and for the build's settings alike."""
+    out: dict[str, list[str] | Mixture] = {}
+    for name, value in raw.items():
+        if isinstance(value, (list, tuple)):
+            if not all(isinstance(v, str) for v in value):
+                raise MixtureError(f"dataset {name!r}: {list(value)!r} is not a list of source names")
+            missing = [s for s in value if s not in sources]
+            if missing and unions:
+                raise MixtureError(f"dataset {name!r}, source {missing[0]!r}: no such source in the catalog "
+                                   f"(built: {sorted(sources)}); build it first or fix the name")
+            out[name] = list(value)
+            continue
+        mix = Mixture.from_json(name, value, known_sources=sources)
+        if all(sources[s.label].data_keys for s in mix.sources):  # older catalogs may not list them
+            check_modalities(mix, {s.label: sources[s.label].data_keys for s in mix.sources})
+        out[name] = mix
+    return out

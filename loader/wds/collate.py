@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-_INT_FIELDS = ("__sid__", "__epoch__", "__shard__", "__index__")
+_INT_FIELDS = ("__sid__", "__epoch__", "__shard__", "__index__", "__repeat__")
 
 
 def _bookkeeping(samples: list[dict], keys: list[str]) -> dict[str, torch.Tensor]:

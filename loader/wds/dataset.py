@@ -34,7 +34,8 @@ class TwinTarDataset(IterableDataset):
     workers; ``shuffle_buffer`` is the order's shuffle window). Each planned batch is read by the
     process's ``TwinReader`` (``twin_reader.py``; it keeps a shard's tars open from one batch to
     the next), then put in plan order, decoded, mapped and collated. Every sample carries ``__key__``, ``__sid__`` (shard << 32 | member), ``__epoch__``,
-    ``__pad__`` (a repeat that evens out ranks) and ``__bucket__``.
+    ``__pad__`` (a repeat that evens out ranks) and ``__bucket__``; a mixture's also carry
+    ``__source__`` and ``__repeat__`` (``loader/mixture``).
     """
 
     def __init__(
@@ -81,7 +82,9 @@ class TwinTarDataset(IterableDataset):
             if own:
                 reader.close()
         if in_order and len(read) == len(pb):  # the usual case: nothing to reorder
-            return list(range(pb.skip, pb.skip + len(read))), read
+            slots = list(range(pb.skip, pb.skip + len(read)))
+            self._mark(pb, slots, read)
+            return slots, read
         got = {(s["__shard__"], s["__index__"], s["__pad__"]): s for s in read}
         slots, out, used = [], [], set()
         keys = zip(pb.shards.tolist(), pb.members.tolist(), pb.pads.tolist(), strict=True)
@@ -95,7 +98,22 @@ class TwinTarDataset(IterableDataset):
                 used.add(key)
             out.append(s)
             slots.append(i)
+        self._mark(pb, slots, out)
         return slots, out
+
+    def _mark(self, pb: PlannedBatch, slots: list[int], samples: list[dict]) -> None:
+        """A mixture's samples carry their source (``__source__``) and how many times they
+        already came this epoch (``__repeat__``: 0 the first time); counted per source."""
+        if pb.sources is None or pb.repeats is None:
+            return
+        names, per_source = pb.source_names, self.stats.samples_per_source
+        sources, repeats = pb.sources.tolist(), pb.repeats.tolist()
+        for slot, s in zip(slots, samples, strict=True):
+            j = slot - pb.skip
+            name = names[sources[j]]
+            s["__source__"] = name
+            s["__repeat__"] = repeats[j]
+            per_source[name] += 1
 
     def reader(self) -> TwinReader:
         """A sample reader for this process (it holds open files: close it)."""

@@ -23,6 +23,7 @@ from loader.formats.errors import FormatError
 from loader.formats.layout import STATE_DIR
 from loader.formats.version_pointer import POINTER_NAME, parse_pointer
 from loader.formats.wdinfo import WDINFO_NAME, check_wdinfo, manifest_bucket
+from loader.mixture.definition import Mixture
 from loader.wds.errors import ManifestError
 from loader.wds.shard_table import ShardTable, Wdinfo, join_url
 
@@ -77,6 +78,18 @@ def _find_one(spec: str, catalog: str | None) -> list[str]:
         return _catalog(cat_path).resolve(spec)
     except KeyError as exc:
         raise ManifestError(str(exc)) from None
+
+
+def catalog_mixture(spec: str, catalog: str | None) -> Mixture | None:
+    """The weighted mixture ``spec`` names in the catalog (``None``: ``spec`` is a path, URL,
+    glob, a union dataset or a source; ``find_manifests`` resolves those)."""
+    spec = spec.removeprefix("file://")
+    if _is_url(spec) or os.path.exists(spec) or any(c in spec for c in "*?["):
+        return None
+    cat_path = catalog or os.environ.get(CATALOG_ENV)
+    if not cat_path:
+        return None
+    return _catalog(cat_path).mixture(spec)
 
 
 def _read_bytes(path: str) -> bytes | None:

@@ -324,12 +324,16 @@ class EpochPlan:
             k += 1
         return k, (samples if k < self.batches_per_rank else 0)
 
-    def slots(self, rank: int, k: int, skip: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(shards, members, pad flags) of a rank's batch k in order, its first ``skip`` left out."""
+    def positions(self, rank: int, k: int, skip: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(positions, pad flags) of a rank's batch k in order, its first ``skip`` left out."""
         b = self.batch(rank, k)
         real = self.remaining.to_positions(np.arange(b.start, b.stop, dtype=np.int64))
         positions = np.concatenate((real, np.asarray(b.pads, np.int64)))[skip:]
-        pads = (np.arange(b.size) >= b.stop - b.start)[skip:]
+        return positions, (np.arange(b.size) >= b.stop - b.start)[skip:]
+
+    def slots(self, rank: int, k: int, skip: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(shards, members, pad flags) of a rank's batch k in order, its first ``skip`` left out."""
+        positions, pads = self.positions(rank, k, skip)
         shards, members = self.order.samples(positions)
         return shards, members, pads
 

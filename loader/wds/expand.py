@@ -40,6 +40,7 @@ class ExpandStats:
     decode_errors: int = 0  # samples skipped under on_decode_error="skip"
     decode_error_keys: Counter = field(default_factory=Counter)  # their keys (the first MAX_KEYS_KEPT)
     stream: StreamStats = field(default_factory=StreamStats)  # remote reads: bytes, retries...
+    samples_per_source: Counter = field(default_factory=Counter)  # a mixture's samples read, by source
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -48,6 +49,7 @@ class ExpandStats:
             "duplicates": self.duplicates, "unindexed_members": self.unindexed_members,
             "shard_errors": self.shard_errors, "zip_fallbacks": self.zip_fallbacks,
             "decode_errors": self.decode_errors, "decode_error_keys": dict(self.decode_error_keys),
+            "samples_per_source": dict(self.samples_per_source),
         }
 
     def note_decode_error(self, key: str) -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from loader.mixture.definition import Mixture
 from loader.wds.dataset import TwinTarDataset
 from loader.wds.decode import CAPTION_FIELDS, Decoder
-from loader.wds.discovery import load_wdinfo
-from loader.wds.distributed import data_parallel_rank
+from loader.wds.discovery import catalog_mixture, load_wdinfo
+from loader.wds.distributed import data_parallel_rank, run_on_rank0_and_broadcast
 from loader.wds.expand import ExpandOptions
 from loader.wds.resume import ResumableLoader
 from loader.wds.shard_table import Wdinfo
@@ -16,7 +17,7 @@ from loader.wds.shardlists import ShardlistBasic, ShardlistBasicParallelSync
 
 
 def build_dataset(
-    spec: str | Sequence[str] | Wdinfo,
+    spec: str | Sequence[str] | Wdinfo | Mixture,
     *,
     catalog: str | None = None,
     modalities: Sequence[str] | None = None,
@@ -62,21 +63,44 @@ def build_dataset(
     on the world size or ``num_workers`` (``loader/wds/epoch_plan.py``). With ``batch_size`` every
     rank gets the same number of batches, each full but the last of the epoch (with
     ``same_aspect_batches``: but each bucket's last); ``drop_last=True`` leaves those out.
+
+    A :class:`loader.mixture.Mixture`, or the name of a weighted dataset in the catalog, gives
+    a mixture (``loader/mixture``): its own order, dealt and resumed the same way; its samples
+    also carry ``__source__`` and ``__repeat__``.
     """
-    info = spec if isinstance(spec, Wdinfo) else load_wdinfo(
-        spec, catalog=catalog, modalities=modalities, aspect_ratios=aspect_ratios, keep_sha256=verify == "sha256",
-    )
-    if verify is not None and info.tar_files.sha256 is None:
-        raise ValueError("verify='sha256' needs the manifests' checksums: pass a spec, or parse with keep_sha256=True")
-    counts = info.tar_files.counts
-    common = {"seed": seed, "shuffle": shuffle, "infinite": infinite, "chunk_size": info.chunk_size,
-              "bucket_ids": info.tar_files.bucket_ids}
-    if parallel_sync or group_id is not None or dp_group is not None:
-        shardlist: ShardlistBasic = ShardlistBasicParallelSync(
-            counts, group_id=group_id, num_groups=num_groups, dp_group=dp_group, **common
-        )
+    mix = spec if isinstance(spec, Mixture) else None
+    if mix is None and isinstance(spec, str):
+        mix = run_on_rank0_and_broadcast(lambda: catalog_mixture(spec, catalog))
+    sync = parallel_sync or group_id is not None or dp_group is not None
+    if mix is not None:
+        from loader.mixture.shardlist import MixtureShardlist
+        from loader.mixture.sources import load_mixture
+
+        if same_aspect_batches:
+            raise ValueError(f"dataset {mix.name!r}: same_aspect_batches is not supported for mixtures yet; "
+                             "filter one aspect ratio per mixture (aspect_ratios=[...]) instead")
+        sources = load_mixture(mix, catalog=catalog, modalities=modalities, aspect_ratios=aspect_ratios,
+                               keep_sha256=verify == "sha256")
+        rank = data_parallel_rank(group_id, num_groups, dp_group) if sync else data_parallel_rank()
+        shardlist: ShardlistBasic = MixtureShardlist(sources, seed=seed, shuffle=shuffle, infinite=infinite,
+                                                     rank=rank)
+        table, modalities = sources.table, sources.modalities
     else:
-        shardlist = ShardlistBasic(counts, rank=data_parallel_rank(), **common)
+        info = spec if isinstance(spec, Wdinfo) else load_wdinfo(
+            spec, catalog=catalog, modalities=modalities, aspect_ratios=aspect_ratios,
+            keep_sha256=verify == "sha256",
+        )
+        table = info.tar_files
+        common = {"seed": seed, "shuffle": shuffle, "infinite": infinite, "chunk_size": info.chunk_size,
+                  "bucket_ids": table.bucket_ids}
+        if sync:
+            shardlist = ShardlistBasicParallelSync(
+                table.counts, group_id=group_id, num_groups=num_groups, dp_group=dp_group, **common
+            )
+        else:
+            shardlist = ShardlistBasic(table.counts, rank=data_parallel_rank(), **common)
+    if verify is not None and table.sha256 is None:
+        raise ValueError("verify='sha256' needs the manifests' checksums: pass a spec, or parse with keep_sha256=True")
     options = ExpandOptions(
         mode=mode, missing_key_policy=missing_key_policy, zip_fallback_to_index=zip_fallback_to_index,
         shard_error_policy=shard_error_policy, stream_config=stream_config, verify=verify,
@@ -86,7 +110,7 @@ def build_dataset(
         decoder = Decoder(image=decode, caption_fields=caption_fields, caption_weights=caption_weights,
                           trusted_data=trusted_data, seed=seed)
     return TwinTarDataset(
-        info.tar_files, shardlist, modalities=modalities, options=options, shuffle_buffer=shuffle_buffer,
+        table, shardlist, modalities=modalities, options=options, shuffle_buffer=shuffle_buffer,
         decoder=decoder, maps=augment, batch_size=batch_size, same_aspect_batches=same_aspect_batches,
         on_decode_error=on_decode_error, drop_last=drop_last,
     )

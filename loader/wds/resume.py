@@ -71,7 +71,6 @@ class ResumableLoader:
         self.dataset = dataset
         self.num_workers = num_workers
         self.dataloader_kwargs = dataloader_kwargs
-        self.counts = np.asarray(dataset.shards.counts)
         sl = dataset.shardlist
         self.epoch = sl.epoch
         self._shardlist_epoch = sl.epoch
@@ -202,6 +201,7 @@ class ResumableLoader:
         return {
             "version": STATE_VERSION,
             "fingerprint": self.dataset.shards.fingerprint(),
+            **({"mixture": sl.definition()} if sl.definition() is not None else {}),
             "seed": sl.seed,
             "shuffle": sl.shuffle,
             "order": self._order_settings(),
@@ -224,13 +224,19 @@ class ResumableLoader:
             raise ResumeStateError(
                 f"resume state field 'version' is {state.get('version')!r}; this loader reads {STATE_VERSION}"
             )
+        sl = self.dataset.shardlist
+        changed = sl.definition_changes(state.get("mixture"))
+        if changed:
+            raise ResumeStateError(
+                f"resume state field 'mixture' is for another definition: {changed}; resume with the definition "
+                "the state was taken with, or start this one afresh (loader.set_epoch(n) instead of load_state_dict)"
+            )
         fp = self.dataset.shards.fingerprint()
         if state.get("fingerprint") != fp:
             raise ResumeStateError(
                 f"resume state is for another shard list (field 'fingerprint' {state.get('fingerprint')!r}, "
                 f"this dataset {fp}); resume with the same manifests, modalities and aspect-ratio filter"
             )
-        sl = self.dataset.shardlist
         if state.get("seed") != sl.seed or state.get("shuffle") != sl.shuffle:
             raise ResumeStateError(
                 f"resume state was taken with seed={state.get('seed')!r} shuffle={state.get('shuffle')!r} "
@@ -251,7 +257,7 @@ class ResumableLoader:
         epoch = state.get("epoch")
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ResumeStateError(f"resume state field 'epoch' is {epoch!r}; it must be a whole number >= 0")
-        total = int(self.counts[self.counts > 0].sum())
+        total = sl.epoch_size()
         position = state.get("position")
         if not isinstance(position, int) or isinstance(position, bool) or not 0 <= position <= total:
             raise ResumeStateError(

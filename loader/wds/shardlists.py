@@ -38,6 +38,11 @@ class PlannedBatch:
     shards: np.ndarray
     members: np.ndarray
     pads: np.ndarray
+    # Mixtures (``loader.mixture``): per sample, its source (an index into ``source_names``) and
+    # how many times it already came this epoch (``__repeat__``); ``None`` for one source.
+    sources: np.ndarray | None = None
+    repeats: np.ndarray | None = None
+    source_names: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.shards)
@@ -111,6 +116,29 @@ class ShardlistBasic:
         self.layout = layout
         self._plans.clear()
 
+    def order(self, epoch: int) -> EpochOrder:
+        """The epoch's one order (a mixture's shard list gives its interleave instead)."""
+        return EpochOrder(self.counts, self.bucket_ids, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
+                          layout=self.layout)
+
+    def epoch_size(self) -> int:
+        """Samples in one epoch's order."""
+        return int(self.counts[self.counts > 0].sum())
+
+    def definition(self) -> dict | None:
+        """What, besides the shards, defines the order (a mixture's definition); ``None`` here."""
+        return None
+
+    def definition_changes(self, saved: dict | None) -> str:
+        """How a resume state's ``mixture`` field differs from this shard list ('' if not)."""
+        if saved is not None:
+            return f"the state is for the mixture {saved.get('name')!r}, this loader reads one source list"
+        return ""
+
+    def planned_batch(self, plan: EpochPlan, epoch: int, k: int, skip: int) -> PlannedBatch:
+        shards, members, pads = plan.slots(self.rank.group_id, k, skip)
+        return PlannedBatch(epoch, k, skip, shards, members, pads)
+
     def plan(self, epoch: int) -> EpochPlan:
         """This epoch's plan for every rank, after what ``consumed`` says was read before."""
         consumed = self.consumed.get(epoch, [])
@@ -119,9 +147,7 @@ class ShardlistBasic:
         if p is None:
             if len(self._plans) > 4:
                 self._plans.clear()
-            order = EpochOrder(self.counts, self.bucket_ids, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
-                               layout=self.layout)
-            p = self._plans[key] = EpochPlan(order, consumed, self.rank.num_groups)
+            p = self._plans[key] = EpochPlan(self.order(epoch), consumed, self.rank.num_groups)
         return p
 
     def skip(self, epoch: int) -> tuple[int, int]:
@@ -138,15 +164,12 @@ class ShardlistBasic:
         """This worker's batches: a rank's k-th batch of the pass goes to worker k mod workers."""
         epoch = self.epoch
         handed = self.rotation  # the rank's batches before this one, in this pass
-        r = self.rank.group_id
         while True:
             plan = self.plan(epoch)
             first, partial = self.skip(epoch)
             for k in range(first, plan.batches_per_rank):
                 if handed % num_workers == worker_id:
-                    skip = partial if k == first else 0
-                    shards, members, pads = plan.slots(r, k, skip)
-                    yield PlannedBatch(epoch, k, skip, shards, members, pads)
+                    yield self.planned_batch(plan, epoch, k, partial if k == first else 0)
                 handed += 1
             if not self.infinite:
                 return

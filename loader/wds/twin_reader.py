@@ -213,7 +213,10 @@ class TwinReader:
         """Append the samples of one task to ``out``, in member order. A list, not a generator:
         a batch is collected whole before it is handed on anyway, and appending costs less than
         passing each sample up through generator frames."""
-        shard: TarSample = self.shards[task.shard_id]
+        kept = self._open.get((task.shard_id, self.options.mode))
+        # A shard read on from an earlier task (a mixture switches shards every sample or two):
+        # its tars hold the shard already, no row of the table to rebuild.
+        shard: TarSample = kept.shard if kept is not None else self.shards[task.shard_id]
         opts, stats = self.options, self.stats
         mods = self.modalities or shard.keys
         where = (epoch, task.shard_id, task.pad, shard.bucket)

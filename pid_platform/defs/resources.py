@@ -17,6 +17,7 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 from dagster_aws.s3 import S3Resource
@@ -137,8 +138,13 @@ class ShardingResource(dg.ConfigurableResource):
     )
     trust_pickle: bool = Field(default=False,
                                description="Allow embeddings that need pickle to load (trusted data only).")
-    datasets: dict[str, list[str]] = Field(default_factory=dict,
-                                           description="Logical dataset name -> its sources, for the catalog.")
+    datasets: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Logical dataset name -> its sources, for the catalog: a list of source names (a union), or a "
+        "weighted mixture {'sources': {'photos': {'weight': 0.6}, 'web': {'weight': 0.4}}, 'samples_per_epoch': N} "
+        "(per source one of weight, repeat or choose; optional 'modalities', 'aspect_ratios'). Checked against the "
+        "built sources when dataset_catalog writes catalog.json (loader.formats.catalog.check_datasets).",
+    )
     manifest_root: str = Field(
         default="relative",
         description="Root written into each wdinfo.json: 'relative' (the manifest's folder; moved data keeps "

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from loader.formats.catalog import CATALOG_NAME, Catalog, SourceEntry, write_catalog
+from loader.formats.catalog import CATALOG_NAME, Catalog, SourceEntry, check_datasets, write_catalog
 from loader.formats.errors import FormatError
 from loader.formats.wdinfo import WDINFO_NAME, parse_wdinfo, read_wdinfo
 from pid_platform.sharding.errors import BuildError
@@ -64,7 +65,7 @@ def scan_s3_sources(output_root: S3Output) -> dict[str, SourceEntry]:
     return sources
 
 
-def build_s3_catalog(output_root: S3Output, datasets: dict[str, list[str]] | None = None) -> tuple[str, Catalog]:
+def build_s3_catalog(output_root: S3Output, datasets: dict[str, Any] | None = None) -> tuple[str, Catalog]:
     """``catalog.json`` at an S3 output root, written after every version it names."""
     catalog = _catalog(scan_s3_sources(output_root), datasets, str(output_root))
     key = output_root.key(CATALOG_NAME)
@@ -74,20 +75,18 @@ def build_s3_catalog(output_root: S3Output, datasets: dict[str, list[str]] | Non
     return f"s3://{output_root.bucket}/{key}", catalog
 
 
-def _catalog(sources: dict[str, SourceEntry], datasets: dict[str, list[str]] | None, where: str) -> Catalog:
-    defined = {ALL_DATASET: sorted(sources)}
-    for name, members in (datasets or {}).items():
-        missing = [s for s in members if s not in sources]
-        if missing:
-            raise ValueError(
-                f"dataset {name!r} names sources {missing} that have no manifest under {where}; "
-                f"built sources: {sorted(sources)}"
-            )
-        defined[name] = sorted(members)
-    return Catalog(sources, defined, where)
+def _catalog(sources: dict[str, SourceEntry], datasets: dict[str, Any] | None, where: str) -> Catalog:
+    """The catalog of these built sources; each logical dataset (a list of sources, or a weighted
+    mixture) is checked by the catalog's one reader of ``datasets`` (``MixtureError``, a
+    ``ValueError``, naming the dataset, the source and the fix)."""
+    try:
+        defined = check_datasets(dict(datasets or {}), sources)
+    except ValueError as exc:
+        raise type(exc)(f"{exc} (built sources under {where}: {sorted(sources)})") from None
+    return Catalog(sources, {ALL_DATASET: sorted(sources), **defined}, where)
 
 
-def build_catalog(output_root: Path, datasets: dict[str, list[str]] | None = None) -> tuple[Path, Catalog]:
+def build_catalog(output_root: Path, datasets: dict[str, Any] | None = None) -> tuple[Path, Catalog]:
     """Every built source, plus the logical datasets given (and ``all``)."""
     catalog = _catalog(scan_sources(output_root), datasets, str(output_root))
     return write_catalog(output_root, catalog), catalog

@@ -184,3 +184,36 @@ def pid_style_manifest(built_manifest: Path, dest_dir: Path) -> Path:
     out = dest_dir / "wdinfo.json"
     out.write_text(json.dumps(pid, indent=2))
     return out
+
+
+# --------------------------------------------------------------------------- mixtures
+
+# Three sources of one output root for the mixture tests: all 32 photographs, 20 of them
+# (no rocket, four coffee left), and the 8 of chelsea.
+MIXTURE_SOURCES = {"photos": 32, "web": 20, "hq": 8}
+WEIGHTED = {"sources": {"photos": {"weight": 0.6}, "web": {"weight": 0.3}, "hq": {"weight": 0.1}},
+            "samples_per_epoch": 40}
+COUNTED = {"sources": {"photos": {"choose": 12}, "web": {"repeat": 0.5}, "hq": {"repeat": 2}}}
+_MIXTURE_BUILD: dict[str, Path] = {}
+
+
+def _stems(raw_template: Path) -> list[str]:
+    return sorted(p.stem for p in (raw_template / SOURCE / "image").iterdir())
+
+
+def mixture_build(tmp_path_factory: pytest.TempPathFactory, raw_template: Path) -> Path:
+    """An output root with the sources of :data:`MIXTURE_SOURCES` (shards of at most 3) and a
+    catalog with the logical datasets ``weighted`` (:data:`WEIGHTED`), ``counted``
+    (:data:`COUNTED`) and ``union`` (a list); once per session, read-only."""
+    if "root" not in _MIXTURE_BUILD:
+        from pid_platform.sharding.catalog import build_catalog
+
+        out = tmp_path_factory.mktemp("built-mixture-")
+        stems = _stems(raw_template)
+        web_drop = [s for s in stems if s.startswith("rocket")] + [s for s in stems if s.startswith("coffee")][:4]
+        drops = {"photos": [], "web": web_drop, "hq": [s for s in stems if not s.startswith("chelsea")]}
+        for source, drop in drops.items():
+            build_photos(raw_template, out, shard_size=3, drop=drop, source=source)
+        build_catalog(out, {"weighted": WEIGHTED, "counted": COUNTED, "union": ["web", "hq"]})
+        _MIXTURE_BUILD["root"] = out
+    return _MIXTURE_BUILD["root"]

@@ -7,6 +7,7 @@ import dagster as dg
 from loader.formats.wdinfo import WDINFO_NAME, read_wdinfo
 from pid_platform.defs.automation.conditions import FOLLOW_UPSTREAM
 from pid_platform.defs.checks.common import built_plans
+from pid_platform.defs.datasets.definitions import merged_definitions
 from pid_platform.defs.groups import BUILD_GROUP, CATALOG_GROUP
 from pid_platform.defs.metadata import bucket_label, first, markdown_table
 from pid_platform.defs.partitions import sources_partitions
@@ -180,16 +181,17 @@ def dataset_catalog(source_store: SourceStoreResource, sharding: ShardingResourc
     to its manifests through it.
     """
     with fail_without_retry_on():
+        datasets = merged_definitions(sharding.datasets)  # $PID_DATASETS, the setting on top
         root = source_store.root_target()
         if root is not None:
-            path, catalog = build_s3_catalog(root, sharding.datasets)
+            path, catalog = build_s3_catalog(root, datasets)
         else:
-            path, catalog = build_catalog(Path(source_store.output_root), sharding.datasets)
+            path, catalog = build_catalog(Path(source_store.output_root), datasets)
     rows = [(s.name, len(s.buckets), s.total_key_count, ", ".join(s.data_keys)) for s in catalog.sources.values()]
     return dg.MaterializeResult(
         metadata={
             "sources": dg.MetadataValue.json(sorted(catalog.sources)),
-            "datasets": dg.MetadataValue.json(catalog.datasets),
+            "datasets": dg.MetadataValue.json(catalog.to_json()["datasets"]),
             "total_key_count": sum(s.total_key_count for s in catalog.sources.values()),
             "sources_table": dg.MetadataValue.md(
                 markdown_table(("source", "buckets", "samples", "modalities"), rows)

@@ -1,0 +1,66 @@
+"""Where the logical datasets are defined for the code location: a YAML (or JSON) file named by
+``PID_DATASETS``, read when the code location loads, e.g.::
+
+    # datasets.yaml: PiD's dataset_definition.py, as data
+    blend:
+      sources:
+        photos: {weight: 0.7}
+        portraits: {weight: 0.3}
+      samples_per_epoch: 50
+    everything: [photos, portraits]      # a union: every sample of each, once
+
+Each entry becomes an asset (``datasets/<name>``) and is written into ``catalog.json`` by
+``dataset_catalog``, with the ``sharding`` resource's ``datasets`` (set in the launchpad) on top.
+A malformed file fails the code location's load with the file and the entry named.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from loader.mixture.definition import Mixture, MixtureError
+
+DATASETS_ENV = "PID_DATASETS"
+NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
+
+
+def dataset_definitions(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The definitions in ``$PID_DATASETS`` as plain values (``{}`` without the variable), each
+    checked as far as it can be without the built sources (names, weights, repeat, choose)."""
+    env = os.environ if environ is None else environ
+    where = (env.get(DATASETS_ENV) or "").strip()
+    if not where:
+        return {}
+    path = Path(where)
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise MixtureError(f"{DATASETS_ENV}={where}: cannot read the dataset definitions ({exc}); "
+                           "fix the file or unset the variable") from None
+    if not isinstance(doc, dict):
+        raise MixtureError(f"{where}: the dataset definitions must map dataset names to definitions, "
+                           f"not a {type(doc).__name__}")
+    for name, value in doc.items():
+        if not isinstance(name, str) or not NAME.match(name):
+            raise MixtureError(f"{where}: dataset name {name!r} must be letters, digits, '_' or '-' "
+                               "(it names an asset)")
+        try:
+            if isinstance(value, list):
+                if not value or not all(isinstance(v, str) for v in value):
+                    raise MixtureError(f"dataset {name!r}: {value!r} is not a list of source names")
+            else:
+                Mixture.from_json(name, value)
+        except MixtureError as exc:
+            raise MixtureError(f"{where}: {exc}") from None
+    return doc
+
+
+def merged_definitions(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The file's definitions with the ``sharding.datasets`` setting on top (what the catalog holds)."""
+    return {**dataset_definitions(), **dict(settings)}

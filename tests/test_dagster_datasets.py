@@ -1,0 +1,138 @@
+"""Logical datasets in Dagster: one asset each (``datasets/<name>``), defined in the file that
+``PID_DATASETS`` names, downstream of exactly its sources' manifests; its metadata shows each
+source's share, samples per epoch and repeats (table and plot); its blocking check fails when
+a source is missing or the modalities do not fit. ``dataset_catalog`` writes the definitions into
+``catalog.json``, where the loader resolves the name to the same mixture."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
+from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
+from dagster._time import get_current_datetime
+
+from loader.formats.catalog import read_catalog
+from loader.mixture import Mixture
+from pid_platform.sample_data import make_sample_source
+from tests.support.dagster_runs import (
+    build_catalog,
+    build_source,
+    dagster_instance,
+    load_defs,
+    materialized,
+    run_config,
+    use_roots,
+)
+
+BLEND = {"sources": {"photos": {"weight": 0.7}, "portraits": {"weight": 0.3}}, "samples_per_epoch": 50}
+DEFINITIONS = {
+    "blend": BLEND,
+    "ghostly": {"sources": {"photos": {"weight": 1}, "ghost": {"weight": 1}}},
+    "deep": {"sources": {"photos": {"repeat": 2}, "portraits": {"choose": 1}}, "modalities": ["image", "depth"]},
+    "both": ["photos", "portraits"],
+}
+
+
+@pytest.fixture
+def roots(tmp_path: Path, raw_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    make_sample_source(raw_root / "portraits", photos=("coffee",), ratios=((3, 4), (9, 16)), with_problems=False)
+    use_roots(monkeypatch, raw_root, tmp_path / "out")
+    path = tmp_path / "datasets.yaml"
+    path.write_text(yaml.safe_dump(DEFINITIONS))
+    monkeypatch.setenv("PID_DATASETS", str(path))
+    return tmp_path / "out"
+
+
+def _key(name: str) -> dg.AssetKey:
+    return dg.AssetKey(["datasets", name])
+
+
+def _materialize(defs, instance, names, **sharding) -> dg.ExecuteInProcessResult:
+    job = defs.resolve_implicit_global_asset_job_def()
+    return job.execute_in_process(instance=instance, asset_selection=[_key(n) for n in names],
+                                  run_config=run_config(**sharding), raise_on_error=False)
+
+
+def _stale(defs, instance, key: dg.AssetKey) -> bool:
+    graph = defs.resolve_asset_graph()
+    view = AssetGraphView(temporal_context=TemporalContext(effective_dt=get_current_datetime(), last_event_id=None),
+                          instance=instance, asset_graph=graph)
+    return CachingStaleStatusResolver(instance, graph, view).get_status(key) == StaleStatus.STALE
+
+
+def test_a_dataset_asset_per_definition_downstream_of_its_sources(roots: Path) -> None:
+    with dagster_instance() as instance:
+        defs = load_defs()
+        graph = defs.resolve_asset_graph()
+        for name in DEFINITIONS:
+            node = graph.get(_key(name))
+            assert {k.to_user_string() for k in node.parent_keys} == {"wdinfo_manifests", "dataset_catalog"}
+            assert [c.name for c in node.check_keys] == ["sources_match"]
+            assert graph.get_check_spec(next(iter(node.check_keys))).blocking
+        mapping = defs.resolve_assets_def(_key("blend")).get_partition_mapping(dg.AssetKey("wdinfo_manifests"))
+        assert isinstance(mapping, dg.SpecificPartitionsPartitionMapping)
+        assert sorted(mapping.partition_keys) == ["photos", "portraits"]  # which sources feed it
+
+        assert build_source(defs, instance, "photos").success and build_source(defs, instance, "portraits").success
+        result = _materialize(defs, instance, ["blend", "both", "ghostly", "deep"])
+        meta = materialized(result)
+        blend = meta["datasets/blend"]
+        assert blend["samples_per_epoch"] == 50
+        rows = {r.data["source"]: r.data for r in blend["shares"].records}
+        assert {s: (r["samples_per_epoch"], r["share"]) for s, r in rows.items()} == {
+            "photos": (35, 0.7), "portraits": (15, 0.3)}
+        assert rows["photos"]["samples"] == 32 and rows["photos"]["repeats"] == round(35 / 32, 4)
+        assert rows["photos"]["setting"] == "weight=0.7"
+        assert blend["shares_plot"].startswith("![blend shares](data:image/png;base64,")
+        both = {r.data["source"]: r.data for r in meta["datasets/both"]["shares"].records}
+        assert both["photos"]["repeats"] == 1.0 and both["portraits"]["repeats"] == 1.0
+        per_asset = {e.asset_key.path[-1]: e for e in result.get_asset_check_evaluations()}
+        assert per_asset["blend"].passed and per_asset["both"].passed
+        assert not per_asset["ghostly"].passed and not per_asset["deep"].passed
+        ghost = per_asset["ghostly"].metadata["problems"].value
+        assert ghost == ["dataset 'ghostly', source 'ghost': not built under the output root (built: "
+                         "['photos', 'portraits']); build it first or fix the name"]
+        deep = per_asset["deep"].metadata["problems"].value
+        assert len(deep) == 1 and "source 'photos'" in deep[0] and "lacks modalities ['depth']" in deep[0]
+        assert not result.success  # the blocking checks failed the run
+
+        # dataset_catalog writes the file's valid definitions; a bad one fails it with its message.
+        bad = build_catalog(defs, instance)
+        assert not bad.success
+        failure = next(e for e in bad.all_events if e.is_step_failure)
+        assert "dataset 'deep'" in failure.step_failure_data.error.message or \
+            "dataset 'ghostly'" in failure.step_failure_data.error.message
+        ok = build_catalog(defs, instance, datasets={"ghostly": ["photos"], "deep": ["portraits"]})
+        assert ok.success
+        assert read_catalog(roots).mixture("blend") == Mixture.from_json("blend", BLEND)
+
+        # A re-shard of a source marks the datasets it feeds stale.
+        assert _stale(defs, instance, _key("blend"))  # the catalog it reads through changed
+        assert _materialize(defs, instance, ["blend"]).success
+        assert not _stale(defs, instance, _key("blend"))
+        assert build_source(defs, instance, "portraits", shard_size=2).success
+        assert _stale(defs, instance, _key("blend"))
+
+
+def test_without_definitions_there_are_no_dataset_assets(out_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PID_DATASETS", raising=False)
+    with dagster_instance():
+        keys = load_defs().resolve_asset_graph().get_all_asset_keys()
+    assert not [k for k in keys if k.path[0] == "datasets"]
+
+
+def test_a_malformed_definitions_file_fails_the_load_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pid_platform.defs.datasets.definitions import dataset_definitions
+
+    bad = tmp_path / "datasets.yaml"
+    bad.write_text(yaml.safe_dump({"blend": {"sources": {"photos": {"weight": -1}}}}))
+    with pytest.raises(ValueError) as exc:
+        dataset_definitions({"PID_DATASETS": str(bad)})
+    assert str(bad) in str(exc.value) and "dataset 'blend', source 'photos'" in str(exc.value)
+    bad.write_text(yaml.safe_dump({"a b": ["photos"]}))
+    with pytest.raises(ValueError, match="dataset name 'a b'"):
+        dataset_definitions({"PID_DATASETS": str(bad)})
