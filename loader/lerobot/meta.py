@@ -14,7 +14,6 @@ Layout (LeRobot ``src/lerobot/datasets/utils.py``)::
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from loader.formats.json_doc import load_json_doc
 from loader.io import StreamConfig
 from loader.io import roots as fs
 
@@ -40,6 +40,7 @@ __all__ = [
 ]
 
 INFO_PATH = "meta/info.json"
+MAX_INFO_BYTES = 16 * 1024 * 1024  # LeRobot writes a few KB: features, templates, counts
 TASKS_PATH = "meta/tasks.parquet"
 EPISODES_DIR = "meta/episodes"
 CHUNK_FILE_PATTERN = "chunk-{chunk_index:03d}/file-{file_index:03d}"
@@ -249,10 +250,10 @@ def _load_info(root: str, config: StreamConfig | None) -> dict[str, Any]:
             f"{where}: not found. Is {root} the root of a LeRobot v3 dataset (the folder holding "
             "meta/, data/ and videos/)? For hf:// roots, check the repo id and revision."
         ) from None
-    try:
-        info = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise LeRobotMetaError(f"{where}: not valid JSON ({e}); re-download or rewrite the file") from None
+    # Bounded and strict (no NaN, no duplicate key, no endless nesting or digits): the sidecar
+    # build and its Dagster run read this file as someone else wrote it.
+    info = load_json_doc(raw, where, max_bytes=MAX_INFO_BYTES, fix="re-download or rewrite the file",
+                         error=LeRobotMetaError)
     if not isinstance(info, dict):
         raise LeRobotMetaError(f"{where}: expected a JSON object, got {type(info).__name__}")
     version = str(info.get("codebase_version", ""))
