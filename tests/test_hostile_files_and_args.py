@@ -29,7 +29,7 @@ from pid_platform.lerobot import cli as sidecar_cli
 from pid_platform.sharding.errors import ShardingConfigError
 from pid_platform.sharding.settings import SETTINGS_NAME, parse_settings, source_settings
 from pid_platform.sharding.shard_plan import ShardingConfig
-from pid_platform.sharding.storage import LocalSourceStore
+from pid_platform.sharding.storage import LocalSourceStore, S3SourceStore
 from tests.support.build_data import SOURCE, build
 from tests.support.loader_data import caption_bytes, jpeg_bytes, write_hand_shards
 
@@ -122,6 +122,20 @@ def test_a_settings_file_that_is_huge_pipe_or_folder_is_never_read_whole(raw_roo
     target.mkdir()
     with pytest.raises(Exception, match="not a regular file"):
         _settings_of(raw_root)
+
+
+def test_a_settings_object_in_s3_is_read_only_as_far_as_the_cap(s3_env) -> None:
+    client = s3_env.client()
+    s3_env.make_bucket("hostile-settings")
+    for source, body in (("huge", b"seed: 1\n" + b"#" * (8 << 20)), ("empty", b""), ("laughs", _LAUGHS)):
+        client.put_object(Bucket="hostile-settings", Key=f"raw/{source}/image/a.jpg", Body=b"x")
+        client.put_object(Bucket="hostile-settings", Key=f"raw/{source}/{SETTINGS_NAME}", Body=body)
+    store = S3SourceStore("s3://hostile-settings/raw")
+    with pytest.raises(ShardingConfigError, match=r"s3://hostile-settings/raw/huge/sharding\.yaml: larger than"):
+        source_settings(store, "huge", ShardingConfig())
+    assert source_settings(store, "empty", ShardingConfig()).config == ShardingConfig()  # no Range on 0 bytes
+    with pytest.raises(ShardingConfigError, match=r"laughs/sharding\.yaml: unknown settings \['a'\]"):
+        source_settings(store, "laughs", ShardingConfig())
 
 
 @pytest.mark.parametrize(("text", "want"), [
