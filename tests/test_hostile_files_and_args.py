@@ -204,6 +204,15 @@ def test_a_hostile_lerobot_info_json_is_a_meta_error(tmp_path: Path, case: str) 
     assert HOSTILE_JSON[case][1] in str(exc.value)
 
 
+@pytest.mark.parametrize("fps", [1e300, 10**30, "3" * 100000, -30, 29.97])
+def test_an_info_json_fps_out_of_range_is_named_and_cut_short(tmp_path: Path, fps) -> None:
+    (tmp_path / "meta").mkdir()
+    (tmp_path / "meta" / "info.json").write_text(json.dumps({"codebase_version": "v3.0", "fps": fps, "features": {}}))
+    with pytest.raises(LeRobotMetaError, match="fps must be a positive integer") as exc:
+        LeRobotMeta.load(tmp_path)
+    assert len(str(exc.value)) < 400
+
+
 # --------------------------------------------------------------------------- catalog entries
 
 @pytest.mark.parametrize("entry", [
