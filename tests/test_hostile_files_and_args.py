@@ -414,3 +414,22 @@ def test_a_build_still_reads_a_settings_file_with_every_setting(raw_root: Path, 
     assert settings.config == ShardingConfig(max_shard_size_mb=0.25, part_size=1000, classify_aspect_ratio=False,
                                              shuffle=True, seed=7)
     assert build(raw_root, tmp_path / "out", **{k: getattr(settings.config, k) for k in settings.from_file}).samples
+
+
+def test_a_sensor_tick_skips_a_source_with_a_hostile_settings_file(raw_root: Path, tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    from tests.support.dagster_runs import dagster_instance, evaluate_sensor, load_defs, use_roots
+
+    for source, data in (("nested", b"seed: " + b"[" * 60000), ("yes", b"shuffle: yes\n")):
+        (raw_root / source / "image").mkdir(parents=True)
+        (raw_root / source / "image" / "a.jpg").write_bytes(jpeg_bytes(0))
+        (raw_root / source / SETTINGS_NAME).write_bytes(data)
+    use_roots(monkeypatch, raw_root, tmp_path / "out")
+    with dagster_instance() as instance:
+        defs = load_defs()
+        start = time.perf_counter()
+        result = evaluate_sensor(defs, instance, None)
+        assert time.perf_counter() - start < 30  # the tick ends; each file is refused in milliseconds
+    # The good source is built; the hostile ones are skipped (the tick's log names the file and
+    # the key), never built with settings the file did not clearly say.
+    assert [r.partition_key for r in result.run_requests] == [SOURCE]
