@@ -34,7 +34,7 @@ from loader.lerobot.sidecar.schema import public_root
 from .byte_cache import EpisodeByteCache
 from .executor import EpisodePayload, PlanRunner, RunCounters
 from .items import EpisodeRows, build_item, check_delta_timestamps, delta_indices
-from .options import DEFAULT_SEED, StreamingOptions, validate_delta_timestamps, validate_episodes
+from .options import DEFAULT_SEED, StreamingOptions
 from .ownership import EpisodeWork, Ownership, max_workers
 from .planner import WorkerPlan, plan_worker
 from .ranges import FetchCounters, RangeFetcher
@@ -94,7 +94,8 @@ class StreamingLeRobotDataset(IterableDataset):
                  **streaming_options: Any):
         super().__init__()
         self.options = StreamingOptions.from_kwargs(streaming_options)
-        episodes, delta_timestamps = validate_episodes(episodes), validate_delta_timestamps(delta_timestamps)
+        episodes = StreamingOptions.validate_episodes(episodes)
+        delta_timestamps = StreamingOptions.validate_delta_timestamps(delta_timestamps)
         seed = DEFAULT_SEED if seed is None else seed
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer or None (None means {DEFAULT_SEED}), got {seed!r}")
