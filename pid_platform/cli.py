@@ -7,7 +7,6 @@ a seed for the shuffle, a trusted-data flag for pickled embeddings and an S3 end
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from collections.abc import Sequence
@@ -15,7 +14,9 @@ from pathlib import Path
 
 from loader.formats.errors import FormatError
 from loader.formats.twin_tar import DEFAULT_PART_SIZE, SourceChangedError
+from loader.formats.wdinfo import root_base
 from loader.io.s3_client import S3Settings
+from pid_platform.cli_args import endpoint_url, finite_positive, int_at_least, local_path
 from pid_platform.sharding.errors import BuildError, OutputNotWritableError
 from pid_platform.sharding.file_checks import VALIDATE_FULL, VALIDATE_LEVELS
 from pid_platform.sharding.pipeline import BuildSummary, build_source
@@ -83,23 +84,6 @@ def check_output_apart(input_root: str, source: str, output_dir: Path | str) -> 
         )
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
-def _int_at_least(low: int):
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
-        return value
-
-    return parse
-
-
 def shard_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pid-shard",
@@ -113,20 +97,21 @@ def shard_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", required=True,
                    help="where the shards and manifests go: a local folder or s3://bucket/prefix (published "
                    "as a new version behind a pointer, see --work-dir)")
-    p.add_argument("--max-shard-size-mb", type=_positive_float, default=500.0,
+    p.add_argument("--max-shard-size-mb", type=finite_positive, default=500.0,
                    help="upper bound on a shard's tars, all modalities together (default: 500)")
-    p.add_argument("--shard-size", type=_int_at_least(0), default=0,
+    p.add_argument("--shard-size", type=int_at_least(0), default=0,
                    help="fixed samples per shard; 0 (default) bounds shards by --max-shard-size-mb")
-    p.add_argument("--part-size", type=_int_at_least(1), default=DEFAULT_PART_SIZE,
+    p.add_argument("--part-size", type=int_at_least(1), default=DEFAULT_PART_SIZE,
                    help=f"tars per part_<NNNNNN> folder (default: {DEFAULT_PART_SIZE})")
     p.add_argument("--classify-aspect-ratio", action=argparse.BooleanOptionalAction, default=True,
                    help="put samples in aspect_ratio_<W>_<H> buckets (default: on)")
-    p.add_argument("--num-workers", type=_int_at_least(1), default=min(8, os.cpu_count() or 1),
+    p.add_argument("--num-workers", type=int_at_least(1, 1024), default=min(8, os.cpu_count() or 1),
                    help="parallel worker threads for intake, tar writing, key indexes and hashing (image "
                    "decoding, sendfile, parquet and sha256 release the GIL); the output does not depend on it "
                    "(default: CPUs, at most 8)")
     p.add_argument("--shuffle", action="store_true", help="shuffle samples within each bucket before sharding")
-    p.add_argument("--seed", type=int, default=0, help="seed of --shuffle; same seed, same bytes (default: 0)")
+    p.add_argument("--seed", type=int_at_least(-(2**63), 2**63 - 1), default=0,
+                   help="seed of --shuffle; same seed, same bytes (default: 0)")
     p.add_argument("--trust-pickle", action="store_true",
                    help="accept pickled embeddings (.pkl/.pt ...); loading them can run arbitrary code")
     p.add_argument("--validate", choices=VALIDATE_LEVELS, default=VALIDATE_FULL,
@@ -142,7 +127,7 @@ def shard_parser() -> argparse.ArgumentParser:
                    "that is missing or of the wrong size (a listing, no download)")
     p.add_argument("--force", action="store_true",
                    help="build into a non-empty --output-dir that pid-shard did not make (its files are kept)")
-    p.add_argument("--s3-endpoint-url", default=None,
+    p.add_argument("--s3-endpoint-url", type=endpoint_url, default=None,
                    help="S3 endpoint for s3:// input and output (default: $AWS_ENDPOINT_URL or AWS)")
     p.add_argument("--work-dir", default=None,
                    help="for an s3:// --output-dir: the local folder the build stages in and keeps to reuse "
@@ -276,6 +261,11 @@ def shard_main(argv: Sequence[str] | None = None) -> int:
             S3Output(args.output_dir)  # a malformed s3:// URL is an argument error
         elif args.work_dir is not None:
             raise ValueError("--work-dir is for an s3:// --output-dir; a local output stages beside itself")
+        if args.work_dir is not None:
+            local_path("--work-dir", kind="folder")(args.work_dir)  # a URL is never a local folder
+        root_base(args.manifest_root, "out")  # only roots the loader can read back
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"argument --work-dir: {exc}")
     except ValueError as exc:
         parser.error(str(exc))  # exits 2 with the usage line
     try:
@@ -303,15 +293,26 @@ def rewrite_roots_parser() -> argparse.ArgumentParser:
         description="Rewrite the root of every wdinfo.json of an existing build (nothing else changes): "
         "absolute roots for a PiD training job, relative ones to move the data freely.",
     )
-    p.add_argument("output_dir", type=Path, help="the build's output folder (pid-shard --output-dir)")
+    p.add_argument("output_dir", type=local_path("the output folder", kind="existing-folder"),
+                   help="the build's output folder (pid-shard --output-dir)")
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--absolute", dest="mode", action="store_const", const="absolute",
                       help="each manifest's folder as an absolute path (what PiD's reader needs)")
     mode.add_argument("--relative", dest="mode", action="store_const", const="relative",
                       help='"." (the manifest\'s folder: the default of a build)')
-    mode.add_argument("--url", dest="mode", metavar="URL",
+    mode.add_argument("--url", dest="mode", metavar="URL", type=_root_url,
                       help="the URL the output folder is published at (s3://bucket/prefix): roots below it")
     return p
+
+
+def _root_url(text: str) -> str:
+    try:
+        root_base(text, ".")
+    except FormatError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if "://" not in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a URL; use --absolute or --relative for those")
+    return text
 
 
 def rewrite_roots_main(argv: Sequence[str] | None = None) -> int:

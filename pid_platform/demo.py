@@ -31,6 +31,7 @@ import dagster as dg
 
 from loader.formats.wdinfo import WDINFO_NAME, read_wdinfo
 from loader.lerobot.sidecar import read_sidecar
+from pid_platform.cli_args import int_at_least, local_path
 from pid_platform.definitions import defs as load_defs
 from pid_platform.defs.lerobot.automation import lerobot_sidecar_job
 from pid_platform.defs.lerobot.partitions import LEROBOT_DATASETS
@@ -361,21 +362,29 @@ def _workspace_file(root: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pid-demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--root", type=Path, default=Path.cwd(),
+    parser.add_argument("--root", type=local_path("--root", kind="folder"), default=Path.cwd(),
                         help="project folder; demo/ and .dagster_home/ are made here (default: .)")
-    parser.add_argument("--workers", type=int, default=None,
+    parser.add_argument("--workers", type=int_at_least(1, 1024), default=None,
                         help="worker processes per build step (default: the sharding resource's)")
-    parser.add_argument("--prepare-instance", type=Path, metavar="HOME", default=None,
+    parser.add_argument("--prepare-instance", type=local_path("--prepare-instance", kind="folder"), metavar="HOME",
+                        default=None,
                         help="only make HOME a Dagster home with the project's dagster.yaml and pool "
                              "limits, then exit (./dev ui runs this)")
     args = parser.parse_args(argv)
     if args.prepare_instance is not None:
-        prepare_home(args.prepare_instance.resolve())
+        try:
+            prepare_home(args.prepare_instance.resolve())
+        except OSError as exc:  # e.g. HOME/dagster.yaml is a folder, or a file is in the way
+            parser.error(f"--prepare-instance {args.prepare_instance}: {exc}")
         return 0
     root = args.root.resolve()
-    raw, out, home = root / "demo" / "raw", root / "demo" / "out", prepare_home(root / ".dagster_home")
+    raw, out = root / "demo" / "raw", root / "demo" / "out"
     lerobot_root = root / "demo" / "lerobot"
-    raw.mkdir(parents=True, exist_ok=True)
+    try:
+        home = prepare_home(root / ".dagster_home")
+        raw.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file where a folder of the demo goes, an unwritable --root
+        parser.error(f"--root {root}: {exc}")
     if ensure_sample_source(raw, "photos", with_problems=True):
         print(f"made sample source {raw / 'photos'}")
     if ensure_sample_source(raw, "photos-portrait", photos=PORTRAIT_PHOTOS, ratios=PORTRAIT_RATIOS,

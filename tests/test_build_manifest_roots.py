@@ -87,7 +87,9 @@ def test_pid_shard_manifest_root_option(raw_root: Path, tmp_path: Path, capsys) 
             "--max-shard-size-mb", str(SMALL_BOUND_MB)]
     assert shard_main([*argv, "--manifest-root", "absolute"]) == 0
     assert all(os.path.isabs(d["root"]) for d in _docs(out).values())
-    assert shard_main([*argv, "--manifest-root", "elsewhere"]) == 2
+    with pytest.raises(SystemExit) as exc:  # an argument error now: refused before any work
+        shard_main([*argv, "--manifest-root", "elsewhere"])
+    assert exc.value.code == 2
     assert "manifest root 'elsewhere'" in capsys.readouterr().err
 
 

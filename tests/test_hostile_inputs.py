@@ -69,6 +69,47 @@ Settings and resume states
                                                    (::test_a_resume_state_from_before_a_rebuild_...)
   state of another dataset / seed                  ResumeStateError (test_loader_resume.py::test_resume_state_must_match)
 
+Settings files and other files a sensor or run reads (``~`` = test_hostile_files_and_args.py)
+  sharding.yaml: aliases (billion laughs), anchors, tags, nesting 60000 deep, > 64 KiB (a sparse
+  10 GiB file, a pipe, a folder), 60000-digit numbers, bounds past what the build can use,
+  yes/on/NO, 010, 0x10, 1_000, 1:20, a key twice, two documents, bad UTF-8, UTF-16, NUL, wrong types
+                                                   ShardingConfigError naming the file and the key,
+                                                   within 5 s (measured < 10 ms) and 32 MB (~test_a_hostile_settings_...,
+                                                   ~test_a_settings_file_that_is_huge_pipe_or_folder_...)
+  the same in S3 (8 MB, empty, aliases)           read up to the cap only (~test_a_settings_object_in_s3_...)
+  a sensor tick over such sources                  skips them (a warning naming file and key), builds
+                                                   the others; main's tick died of RecursionError
+                                                   (~test_a_sensor_tick_skips_a_source_with_a_hostile_...)
+  a BOM, quoted keys, comments, "---"             read (~test_plain_settings_files_still_read)
+  ShardingConfig: shard_size 2**31, seed 2**63, 1e-9 / 2 TiB MiB
+                                                   ShardingConfigError, value cut short (~test_sharding_config_refuses_...)
+  catalog.json / LeRobot info.json: NaN, Infinity, 1e999, a key twice, nesting 100000 deep,
+  5000 digits, bad UTF-8                           FormatError / LeRobotMetaError naming the file (~test_a_hostile_catalog_...,
+                                                   ~test_a_hostile_lerobot_info_json_...)
+
+Console scripts (exit 2, one error line, no traceback, nothing made; ~test_pid_*)
+  pid-build-mp4-sidecar: repo id without owner, revision with '..', unsupported / credentialed root,
+  --output a folder or a URL, missing episodes, bad endpoints
+                                                   exit 2 (~test_pid_build_mp4_sidecar_refuses_...)
+  a refused connection                             exit 1 after --max-retries (3), in seconds not 35 s
+                                                   (~test_a_refused_connection_fails_within_...)
+  pid-shard: --manifest-root ftp:// or file://, --work-dir s3://, 5000-digit --seed, bad endpoint
+                                                   exit 2 before intake, no local "s3:" folder (~test_pid_shard_refuses_...)
+  pid-rewrite-roots s3://..., pid-demo --root s3://... / a file, --prepare-instance on a file
+                                                   exit 2, no local "s3:" folder (~test_pid_rewrite_roots_...,
+                                                   ~test_pid_demo_refuses_...)
+
+Inputs that escape
+  catalog entry "..", absolute, file://, http://, s3://, backslash
+                                                   FormatError naming the entry (~test_a_catalog_entry_that_leaves_...)
+  tar keys "../x", "/abs" under format_version 1  ShardReadError; counted skip under shard_error_policy="skip"
+                                                   (~test_a_path_as_a_key_is_refused_under_format_1)
+  the same in a PiD-written tar                    read as PiD reads it, counted in stats["escaping_keys"]
+                                                   (~test_a_path_as_a_key_of_a_pid_written_tar_is_counted)
+  delta_timestamps NaN / inf / 1e300 / True, episodes 1.5 / True / "0" / -1
+                                                   ValueError naming the option, before any read
+                                                   (~test_streaming_selection_options_are_checked_...)
+
 Raw files at intake
   pickle named .npy, structured .npy with an object field, object .npy without header spaces,
   pickle of protocol 0-5 named .bin                UnsafeInputError / exit 2 unless --trust-pickle

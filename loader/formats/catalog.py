@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from loader.formats.atomic import atomic_write_bytes
-from loader.formats.errors import FormatError
+from loader.formats.errors import FormatError, short_repr
+from loader.formats.json_doc import load_json_doc
 from loader.mixture.definition import Mixture, MixtureError, check_modalities
 
 CATALOG_NAME = "catalog.json"
@@ -110,21 +111,43 @@ def write_catalog(folder: str | os.PathLike[str], catalog: Catalog) -> Path:
     return path
 
 
+MAX_CATALOG_BYTES = 64 * 1024 * 1024  # a catalog of ten thousand sources is a few MB
+_FIX = "re-run the dataset_catalog asset"
+
+
 def read_catalog(path: str | os.PathLike[str]) -> Catalog:
     path = Path(path)
     if path.is_dir():
         path = path / CATALOG_NAME
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_CATALOG_BYTES + 1)  # past the cap is refused, never read whole
     except OSError as exc:
-        raise FormatError(f"{path}: unreadable catalog ({exc}); re-run the dataset_catalog asset") from None
+        raise FormatError(f"{path}: unreadable catalog ({exc}); {_FIX}") from None
     return parse_catalog(data, str(path))
+
+
+def check_entry(rel: Any, where: str) -> str:
+    """A catalog path entry, refused unless it is a relative path below the catalog's folder.
+
+    As in ``wdinfo.json``: no absolute path, no ``..`` climbing out, no backslash, and no URL
+    (``file://``, ``http://``): an entry of a catalog someone else wrote must not make the
+    reader fetch from elsewhere. Entries are '/'-separated."""
+    if not isinstance(rel, str) or not rel:
+        raise FormatError(f"{where} must be a relative path (a non-empty string), got {short_repr(rel)}; {_FIX}")
+    parts = rel.split("/")
+    if rel.startswith("/") or "\\" in rel or "://" in rel or ".." in parts or "\n" in rel or "\0" in rel:
+        raise FormatError(
+            f"{where} {short_repr(rel)} leaves the catalog's folder (absolute, a URL, '..' or a backslash); "
+            f"entries are relative paths below it - refusing to read files elsewhere; {_FIX}"
+        )
+    return rel
 
 
 def parse_catalog(data: bytes, path: str) -> Catalog:
     """The catalog in ``data``, read from ``path`` (a file or a URL; entries are relative to its folder)."""
+    doc = load_json_doc(data, path, max_bytes=MAX_CATALOG_BYTES, fix=_FIX)
     try:
-        doc = json.loads(data)
         sources = {
             n: SourceEntry(
                 n, list(s["manifests"]), list(s.get("buckets", [])), int(s.get("total_key_count", 0)),
@@ -133,8 +156,11 @@ def parse_catalog(data: bytes, path: str) -> Catalog:
             for n, s in doc["sources"].items()
         }
         raw = dict(doc.get("datasets", {}))
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
-        raise FormatError(f"{path}: unreadable catalog ({exc}); re-run the dataset_catalog asset") from None
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise FormatError(f"{path}: unreadable catalog ({short_repr(str(exc), 200)}); {_FIX}") from None
+    for n, s in sources.items():
+        for i, rel in enumerate(s.manifests):
+            check_entry(rel, f"{path}: sources[{short_repr(n)}].manifests[{i}]")
     try:
         datasets = check_datasets(raw, sources, unions=False)
     except MixtureError as exc:

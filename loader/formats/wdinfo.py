@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from loader.formats.atomic import atomic_write_bytes
-from loader.formats.errors import FormatError
+from loader.formats.errors import FormatError, short_repr
 from loader.formats.layout import WDINFO_NAME, is_bucket_folder
 
 __all__ = [
@@ -103,6 +103,7 @@ def derive_chunk_size(counts: list[int]) -> int:
 # a URL (s3://bucket/prefix) says where the output folder is (or will be) published.
 
 ROOT_MODES = ("relative", "absolute")
+ROOT_URL_SCHEMES = ("s3", "http", "https", "hf")  # what loader.io.opener opens
 
 
 def root_base(mode: str, out: str | os.PathLike[str]) -> str | None:
@@ -114,12 +115,18 @@ def root_base(mode: str, out: str | os.PathLike[str]) -> str | None:
     if mode == "absolute":
         return os.path.abspath(out)
     scheme = mode.split("://", 1)[0] if "://" in mode else ""
-    if scheme and scheme.isalnum() and scheme != "file" and mode.split("://", 1)[1].strip("/"):
+    if scheme and scheme not in ROOT_URL_SCHEMES:
+        raise FormatError(
+            f"manifest root {short_repr(mode)}: the loader reads {', '.join(s + '://' for s in ROOT_URL_SCHEMES)} "
+            "URLs (a root it cannot open would make every manifest unreadable); give one of those, 'relative' "
+            "or 'absolute'"
+        )
+    if scheme and mode.split("://", 1)[1].strip("/"):
         if "@" in mode.split("://", 1)[1].split("/", 1)[0] or "?" in mode or "#" in mode:
-            raise FormatError(f"manifest root {mode!r} carries credentials, a query or a fragment; give a plain URL")
+            raise FormatError(f"manifest root {short_repr(mode)} carries credentials, a query or a fragment; give a plain URL")
         return mode.rstrip("/")
     raise FormatError(
-        f"manifest root {mode!r}: use 'relative' (the default), 'absolute' (the output folder's absolute "
+        f"manifest root {short_repr(mode)}: use 'relative' (the default), 'absolute' (the output folder's absolute "
         "path) or the URL the output folder is published at (s3://bucket/prefix)"
     )
 

@@ -126,6 +126,12 @@ def _local_root(root: str) -> str:
     return root
 
 
+def check_root(root: str | os.PathLike[str]) -> str:
+    """The kind of ``root`` (as ``root_kind``), after the checks every reader makes: a ValueError
+    for an unsupported scheme, credentials, a query or a fragment in it, or a malformed hf:// root."""
+    return _check_root(os.fspath(root))
+
+
 def join(root: str | os.PathLike[str], rel: str) -> str:
     """``root`` + ``rel`` in the root's own syntax (a path for local roots, a URL otherwise)."""
     root = os.fspath(root)

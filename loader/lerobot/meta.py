@@ -14,7 +14,6 @@ Layout (LeRobot ``src/lerobot/datasets/utils.py``)::
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -25,6 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from loader.formats.errors import short_repr
+from loader.formats.json_doc import load_json_doc
 from loader.io import StreamConfig
 from loader.io import roots as fs
 
@@ -40,6 +41,8 @@ __all__ = [
 ]
 
 INFO_PATH = "meta/info.json"
+MAX_FPS = 100_000  # frames per second: past any camera; a larger one overflows timestamps later
+MAX_INFO_BYTES = 16 * 1024 * 1024  # LeRobot writes a few KB: features, templates, counts
 TASKS_PATH = "meta/tasks.parquet"
 EPISODES_DIR = "meta/episodes"
 CHUNK_FILE_PATTERN = "chunk-{chunk_index:03d}/file-{file_index:03d}"
@@ -249,19 +252,19 @@ def _load_info(root: str, config: StreamConfig | None) -> dict[str, Any]:
             f"{where}: not found. Is {root} the root of a LeRobot v3 dataset (the folder holding "
             "meta/, data/ and videos/)? For hf:// roots, check the repo id and revision."
         ) from None
-    try:
-        info = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise LeRobotMetaError(f"{where}: not valid JSON ({e}); re-download or rewrite the file") from None
+    # Bounded and strict (no NaN, no duplicate key, no endless nesting or digits): the sidecar
+    # build and its Dagster run read this file as someone else wrote it.
+    info = load_json_doc(raw, where, max_bytes=MAX_INFO_BYTES, fix="re-download or rewrite the file",
+                         error=LeRobotMetaError)
     if not isinstance(info, dict):
         raise LeRobotMetaError(f"{where}: expected a JSON object, got {type(info).__name__}")
     version = str(info.get("codebase_version", ""))
     if not re.fullmatch(r"v3\.\d+", version):
-        found = f"codebase_version {version!r}" if version else "no codebase_version"
+        found = f"codebase_version {short_repr(version)}" if version else "no codebase_version"
         raise LeRobotMetaError(f"{where}: {found}; this reader needs a LeRobot v3.x dataset: {_CONVERT_HINT}")
     fps = info.get("fps")
-    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or fps <= 0 or int(fps) != fps:
-        raise LeRobotMetaError(f"{where}: fps must be a positive integer, got {fps!r}")
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps <= MAX_FPS or int(fps) != fps:
+        raise LeRobotMetaError(f"{where}: fps must be a positive integer (at most {MAX_FPS}), got {short_repr(fps)}")
     if not isinstance(info.get("features"), dict):
         raise LeRobotMetaError(f"{where}: no 'features' object")
     return info
@@ -274,7 +277,7 @@ def _video_keys(info: dict[str, Any], root: str) -> list[str]:
             shape = ft.get("shape")
             if not (isinstance(shape, list | tuple) and len(shape) == 3):
                 raise LeRobotMetaError(
-                    f"{fs.url(root, INFO_PATH)}: video feature {key!r} has shape {shape!r}; "
+                    f"{fs.url(root, INFO_PATH)}: video feature {short_repr(key)} has shape {short_repr(shape)}; "
                     "expected (height, width, channels)")
             keys.append(key)
     return sorted(keys)
@@ -299,7 +302,7 @@ def _check_templates(info: dict[str, Any], root: str, video_keys: list[str]) -> 
             fs.check_rel(rel)
         except (KeyError, IndexError, ValueError) as e:
             raise LeRobotMetaError(
-                f"{where}: {name} template {template!r} cannot be filled with {sorted(fields)} ({e}); "
+                f"{where}: {name} template {short_repr(template)} cannot be filled with {sorted(fields)} ({e}); "
                 f"a v2-style template (episode_chunk / episode_index) means an older dataset: {_CONVERT_HINT}"
             ) from None
 

@@ -35,6 +35,7 @@ class ExpandStats:
     missing_keys: Counter = field(default_factory=Counter)  # modality -> keys skipped or partial
     duplicates: int = 0
     unindexed_members: int = 0
+    escaping_keys: int = 0  # keys of PiD-written tars that are paths out of a folder ('../x', '/abs')
     shard_errors: int = 0
     zip_fallbacks: int = 0
     decode_errors: int = 0  # samples skipped under on_decode_error="skip"
@@ -47,6 +48,7 @@ class ExpandStats:
             "stream": self.stream.as_dict(),
             "samples": self.samples, "shards": self.shards, "missing_keys": dict(self.missing_keys),
             "duplicates": self.duplicates, "unindexed_members": self.unindexed_members,
+            "escaping_keys": self.escaping_keys,
             "shard_errors": self.shard_errors, "zip_fallbacks": self.zip_fallbacks,
             "decode_errors": self.decode_errors, "decode_error_keys": dict(self.decode_error_keys),
             "samples_per_source": dict(self.samples_per_source),

@@ -19,7 +19,7 @@ import logging
 import threading
 from collections import OrderedDict
 
-from loader.formats.errors import FormatError
+from loader.formats.errors import FormatError, short_repr
 from loader.formats.pid_names import split_pid_member_name
 from loader.formats.twin_tar import TarReadError
 from loader.io.heap import keep_heap_for_batches
@@ -79,6 +79,36 @@ def _read_index_uncached(shard: TarSample, modalities: tuple[str, ...], offsets:
             f"counts {shard.sample_count}; rebuild the manifest or the shard, or set shard_error_policy='skip'"
         )
     return keys, index.offsets
+
+
+def _bad_key(shard: TarSample, url: str, i: int, name: str) -> ShardReadError:
+    return ShardReadError(
+        f"shard {shard.path}: member {i} of {url} is named {short_repr(name)}; format_version 1 names "
+        "members '<key>.<ext>' with no '/' or '.' in the key (a path such as '../x' or '/abs' is never "
+        "a key) - the tar was not written by this build: rebuild it, or set shard_error_policy='skip'"
+    )
+
+
+def _escapes(key: str) -> bool:
+    """A key (of a PiD-written tar) that would leave a folder if someone saved a file by it."""
+    return key.startswith("/") or "\\" in key or key == ".." or key.startswith("../") or "/../" in key \
+        or key.endswith("/..")
+
+
+def _check_index_keys(shard: TarSample, keys: list[str], stats) -> None:
+    """Keys of a key index written by others: refused under format 1, counted for PiD's tars."""
+    joined = "\n".join(keys)  # substring tests at memory speed, not a loop per key
+    if not shard.pid_names:
+        # Dots are left to index mode's longest-known-prefix rule (foreign names); a path never is.
+        if "/" in joined or "\\" in joined or "\n\n" in joined or joined.startswith("\n") or (keys and not keys[-1]):
+            i, name = next((i, k) for i, k in enumerate(keys) if not k or "/" in k or "\\" in k)
+            raise ShardReadError(
+                f"shard {shard.path}: its key index {shard.key_index} lists key {short_repr(name)} (sample {i}); "
+                "format_version 1 keys hold no '/' (a path such as '../x' or '/abs' is never a key) - rebuild "
+                "the shard and its key index, or set shard_error_policy='skip'"
+            )
+    elif ".." in joined or "/" in joined or "\\" in joined:
+        stats.escaping_keys += sum(1 for k in keys if _escapes(k))
 
 
 def _field(modality: str, ext: str) -> str:
@@ -320,10 +350,14 @@ class TwinReader:
                         self._zip_ended(tars, i, [None, *(nx() for _, nx, _ in rest)])
                     name = got[0]
                     if plain:  # split_key, inline: this runs once per sample
-                        dot = name.find(".", name.rfind("/") + 1)
+                        dot = name.find(".")
                         key, ext = (name, "") if dot < 0 else (name[:dot], name[dot + 1 :])
+                        if not key or "/" in name or "\\" in name:  # format 1: "<key>.<ext>", no path
+                            raise _bad_key(shard, shard.url(mod0), i, name)
                     else:
                         key, ext = split(name)
+                        if _escapes(key):
+                            self.stats.escaping_keys += 1
                     sample = copy()
                     sample["__key__"], sample["__index__"], sample["__sid__"] = key, i, sid | i
                     sample[fields0[ext]] = got[1]
@@ -411,6 +445,7 @@ class TwinReader:
             tars.keys = read_index(shard, mods, offsets=False)[0]
         keys = tars.keys
         if tars.lookahead is None:
+            _check_index_keys(shard, keys, self.stats)
             tars.known = dict(zip(keys, range(len(keys))))  # noqa: B905 - the same length
             tars.lookahead = [_Lookahead(nx, tars.known, opts.lookahead, stats) for nx in tars.nexts]
         takes = [r.take for r in tars.lookahead]

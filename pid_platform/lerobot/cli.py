@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 
-from loader.formats.errors import FormatError
-from loader.io import StreamError
+from loader.formats.errors import FormatError, short_repr
+from loader.io import StreamConfig, StreamError
+from loader.io import roots as fs
+from loader.io.source import redact_url
 from loader.lerobot.meta import LeRobotMeta, LeRobotMetaError
 from loader.lerobot.sidecar import SidecarBuildError, build_sidecar, validate_sidecar
 from loader.lerobot.sidecar.publish_layout import Published, PublishError, is_commit_sha
+from pid_platform.cli_args import endpoint_url, int_at_least, local_path
 from pid_platform.lerobot.publish import (
     GitTarget,
     HubTarget,
@@ -37,6 +41,7 @@ from pid_platform.lerobot.publish import (
 PROG = "pid-build-mp4-sidecar"
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+DEFAULT_RETRIES = 3  # 0.2 + 0.4 + 0.8 s of back-off (jittered): a server that is down fails fast
 
 
 def parser() -> argparse.ArgumentParser:
@@ -45,17 +50,18 @@ def parser() -> argparse.ArgumentParser:
         description="Index a LeRobot v3 dataset's MP4 files from their boxes into a schema-v3 "
                     "sidecar NPZ, and optionally publish it where training looks for it.",
     )
-    p.add_argument("--repo-id", required=True, help="the dataset's id, OWNER/DATASET")
-    p.add_argument("--revision", required=True,
+    p.add_argument("--repo-id", required=True, type=_repo_id, help="the dataset's id, OWNER/DATASET")
+    p.add_argument("--revision", required=True, type=_revision,
                    help="the dataset revision the sidecar indexes: a full commit SHA for Hub and git "
                         "pushes (a tag or branch would move); any label for a bucket")
-    p.add_argument("--data-root", required=True,
+    p.add_argument("--data-root", required=True, type=_data_root,
                    help="where the dataset is read from: a folder, s3://bucket/prefix, "
                         "hf://datasets/OWNER/DATASET@SHA or http(s)://")
-    p.add_argument("--output", required=True, help="the sidecar NPZ to write (replaced atomically)")
-    p.add_argument("--workers", type=_at_least_one, default=min(8, os.cpu_count() or 1),
+    p.add_argument("--output", required=True, type=local_path("--output", kind="file"),
+                   help="the sidecar NPZ to write (replaced atomically), a local file")
+    p.add_argument("--workers", type=int_at_least(1, 256), default=min(8, os.cpu_count() or 1),
                    help="MP4 files indexed at once; the bytes do not depend on it (default: CPUs, at most 8)")
-    p.add_argument("--episodes", type=int, nargs="+", default=None, metavar="EPISODE",
+    p.add_argument("--episodes", type=int_at_least(0), nargs="+", default=None, metavar="EPISODE",
                    help="index only the MP4 files of these episodes (a subset sidecar: never published)")
     p.add_argument("--push", action="store_true",
                    help="publish the finished sidecar (complete sidecars only)")
@@ -63,16 +69,46 @@ def parser() -> argparse.ArgumentParser:
                    help="git:<url or path> (branch lerobot-sidecars), s3://bucket/prefix "
                         "(meta/mp4-sidecars/ under it) or hub[:OWNER/DATASET] (branch lerobot-sidecars); "
                         "default: the Hub for hf:// roots, the root itself for s3:// roots")
-    p.add_argument("--hub-endpoint", default=None, help="Hub endpoint (default: $HF_ENDPOINT or huggingface.co)")
-    p.add_argument("--s3-endpoint-url", default=None, help="S3 endpoint (default: $AWS_ENDPOINT_URL or AWS)")
+    p.add_argument("--max-retries", type=int_at_least(0, 100), default=DEFAULT_RETRIES,
+                   help="reopen attempts per file before giving up (jittered back-off from 0.2 s, at most "
+                        f"10 s each; default {DEFAULT_RETRIES}: a refused connection fails within about 2 s)")
+    p.add_argument("--hub-endpoint", type=endpoint_url, default=None, help="Hub endpoint (default: $HF_ENDPOINT or huggingface.co)")
+    p.add_argument("--s3-endpoint-url", type=endpoint_url, default=None, help="S3 endpoint (default: $AWS_ENDPOINT_URL or AWS)")
     return p
 
 
-def _at_least_one(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
+_REPO_PART = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")
+_REVISION = re.compile(r"[A-Za-z0-9._/-]{1,200}")
+
+
+def _repo_id(text: str) -> str:
+    owner, slash, name = text.partition("/")
+    parts_ok = all(_REPO_PART.fullmatch(p) and ".." not in p for p in (owner, name))
+    if not slash or not parts_ok:
+        raise argparse.ArgumentTypeError(
+            f"{short_repr(text)} is not OWNER/DATASET (two names of letters, digits, '.', '_' or '-', "
+            "joined by one '/', no '..')")
+    return text
+
+
+def _revision(text: str) -> str:
+    # It names files and branches downstream (cache folders, git refs): never a path out of them.
+    if not _REVISION.fullmatch(text) or ".." in text or text.startswith(("/", "-", ".")) or "//" in text \
+            or text.endswith(("/", ".lock")):
+        raise argparse.ArgumentTypeError(
+            f"{short_repr(text)} is not a revision: a commit SHA, a tag or a branch name (letters, digits, "
+            "'.', '_', '-', '/'; no '..', no leading '/', '-' or '.')")
+    return text
+
+
+def _data_root(text: str) -> str:
+    try:
+        fs.check_root(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if fs.root_kind(text) == "local" and os.path.isfile(text.removeprefix("file://")):
+        raise argparse.ArgumentTypeError(f"{text} is a file; give the dataset's folder (holding meta/, data/, videos/)")
+    return text  # a folder that is not a dataset fails the build (exit 1), naming meta/info.json
 
 
 def push_target(args: argparse.Namespace) -> PublishTarget:
@@ -144,12 +180,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         except PublishError as exc:
             return _fail(str(exc), EXIT_USAGE)
     progress = _Progress()
+    config = StreamConfig(max_retries=args.max_retries)
     try:
-        meta = LeRobotMeta.load(args.data_root)
+        meta = LeRobotMeta.load(args.data_root, config=config)
+        if args.episodes is not None:
+            missing = sorted(set(args.episodes) - set(meta.episode_indices.tolist()))
+            if missing:
+                return _fail(f"--episodes {short_repr(missing)}: no such episode in {redact_url(args.data_root)} "
+                             f"({len(meta.episode_indices)} episodes)", EXIT_USAGE)
         manifest = build_sidecar(meta, args.output, repo_id=args.repo_id, revision=args.revision,
                                  data_root=args.data_root, workers=args.workers, episodes=args.episodes,
-                                 progress=progress)
-    except (LeRobotMetaError, SidecarBuildError, FormatError, StreamError, FileNotFoundError, PermissionError) as exc:
+                                 progress=progress, stream_config=config)
+    except (LeRobotMetaError, SidecarBuildError, FormatError, StreamError, OSError) as exc:
         return _fail(str(exc))
     finally:
         progress.close()

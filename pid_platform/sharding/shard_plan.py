@@ -14,6 +14,7 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass
 
+from loader.formats.errors import short_repr
 from loader.formats.twin_tar import (
     DEFAULT_PART_SIZE,
     END_OF_ARCHIVE,
@@ -28,6 +29,9 @@ from pid_platform.sharding.errors import ShardingConfigError
 from pid_platform.sharding.intake import Sample
 
 FLAT = ""  # bucket name used in flat mode (no aspect-ratio folders)
+MIN_SHARD_SIZE_MB = 1 / 1024  # 1 KiB: below a tar record every sample is a shard of its own anyway
+MAX_SHARD_SIZE_MB = 1024 * 1024  # 1 TiB per shard
+MAX_COUNT = 2**31 - 1  # samples per shard, tars per part folder: what a Dagster (GraphQL) Int holds
 PLAN_VERSION = 1
 
 
@@ -41,25 +45,29 @@ class ShardingConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        # Checked here, where the settings are defined, so the CLI, the Dagster resource and a
-        # state file read back all get the same named error before any work starts.
+        # Checked here, where the settings are defined, so the CLI, the Dagster resource, a
+        # sharding.yaml and a state file read back all get the same named error before any work
+        # starts. The ranges are what the build can use: a bound that would overflow a count,
+        # a tar size or a 64-bit seed later is refused now (and the value shown is cut short).
         def refuse(name: str, want: str) -> None:
             raise ShardingConfigError(
-                f"sharding setting {name}={getattr(self, name)!r} is invalid: it must be {want}"
+                f"sharding setting {name}={short_repr(getattr(self, name))} is invalid: it must be {want}"
             )
 
-        def is_int(v: object) -> bool:
-            return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+        def is_int(v: object, low: int, high: int) -> bool:
+            return isinstance(v, numbers.Integral) and not isinstance(v, bool) and low <= v <= high
 
         m = self.max_shard_size_mb
-        if isinstance(m, bool) or not isinstance(m, numbers.Real) or not math.isfinite(m) or m <= 0:
-            refuse("max_shard_size_mb", "a finite number of MiB > 0")
-        if not is_int(self.shard_size) or self.shard_size < 0:
-            refuse("shard_size", "a whole number >= 0 (0: bound shards by max_shard_size_mb)")
-        if not is_int(self.part_size) or self.part_size < 1:
-            refuse("part_size", "a whole number >= 1")
-        if not is_int(self.seed):
-            refuse("seed", "a whole number")
+        if (isinstance(m, bool) or not isinstance(m, numbers.Real) or not math.isfinite(m)
+                or not MIN_SHARD_SIZE_MB <= m <= MAX_SHARD_SIZE_MB):
+            refuse("max_shard_size_mb", f"a finite number of MiB > 0, from {MIN_SHARD_SIZE_MB} "
+                                        f"(1 KiB) to {MAX_SHARD_SIZE_MB} (1 TiB)")
+        if not is_int(self.shard_size, 0, MAX_COUNT):
+            refuse("shard_size", f"a whole number from 0 to {MAX_COUNT} (0: bound shards by max_shard_size_mb)")
+        if not is_int(self.part_size, 1, MAX_COUNT):
+            refuse("part_size", f"a whole number >= 1, at most {MAX_COUNT}")
+        if not is_int(self.seed, -(2**63), 2**63 - 1):
+            refuse("seed", "a whole number that fits in 64 bits")
         for flag in ("classify_aspect_ratio", "shuffle"):
             if not isinstance(getattr(self, flag), bool):
                 refuse(flag, "true or false")

@@ -8,6 +8,7 @@ deterministic.
 from __future__ import annotations
 
 import os
+import stat
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -82,8 +83,9 @@ class SourceStore(ABC):
         return f"{self.uri.rstrip('/')}/{source}/{name}"
 
     @abstractmethod
-    def read_source_file(self, source: str, name: str) -> bytes | None:
-        """A file at the top of the source folder (its settings), or ``None`` if there is none."""
+    def read_source_file(self, source: str, name: str, max_bytes: int | None = None) -> bytes | None:
+        """A file at the top of the source folder (its settings), or ``None`` if there is none;
+        at most its first ``max_bytes`` bytes (a settings file someone made huge is not read whole)."""
 
     @abstractmethod
     def write_source_file(self, source: str, name: str, data: bytes) -> None:
@@ -181,11 +183,19 @@ class LocalSourceStore(SourceStore):
         with open(path, "rb") as fh:
             return fh.read()
 
-    def read_source_file(self, source: str, name: str) -> bytes | None:
+    def read_source_file(self, source: str, name: str, max_bytes: int | None = None) -> bytes | None:
+        path = self._source_dir(source) / name
         try:
-            return (self._source_dir(source) / name).read_bytes()
+            # O_NONBLOCK: a named pipe put there must not hang the reader (and every sensor tick).
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise BuildError(f"{path} is not a regular file (a folder, a pipe or a device); it must be a "
+                             "file, or absent")
+        with os.fdopen(fd, "rb") as fh:
+            return fh.read() if max_bytes is None else fh.read(max_bytes)
 
     def write_source_file(self, source: str, name: str, data: bytes) -> None:
         atomic_write_bytes(self._source_dir(source) / name, data)
@@ -346,10 +356,15 @@ class S3SourceStore(SourceStore):
         with self._errors(f"reading s3://{self.bucket}/{key}"):
             return self.client.get_object(Bucket=self.bucket, Key=key, **cond)["Body"].read()
 
-    def read_source_file(self, source: str, name: str) -> bytes | None:
+    def read_source_file(self, source: str, name: str, max_bytes: int | None = None) -> bytes | None:
         key = self._key(source, name)
         try:
-            return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+            # No Range header: S3 refuses a range of an empty object; the body is read only as far as needed.
+            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
+            try:
+                return body.read() if max_bytes is None else body.read(max_bytes)
+            finally:
+                body.close()
         except Exception as exc:
             if _missing(exc):
                 return None

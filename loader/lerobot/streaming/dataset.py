@@ -95,6 +95,8 @@ class StreamingLeRobotDataset(IterableDataset):
                  **streaming_options: Any):
         super().__init__()
         self.options = StreamingOptions.from_kwargs(streaming_options)
+        episodes = StreamingOptions.validate_episodes(episodes)
+        delta_timestamps = StreamingOptions.validate_delta_timestamps(delta_timestamps)
         seed = DEFAULT_SEED if seed is None else seed
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer or None (None means {DEFAULT_SEED}), got {seed!r}")

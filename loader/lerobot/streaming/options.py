@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import difflib
 import math
+import numbers
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
+
+import numpy as np
+
+from loader.formats.errors import short_repr
 
 SAMPLING_STRATEGIES = ("remaining", "round_robin")
 DEFAULT_SEED = 42   # what seed=None means (LeRobot's fixed streaming seed)
 _GB = 1 << 30
+MAX_DELTA_S = 1e6  # about 11 days: past any episode, so past any frame a delta could land on
 
 
 def worker_share(total: int, num_workers: int) -> int:
@@ -68,6 +75,47 @@ class StreamingOptions:
             raise ValueError(f"unknown streaming option{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
                              f"known options: {', '.join(sorted(known))}")
         return cls(**options)
+
+    # ``episodes`` and ``delta_timestamps`` come from a trainer's config file as often as from code:
+    # checked here, before any metadata is read, so a hostile or mistyped value is one ValueError
+    # that names the option, never a silent int(1.5) == 1, True == episode 1, or a NaN frame offset.
+    @staticmethod
+    def validate_episodes(episodes: Any) -> list[int] | None:
+        """``episodes=``: None (all) or a sequence of episode indices, whole numbers >= 0."""
+        if episodes is None:
+            return None
+        if isinstance(episodes, str | bytes | Mapping) or not isinstance(episodes, Iterable):
+            raise ValueError(f"episodes must be a list of episode indices (whole numbers >= 0), got {short_repr(episodes)}")
+        out = []
+        for i, e in enumerate(episodes):
+            if isinstance(e, bool | np.bool_) or not isinstance(e, numbers.Integral) or e < 0:
+                raise ValueError(f"episodes[{i}] is {short_repr(e)}: episodes must list episode indices, "
+                                 "whole numbers >= 0 (not 1.5, True or '0')")
+            out.append(int(e))
+        return out
+
+    @staticmethod
+    def validate_delta_timestamps(delta_timestamps: Any) -> dict[str, list[float]] | None:
+        """``delta_timestamps=``: None or {feature: [seconds, ...]}, each delta a finite number."""
+        if delta_timestamps is None:
+            return None
+        if not isinstance(delta_timestamps, Mapping):
+            raise ValueError(f"delta_timestamps must map feature names to lists of seconds, got {short_repr(delta_timestamps)}")
+        out: dict[str, list[float]] = {}
+        for key, deltas in delta_timestamps.items():
+            if not isinstance(key, str):
+                raise ValueError(f"delta_timestamps keys must be feature names, got {short_repr(key)}")
+            if isinstance(deltas, str | bytes | Mapping) or not isinstance(deltas, Iterable):
+                raise ValueError(f"delta_timestamps[{key!r}] must be a list of seconds, got {short_repr(deltas)}")
+            values = []
+            for i, d in enumerate(deltas):
+                ok = isinstance(d, numbers.Real) and not isinstance(d, bool | np.bool_)
+                if not ok or not math.isfinite(d) or abs(d) > MAX_DELTA_S:
+                    raise ValueError(f"delta_timestamps[{key!r}][{i}] is {short_repr(d)}: each delta must be a finite "
+                                     f"number of seconds within +-{MAX_DELTA_S:g}")
+                values.append(float(d))
+            out[key] = values
+        return out
 
     @property
     def byte_budget(self) -> int:
