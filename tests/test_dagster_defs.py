@@ -84,6 +84,7 @@ EXPECTED_AUTOMATION = {
     "daily_source_rebuild": ("schedule 0 3 * * * UTC", "source_build", "RUNNING"),
     "lerobot_datasets_sensor": ("sensor", "lerobot_sidecar_build", "RUNNING"),
     "run_failure_alert_sensor": ("sensor", None, "RUNNING"),
+    "follow_upstream_sensor": ("automation-condition sensor", None, "RUNNING"),
 }
 
 # Assets that follow their upstream by themselves (eager, gated on upstream blocking checks).
@@ -146,6 +147,9 @@ def test_schedules_and_sensors(defs: dg.Definitions) -> None:
     found = {}
     for s in defs.sensors or []:
         sensor = defs.resolve_sensor_def(s.name)
+        if isinstance(sensor, dg.AutomationConditionSensorDefinition):  # runs whatever its conditions ask
+            found[sensor.name] = ("automation-condition sensor", None, sensor.default_status.name)
+            continue
         job = sensor.job_name if sensor.targets else None  # a run-failure sensor starts no job
         found[sensor.name] = ("sensor", job, sensor.default_status.name)
     for s in defs.schedules or []:

@@ -4,7 +4,7 @@
 once no dependency is missing or in progress, and only when every blocking check of its
 dependencies passed: a twin-tar build whose checks failed is never indexed or committed by
 automation. Assets updated in the same run as their dependency (a whole ``source_build`` run)
-are not requested again. The daemon's ``default_automation_condition_sensor`` evaluates them;
+are not requested again. ``follow_upstream_sensor`` (``automation/automation_sensor.py``) evaluates them;
 it is on by default.
 """
 
