@@ -27,12 +27,20 @@ LEROBOT_DATASETS = 'Dynamic partitions: "lerobot_datasets"'
 BUILD = "webdataset_build"
 
 EXPECTED_ASSETS = {
+    "raw_source": {
+        "deps": [], "group": BUILD, "partitions": SOURCES, "code_version": None,
+        "kinds": [], "checks": [], "pools": [],
+    },
+    "lerobot_dataset": {
+        "deps": [], "group": "lerobot", "partitions": LEROBOT_DATASETS, "code_version": None,
+        "kinds": [], "checks": [], "pools": [],
+    },
     "sharding_settings": {
         "deps": [], "group": BUILD, "partitions": SOURCES, "code_version": None,
         "kinds": [], "checks": [], "pools": [],
     },
     "sample_set": {
-        "deps": ["sharding_settings"], "group": BUILD, "partitions": SOURCES,
+        "deps": ["raw_source", "sharding_settings"], "group": BUILD, "partitions": SOURCES,
         "code_version": "intake-v1-classify_aspect_ratio=True",
         "kinds": ["parquet", "python"], "checks": [], "pools": ["pid_build"],
     },
@@ -54,7 +62,8 @@ EXPECTED_ASSETS = {
         "kinds": ["json", "python"], "checks": [], "pools": [],
     },
     "mp4_sidecar": {
-        "deps": [], "group": "lerobot", "partitions": LEROBOT_DATASETS, "code_version": "mp4-sidecar-v3",
+        "deps": ["lerobot_dataset"], "group": "lerobot", "partitions": LEROBOT_DATASETS,
+        "code_version": "mp4-sidecar-v3",
         "kinds": ["numpy", "python"], "checks": ["mp4_sidecar_is_valid"], "pools": [],
     },
     "published_mp4_sidecar": {
@@ -63,6 +72,9 @@ EXPECTED_ASSETS = {
         "pools": ["lerobot_publish"],
     },
 }
+
+# Observable source assets: where lineage starts.
+OBSERVED = {"raw_source", "lerobot_dataset", "sharding_settings"}
 
 # Every check is blocking and has one result per partition of its asset's partitions.
 CHECK_PARTITIONS = {"mp4_sidecar_is_valid": "lerobot_datasets", "published_sidecar_streams": "lerobot_datasets"}
@@ -170,7 +182,7 @@ def test_derived_assets_follow_upstream_and_every_io_step_retries(defs: dg.Defin
         label = graph.get(dg.AssetKey(key)).automation_condition.get_label() or ""
         condition = str(graph.get(dg.AssetKey(key)).automation_condition)
         assert "blocking" in condition.lower() or "blocking" in label.lower(), key
-    for name in set(EXPECTED_ASSETS) - {"sharding_settings"}:  # an observation, not a step
+    for name in set(EXPECTED_ASSETS) - OBSERVED:  # observations, not steps
         policy = defs.resolve_assets_def(name).op.retry_policy
         assert policy is not None and policy.max_retries >= 3, name
 

@@ -182,22 +182,32 @@ def test_sensor_adds_datasets_and_requests_builds_when_they_change(lerobot_env: 
             with dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
                                          resources=defs.resources) as ctx:
                 res = sensor(ctx)
+            for event in res.asset_events:  # what the daemon does with them
+                instance.report_runless_asset_event(event)
             for request in res.dynamic_partitions_requests or []:
                 instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
             return res
+
+        def observed_versions() -> list[str]:
+            records = instance.fetch_observations(dg.AssetKey("lerobot_dataset"), limit=10).records
+            return [r.asset_observation.tags["dagster/data_version"] for r in reversed(records)]
 
         first = tick(None)
         assert [r.partition_key for r in first.run_requests] == [DATASET]  # "notes" is no dataset
         assert instance.get_dynamic_partitions(LEROBOT_DATASETS) == [DATASET]
         assert {p.name: p.limit for p in instance.event_log_storage.get_pool_limits()} == {PUBLISH_POOL: 1}
 
+        assert len(observed_versions()) == 1  # the dataset's version, the source of its sidecar's lineage
         assert tick(first.cursor).run_requests == []  # nothing changed
+        assert len(observed_versions()) == 1  # and nothing new observed
         checkout = lerobot_env["root"] / DATASET
         (checkout / "meta" / "info.json").write_bytes((checkout / "meta" / "info.json").read_bytes() + b"\n")
         git("commit", "--quiet", "-am", "touch info.json", cwd=checkout)
         changed = tick(first.cursor)
         assert [r.partition_key for r in changed.run_requests] == [DATASET]
         assert changed.run_requests[0].run_key != first.run_requests[0].run_key
+        versions = observed_versions()
+        assert len(versions) == 2 and versions[0] != versions[1] and versions[1] in changed.run_requests[0].run_key
 
         # An operator's own limit is kept.
         instance.event_log_storage.set_concurrency_slots(PUBLISH_POOL, 2)

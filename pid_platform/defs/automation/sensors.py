@@ -12,6 +12,7 @@ import dagster as dg
 from pid_platform.defs.automation.fingerprint import source_fingerprint
 from pid_platform.defs.automation.jobs import source_build_job
 from pid_platform.defs.partitions import SOURCES, sources_partitions
+from pid_platform.defs.raw_sources import raw_source_observations
 from pid_platform.defs.resources import ShardingResource, SourceStoreResource
 from pid_platform.defs.settings import settings_observation
 from pid_platform.sharding.errors import BuildError
@@ -63,6 +64,10 @@ def raw_sources_sensor(
         if files == 0:
             context.log.info(f"source {source!r} has no files yet; waiting")
             continue
+        # Also for a new source (the daemon records it before adding the partition; Dagster takes it):
+        # a source's first observation after its build would show it stale.
+        observations += raw_source_observations(context.instance, source, fingerprint, files,
+                                                f"{store.uri.rstrip('/')}/{source}")
         if source not in known:
             new_partitions.append(source)
         else:  # a partition the daemon has not added yet cannot carry an observation

@@ -8,6 +8,7 @@ from pid_platform.defs.groups import BUILD_GROUP, BUILD_POOL
 from pid_platform.defs.metadata import markdown_table
 from pid_platform.defs.partitions import sources_partitions
 from pid_platform.defs.plots import bar_png, png_markdown
+from pid_platform.defs.raw_sources import RAW_SOURCE_ASSET
 from pid_platform.defs.resources import DEFAULT_SHARDING, ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
 from pid_platform.defs.settings import SETTINGS_ASSET, settings_for_run, settings_metadata
@@ -79,7 +80,7 @@ def _report_table(report: IntakeReport) -> str:
     group_name=BUILD_GROUP,
     kinds={"python", "parquet"},
     code_version=INTAKE_CODE_VERSION,
-    deps=[SETTINGS_ASSET],
+    deps=[RAW_SOURCE_ASSET, SETTINGS_ASSET],
     pool=BUILD_POOL,
     retry_policy=IO_RETRY,
     output_required=False,

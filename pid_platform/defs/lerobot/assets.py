@@ -19,6 +19,7 @@ from loader.lerobot.sidecar import (
     validate_sidecar,
 )
 from loader.lerobot.sidecar.publish_layout import POINTER_VERSION, PublishRefused
+from pid_platform.defs.lerobot.datasets import LEROBOT_DATASET_ASSET
 from pid_platform.defs.lerobot.partitions import LEROBOT_GROUP, lerobot_datasets_partitions
 from pid_platform.defs.lerobot.pools import PUBLISH_POOL
 from pid_platform.defs.lerobot.resources import LeRobotResource
@@ -75,6 +76,7 @@ def _episode_plots(dataset: str, lengths: dict[str, int], per_camera: dict[str, 
 
 @dg.asset(
     partitions_def=lerobot_datasets_partitions,
+    deps=[LEROBOT_DATASET_ASSET],
     group_name=LEROBOT_GROUP,
     kinds={"python", "numpy"},
     code_version=SIDECAR_CODE_VERSION,
