@@ -69,6 +69,7 @@ class SourceOutcome:
     ok: bool
     failed_checks: list[str] = field(default_factory=list)
     failed_steps: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # failed checks of severity WARN: reported, not failures
 
 
 @dataclass
@@ -133,10 +134,11 @@ def _outcome(source: str, result: dg.ExecutionResult) -> SourceOutcome:
     failed_steps = sorted(
         {e.step_key for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE}
     )
-    failed_checks = [
-        f"{e.asset_key.to_user_string()}:{e.check_name}" for e in result.get_asset_check_evaluations() if not e.passed
-    ]
-    return SourceOutcome(source, result.success and not failed_checks, failed_checks, failed_steps)
+    failed = [e for e in result.get_asset_check_evaluations() if not e.passed]
+    failed_checks = [f"{e.asset_key.to_user_string()}:{e.check_name}" for e in failed
+                     if e.severity != dg.AssetCheckSeverity.WARN]
+    warnings = [f"{e.asset_key.to_user_string()}:{e.check_name}" for e in failed if e.severity == dg.AssetCheckSeverity.WARN]
+    return SourceOutcome(source, result.success and not failed_checks, failed_checks, failed_steps, warnings)
 
 
 def _plain(metadata: dict) -> dict:
@@ -260,6 +262,8 @@ def describe_source(out: Path, outcome: SourceOutcome) -> list[str]:
         lines.append(f"   failed steps: {', '.join(outcome.failed_steps)}")
     if outcome.failed_checks:
         lines.append(f"   failed checks: {', '.join(outcome.failed_checks)}")
+    if outcome.warnings:
+        lines.append(f"   warnings: {', '.join(outcome.warnings)}")
     buckets = []
     for path in sorted(p for p in src.rglob(WDINFO_NAME) if STATE_DIR not in p.parts):
         man = read_wdinfo(path)

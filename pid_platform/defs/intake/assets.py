@@ -4,6 +4,7 @@ import hashlib
 
 import dagster as dg
 
+from pid_platform.defs.checks.committed import reassert_committed_checks
 from pid_platform.defs.groups import BUILD_GROUP, BUILD_POOL
 from pid_platform.defs.metadata import markdown_table
 from pid_platform.defs.partitions import sources_partitions
@@ -117,6 +118,7 @@ def sample_set(
               "validate": result.validate}
     if result.up_to_date:
         context.log.info(f"{source}: up to date ({report.samples} samples); nothing to build")
+        reassert_committed_checks(context, source, final_dir(out))  # the skipped checks' verdict, on what is served
         context.log_event(dg.AssetObservation(
             asset_key=context.asset_key, partition=source,
             metadata={"up_to_date": True, "samples": report.samples, **counts,
