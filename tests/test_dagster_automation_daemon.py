@@ -61,3 +61,26 @@ def test_automation_is_on_in_a_fresh_instance_and_the_catalog_follows_a_build(
         with freeze_time(now + dt.timedelta(seconds=62)):  # requested once, not on every tick
             tick_automation(context)
         assert len(_catalog_runs(instance)) == 1
+
+
+def test_a_catalog_not_rewritten_for_a_day_reads_failing_freshness(fresh_home: Path, raw_root: Path, out_root: Path) -> None:
+    """The daemon's freshness evaluation: fresh after the night's catalog, failing once a night was missed."""
+    from dagster._core.definitions.freshness import FreshnessState
+    from dagster._daemon.freshness import FreshnessDaemon
+
+    def state(context) -> FreshnessState:
+        list(FreshnessDaemon().run_iteration(context))
+        return context.instance.get_freshness_state_records([CATALOG])[CATALOG].freshness_state
+
+    with dg.DagsterInstance.get() as instance, workspace_context(instance) as context:
+        with open_workspace_runs(instance, REPO / "workspace.yaml") as runs:
+            instance.add_dynamic_partitions("sources", ["photos"])
+            assert runs.run("source_build", partition_key="photos", run_config=demo.QUIET).success
+            assert runs.run("catalog_build", run_config=demo.QUIET).success
+        now = get_current_datetime()
+        with freeze_time(now + dt.timedelta(hours=1)):
+            assert state(context) == FreshnessState.PASS
+        with freeze_time(now + dt.timedelta(hours=25, minutes=30)):
+            assert state(context) == FreshnessState.WARN
+        with freeze_time(now + dt.timedelta(hours=27)):  # no nightly rebuild and catalog: the daemon is down
+            assert state(context) == FreshnessState.FAIL
