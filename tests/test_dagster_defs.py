@@ -178,6 +178,15 @@ def test_schedules_and_sensors(defs: dg.Definitions) -> None:
     assert found == EXPECTED_AUTOMATION
 
 
+def test_every_sensor_and_schedule_is_described(defs: dg.Definitions) -> None:
+    """The UI shows ``description=`` on the Automation page; a function's docstring is not it."""
+    described = [defs.resolve_sensor_def(s.name) for s in defs.sensors or []]
+    described += [defs.resolve_schedule_def(s.name) for s in defs.schedules or []]
+    assert sorted(d.name for d in described) == sorted(EXPECTED_AUTOMATION)
+    for d in described:
+        assert d.description and len(d.description) > 60, d.name
+
+
 def test_derived_assets_follow_upstream_and_every_io_step_retries(defs: dg.Definitions) -> None:
     graph = defs.resolve_asset_graph()
     followers = sorted(k.to_user_string() for k in graph.get_all_asset_keys()

@@ -35,6 +35,9 @@ def build_run_key(source: str, config_version: str, fingerprint: str) -> str:
     job=source_build_job,
     minimum_interval_seconds=60,
     default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Every 60 s: lists the sources under the raw root, adds new ones as partitions, records changed "
+                "raw files and settings on raw_source and sharding_settings, and requests a source_build run "
+                "for every source that is new or whose files or sharding.yaml changed.",
 )
 def raw_sources_sensor(
     context: dg.SensorEvaluationContext, source_store: SourceStoreResource, sharding: ShardingResource

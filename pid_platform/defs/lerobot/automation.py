@@ -22,7 +22,12 @@ lerobot_sidecar_job = dg.define_asset_job(
 
 # On by default: it reads metadata listings only; a build replaces the sidecar atomically, and
 # nothing is published unless PID_LEROBOT_PUBLISH says where (publishes go one at a time).
-@dg.sensor(job=lerobot_sidecar_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)
+@dg.sensor(
+    job=lerobot_sidecar_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Every 60 s: lists the LeRobot v3 datasets under PID_LEROBOT_ROOT, adds new ones as partitions, "
+                "records a changed dataset's fingerprint on lerobot_dataset and requests a sidecar build for "
+                "every new or changed dataset (published only where PID_LEROBOT_PUBLISH says).",
+)
 def lerobot_datasets_sensor(context: dg.SensorEvaluationContext, lerobot: LeRobotResource) -> dg.SensorResult:
     """Lists the LeRobot v3 datasets under ``PID_LEROBOT_ROOT`` (each folder with ``meta/info.json``),
     adds each new one as a partition of ``lerobot_datasets``, and requests a sidecar build for every
