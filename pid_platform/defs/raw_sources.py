@@ -13,6 +13,7 @@ import dagster as dg
 from pid_platform.defs.automation.fingerprint import source_fingerprint
 from pid_platform.defs.groups import BUILD_GROUP
 from pid_platform.defs.observations import changed_only, versioned_observation
+from pid_platform.defs.ownership import domain_tags
 from pid_platform.defs.partitions import SOURCES, sources_partitions
 from pid_platform.defs.resources import SourceStoreResource
 from pid_platform.sharding.errors import BuildError
@@ -31,8 +32,7 @@ def raw_source_observations(instance: dg.DagsterInstance, source: str, fingerpri
     name=RAW_SOURCE_ASSET,
     partitions_def=sources_partitions,
     group_name=BUILD_GROUP,
-    owners=["team:data-platform"],
-    tags={"domain": "training-data"},
+    tags=domain_tags(BUILD_GROUP),
     description=(
         "The raw modality folders of each source (image/, caption/, embedding folders) under the raw root. "
         "Its data version is a fingerprint of the listing (names, sizes, mtimes or ETags); raw_sources_sensor "

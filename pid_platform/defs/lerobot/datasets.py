@@ -17,6 +17,7 @@ from pid_platform.defs.lerobot.partitions import (
 )
 from pid_platform.defs.lerobot.resources import LeRobotResource
 from pid_platform.defs.observations import latest_observed_version, versioned_observation
+from pid_platform.defs.ownership import domain_tags
 
 LEROBOT_DATASET_ASSET = "lerobot_dataset"
 
@@ -48,8 +49,7 @@ def dataset_observations(instance: dg.DagsterInstance, lerobot: LeRobotResource,
     name=LEROBOT_DATASET_ASSET,
     partitions_def=lerobot_datasets_partitions,
     group_name=LEROBOT_GROUP,
-    owners=["team:data-platform"],
-    tags={"domain": "robot-learning"},
+    tags=domain_tags(LEROBOT_GROUP),
     description=(
         "A LeRobot v3 dataset under PID_LEROBOT_ROOT (meta/info.json, episodes, videos). Its data version is "
         "a fingerprint of its metadata files and pinned git revision; lerobot_datasets_sensor records it "
