@@ -4,7 +4,9 @@ from pathlib import Path
 
 import dagster as dg
 
+from pid_platform.defs.ownership import with_owners
+
 
 @dg.definitions
 def defs() -> dg.Definitions:
-    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
+    return with_owners(dg.load_from_defs_folder(path_within_project=Path(__file__).parent))

@@ -70,6 +70,7 @@ class SourceOutcome:
     ok: bool
     failed_checks: list[str] = field(default_factory=list)
     failed_steps: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # failed checks of severity WARN: reported, not failures
 
 
 @dataclass
@@ -134,10 +135,11 @@ def _outcome(source: str, result: dg.ExecutionResult) -> SourceOutcome:
     failed_steps = sorted(
         {e.step_key for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE}
     )
-    failed_checks = [
-        f"{e.asset_key.to_user_string()}:{e.check_name}" for e in result.get_asset_check_evaluations() if not e.passed
-    ]
-    return SourceOutcome(source, result.success and not failed_checks, failed_checks, failed_steps)
+    failed = [e for e in result.get_asset_check_evaluations() if not e.passed]
+    failed_checks = [f"{e.asset_key.to_user_string()}:{e.check_name}" for e in failed
+                     if e.severity != dg.AssetCheckSeverity.WARN]
+    warnings = [f"{e.asset_key.to_user_string()}:{e.check_name}" for e in failed if e.severity == dg.AssetCheckSeverity.WARN]
+    return SourceOutcome(source, result.success and not failed_checks, failed_checks, failed_steps, warnings)
 
 
 def _plain(metadata: dict) -> dict:
@@ -145,8 +147,12 @@ def _plain(metadata: dict) -> dict:
 
 
 def _lerobot_outcome(dataset: str, result: dg.ExecutionResult) -> LeRobotOutcome:
-    assets = {e.materialization.asset_key.to_user_string(): _plain(e.materialization.metadata)
-              for e in result.get_asset_materialization_events()}
+    # With publishing off, published_mp4_sidecar records an observation (published: false), not a materialization.
+    assets = {e.asset_observation_data.asset_observation.asset_key.to_user_string():
+              _plain(e.asset_observation_data.asset_observation.metadata)
+              for e in result.all_events if e.event_type == dg.DagsterEventType.ASSET_OBSERVATION}
+    assets.update({e.materialization.asset_key.to_user_string(): _plain(e.materialization.metadata)
+                   for e in result.get_asset_materialization_events()})
     checks = {e.check_name: {"passed": e.passed, **_plain(e.metadata)} for e in result.get_asset_check_evaluations()}
     failures = {}
     for e in result.all_events:
@@ -159,7 +165,9 @@ def _lerobot_outcome(dataset: str, result: dg.ExecutionResult) -> LeRobotOutcome
             message = (error.message if error else "failed").strip().splitlines()
             failures[e.step_key] = message[0] if message else "failed"
     check, stream_check = checks.get("mp4_sidecar_is_valid"), checks.get("published_sidecar_streams")
-    ok = result.success and all(c is not None and c["passed"] for c in (check, stream_check))
+    unpublished = assets.get("published_mp4_sidecar", {}).get("published") is False  # nothing to stream
+    ok = result.success and check is not None and check["passed"] and (
+        unpublished or (stream_check is not None and stream_check["passed"]))
     return LeRobotOutcome(dataset, ok, assets.get("mp4_sidecar", {}), assets.get("published_mp4_sidecar", {}),
                           check=check, stream_check=stream_check, failures=failures)
 
@@ -261,6 +269,8 @@ def describe_source(out: Path, outcome: SourceOutcome) -> list[str]:
         lines.append(f"   failed steps: {', '.join(outcome.failed_steps)}")
     if outcome.failed_checks:
         lines.append(f"   failed checks: {', '.join(outcome.failed_checks)}")
+    if outcome.warnings:
+        lines.append(f"   warnings: {', '.join(outcome.warnings)}")
     buckets = []
     for path in sorted(p for p in src.rglob(WDINFO_NAME) if STATE_DIR not in p.parts):
         man = read_wdinfo(path)
@@ -342,7 +352,8 @@ def describe_lerobot(outcome: LeRobotOutcome) -> list[str]:
                                 + (f", commit {pub['commit'][:12]})" if pub.get("commit") else ")")))
     streamed = outcome.stream_check
     if streamed is None:
-        rows.append(("streamed", "published_sidecar_streams did not run"))
+        rows.append(("streamed", "published_sidecar_streams did not run"
+                     + (": nothing published to read back" if pub and not pub["published"] else "")))
     elif not streamed["published"]:
         rows.append(("streamed", "published_sidecar_streams passed: nothing published to read back"))
     elif streamed["passed"]:

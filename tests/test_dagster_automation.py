@@ -147,3 +147,19 @@ def test_derived_assets_follow_their_upstream_unless_its_checks_failed(raw_root:
         assert {e.check_name: e.passed for e in failed.get_asset_check_evaluations()}["twin_tar_keys_match"] is False
         tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
         assert requested(tick) == {}
+
+
+def test_the_catalog_is_rewritten_every_night_after_the_daily_rebuild(raw_root: Path, out_root: Path) -> None:
+    """Even with no source changed: its last materialization is what its freshness policy watches."""
+    with dagster_instance() as instance:
+        defs = load_defs()
+        assert build_source(defs, instance, "photos").success and build_catalog(defs, instance).success
+        evening = dt.datetime(2026, 3, 1, 20, tzinfo=dt.UTC)
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, evaluation_time=evening)
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor,
+                                                 evaluation_time=evening + dt.timedelta(hours=7))
+        assert tick.get_num_requested(dg.AssetKey("dataset_catalog")) == 0  # 03:00: not yet
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor,
+                                                 evaluation_time=evening + dt.timedelta(hours=7, minutes=31))
+        assert tick.get_num_requested(dg.AssetKey("dataset_catalog")) == 1  # 03:31: the nightly rewrite
+        assert tick.get_num_requested(dg.AssetKey("key_indexes")) == 0  # nothing else follows the clock

@@ -28,7 +28,8 @@ from tests.support.dagster_runs import (
     tars,
 )
 
-ALL_CHECKS = {"twin_tar_keys_match", "shards_within_size_bound", "manifest_counts_match_tars"}
+ALL_CHECKS = {"dropped_fraction_within_bound", "twin_tar_keys_match", "shards_within_size_bound",
+              "key_indexes_match_tars", "manifest_counts_match_tars"}
 
 
 def test_every_asset_materializes_and_every_check_passes(raw_root: Path, out_root: Path) -> None:
@@ -172,7 +173,8 @@ def test_failed_blocking_check_stops_downstream(raw_root: Path, out_root: Path) 
 
         assert not result.success
         assert materialized(result)["twin_tar_shards"]["written"] == 0  # the damaged stage was kept
-        assert check_outcomes(result) == {"twin_tar_keys_match": False, "shards_within_size_bound": True}
+        assert check_outcomes(result) == {"dropped_fraction_within_bound": True, "twin_tar_keys_match": False,
+                                          "shards_within_size_bound": True}
         problems = check_metadata(result, "twin_tar_keys_match")["problems"]
         assert any("aspect_ratio_1_1/part_000000/000001.tar" in p for p in problems)
         # Downstream of the blocked asset nothing ran: no key indexes, no new manifests.

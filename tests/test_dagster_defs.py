@@ -27,14 +27,22 @@ LEROBOT_DATASETS = 'Dynamic partitions: "lerobot_datasets"'
 BUILD = "webdataset_build"
 
 EXPECTED_ASSETS = {
+    "raw_source": {
+        "deps": [], "group": BUILD, "partitions": SOURCES, "code_version": None,
+        "kinds": [], "checks": [], "pools": [],
+    },
+    "lerobot_dataset": {
+        "deps": [], "group": "lerobot", "partitions": LEROBOT_DATASETS, "code_version": None,
+        "kinds": [], "checks": [], "pools": [],
+    },
     "sharding_settings": {
         "deps": [], "group": BUILD, "partitions": SOURCES, "code_version": None,
         "kinds": [], "checks": [], "pools": [],
     },
     "sample_set": {
-        "deps": ["sharding_settings"], "group": BUILD, "partitions": SOURCES,
+        "deps": ["raw_source", "sharding_settings"], "group": BUILD, "partitions": SOURCES,
         "code_version": "intake-v1-classify_aspect_ratio=True",
-        "kinds": ["parquet", "python"], "checks": [], "pools": ["pid_build"],
+        "kinds": ["parquet", "python"], "checks": ["dropped_fraction_within_bound"], "pools": ["pid_build"],
     },
     "twin_tar_shards": {
         "deps": ["sample_set", "sharding_settings"], "group": BUILD, "partitions": SOURCES,
@@ -43,7 +51,7 @@ EXPECTED_ASSETS = {
     },
     "key_indexes": {
         "deps": ["twin_tar_shards"], "group": BUILD, "partitions": SOURCES, "code_version": "<sharding>",
-        "kinds": ["parquet", "python"], "checks": [], "pools": [],
+        "kinds": ["parquet", "python"], "checks": ["key_indexes_match_tars"], "pools": [],
     },
     "wdinfo_manifests": {
         "deps": ["key_indexes"], "group": BUILD, "partitions": SOURCES, "code_version": "<sharding>",
@@ -51,10 +59,11 @@ EXPECTED_ASSETS = {
     },
     "dataset_catalog": {
         "deps": ["wdinfo_manifests"], "group": "catalog", "partitions": None, "code_version": None,
-        "kinds": ["json", "python"], "checks": [], "pools": [],
+        "kinds": ["json", "python"], "checks": ["catalog_lists_every_built_source"], "pools": [],
     },
     "mp4_sidecar": {
-        "deps": [], "group": "lerobot", "partitions": LEROBOT_DATASETS, "code_version": "mp4-sidecar-v3",
+        "deps": ["lerobot_dataset"], "group": "lerobot", "partitions": LEROBOT_DATASETS,
+        "code_version": "mp4-sidecar-v3",
         "kinds": ["numpy", "python"], "checks": ["mp4_sidecar_is_valid"], "pools": [],
     },
     "published_mp4_sidecar": {
@@ -64,15 +73,22 @@ EXPECTED_ASSETS = {
     },
 }
 
-# Every check is blocking and has one result per partition of its asset's partitions.
-CHECK_PARTITIONS = {"mp4_sidecar_is_valid": "lerobot_datasets", "published_sidecar_streams": "lerobot_datasets"}
+# Observable source assets: where lineage starts.
+OBSERVED = {"raw_source", "lerobot_dataset", "sharding_settings"}
+
+# Every check has one result per partition of its asset's partitions (the catalog has none) and
+# blocks what is downstream, except the intake's dropped-samples warning.
+CHECK_PARTITIONS = {"mp4_sidecar_is_valid": "lerobot_datasets", "published_sidecar_streams": "lerobot_datasets",
+                    "catalog_lists_every_built_source": None}
+WARNINGS = {"dropped_fraction_within_bound"}
 
 EXPECTED_JOBS = {
     "source_build": [
-        "key_indexes", "sample_set", "twin_tar_shards", "twin_tar_shards:shards_within_size_bound",
+        "key_indexes", "key_indexes:key_indexes_match_tars", "sample_set", "sample_set:dropped_fraction_within_bound",
+        "twin_tar_shards", "twin_tar_shards:shards_within_size_bound",
         "twin_tar_shards:twin_tar_keys_match", "wdinfo_manifests", "wdinfo_manifests:manifest_counts_match_tars",
     ],
-    "catalog_build": ["dataset_catalog"],
+    "catalog_build": ["dataset_catalog", "dataset_catalog:catalog_lists_every_built_source"],
     "lerobot_sidecar_build": [
         "mp4_sidecar", "mp4_sidecar:mp4_sidecar_is_valid", "published_mp4_sidecar",
         "published_mp4_sidecar:published_sidecar_streams",
@@ -84,6 +100,7 @@ EXPECTED_AUTOMATION = {
     "daily_source_rebuild": ("schedule 0 3 * * * UTC", "source_build", "RUNNING"),
     "lerobot_datasets_sensor": ("sensor", "lerobot_sidecar_build", "RUNNING"),
     "run_failure_alert_sensor": ("sensor", None, "RUNNING"),
+    "follow_upstream_sensor": ("automation-condition sensor", None, "RUNNING"),
 }
 
 # Assets that follow their upstream by themselves (eager, gated on upstream blocking checks).
@@ -122,14 +139,29 @@ def test_every_check_is_blocking_and_per_source(defs: dg.Definitions) -> None:
     graph = defs.resolve_asset_graph()
     for check_key in graph.asset_check_keys:
         spec = graph.get_check_spec(check_key)
-        assert spec.blocking, check_key
+        assert spec.blocking == (check_key.name not in WARNINGS), check_key
         want = CHECK_PARTITIONS.get(check_key.name, "sources")
-        assert spec.partitions_def is not None and spec.partitions_def.name == want, check_key
+        assert (spec.partitions_def.name if spec.partitions_def else None) == want, check_key
+        assert spec.description and len(spec.description) > 40, check_key
 
 
 def test_every_asset_is_described(defs: dg.Definitions) -> None:
     for spec in defs.resolve_all_asset_specs():
         assert spec.description and len(spec.description) > 40, spec.key
+
+
+def test_every_asset_has_an_owner_and_a_domain(defs: dg.Definitions) -> None:
+    domains = {}
+    for spec in defs.resolve_all_asset_specs():
+        if spec.key.to_user_string() in OBSERVED:  # source assets take no owners in 1.13
+            if "domain" in spec.tags:
+                domains[spec.key.to_user_string()] = spec.tags["domain"]
+            continue
+        assert list(spec.owners) == ["team:data-platform"], spec.key
+        domains[spec.key.to_user_string()] = spec.tags["domain"]
+    assert {k for k, d in domains.items() if d == "robot-learning"} == {
+        "lerobot_dataset", "mp4_sidecar", "published_mp4_sidecar"}
+    assert set(EXPECTED_ASSETS) - set(domains) <= {"sharding_settings"}
 
 
 def test_jobs_select_what_they_should(defs: dg.Definitions) -> None:
@@ -146,6 +178,9 @@ def test_schedules_and_sensors(defs: dg.Definitions) -> None:
     found = {}
     for s in defs.sensors or []:
         sensor = defs.resolve_sensor_def(s.name)
+        if isinstance(sensor, dg.AutomationConditionSensorDefinition):  # runs whatever its conditions ask
+            found[sensor.name] = ("automation-condition sensor", None, sensor.default_status.name)
+            continue
         job = sensor.job_name if sensor.targets else None  # a run-failure sensor starts no job
         found[sensor.name] = ("sensor", job, sensor.default_status.name)
     for s in defs.schedules or []:
@@ -157,6 +192,15 @@ def test_schedules_and_sensors(defs: dg.Definitions) -> None:
     assert found == EXPECTED_AUTOMATION
 
 
+def test_every_sensor_and_schedule_is_described(defs: dg.Definitions) -> None:
+    """The UI shows ``description=`` on the Automation page; a function's docstring is not it."""
+    described = [defs.resolve_sensor_def(s.name) for s in defs.sensors or []]
+    described += [defs.resolve_schedule_def(s.name) for s in defs.schedules or []]
+    assert sorted(d.name for d in described) == sorted(EXPECTED_AUTOMATION)
+    for d in described:
+        assert d.description and len(d.description) > 60, d.name
+
+
 def test_derived_assets_follow_upstream_and_every_io_step_retries(defs: dg.Definitions) -> None:
     graph = defs.resolve_asset_graph()
     followers = sorted(k.to_user_string() for k in graph.get_all_asset_keys()
@@ -166,7 +210,7 @@ def test_derived_assets_follow_upstream_and_every_io_step_retries(defs: dg.Defin
         label = graph.get(dg.AssetKey(key)).automation_condition.get_label() or ""
         condition = str(graph.get(dg.AssetKey(key)).automation_condition)
         assert "blocking" in condition.lower() or "blocking" in label.lower(), key
-    for name in set(EXPECTED_ASSETS) - {"sharding_settings"}:  # an observation, not a step
+    for name in set(EXPECTED_ASSETS) - OBSERVED:  # observations, not steps
         policy = defs.resolve_assets_def(name).op.retry_policy
         assert policy is not None and policy.max_retries >= 3, name
 

@@ -69,6 +69,21 @@ def test_a_home_with_its_own_config_is_left_alone(tmp_path: Path) -> None:
     assert (home / "dagster.yaml").read_text() == (REPO / "dagster.yaml").read_text()
 
 
+def test_an_alert_names_a_ui_materialization_by_its_assets() -> None:
+    """A Materialize click (or an automation run) runs Dagster's hidden __ASSET_JOB."""
+    from pid_platform.defs.automation.alerts import job_label, run_failure_alert
+
+    run = dg.DagsterRun(job_name="__ASSET_JOB", run_id="0123456789abcdef",
+                        asset_selection={dg.AssetKey("twin_tar_shards"), dg.AssetKey("sample_set")},
+                        tags={"dagster/partition": "photos"})
+    assert job_label(run) == "materialize sample_set, twin_tar_shards"
+    alert = run_failure_alert(run, "Execution of run failed.", ["twin_tar_shards"], {"twin_tar_shards": "disk full"})
+    assert alert["text"] == ("Dagster run 01234567 of materialize sample_set, twin_tar_shards failed "
+                             "(partition photos): twin_tar_shards: disk full")
+    assert (alert["job"], alert["job_name"]) == ("materialize sample_set, twin_tar_shards", "__ASSET_JOB")
+    assert job_label(dg.DagsterRun(job_name="source_build", run_id="x")) == "source_build"
+
+
 def test_bad_pool_limits_say_what_to_write() -> None:
     assert configured_pool_limits({POOL_LIMITS_ENV: " pid_build=4 , lerobot_publish=1"}) == {
         "pid_build": 4, "lerobot_publish": 1}
@@ -118,8 +133,12 @@ def test_failed_run_has_its_origin_and_raises_the_alert(
         body = post["body"]
         assert (body["run_id"], body["job"], body["partition"]) == (run.run_id, "source_build", "empty-drop")
         assert body["code_location"] == "pid_platform" and body["failed_steps"] == ["sample_set"]
-        assert any(r.getMessage().startswith(f"ALERT Dagster run {run.run_id[:8]} of source_build failed")
-                   for r in caplog.records)
+        # The failed step's own error, not only its name: what to fix, in the alert.
+        error = body["step_errors"]["sample_set"]
+        assert "empty-drop" in error and not error.startswith("dagster")
+        assert body["text"].endswith(f"(partition empty-drop): sample_set: {error}")
+        line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("ALERT"))
+        assert line.startswith(f"ALERT Dagster run {run.run_id[:8]} of source_build failed") and error in line
 
         # A webhook that does not answer fails the tick with its URL (it is tried again next tick).
         monkeypatch.setenv("PID_ALERT_WEBHOOK_URL", "http://127.0.0.1:9/alerts")

@@ -28,6 +28,7 @@ from tests.support.dagster_runs import (
     dagster_instance,
     load_defs,
     materialized,
+    observed,
 )
 from tests.support.lerobot_data import CAMERAS
 from tests.support.publish_data import (
@@ -93,7 +94,12 @@ def test_sidecar_is_built_checked_and_published_to_the_git_repo(lerobot_env: dic
         assert 0 < built["compact_index_bytes"] < built["int64_array_bytes"]
         assert built["sidecar_bytes"] == sidecar.stat().st_size
         assert 0 < built["header_bytes"] < built["video_bytes"] and 0 < built["header_fraction"] < 1
-        assert "| videos/observation.images.front/chunk-000/file-000.mp4 | av01 | 64x48 |" in built["video_files"]
+        files = built["video_files"]  # a typed table: the UI sorts it and shows the row count
+        assert isinstance(files, dg.TableMetadataValue) and built["dagster/row_count"] == 4
+        assert {c.name: c.type for c in files.schema.columns}["samples"] == "int"
+        first = files.records[0].data
+        assert (first["file"], first["codec"], first["width"], first["height"]) == (
+            "videos/observation.images.front/chunk-000/file-000.mp4", "av01", 64, 48)
 
         assert published["published"] is True and published["unchanged"] is False
         assert published["parent"] == sha
@@ -150,10 +156,12 @@ def test_publish_none_builds_and_says_nothing_was_published(lerobot_env: dict, m
     with dagster_instance() as instance:
         result = _run(load_defs(), instance)
         assert result.success
-        published = materialized(result)["published_mp4_sidecar"]
-        assert published["published"] is False and "publishing is off" in published["note"]
-        assert check_outcomes(result)["published_sidecar_streams"] is True
-        assert check_metadata(result, "published_sidecar_streams")["published"] is False
+        # Not materialized: nothing reads as published; an observation says why.
+        assert set(materialized(result)) == {"mp4_sidecar"}
+        note = observed(result)["published_mp4_sidecar"]
+        assert note["published"] is False and "publishing is off" in note["note"]
+        assert instance.get_materialized_partitions(dg.AssetKey("published_mp4_sidecar")) == set()
+        assert "published_sidecar_streams" not in check_outcomes(result)  # nothing to stream: not run
     assert set(refs(lerobot_env["bare"])) == {"refs/heads/main"}
 
 
@@ -182,22 +190,32 @@ def test_sensor_adds_datasets_and_requests_builds_when_they_change(lerobot_env: 
             with dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
                                          resources=defs.resources) as ctx:
                 res = sensor(ctx)
+            for event in res.asset_events:  # what the daemon does with them
+                instance.report_runless_asset_event(event)
             for request in res.dynamic_partitions_requests or []:
                 instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
             return res
+
+        def observed_versions() -> list[str]:
+            records = instance.fetch_observations(dg.AssetKey("lerobot_dataset"), limit=10).records
+            return [r.asset_observation.tags["dagster/data_version"] for r in reversed(records)]
 
         first = tick(None)
         assert [r.partition_key for r in first.run_requests] == [DATASET]  # "notes" is no dataset
         assert instance.get_dynamic_partitions(LEROBOT_DATASETS) == [DATASET]
         assert {p.name: p.limit for p in instance.event_log_storage.get_pool_limits()} == {PUBLISH_POOL: 1}
 
+        assert len(observed_versions()) == 1  # the dataset's version, the source of its sidecar's lineage
         assert tick(first.cursor).run_requests == []  # nothing changed
+        assert len(observed_versions()) == 1  # and nothing new observed
         checkout = lerobot_env["root"] / DATASET
         (checkout / "meta" / "info.json").write_bytes((checkout / "meta" / "info.json").read_bytes() + b"\n")
         git("commit", "--quiet", "-am", "touch info.json", cwd=checkout)
         changed = tick(first.cursor)
         assert [r.partition_key for r in changed.run_requests] == [DATASET]
         assert changed.run_requests[0].run_key != first.run_requests[0].run_key
+        versions = observed_versions()
+        assert len(versions) == 2 and versions[0] != versions[1] and versions[1] in changed.run_requests[0].run_key
 
         # An operator's own limit is kept.
         instance.event_log_storage.set_concurrency_slots(PUBLISH_POOL, 2)

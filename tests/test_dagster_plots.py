@@ -77,3 +77,26 @@ def test_episode_bytes_add_up_to_the_video_samples(tmp_path: Path) -> None:
     # Every sample of every MP4 belongs to exactly one episode: nothing counted twice or lost.
     assert sum(sum(v.values()) for v in per_camera.values()) == total
     assert all(b > 0 for v in per_camera.values() for b in v.values())
+
+
+def test_shard_sizes_plot_has_one_colour_per_bucket_in_mib(tmp_path: Path) -> None:
+    from matplotlib.colors import to_hex
+
+    from pid_platform.defs.plots import shard_sizes_figure, shard_sizes_png
+
+    labels = ["3:4", "3:4", "1:1", "16:9", "16:9", "16:9"]
+    sizes = [0.2, 0.25, 0.1, 0.24, 0.05, 0.3]
+    fig = shard_sizes_figure(sizes, labels, 0.25, title="photos: shard sizes")
+    ax = fig.axes[0]
+    bars = [to_hex(p.get_facecolor()) for p in ax.patches]
+    legend = ax.get_legend()
+    entries = {t.get_text(): to_hex(h.get_facecolor()) for t, h in zip(legend.get_texts(), legend.legend_handles,
+                                                                         strict=True)}
+    assert list(entries) == ["3:4", "1:1", "16:9"] and len(set(entries.values())) == 3  # one colour per bucket
+    assert bars == [entries[b] for b in labels]  # and each bar has its bucket's colour
+    assert "MiB" in ax.get_ylabel() and "MB" not in ax.get_ylabel().replace("MiB", "")
+    assert any(t.get_text() == "bound 0.25 MiB" for t in ax.texts)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["3:4", "1:1", "16:9"]  # each bucket named once
+    png = shard_sizes_png(sizes, labels, 0.25, title="photos: shard sizes")
+    (tmp_path / "shard_sizes.png").write_bytes(png)
+    assert Image.open(io.BytesIO(png)).size == (576, 288)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import dagster as dg
+
 MAX_LISTED = 50  # metadata is for people; long lists are cut and say so
 
 
@@ -28,3 +30,16 @@ def human_bytes(n: int) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{n} B"
+
+
+def table(columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[object]]) -> dict[str, dg.MetadataValue]:
+    """A table the UI sorts and types (``MetadataValue.table`` with a ``TableSchema``), with its
+    row count under ``dagster/row_count``; ``columns``: (name, type), type one of string, int,
+    float, bool. Spread it into an asset's metadata under a key of its own:
+    ``{**{"files": t["table"]}, "dagster/row_count": t["dagster/row_count"]}``."""
+    casts = {"string": str, "int": int, "float": float, "bool": bool}
+    records = [dg.TableRecord({name: casts[kind](value) for (name, kind), value in zip(columns, row, strict=True)})
+               for row in rows]
+    schema = dg.TableSchema(columns=[dg.TableColumn(name, kind) for name, kind in columns])
+    return {"table": dg.MetadataValue.table(records, schema=schema),
+            "dagster/row_count": dg.MetadataValue.int(len(records))}

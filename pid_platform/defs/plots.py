@@ -54,35 +54,51 @@ def bar_png(counts: Mapping[str, float], *, title: str, ylabel: str, color: str 
     return _png(fig)
 
 
-def shard_sizes_png(sizes_mb: Sequence[float], labels: Sequence[str], bound_mb: float | None, *, title: str) -> bytes:
-    """Each shard's size (all modalities together) as a bar, coloured by bucket, against the bound.
+PALETTE = ["#4f6fb3", "#d9822b", "#3a9e6f", "#b34f6f", "#7a5fb3", "#8c8c3a", "#2b9ad9", "#b3874f", "#5f5f5f",
+           "#c94fc9"]
+MAX_LEGEND = len(PALETTE)  # beyond this, colours would repeat: the buckets are named under the bars instead
 
-    The y axis is logarithmic: shards of a small source sit far below a 500 MB bound, and a
+
+def shard_sizes_png(sizes_mib: Sequence[float], labels: Sequence[str], bound_mib: float | None, *, title: str) -> bytes:
+    """Each shard's size in MiB (all modalities together) as a bar, coloured by bucket, against the bound."""
+    return _png(shard_sizes_figure(sizes_mib, labels, bound_mib, title=title))
+
+
+def shard_sizes_figure(sizes_mib: Sequence[float], labels: Sequence[str], bound_mib: float | None, *, title: str):
+    """The figure of ``shard_sizes_png``: bars in the given (bucket) order, one colour per bucket with a
+    legend entry each, every bucket's name under its run of bars, the bound as a dashed line.
+
+    The y axis is logarithmic: shards of a small source sit far below a 500 MiB bound, and a
     linear axis would draw them as nothing."""
+    from matplotlib.patches import Patch
+
     fig = _figure()
     ax = fig.add_subplot()
-    buckets = sorted(set(labels))
-    palette = ["#4f6fb3", "#d9822b", "#3a9e6f", "#b34f6f", "#7a5fb3", "#8c8c3a", "#2b9ad9", "#b3874f"]
-    colors = [palette[buckets.index(b) % len(palette)] for b in labels]
-    positive = [v for v in sizes_mb if v > 0] or [1.0]
+    buckets = list(dict.fromkeys(labels))  # in the order the bars come
+    colour = {b: PALETTE[i % len(PALETTE)] for i, b in enumerate(buckets)}
+    positive = [v for v in sizes_mib if v > 0] or [1.0]
     floor = min(positive) / 10  # bars start here: a log axis has no zero
-    top = max(max(positive), bound_mb or 0) * 4
+    top = max(max(positive), bound_mib or 0) * 4
     ax.set_yscale("log")
-    ax.bar(range(len(sizes_mb)), [max(v, floor) - floor for v in sizes_mb], bottom=floor, color=colors, width=0.9)
+    ax.bar(range(len(sizes_mib)), [max(v, floor) - floor for v in sizes_mib], bottom=floor,
+           color=[colour[b] for b in labels], width=0.9)
     ax.set_ylim(floor, top)
-    if bound_mb is not None:
-        ax.axhline(bound_mb, color="#c0392b", linestyle="--", linewidth=1)
-        ax.text(0.99, bound_mb, f"bound {bound_mb:g} MB", color="#c0392b", ha="right", va="bottom",
+    if bound_mib is not None:
+        ax.axhline(bound_mib, color="#c0392b", linestyle="--", linewidth=1)
+        ax.text(0.99, bound_mib, f"bound {bound_mib:g} MiB", color="#c0392b", ha="right", va="bottom",
                 transform=ax.get_yaxis_transform(), fontsize=8)
-    for b in buckets:
-        ax.bar([], [], color=palette[buckets.index(b) % len(palette)], label=b)
-    if 1 < len(buckets) <= 10:
-        ax.legend(fontsize=7, ncols=3, loc="upper left")
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set_xlabel("shard (in bucket order)")
-    ax.set_ylabel("MB (all modalities)")
+    if 1 < len(buckets) <= MAX_LEGEND:
+        ax.legend(handles=[Patch(facecolor=colour[b], label=b) for b in buckets], title="bucket", fontsize=7,
+                  title_fontsize=7, ncols=min(5, len(buckets)), loc="upper left")
+    # Each bucket's name under the middle of its bars.
+    starts = [i for i, b in enumerate(labels) if i == 0 or labels[i - 1] != b]
+    ends = starts[1:] + [len(labels)]
+    ax.set_xticks([(a + b - 1) / 2 for a, b in zip(starts, ends, strict=True)], [labels[a] for a in starts],
+                  fontsize=7, rotation=30 if len(starts) > 6 else 0)
+    ax.set_xlabel(f"shards by bucket ({len(sizes_mib)} shards)")
+    ax.set_ylabel("MiB per shard (all modalities)")
     ax.set_title(title, fontsize=10)
-    return _png(fig)
+    return fig
 
 
 def grouped_bars_png(groups: Mapping[str, Mapping[str, float]], *, title: str, ylabel: str) -> bytes:

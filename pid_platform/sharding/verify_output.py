@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from loader.formats.key_index import read_key_columns
+from loader.formats.layout import key_index_relpath
 from loader.formats.twin_tar import file_sha256, iter_member_headers, split_member_name, tar_path
 from loader.formats.wdinfo import WDINFO_NAME, read_wdinfo
 from pid_platform.sharding.layout import bucket_dir
@@ -99,27 +100,45 @@ def damaged_shards(out: Path, plans: list[ShardPlan]) -> list[tuple[ShardPlan, P
 
 
 def key_index_mismatches(out: Path, buckets: list[str]) -> list[str]:
-    """Each listed key index must name every tar member in order, with its exact offset and size."""
+    """Each key index a manifest lists must name every tar member in order, with its exact offset and size."""
     problems = []
     for b in buckets:
         path = bucket_dir(out, b) / WDINFO_NAME
         man = read_wdinfo(path)
-        root = bucket_dir(out, b)
         for t in man.tars:
             if t.key_index is None:
                 problems.append(f"{path}: {t.path} lists no key index")
                 continue
-            idx = read_key_columns(Path(man.manifest_dir or ".") / t.key_index, man.data_keys,
-                                   members=True, sizes=True)
-            for m in man.data_keys:
-                headers = iter_member_headers(root / m / t.path)
-                if not (m in idx.members and m in idx.offsets and m in idx.sizes):
-                    problems.append(f"{t.key_index}: no member/offset/size columns for {m}")
-                    continue
-                listed = list(zip(idx.members[m], idx.offsets[m], idx.sizes[m], strict=True))
-                if listed != [tuple(h) for h in headers]:
-                    problems.append(f"{t.key_index}: {m} members/offsets/sizes differ from {root / m / t.path}")
-            keys = [split_member_name(n)[0] for n in idx.members.get(man.data_keys[0], [])]
-            if keys != idx.keys:
-                problems.append(f"{t.key_index}: key column differs from the member names")
+            problems += _key_index_problems(Path(man.manifest_dir or ".") / t.key_index, bucket_dir(out, b), t.path,
+                                            list(man.data_keys), shown_as=t.key_index)
+    return problems
+
+
+def planned_key_index_mismatches(out: Path, plans: list[ShardPlan]) -> list[str]:
+    """The same for the key index of every planned shard, before any manifest lists them (staged)."""
+    problems = []
+    for p in plans:
+        root = bucket_dir(out, p.bucket)
+        index = root / key_index_relpath(p.relpath)
+        if not index.is_file():
+            problems.append(f"{index}: missing")
+            continue
+        problems += _key_index_problems(index, root, p.relpath, list(p.modalities), shown_as=str(index))
+    return problems
+
+
+def _key_index_problems(index: Path, root: Path, tar_rel: str, data_keys: list[str], *, shown_as: str) -> list[str]:
+    problems = []
+    idx = read_key_columns(index, data_keys, members=True, sizes=True)
+    for m in data_keys:
+        headers = iter_member_headers(root / m / tar_rel)
+        if not (m in idx.members and m in idx.offsets and m in idx.sizes):
+            problems.append(f"{shown_as}: no member/offset/size columns for {m}")
+            continue
+        listed = list(zip(idx.members[m], idx.offsets[m], idx.sizes[m], strict=True))
+        if listed != [tuple(h) for h in headers]:
+            problems.append(f"{shown_as}: {m} members/offsets/sizes differ from {root / m / tar_rel}")
+    keys = [split_member_name(n)[0] for n in idx.members.get(data_keys[0], [])]
+    if keys != idx.keys:
+        problems.append(f"{shown_as}: key column differs from the member names")
     return problems

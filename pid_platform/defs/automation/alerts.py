@@ -15,24 +15,41 @@ import urllib.error
 import urllib.request
 
 import dagster as dg
+from dagster._core.definitions.assets.job.asset_job import IMPLICIT_ASSET_JOB_NAME
 
 WEBHOOK_ENV = "PID_ALERT_WEBHOOK_URL"
 WEBHOOK_TIMEOUT_S = 10
+MAX_ERROR_CHARS = 500  # per step: a chat message, not a traceback (the run's page has that)
 log = logging.getLogger("pid_platform.alerts")
 
 
-def run_failure_alert(run: dg.DagsterRun, error: str | None, failed_steps: list[str]) -> dict:
-    """What is known of a failed run, as plain JSON values."""
+def job_label(run: dg.DagsterRun) -> str:
+    """The run's job as an operator knows it: a Materialize click or an automation run goes through
+    Dagster's hidden ``__ASSET_JOB``, named here by the assets it materialized."""
+    if run.job_name != IMPLICIT_ASSET_JOB_NAME:
+        return run.job_name
+    assets = sorted(k.to_user_string() for k in run.asset_selection or ())
+    checks = sorted(f"{k.asset_key.to_user_string()}:{k.name}" for k in run.asset_check_selection or ())
+    return "materialize " + (", ".join(assets + checks) or "assets")
+
+
+def run_failure_alert(run: dg.DagsterRun, error: str | None, failed_steps: list[str],
+                      step_errors: dict[str, str] | None = None) -> dict:
+    """What is known of a failed run, as plain JSON values; ``step_errors``: each failed step's error."""
+    step_errors = step_errors or {}
+    why = "; ".join(f"{step}: {message}" for step, message in sorted(step_errors.items())) or error
     return {
         "alert": "dagster_run_failure",
-        "text": f"Dagster run {run.run_id[:8]} of {run.job_name} failed"
+        "text": f"Dagster run {run.run_id[:8]} of {job_label(run)} failed"
                 + (f" (partition {run.tags['dagster/partition']})" if "dagster/partition" in run.tags else "")
-                + (f": {error}" if error else ""),
+                + (f": {why}" if why else ""),
         "run_id": run.run_id,
-        "job": run.job_name,
+        "job": job_label(run),
+        "job_name": run.job_name,
         "partition": run.tags.get("dagster/partition"),
         "code_location": run.remote_job_origin.location_name if run.remote_job_origin else None,
         "failed_steps": failed_steps,
+        "step_errors": dict(sorted(step_errors.items())),
         "error": error,
         "tags": {k: v for k, v in sorted(run.tags.items()) if not k.startswith(".dagster")},
     }
@@ -49,18 +66,34 @@ def post_alert(url: str, alert: dict) -> int:
         raise RuntimeError(f"alert webhook {url} ({WEBHOOK_ENV}) did not take the alert: {exc}") from exc
 
 
-def _failed_steps(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+def step_errors(instance: dg.DagsterInstance, run_id: str) -> dict[str, str]:
+    """Failed step -> the first line of what it raised (the cause, not Dagster's wrapper around it)."""
     records = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.STEP_FAILURE).records
-    return sorted({r.event_log_entry.dagster_event.step_key for r in records if r.event_log_entry.dagster_event})
+    errors: dict[str, str] = {}
+    for r in records:
+        event = r.event_log_entry.dagster_event
+        if event is None or event.step_key is None:
+            continue
+        error = event.step_failure_data.error if event.step_failure_data else None
+        while error is not None and error.cause is not None and (
+                error.cls_name.startswith("Dagster") or error.cls_name == "Failure"):
+            error = error.cause
+        lines = (error.message if error else "").strip().splitlines()
+        errors[event.step_key] = (lines[0] if lines else "failed")[:MAX_ERROR_CHARS]
+    return errors
 
 
-@dg.run_failure_sensor(default_status=dg.DefaultSensorStatus.RUNNING, minimum_interval_seconds=30)
+@dg.run_failure_sensor(
+    default_status=dg.DefaultSensorStatus.RUNNING, minimum_interval_seconds=30,
+    description="Raises an alert for every failed run of this code location: a log line (ERROR, logger "
+                "pid_platform.alerts) with each failed step's error and, if PID_ALERT_WEBHOOK_URL is set for the "
+                "daemon, a JSON POST to that URL.",
+)
 def run_failure_alert_sensor(context: dg.RunFailureSensorContext) -> None:
-    """Writes an alert for every failed run of this code location: a log line (level ERROR,
-    logger ``pid_platform.alerts``) and, if ``PID_ALERT_WEBHOOK_URL`` is set, a JSON POST to it."""
     run = context.dagster_run
     error = context.failure_event.message if context.failure_event else None
-    alert = run_failure_alert(run, error, _failed_steps(context.instance, run.run_id))
+    errors = step_errors(context.instance, run.run_id)
+    alert = run_failure_alert(run, error, sorted(errors), errors)
     line = f"ALERT {alert['text']} (failed steps: {', '.join(alert['failed_steps']) or 'none'})"
     log.error(line)
     context.log.error(line)

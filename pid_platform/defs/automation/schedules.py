@@ -23,6 +23,8 @@ from pid_platform.sharding.settings import SETTINGS_NAME, source_settings
     execution_timezone="UTC",
     job=source_build_job,
     default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="03:00 UTC: a source_build run for every registered source, each with its own sharding.yaml; "
+                "an unchanged source costs a listing and re-asserts its checks on the committed version.",
 )
 def daily_source_rebuild(
     context: dg.ScheduleEvaluationContext, source_store: SourceStoreResource, sharding: ShardingResource

@@ -12,6 +12,7 @@ import dagster as dg
 from pid_platform.defs.automation.fingerprint import source_fingerprint
 from pid_platform.defs.automation.jobs import source_build_job
 from pid_platform.defs.partitions import SOURCES, sources_partitions
+from pid_platform.defs.raw_sources import raw_source_observations
 from pid_platform.defs.resources import ShardingResource, SourceStoreResource
 from pid_platform.defs.settings import settings_observation
 from pid_platform.sharding.errors import BuildError
@@ -34,6 +35,9 @@ def build_run_key(source: str, config_version: str, fingerprint: str) -> str:
     job=source_build_job,
     minimum_interval_seconds=60,
     default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Every 60 s: lists the sources under the raw root, adds new ones as partitions, records changed "
+                "raw files and settings on raw_source and sharding_settings, and requests a source_build run "
+                "for every source that is new or whose files or sharding.yaml changed.",
 )
 def raw_sources_sensor(
     context: dg.SensorEvaluationContext, source_store: SourceStoreResource, sharding: ShardingResource
@@ -63,6 +67,10 @@ def raw_sources_sensor(
         if files == 0:
             context.log.info(f"source {source!r} has no files yet; waiting")
             continue
+        # Also for a new source (the daemon records it before adding the partition; Dagster takes it):
+        # a source's first observation after its build would show it stale.
+        observations += raw_source_observations(context.instance, source, fingerprint, files,
+                                                f"{store.uri.rstrip('/')}/{source}")
         if source not in known:
             new_partitions.append(source)
         else:  # a partition the daemon has not added yet cannot carry an observation

@@ -10,8 +10,9 @@ import dagster as dg
 
 from pid_platform.defs.metadata import first
 from pid_platform.defs.partitions import sources_partitions
-from pid_platform.sharding.pipeline import load_plans, load_sharding_config
+from pid_platform.sharding.pipeline import load_plans, load_sharding_config, state_dir
 from pid_platform.sharding.shard_plan import ShardingConfig, ShardPlan
+from pid_platform.sharding.versions import staging_dir
 
 
 def blocking_source_check(asset: str, description: str) -> Callable[[Callable], dg.AssetChecksDefinition]:
@@ -28,6 +29,12 @@ def blocking_source_check(asset: str, description: str) -> Callable[[Callable], 
             )(fn)
 
     return decorate
+
+
+def staged_or_committed(out: Path) -> Path:
+    """The staging folder of ``out`` when a build is staged there, else ``out`` (the committed version)."""
+    staged = staging_dir(out)
+    return staged if (state_dir(staged) / "sharding.json").is_file() else out
 
 
 def built_plans(out: Path) -> tuple[ShardingConfig, list[ShardPlan]]:

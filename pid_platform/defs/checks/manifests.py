@@ -1,11 +1,19 @@
 """Blocking check on ``wdinfo_manifests``: what a published manifest says matches the tars it
 lists (it runs after the commit, on the source's output folder)."""
 
+from pathlib import Path
+
 import dagster as dg
 
 from pid_platform.defs.checks.common import blocking_source_check, built_plans, result
 from pid_platform.defs.resources import SourceStoreResource
 from pid_platform.sharding.verify_output import manifest_mismatches
+
+
+def manifest_counts_result(out: Path) -> dg.AssetCheckResult:
+    _, plans = built_plans(out)
+    buckets = sorted({p.bucket for p in plans})
+    return result(manifest_mismatches(out, buckets), manifests_checked=len(buckets))
 
 
 @blocking_source_check(
@@ -15,7 +23,4 @@ from pid_platform.sharding.verify_output import manifest_mismatches
 def manifest_counts_match_tars(
     context: dg.AssetCheckExecutionContext, source_store: SourceStoreResource
 ) -> dg.AssetCheckResult:
-    out = source_store.source_out(context.partition_key)
-    _, plans = built_plans(out)
-    buckets = sorted({p.bucket for p in plans})
-    return result(manifest_mismatches(out, buckets), manifests_checked=len(buckets))
+    return manifest_counts_result(source_store.source_out(context.partition_key))

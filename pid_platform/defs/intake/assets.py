@@ -4,10 +4,12 @@ import hashlib
 
 import dagster as dg
 
+from pid_platform.defs.checks.committed import reassert_committed_checks
 from pid_platform.defs.groups import BUILD_GROUP, BUILD_POOL
 from pid_platform.defs.metadata import markdown_table
 from pid_platform.defs.partitions import sources_partitions
 from pid_platform.defs.plots import bar_png, png_markdown
+from pid_platform.defs.raw_sources import RAW_SOURCE_ASSET
 from pid_platform.defs.resources import DEFAULT_SHARDING, ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
 from pid_platform.defs.settings import SETTINGS_ASSET, settings_for_run, settings_metadata
@@ -79,7 +81,7 @@ def _report_table(report: IntakeReport) -> str:
     group_name=BUILD_GROUP,
     kinds={"python", "parquet"},
     code_version=INTAKE_CODE_VERSION,
-    deps=[SETTINGS_ASSET],
+    deps=[RAW_SOURCE_ASSET, SETTINGS_ASSET],
     pool=BUILD_POOL,
     retry_policy=IO_RETRY,
     output_required=False,
@@ -116,6 +118,7 @@ def sample_set(
               "validate": result.validate}
     if result.up_to_date:
         context.log.info(f"{source}: up to date ({report.samples} samples); nothing to build")
+        reassert_committed_checks(context, source, final_dir(out))  # the skipped checks' verdict, on what is served
         context.log_event(dg.AssetObservation(
             asset_key=context.asset_key, partition=source,
             metadata={"up_to_date": True, "samples": report.samples, **counts,

@@ -19,10 +19,11 @@ from loader.lerobot.sidecar import (
     validate_sidecar,
 )
 from loader.lerobot.sidecar.publish_layout import POINTER_VERSION, PublishRefused
+from pid_platform.defs.lerobot.datasets import LEROBOT_DATASET_ASSET
 from pid_platform.defs.lerobot.partitions import LEROBOT_GROUP, lerobot_datasets_partitions
 from pid_platform.defs.lerobot.pools import PUBLISH_POOL
 from pid_platform.defs.lerobot.resources import LeRobotResource
-from pid_platform.defs.metadata import human_bytes, markdown_table
+from pid_platform.defs.metadata import human_bytes, table
 from pid_platform.defs.plots import bar_png, grouped_bars_png, png_markdown
 from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
 from pid_platform.lerobot.publish import publish_sidecar
@@ -32,11 +33,15 @@ SIDECAR_CODE_VERSION = f"mp4-sidecar-v{SIDECAR_SCHEMA_VERSION}"
 PUBLISH_CODE_VERSION = f"{SIDECAR_CODE_VERSION}-pointer-v{POINTER_VERSION}"
 
 
-def _files_table(manifest: dict) -> str:
-    rows = [(f["path"], f["codec"], f"{f['width']}x{f['height']}", f["sample_count"], human_bytes(f["size"]),
-             "none" if f["edit"] is None else "yes")
+FILE_COLUMNS = (("file", "string"), ("codec", "string"), ("width", "int"), ("height", "int"), ("samples", "int"),
+                ("bytes", "int"), ("size", "string"), ("edit_list", "bool"))
+
+
+def _files_table(manifest: dict) -> dict[str, dg.MetadataValue]:
+    rows = [(f["path"], f["codec"], f["width"], f["height"], f["sample_count"], f["size"], human_bytes(f["size"]),
+             f["edit"] is not None)
             for f in manifest["files"]]
-    return markdown_table(("file", "codec", "size", "samples", "bytes", "edit list"), rows)
+    return table(FILE_COLUMNS, rows)
 
 
 def episode_stats(meta: LeRobotMeta, sidecar) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
@@ -75,6 +80,7 @@ def _episode_plots(dataset: str, lengths: dict[str, int], per_camera: dict[str, 
 
 @dg.asset(
     partitions_def=lerobot_datasets_partitions,
+    deps=[LEROBOT_DATASET_ASSET],
     group_name=LEROBOT_GROUP,
     kinds={"python", "numpy"},
     code_version=SIDECAR_CODE_VERSION,
@@ -121,6 +127,7 @@ def mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource) -> 
     # Everything outside the mdat boxes (ftyp, moov, box headers): what an index from boxes reads.
     header_bytes = video_bytes - sum(size for f in manifest["files"] for _, size in f["mdat"])
     measured = {"index_bytes_read": sum(read)} if len(read) == len(manifest["files"]) and read else {}
+    files = _files_table(manifest)
     return dg.MaterializeResult(
         metadata={
             "files": len(manifest["files"]),
@@ -141,7 +148,9 @@ def mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource) -> 
             "revision_source": how,
             "data_root": manifest["data_root"],
             "schema_version": manifest["schema_version"],
-            "video_files": dg.MetadataValue.md(_files_table(manifest)),
+            # One row per MP4: the table, and its row count where the UI shows it.
+            "video_files": files["table"],
+            "dagster/row_count": files["dagster/row_count"],
             **_episode_plots(dataset, lengths, per_camera),
             "sidecar": dg.MetadataValue.path(str(out)),
         },
@@ -157,15 +166,20 @@ def mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource) -> 
     kinds={"python"},
     code_version=PUBLISH_CODE_VERSION,
     pool=PUBLISH_POOL,
+    # With publishing off nothing is materialized (an observation says so): the asset must not
+    # read as published when nothing was.
+    output_required=False,
     # A push can lose a race with another publisher or meet a flaky network: both heal on a
     # later try. Refusals (a subset, an unpinned revision) fail at once (Failure without retries).
     retry_policy=dg.RetryPolicy(max_retries=3, delay=15, backoff=dg.Backoff.EXPONENTIAL),
 )
-def published_mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource) -> dg.MaterializeResult:
+def published_mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource):
     """The dataset's sidecar, published where training looks for it: the `lerobot-sidecars`
     branch of its git or Hub repository (created from the pinned source commit; the source branch
     is never touched) or `meta/mp4-sidecars/` under its bucket root, as `publish_target` says.
-    With `publish_target` `none` nothing is published and the metadata says so.
+    With `publish_target` `none` nothing is published: the asset is not materialized (it stays
+    unpublished in the UI) and an observation (`published: false`) says why; its stream check
+    does not run.
     """
     dataset = context.partition_key
     sidecar = lerobot.sidecar_path(dataset)
@@ -174,12 +188,12 @@ def published_mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotRes
     except PublishRefused as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     if target is None:
-        return dg.MaterializeResult(metadata={
-            "published": False,
-            "note": "publishing is off (publish_target is 'none'; set PID_LEROBOT_PUBLISH to git:<url>, "
-                    "s3://bucket/prefix or hub to publish)",
-            "sidecar": dg.MetadataValue.path(str(sidecar)),
-        })
+        note = ("publishing is off (publish_target is 'none'; set PID_LEROBOT_PUBLISH to git:<url>, "
+                "s3://bucket/prefix or hub to publish)")
+        context.log.info(f"{dataset}: not published: {note}")
+        context.log_event(dg.AssetObservation(asset_key=context.asset_key, partition=dataset, metadata={
+            "published": False, "note": note, "sidecar": dg.MetadataValue.path(str(sidecar))}))
+        return
     try:
         result = publish_sidecar(sidecar, target)
     except PublishRefused as exc:
@@ -199,4 +213,4 @@ def published_mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotRes
         metadata["commit"] = result.commit
     if result.parent:
         metadata["parent"] = result.parent
-    return dg.MaterializeResult(metadata=metadata)
+    yield dg.MaterializeResult(metadata=metadata)

@@ -1,12 +1,11 @@
 """The LeRobot job, and the sensor that finds datasets under ``PID_LEROBOT_ROOT``."""
 
-import hashlib
 import json
 
 import dagster as dg
 
-from loader.io import roots as fs
 from pid_platform.defs.lerobot.assets import SIDECAR_CODE_VERSION
+from pid_platform.defs.lerobot.datasets import dataset_fingerprint, dataset_observations
 from pid_platform.defs.lerobot.partitions import LEROBOT_DATASETS, lerobot_datasets_partitions
 from pid_platform.defs.lerobot.pools import apply_pool_limits
 from pid_platform.defs.lerobot.resources import LeRobotResource
@@ -21,33 +20,26 @@ lerobot_sidecar_job = dg.define_asset_job(
 )
 
 
-def dataset_fingerprint(lerobot: LeRobotResource, dataset: str) -> str:
-    """Changes when the dataset's metadata files or its pinned revision do (a listing and a few
-    stats, no reads). A video rewritten in place with unchanged metadata is caught by the check
-    and by training's own validation, not here: listing every video each minute costs too much."""
-    root = lerobot.data_root(dataset)
-    h = hashlib.sha256(str(lerobot.revision(dataset)[0]).encode())
-    rels = ["meta/info.json", "meta/tasks.parquet"]
-    for chunk in fs.list_dir(root, "meta/episodes"):
-        rels += [f"meta/episodes/{chunk}/{name}" for name in fs.list_dir(root, f"meta/episodes/{chunk}")]
-    for rel, ident in sorted(fs.file_identities(root, [r for r in rels if fs.exists(root, r)]).items()):
-        h.update(f"\0{rel}\0{ident.size}\0{ident.fingerprint}".encode())
-    return h.hexdigest()[:16]
-
-
 # On by default: it reads metadata listings only; a build replaces the sidecar atomically, and
 # nothing is published unless PID_LEROBOT_PUBLISH says where (publishes go one at a time).
-@dg.sensor(job=lerobot_sidecar_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)
+@dg.sensor(
+    job=lerobot_sidecar_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Every 60 s: lists the LeRobot v3 datasets under PID_LEROBOT_ROOT, adds new ones as partitions, "
+                "records a changed dataset's fingerprint on lerobot_dataset and requests a sidecar build for "
+                "every new or changed dataset (published only where PID_LEROBOT_PUBLISH says).",
+)
 def lerobot_datasets_sensor(context: dg.SensorEvaluationContext, lerobot: LeRobotResource) -> dg.SensorResult:
     """Lists the LeRobot v3 datasets under ``PID_LEROBOT_ROOT`` (each folder with ``meta/info.json``),
     adds each new one as a partition of ``lerobot_datasets``, and requests a sidecar build for every
-    dataset that is new or whose metadata or revision changed. Also gives the ``lerobot_publish``
+    dataset that is new or whose metadata or revision changed, recording a changed fingerprint as an
+    observation of ``lerobot_dataset``. Also gives the ``lerobot_publish``
     pool its limit of 1 where none is set. The cursor holds each dataset's last run key."""
     limits = apply_pool_limits(context.instance)
     seen: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
     known = set(context.instance.get_dynamic_partitions(LEROBOT_DATASETS))
     new: list[str] = []
     requests: list[dg.RunRequest] = []
+    observations: list[dg.AssetObservation] = []
     for dataset in lerobot.datasets():
         if "..." in dataset or any(ord(c) < 32 for c in dataset):  # Dagster refuses such keys
             context.log.warning(f"dataset folder {dataset!r} skipped: rename it (no '...', no control characters)")
@@ -59,6 +51,9 @@ def lerobot_datasets_sensor(context: dg.SensorEvaluationContext, lerobot: LeRobo
             continue
         if dataset not in known:
             new.append(dataset)
+        # Also for a new dataset (recorded before its partition is added; Dagster takes it): a
+        # first observation after the sidecar's build would show the sidecar stale.
+        observations += dataset_observations(context.instance, lerobot, dataset, fingerprint)
         # A reused run_key is dropped forever: it changes with the inputs and the sidecar schema.
         run_key = f"{dataset}:{SIDECAR_CODE_VERSION}:{fingerprint}"
         if seen.get(dataset) != run_key:
@@ -68,6 +63,7 @@ def lerobot_datasets_sensor(context: dg.SensorEvaluationContext, lerobot: LeRobo
         context.log.debug(f"pool limits: {limits}")
     return dg.SensorResult(
         run_requests=requests,
+        asset_events=observations,
         dynamic_partitions_requests=[lerobot_datasets_partitions.build_add_request(new)] if new else [],
         cursor=json.dumps(seen, sort_keys=True),
     )

@@ -5,7 +5,11 @@ from pathlib import Path
 import dagster as dg
 
 from loader.formats.wdinfo import WDINFO_NAME, read_wdinfo
-from pid_platform.defs.automation.conditions import FOLLOW_UPSTREAM
+from pid_platform.defs.automation.conditions import (
+    CATALOG_CONDITION,
+    CATALOG_FRESHNESS,
+    FOLLOW_UPSTREAM,
+)
 from pid_platform.defs.checks.common import built_plans
 from pid_platform.defs.datasets.definitions import merged_definitions
 from pid_platform.defs.groups import BUILD_GROUP, CATALOG_GROUP
@@ -172,7 +176,8 @@ def wdinfo_manifests(
     deps=["wdinfo_manifests"],
     group_name=CATALOG_GROUP,
     kinds={"python", "json"},
-    automation_condition=FOLLOW_UPSTREAM,
+    automation_condition=CATALOG_CONDITION,
+    freshness_policy=CATALOG_FRESHNESS,
     retry_policy=IO_RETRY,
 )
 def dataset_catalog(source_store: SourceStoreResource, sharding: ShardingResource) -> dg.MaterializeResult:
