@@ -116,6 +116,13 @@ def test_the_prefilled_launchpad_config_leaves_sharding_yaml_unchanged(raw_root:
             "max_shard_size_mb": {"was": 1, "in_file": True, "now": 0.5}}
         assert any("max_shard_size_mb: 1 -> 0.5" in m for m in log_messages(instance, result))
 
+        # A bad value typed there is refused at once, by name, and the file is left as it is.
+        written = settings_file.read_bytes()
+        result = launch(defs, instance, launchpad_config(defs, num_workers=1, max_shard_size_mb=-1))
+        assert not result.success and retried(result) == []
+        assert "sharding setting max_shard_size_mb=-1 is invalid" in step_failure(result)[1]
+        assert settings_file.read_bytes() == written
+
 
 def test_materialize_on_twin_tar_shards_refuses_at_once_or_reshards_the_committed_samples(
         raw_root: Path, out_root: Path) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import dagster as dg
 from dagster_aws.s3 import S3Resource
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from loader.io.s3_client import S3Settings
 from pid_platform.sharding.s3_output import (
@@ -170,17 +170,12 @@ class ShardingResource(dg.ConfigurableResource):
         return {k: v for k in SETTING_KEYS if (v := getattr(self, k)) is not None}
 
     def config(self, without: Iterable[str] = ()) -> ShardingConfig:
-        """The code defaults overridden by the settings set here (except those in ``without``);
-        ``ShardingConfig`` validates them, with the setting's name in the error."""
+        """The code defaults overridden by the settings set here (except those in ``without``).
+        ``ShardingConfig`` validates them (the one place that does), naming the setting; every
+        run step and tick calls this before any work."""
         skip = set(without)
         return ShardingConfig(**{**asdict(_DEFAULTS),
                                  **{k: v for k, v in self.settings_set().items() if k not in skip}})
-
-    @model_validator(mode="after")
-    def _valid_settings(self) -> "ShardingResource":
-        # Refused where the resource is made (the launchpad's config included), before any run step.
-        self.config()
-        return self
 
 
 DEFAULT_SHARDING = ShardingResource()

@@ -17,7 +17,7 @@ version differs from the last one recorded for that source.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import dagster as dg
@@ -87,6 +87,8 @@ def settings_for_run(context: dg.AssetExecutionContext, source_store: SourceStor
     changed = {k: v for k, v in overrides.items() if getattr(current.config, k) != v}
     settings, applied = current, {}
     if changed:
+        # A bad value typed in the launchpad is refused as such (named), before the file is touched.
+        replace(current.config, **changed)
         try:
             settings = persist_settings(store, current, changed, defaults)
         except (BuildError, OSError) as exc:
