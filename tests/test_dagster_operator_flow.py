@@ -5,6 +5,7 @@ against the same instance while those runs are queued, running and done."""
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import threading
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import pytest
 import yaml
 from dagster._core.definitions.data_version import get_input_data_version_tag
 
@@ -21,6 +23,7 @@ from pid_platform.sharding.shard_plan import ShardingConfig
 from tests.support.dagster_runs import (
     apply_partition_requests,
     dagster_instance,
+    evaluate_schedule,
     evaluate_sensor,
     launchpad_config,
     load_defs,
@@ -178,6 +181,8 @@ def test_a_launchpad_reshard_and_sensor_ticks_make_one_build(raw_root: Path, out
                                              tags={"dagster/partition": "photos"},
                                              status=dg.DagsterRunStatus.NOT_STARTED)
         assert evaluate_sensor(defs, instance, None).run_requests == []
+        nightly = evaluate_schedule(defs, instance, dt.datetime(2026, 3, 2, 3, tzinfo=dt.UTC))
+        assert isinstance(nightly, dg.SkipReason) and f"photos (run {queued.run_id})" in nightly.skip_message
         instance.report_run_canceled(queued)
 
         # The run writes sharding.yaml first; a tick while it still builds must not start a second build.
@@ -280,3 +285,18 @@ def test_builds_record_the_settings_version_and_observations_only_when_it_change
         tags = {e.asset_key.to_user_string(): e.materialization.tags for e in result.get_asset_materialization_events()}
         assert tags["sample_set"][SETTINGS_INPUT_TAG] == tags["twin_tar_shards"][SETTINGS_INPUT_TAG] == version_b
         assert evaluate_sensor(defs, instance, second.cursor).asset_events == []
+
+
+def test_only_transient_io_errors_are_left_to_the_retry_policy() -> None:
+    from loader.io.s3_client import S3AccessError
+    from pid_platform.defs.retries import is_transient, retry_only_transient
+
+    assert all(is_transient(e) for e in (ConnectionResetError(), TimeoutError(), S3AccessError("503"), OSError(5, "EIO")))
+    lasting = (FileNotFoundError("samples.parquet"), PermissionError("out"), ValueError("bad"), KeyError("x"))
+    assert not any(is_transient(e) for e in lasting)
+    for error in lasting:
+        with pytest.raises(dg.Failure) as failure, retry_only_transient():
+            raise error
+        assert failure.value.allow_retries is False and str(error) in failure.value.description
+    with pytest.raises(ConnectionResetError), retry_only_transient():
+        raise ConnectionResetError("peer reset")  # as it is: the step's retry policy tries again
