@@ -119,7 +119,7 @@ def test_asset_graph_partitions_checks_and_a_launched_run(tmp_path: Path, monkey
         # Re-shard photos from the launchpad: its pre-filled config, one setting changed.
         job = {**LOCATION, "pipelineName": "source_build"}
         browser.get(f"{dev.url}/locations/pid_platform/jobs/source_build")
-        _shown(browser, ["source_build", "twin_tar_shards", "wdinfo_manifests"], "source_build job", shots)
+        _shown(browser, ["source_build", "sample_set", "twin_tar_shards"], "source_build job", shots)
         browser.save_screenshot(str(shots / "source-build-job.png"))
         schema = dev.graphql(PREFILLED, {"selector": job})["runConfigSchemaOrError"]
         assert schema["__typename"] == "RunConfigSchema", schema
