@@ -102,9 +102,12 @@ def test_daily_schedule_requests_every_registered_source(raw_root: Path, out_roo
         requests = evaluate_schedule(defs, instance, when)
         version = ShardingResource().config().version()  # photos has no sharding.yaml: the defaults
         # portraits has no folder: requested all the same, so its run shows the error.
-        assert [(r.partition_key, r.run_key) for r in requests] == [
-            ("photos", f"daily:2026-03-01:photos:{version}"), ("portraits", "daily:2026-03-01:portraits:unreadable"),
-        ]
+        # Keys: day, source, settings version, files' fingerprint, the last commit's event (none yet).
+        [photos, portraits] = requests
+        assert photos.partition_key == "photos" and photos.run_key.startswith(f"daily:2026-03-01:photos:{version}:")
+        assert photos.run_key.endswith(":after-0")
+        assert (portraits.partition_key, portraits.run_key) == (
+            "portraits", "daily:2026-03-01:portraits:unreadable:unreadable:after-0")
         assert schedule.job_name == "source_build" and schedule.cron_schedule == "0 3 * * *"
 
 

@@ -1,20 +1,26 @@
 """The Dagster UI in a real browser: ``dagster dev -w workspace.yaml`` with the project's
 instance config, the asset graph opened in headless Chromium, every asset, the partitions and
-the checks shown, a materialization launched through the webserver's GraphQL API and watched to
-success, and a screenshot of the graph saved under the test's folder."""
+the checks shown, runs launched through the webserver's GraphQL API and watched to success (the
+catalog; a re-shard of one source with the config the launchpad pre-fills, one setting changed),
+and screenshots saved under the test's folder."""
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.parse
 from pathlib import Path
 
 import dagster as dg
 import pytest
+import yaml
 
 from pid_platform import demo
+from pid_platform.sample_data import make_sample_source
+from pid_platform.sharding.settings import SETTINGS_NAME
 from tests.support.browser import CHROMEDRIVER, CHROMIUM, headless_chromium, wait_for_text
 from tests.support.dagster_dev import DagsterDev
+from tests.support.dagster_runs import build_source, load_defs, tars, use_roots
 
 pytestmark = [
     pytest.mark.slow,
@@ -31,6 +37,25 @@ LAUNCH = """mutation($params: ExecutionParams!) { launchRun(executionParams: $pa
 GRAPH = "/asset-groups?expanded=" + urllib.parse.quote(",".join(
     f"global@global:{g}" for g in ("webdataset_build", "catalog", "lerobot")))
 STATUS = """query($id: ID!) { runOrError(runId: $id) { __typename ... on Run { status } } }"""
+# What the launchpad pre-fills: the webserver's default config of the job.
+PREFILLED = """query($selector: PipelineSelector!) { runConfigSchemaOrError(selector: $selector) {
+  __typename ... on RunConfigSchema { rootDefaultYaml } ... on PythonError { message } } }"""
+LOCATION = {"repositoryLocationName": "pid_platform", "repositoryName": "__repository__"}
+OPERATOR_SETTINGS = "max_shard_size_mb: 1\nseed: 7\n"  # what the operator set before
+
+
+def _wait_for_run(dev: DagsterDev, run_id: str, log: Path, timeout_s: float) -> None:
+    deadline, status = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        status = dev.graphql(STATUS, {"id": run_id})["runOrError"]["status"]
+        if status in ("SUCCESS", "FAILURE", "CANCELED"):
+            break
+        time.sleep(1)
+    assert status == "SUCCESS", (status, log.read_text()[-3000:])
+
+
+def _built_with(out: Path) -> dict:
+    return json.loads((out / ".pid-build" / "sharding.json").read_bytes())
 
 
 def _shown(browser, texts: list[str], what: str, shots: Path) -> None:
@@ -40,16 +65,25 @@ def _shown(browser, texts: list[str], what: str, shots: Path) -> None:
     assert missing == [], f"{what}: not shown: {missing} (screenshot in {shots})"
 
 
-def test_asset_graph_partitions_checks_and_a_launched_run(tmp_path: Path) -> None:
+def test_asset_graph_partitions_checks_and_a_launched_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     home = demo.prepare_home(tmp_path / "home")
-    with dg.DagsterInstance.from_config(str(home)) as instance:
-        instance.add_dynamic_partitions("sources", SOURCES)
-        instance.add_dynamic_partitions("lerobot_datasets", [demo.LEROBOT_DATASET])
-    # Empty roots: the discovery sensors (on by default) find nothing to start on their own.
     env = {"PID_RAW_ROOT": str(tmp_path / "raw"), "PID_OUTPUT_ROOT": str(tmp_path / "out"),
            "PID_LEROBOT_ROOT": str(tmp_path / "lerobot")}
     for folder in env.values():
         Path(folder).mkdir()
+    # One source, built before the UI starts, with settings its operator chose: the discovery
+    # sensor (on by default) finds its committed build current and starts nothing of its own.
+    source = make_sample_source(tmp_path / "raw" / "photos", photos=("coffee", "astronaut", "chelsea"),
+                                ratios=((3, 4),), with_problems=False)
+    (source / SETTINGS_NAME).write_text(OPERATOR_SETTINGS)
+    use_roots(monkeypatch, tmp_path / "raw", tmp_path / "out")
+    with dg.instance_for_test(), dg.DagsterInstance.from_config(str(home)) as instance:
+        instance.add_dynamic_partitions("sources", SOURCES)
+        instance.add_dynamic_partitions("lerobot_datasets", [demo.LEROBOT_DATASET])
+        assert build_source(load_defs(), instance, "photos").success
+    out = tmp_path / "out" / "photos"
+    before = tars(out)
+    assert _built_with(out)["shard_size"] == 0
     shots = tmp_path / "screenshots"
     shots.mkdir()
 
@@ -70,24 +104,47 @@ def test_asset_graph_partitions_checks_and_a_launched_run(tmp_path: Path) -> Non
         browser.get(f"{dev.url}/assets/twin_tar_shards?view=checks")
         _shown(browser, ["twin_tar_keys_match", "shards_within_size_bound"], "checks", shots)
 
-        selector = {"repositoryLocationName": "pid_platform", "repositoryName": "__repository__",
-                    "jobName": "catalog_build"}
+        selector = {**LOCATION, "jobName": "catalog_build"}
         launched = dev.graphql(LAUNCH, {"params": {"selector": selector, "runConfigData": {}}})["launchRun"]
         assert launched["__typename"] == "LaunchRunSuccess", launched
         run_id = launched["run"]["runId"]
-        deadline, status = time.monotonic() + 90, None
-        while time.monotonic() < deadline:
-            status = dev.graphql(STATUS, {"id": run_id})["runOrError"]["status"]
-            if status in ("SUCCESS", "FAILURE", "CANCELED"):
-                break
-            time.sleep(1)
-        assert status == "SUCCESS", (status, (tmp_path / "dagster-dev.log").read_text()[-3000:])
-
+        _wait_for_run(dev, run_id, tmp_path / "dagster-dev.log", 90)
         browser.get(f"{dev.url}/runs/{run_id}")
         _shown(browser, ["catalog_build", "Success"], "run page", shots)
         browser.get(f"{dev.url}{GRAPH}")
         _shown(browser, ASSETS[:-1], "asset graph after the run", shots)
         time.sleep(2)  # let the graph settle its layout and the catalog's new state
         browser.save_screenshot(str(shots / "asset-graph-after-run.png"))
+
+        # Re-shard photos from the launchpad: its pre-filled config, one setting changed.
+        job = {**LOCATION, "pipelineName": "source_build"}
+        browser.get(f"{dev.url}/locations/pid_platform/jobs/source_build")
+        _shown(browser, ["source_build", "sample_set", "twin_tar_shards"], "source_build job", shots)
+        browser.save_screenshot(str(shots / "source-build-job.png"))
+        schema = dev.graphql(PREFILLED, {"selector": job})["runConfigSchemaOrError"]
+        assert schema["__typename"] == "RunConfigSchema", schema
+        config = yaml.safe_load(schema["rootDefaultYaml"])
+        sharding = config["resources"]["sharding"]["config"]
+        assert not {"max_shard_size_mb", "shard_size", "seed"} & set(sharding)  # nothing to restate
+        sharding["shard_size"] = 2
+        params = {"selector": {**LOCATION, "jobName": "source_build"}, "runConfigData": config,
+                  "executionMetadata": {"tags": [{"key": "dagster/partition", "value": "photos"}]}}
+        launched = dev.graphql(LAUNCH, {"params": params})["launchRun"]
+        assert launched["__typename"] == "LaunchRunSuccess", launched
+        reshard_id = launched["run"]["runId"]
+        _wait_for_run(dev, reshard_id, tmp_path / "dagster-dev.log", 400)
+        browser.get(f"{dev.url}/runs/{reshard_id}")
+        _shown(browser, ["source_build", "Success"], "re-shard run page", shots)
+        browser.save_screenshot(str(shots / "reshard-run.png"))
+        browser.get(f"{dev.url}/assets/twin_tar_shards?partition=photos")
+        _shown(browser, ["twin_tar_shards", "photos"], "re-sharded asset", shots)
+        browser.save_screenshot(str(shots / "reshard-asset.png"))
+
+    # The new tars: two samples a shard; the keys the operator did not touch are as they were.
+    assert _built_with(out)["shard_size"] == 2 and _built_with(out)["max_shard_size_mb"] == 1
+    assert len(tars(out)) > len(before)
+    assert yaml.safe_load((source / SETTINGS_NAME).read_text()) == {
+        **yaml.safe_load(OPERATOR_SETTINGS), "shard_size": 2}
     assert (shots / "asset-graph-after-run.png").stat().st_size > 10_000
+    assert (shots / "reshard-run.png").stat().st_size > 10_000
     assert dev.stop() == []  # already stopped: nothing of dagster dev is left running

@@ -15,7 +15,8 @@ its clients with the project's one factory (``loader.io.s3_client``).
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +32,14 @@ from pid_platform.sharding.s3_output import (
     refuse_other_urls,
     work_dir,
 )
+from pid_platform.sharding.settings import SETTING_KEYS
 from pid_platform.sharding.shard_plan import PLAN_VERSION, ShardingConfig
 from pid_platform.sharding.storage import LocalSourceStore, S3SourceStore, SourceStore
 
 DEFAULT_RAW_ROOT = "demo/raw"
 DEFAULT_OUTPUT_ROOT = "demo/out"
-_DEFAULTS = ShardingConfig()
+_DEFAULTS = ShardingConfig()  # the code defaults of the sharding settings: defined there, nowhere else
+_UNSET = "Unset: the source's sharding.yaml, else"
 
 
 def s3_settings(s3: S3Resource) -> S3Settings:
@@ -116,21 +119,29 @@ class S3SourceStoreResource(SourceStoreResource):
 class ShardingResource(dg.ConfigurableResource):
     """How sources are cut into twin tars by default, and which logical datasets group them.
 
-    The first six fields change which bytes land in which tar. They are the defaults a source's
-    own ``sharding.yaml`` (in its raw folder) overrides; set in the launchpad for a run, they
-    are written into that file, so the sensor and the daily schedule keep them
-    (``pid_platform/sharding/settings.py``).
+    The first six fields change which bytes land in which tar. They are unset (``None``) unless
+    someone sets them: a source's own ``sharding.yaml`` (in its raw folder) decides, and the code
+    defaults (``ShardingConfig()``) fill what neither sets. So the launchpad, which pre-fills
+    every default it finds, cannot restate a setting the operator did not touch. Set in the
+    launchpad for a run, a setting is written into that file, so the sensor and the daily
+    schedule keep it (``pid_platform/defs/settings.py``); set where the resource is bound, it
+    is the code location's default for sources whose file does not set it.
     """
 
-    max_shard_size_mb: float = Field(default=_DEFAULTS.max_shard_size_mb,
-                                     description="Bound on a shard's tars, all modalities together.")
-    shard_size: int = Field(default=_DEFAULTS.shard_size,
-                            description="If > 0: this many samples per shard instead of the byte bound.")
-    part_size: int = Field(default=_DEFAULTS.part_size, description="Tars per part_<NNNNNN> folder.")
-    classify_aspect_ratio: bool = Field(default=_DEFAULTS.classify_aspect_ratio,
-                                        description="Put images in aspect_ratio_<W>_<H> buckets.")
-    shuffle: bool = Field(default=_DEFAULTS.shuffle, description="Shuffle samples within a bucket.")
-    seed: int = Field(default=_DEFAULTS.seed, description="Seed of the shuffle.")
+    max_shard_size_mb: float | None = Field(
+        default=None, description=f"Bound on a shard's tars, all modalities together, in MiB. {_UNSET} "
+        f"{_DEFAULTS.max_shard_size_mb:g}.")
+    shard_size: int | None = Field(
+        default=None, description=f"If > 0: this many samples per shard instead of the byte bound. {_UNSET} "
+        f"{_DEFAULTS.shard_size}.")
+    part_size: int | None = Field(default=None, description=f"Tars per part_<NNNNNN> folder. {_UNSET} "
+                                  f"{_DEFAULTS.part_size}.")
+    classify_aspect_ratio: bool | None = Field(
+        default=None, description=f"Put images in aspect_ratio_<W>_<H> buckets. {_UNSET} "
+        f"{str(_DEFAULTS.classify_aspect_ratio).lower()}.")
+    shuffle: bool | None = Field(default=None, description=f"Shuffle samples within a bucket. {_UNSET} "
+                                 f"{str(_DEFAULTS.shuffle).lower()}.")
+    seed: int | None = Field(default=None, description=f"Seed of the shuffle. {_UNSET} {_DEFAULTS.seed}.")
     num_workers: int = Field(
         default=2,
         description="Parallel workers per build step (processes for intake and key indexes, threads for "
@@ -159,18 +170,24 @@ class ShardingResource(dg.ConfigurableResource):
             return f"{self.manifest_root.rstrip('/')}/{source}"
         return self.manifest_root
 
-    def config(self) -> ShardingConfig:
-        return ShardingConfig(
-            max_shard_size_mb=self.max_shard_size_mb, shard_size=self.shard_size, part_size=self.part_size,
-            classify_aspect_ratio=self.classify_aspect_ratio, shuffle=self.shuffle, seed=self.seed,
-        )
+    def settings_set(self) -> dict[str, Any]:
+        """The sharding settings given a value here (in the launchpad, or where it is bound)."""
+        return {k: v for k in SETTING_KEYS if (v := getattr(self, k)) is not None}
+
+    def config(self, without: Iterable[str] = ()) -> ShardingConfig:
+        """The code defaults overridden by the settings set here (except those in ``without``).
+        ``ShardingConfig`` validates them (the one place that does), naming the setting; every
+        run step and tick calls this before any work."""
+        skip = set(without)
+        return ShardingConfig(**{**asdict(_DEFAULTS),
+                                 **{k: v for k, v in self.settings_set().items() if k not in skip}})
 
 
 DEFAULT_SHARDING = ShardingResource()
 
 # Part of the code version of every asset whose bytes depend on the sharding parameters: changing
 # the plan format or the default config marks those assets stale in the UI.
-SHARDING_CODE_VERSION = f"plan-v{PLAN_VERSION}-{DEFAULT_SHARDING.config().version()}"
+SHARDING_CODE_VERSION = f"plan-v{PLAN_VERSION}-{_DEFAULTS.version()}"
 
 
 def s3_from_env(environ: Mapping[str, str] | None = None) -> S3Resource:

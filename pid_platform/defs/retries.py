@@ -3,8 +3,10 @@
 Every such step retries a failure a few times with growing waits: a network blip, a throttled
 bucket or a busy disk heal on a later try, and each step is safe to repeat (a build stages its
 output and commits it atomically, a sidecar is replaced atomically). A failure that a retry
-cannot heal (bad input, a wrong setting) is raised as ``dg.Failure(allow_retries=False)``, the
-original error as its cause, so the run fails at once with that error's message.
+cannot heal (bad input, a wrong setting, a file an earlier step should have left) is raised as
+``dg.Failure(allow_retries=False)``, the original error as its cause, so the run fails at once
+with that error's message. The build assets use ``retry_only_transient``: only an I/O error a
+later try can heal (``is_transient``) is left to the retry policy.
 """
 
 from __future__ import annotations
@@ -32,5 +34,31 @@ def fail_without_retry_on(*errors: type[BaseException]) -> Iterator[None]:
     try:
         yield
     except final as exc:
+        raise dg.Failure(description=f"{type(exc).__module__}.{type(exc).__name__}: {exc}",
+                         allow_retries=False) from exc
+
+
+# OSErrors that stay what they are on the next try: a missing file stays missing (an earlier step
+# was not run), a refused permission stays refused.
+LASTING_OS_ERRORS: tuple[type[OSError], ...] = (
+    FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, FileExistsError,
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """An I/O error a retry may heal (a network blip, a throttled bucket, a busy disk)."""
+    return isinstance(exc, OSError) and not isinstance(exc, LASTING_OS_ERRORS)
+
+
+@contextmanager
+def retry_only_transient() -> Iterator[None]:
+    """Inside an asset: every error but a transient I/O error fails the step at once, unretried."""
+    try:
+        yield
+    except (dg.Failure, dg.RetryRequested):
+        raise
+    except Exception as exc:
+        if is_transient(exc):
+            raise
         raise dg.Failure(description=f"{type(exc).__module__}.{type(exc).__name__}: {exc}",
                          allow_retries=False) from exc

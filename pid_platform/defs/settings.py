@@ -4,15 +4,27 @@ source's assets depend on, and the settings a run builds with.
 The settings live in ``<raw_root>/<source>/sharding.yaml`` (``pid_platform/sharding/settings.py``).
 A run reads them there. A sharding setting given in the launchpad for a run is written into
 that file first (so the sensor and the daily schedule keep it, and the next run does not cut the
-source back), or, if the file cannot be written, the run fails and says to edit the file.
+source back), or, if the file cannot be written, the run fails and says to edit the file. Only
+settings the operator typed count: the resource's settings are unset unless given a value, so
+the launchpad's pre-filled defaults never reach the file. What a run changed is logged and
+recorded as ``settings_diff`` (against the file as it was).
+
+The version a build used is recorded as the build's input data version of ``sharding_settings``
+(Dagster itself reads a partitioned dependency's version from materializations only, and a
+settings file is observed, never materialized); the observation is recorded only when the
+version differs from the last one recorded for that source.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import dagster as dg
+from dagster._core.definitions.data_version import (
+    get_input_data_version_tag,
+    get_input_event_pointer_tag,
+)
 
 from pid_platform.defs.groups import BUILD_GROUP
 from pid_platform.defs.partitions import SOURCES, sources_partitions
@@ -28,61 +40,118 @@ from pid_platform.sharding.settings import (
 from pid_platform.sharding.shard_plan import ShardingConfig
 
 SETTINGS_ASSET = "sharding_settings"
+SETTINGS_KEY = dg.AssetKey(SETTINGS_ASSET)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The settings a run builds one source with, and what it changed in the source's file."""
+
+    settings: SourceSettings
+    # setting -> {"was": value in force before, "in_file": whether the file set it, "now": the run's value}
+    applied: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The build's provenance of sharding_settings (its version and the observation recording it).
+    tags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def config(self) -> ShardingConfig:
+        return self.settings.config
 
 
 def code_defaults(sharding: ShardingResource, overridden: dict[str, Any]) -> ShardingConfig:
-    """The code location's defaults: the resource's values, except that a launchpad override is
-    not a default (it goes to the source's file)."""
-    values = asdict(sharding.config())
-    for key in overridden:
-        values[key] = ShardingResource.model_fields[key].default
-    return ShardingConfig(**values)
+    """The code location's defaults: the code defaults and the settings bound with the resource,
+    except that a launchpad override is not a default (it goes to the source's file)."""
+    return sharding.config(without=overridden)
 
 
 def launchpad_overrides(run_config: dict[str, Any]) -> dict[str, Any]:
-    """The sharding settings a run's config sets explicitly (the launchpad's ``sharding``)."""
+    """The sharding settings a run's config sets explicitly (the launchpad's ``sharding``); a
+    setting left empty (``null``) is not set."""
     given = ((run_config.get("resources") or {}).get("sharding") or {}).get("config") or {}
-    return {k: v for k, v in given.items() if k in SETTING_KEYS}
+    return {k: v for k, v in given.items() if k in SETTING_KEYS and v is not None}
+
+
+def settings_diff(before: SourceSettings, changes: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {k: {"was": getattr(before.config, k), "in_file": k in before.from_file, "now": v}
+            for k, v in sorted(changes.items())}
 
 
 def settings_for_run(context: dg.AssetExecutionContext, source_store: SourceStoreResource,
-                     sharding: ShardingResource, source: str) -> SourceSettings:
-    """The settings this run builds ``source`` with, a launchpad override persisted first."""
+                     sharding: ShardingResource, source: str) -> RunSettings:
+    """The settings this run builds ``source`` with, a launchpad override persisted first, and
+    the version recorded as an observation of ``sharding_settings`` when it is a new one."""
     overrides = launchpad_overrides(context.run.run_config)
     defaults = code_defaults(sharding, overrides)
     store = source_store.open()
     current = source_settings(store, source, defaults)
     changed = {k: v for k, v in overrides.items() if getattr(current.config, k) != v}
-    if not changed:
-        return current
-    try:
-        settings = persist_settings(store, current, changed, defaults)
-    except (BuildError, OSError) as exc:
-        raise dg.Failure(
-            description=(
-                f"sharding of source {source!r} set in the launchpad ({changed}) was not applied: it could not be "
-                f"written to {current.location} ({exc}). A source's sharding lives in that file, where the sensor "
-                f"and the daily schedule read it: edit {SETTINGS_NAME} there and run again without the override"
-            ),
-            allow_retries=False,
-        ) from exc
-    context.log.info(f"{source}: launchpad sharding {changed} written to {settings.location} (version {settings.version})")
-    return settings
+    settings, applied = current, {}
+    if changed:
+        # A bad value typed in the launchpad is refused as such (named), before the file is touched.
+        replace(current.config, **changed)
+        try:
+            settings = persist_settings(store, current, changed, defaults)
+        except (BuildError, OSError) as exc:
+            raise dg.Failure(
+                description=(
+                    f"sharding of source {source!r} set in the launchpad ({changed}) was not applied: it could not be "
+                    f"written to {current.location} ({exc}). A source's sharding lives in that file, where the sensor "
+                    f"and the daily schedule read it: edit {SETTINGS_NAME} there and run again without the override"
+                ),
+                allow_retries=False,
+            ) from exc
+        applied = settings_diff(current, changed)
+        shown = ", ".join(f"{k}: {d['was']!r} -> {d['now']!r}" for k, d in applied.items())
+        context.log.info(f"{source}: launchpad sharding written to {settings.location} ({shown}); "
+                         f"version {current.version} -> {settings.version}")
+    return RunSettings(settings, applied, provenance_tags(context, settings))
 
 
-def settings_metadata(settings: SourceSettings) -> dict[str, Any]:
+def latest_settings_record(instance: dg.DagsterInstance, source: str) -> dg.EventLogRecord | None:
+    records = instance.fetch_observations(
+        dg.AssetRecordsFilter(asset_key=SETTINGS_KEY, asset_partitions=[source]), limit=1).records
+    return records[0] if records else None
+
+
+def observed_version(record: dg.EventLogRecord | None) -> str | None:
+    observation = record.asset_observation if record is not None else None
+    return (observation.tags or {}).get("dagster/data_version") if observation is not None else None
+
+
+def settings_observation_if_new(instance: dg.DagsterInstance, settings: SourceSettings) -> dg.AssetObservation | None:
+    """The observation of ``settings``, or ``None`` when its version is the last one recorded."""
+    if observed_version(latest_settings_record(instance, settings.source)) == settings.version:
+        return None
+    return settings_observation(settings)
+
+
+def provenance_tags(context: dg.AssetExecutionContext, settings: SourceSettings) -> dict[str, str]:
+    """The tags that record ``settings``' version as this build's input data version of
+    ``sharding_settings``, the observation that names it recorded first where it is new."""
+    observation = settings_observation_if_new(context.instance, settings)
+    if observation is not None:
+        context.log_event(observation)
+    record = latest_settings_record(context.instance, settings.source)
+    pointer = str(record.storage_id) if record is not None and observed_version(record) == settings.version else "NULL"
+    return {get_input_data_version_tag(SETTINGS_KEY): settings.version, get_input_event_pointer_tag(SETTINGS_KEY): pointer}
+
+
+def settings_metadata(run: RunSettings) -> dict[str, Any]:
+    settings = run.settings
     return {
         "settings_version": settings.version,
         # A path only where there is a file: metadata paths point at something that exists.
         "settings_file": (dg.MetadataValue.path(settings.location) if settings.exists
                           else dg.MetadataValue.text(f"none ({settings.location} absent: the defaults)")),
         "settings_from_file": dg.MetadataValue.json(dict(sorted(settings.from_file.items()))),
+        # What this run changed in the file (empty: it built with the file as it was).
+        "settings_diff": dg.MetadataValue.json(run.applied),
     }
 
 
 def settings_observation(settings: SourceSettings) -> dg.AssetObservation:
-    """What the sensor records per source: the settings' version as the data version of
-    ``sharding_settings``, so a change shows the source's assets stale in the UI."""
+    """The settings' version as the data version of ``sharding_settings`` for the source, so a
+    change shows the source's assets stale in the UI."""
     return dg.AssetObservation(
         asset_key=SETTINGS_ASSET, partition=settings.source,
         tags={"dagster/data_version": settings.version},
@@ -95,9 +164,10 @@ def settings_observation(settings: SourceSettings) -> dg.AssetObservation:
     partitions_def=sources_partitions,
     group_name=BUILD_GROUP,
     description=(
-        f"The sharding settings of each source: the code location's defaults (the `sharding` resource) "
-        f"overridden by `{SETTINGS_NAME}` in the source's raw folder. Its data version is the settings' "
-        "version; the sensor observes it on every tick, so an edited file shows the source's assets stale."
+        f"The sharding settings of each source: `{SETTINGS_NAME}` in the source's raw folder over the code "
+        "defaults (and any setting bound with the `sharding` resource). Its data version is the settings' "
+        "version; the sensor and every build record it when it changes, so an edited file shows the source's "
+        "assets stale."
     ),
 )
 def sharding_settings(
@@ -107,5 +177,7 @@ def sharding_settings(
     defaults = sharding.config()
     versions = {}
     for source in sorted(context.instance.get_dynamic_partitions(SOURCES)):
-        versions[source] = source_settings(store, source, defaults).version
+        settings = source_settings(store, source, defaults)
+        if settings_observation_if_new(context.instance, settings) is not None:  # only what changed
+            versions[source] = settings.version
     return dg.DataVersionsByPartition(versions)

@@ -15,6 +15,7 @@ from typing import Any
 
 import dagster as dg
 import pytest
+import yaml
 
 from pid_platform.defs.partitions import SOURCES
 
@@ -57,6 +58,21 @@ def load_defs() -> dg.Definitions:
 def run_config(**sharding: Any) -> dict:
     # One worker: the CI machine has two cores and these sources are tiny.
     return {"resources": {"sharding": {"config": {"num_workers": 1, **sharding}}}}
+
+
+def launchpad_config(defs: dg.Definitions, job: str = "source_build", **sharding: Any) -> dict:
+    """The run config the UI's launchpad pre-fills for ``job`` (the webserver's ``rootDefaultYaml``:
+    every default of the config schema), with the operator's edits of the ``sharding`` resource
+    applied on top, as they would be typed into it."""
+    from dagster._core.snap.snap_to_yaml import default_values_yaml_from_type_snap
+
+    snapshot = defs.resolve_job_def(job).get_job_snapshot()
+    schema = snapshot.config_schema_snapshot
+    root = schema.get_config_snap(snapshot.mode_def_snaps[0].root_config_key)
+    config = yaml.safe_load(default_values_yaml_from_type_snap(schema, root)) or {}
+    if sharding:
+        config.setdefault("resources", {}).setdefault("sharding", {}).setdefault("config", {}).update(sharding)
+    return config
 
 
 def build_source(

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import json
+from pathlib import Path
 
+from loader.formats.atomic import atomic_write_bytes
+from pid_platform.sharding.state import state_dir
 from pid_platform.sharding.storage import SourceStore
+
+FINGERPRINT_NAME = "input_fingerprint.json"
 
 
 def source_fingerprint(store: SourceStore, source: str) -> tuple[str, int]:
@@ -19,3 +25,19 @@ def source_fingerprint(store: SourceStore, source: str) -> tuple[str, int]:
             h.update(f"\0{e.name}\0{e.size}\0{e.fingerprint}".encode())
         files += len(listing.entries)
     return h.hexdigest()[:16], files
+
+
+def save_fingerprint(folder: Path, fingerprint: str) -> Path:
+    """Record beside a staged build the fingerprint of the raw files it was made from; it moves
+    with the build at the commit, so the committed build says which listing it reflects."""
+    path = state_dir(folder) / FINGERPRINT_NAME
+    atomic_write_bytes(path, json.dumps({"input_fingerprint": fingerprint}).encode())
+    return path
+
+
+def load_fingerprint(folder: Path) -> str | None:
+    """The fingerprint recorded beside a build (``None``: a build made before it was recorded)."""
+    try:
+        return str(json.loads((state_dir(folder) / FINGERPRINT_NAME).read_bytes())["input_fingerprint"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -5,18 +5,27 @@ build stages its output and commits it atomically, at most ``max_concurrent_runs
 ``pid_build`` steps at once). The catalog follows the builds through its automation condition
 (``automation/conditions.py``), run failures raise an alert (``automation/alerts.py``)."""
 
+import hashlib
 import json
 
 import dagster as dg
 
+from pid_platform.defs.automation.builds import (
+    CommittedBuild,
+    build_in_progress,
+    build_run_key,
+    is_current,
+    last_committed_build,
+)
 from pid_platform.defs.automation.fingerprint import source_fingerprint
 from pid_platform.defs.automation.jobs import source_build_job
 from pid_platform.defs.partitions import SOURCES, sources_partitions
 from pid_platform.defs.raw_sources import raw_source_observations
 from pid_platform.defs.resources import ShardingResource, SourceStoreResource
-from pid_platform.defs.settings import settings_observation
+from pid_platform.defs.settings import settings_observation_if_new
 from pid_platform.sharding.errors import BuildError
-from pid_platform.sharding.settings import source_settings
+from pid_platform.sharding.settings import SETTINGS_NAME, source_settings
+from pid_platform.sharding.storage import SourceStore
 
 
 def _unusable_as_partition(name: str) -> bool:
@@ -25,10 +34,14 @@ def _unusable_as_partition(name: str) -> bool:
     return "..." in name or any(ord(c) < 32 for c in name)
 
 
-def build_run_key(source: str, config_version: str, fingerprint: str) -> str:
-    # The daemon drops a run request whose run_key it has seen before, forever: the key must
-    # change whenever the bytes a build would write can change (the input files or the config).
-    return f"{source}:{config_version}:{fingerprint}"
+def _bad_settings_key(store: SourceStore, source: str, committed: CommittedBuild | None) -> str:
+    # A file that does not parse still gets a key that moves with its bytes: each broken edit is
+    # requested once and fails where the operator sees it (the run, on the asset).
+    try:
+        data = store.read_source_file(source, SETTINGS_NAME) or b""
+    except OSError:
+        data = b""
+    return f"{source}:bad-settings:{hashlib.sha256(data).hexdigest()[:12]}:after-{committed.event_id if committed else 0}"
 
 
 @dg.sensor(
@@ -43,10 +56,12 @@ def raw_sources_sensor(
     context: dg.SensorEvaluationContext, source_store: SourceStoreResource, sharding: ShardingResource
 ) -> dg.SensorResult:
     """Lists the sources under the raw root, adds each new one as a partition of ``sources``, and
-    requests a ``source_build`` run for every source that is new or whose files or sharding
-    settings (its ``sharding.yaml`` over the code location's defaults) changed since the last
-    request. Each tick records every source's settings version as an observation of
-    ``sharding_settings``. The cursor holds each source's last run key."""
+    requests a ``source_build`` run for every source whose files or sharding settings (its
+    ``sharding.yaml`` over the code defaults) differ from those of its last committed build. A
+    source with a queued or running build is left for a later tick. A ``sharding.yaml`` that
+    does not parse is requested too: the run fails with the file's error on the asset. A
+    source's settings version is recorded as an observation of ``sharding_settings`` when it
+    changes. The cursor holds each source's last run key."""
     store = source_store.open()
     defaults = sharding.config()
     observations: list[dg.AssetObservation] = []
@@ -60,9 +75,8 @@ def raw_sources_sensor(
             continue
         try:
             fingerprint, files = source_fingerprint(store, source)
-            settings = source_settings(store, source, defaults)
         except (BuildError, OSError) as exc:
-            context.log.warning(f"source {source!r} skipped: {exc}")
+            context.log.warning(f"source {source!r} skipped: its files could not be listed: {exc}")
             continue
         if files == 0:
             context.log.info(f"source {source!r} has no files yet; waiting")
@@ -73,17 +87,33 @@ def raw_sources_sensor(
                                                 f"{store.uri.rstrip('/')}/{source}")
         if source not in known:
             new_partitions.append(source)
-        else:  # a partition the daemon has not added yet cannot carry an observation
-            observations.append(settings_observation(settings))
-        config_version = settings.version
-        run_key = build_run_key(source, config_version, fingerprint)
+        running = build_in_progress(context.instance, source) if source in known else None
+        if running is not None:
+            context.log.info(f"source {source!r}: run {running.run_id} is building it; checked again next tick")
+            continue
+        committed = last_committed_build(context.instance, source) if source in known else None
+        try:
+            settings = source_settings(store, source, defaults)
+        except BuildError as exc:
+            context.log.error(f"source {source!r}: {exc}; a build is requested so the error shows on its assets")
+            run_key, tags = _bad_settings_key(store, source, committed), {"pid/settings_error": str(exc)[:200]}
+            config_version = "unreadable"
+        else:
+            if source in known:  # a partition the daemon has not added yet cannot carry an observation
+                observation = settings_observation_if_new(context.instance, settings)
+                if observation is not None:
+                    observations.append(observation)
+            config_version = settings.version
+            if is_current(committed, config_version, fingerprint):
+                continue
+            run_key, tags = build_run_key(source, config_version, fingerprint, committed), {}
         if seen.get(source) != run_key:
             seen[source] = run_key
             requests.append(
                 dg.RunRequest(
                     run_key=run_key, partition_key=source,
                     tags={"pid/source": source, "pid/config_version": config_version,
-                          "pid/settings_file": settings.location},
+                          "pid/settings_file": store.source_file_uri(source, SETTINGS_NAME), **tags},
                 )
             )
     return dg.SensorResult(
@@ -92,4 +122,3 @@ def raw_sources_sensor(
         dynamic_partitions_requests=[sources_partitions.build_add_request(new_partitions)] if new_partitions else [],
         cursor=json.dumps(seen, sort_keys=True),
     )
-

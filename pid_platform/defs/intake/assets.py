@@ -4,25 +4,27 @@ import hashlib
 
 import dagster as dg
 
+from pid_platform.defs.automation.fingerprint import save_fingerprint, source_fingerprint
 from pid_platform.defs.checks.committed import reassert_committed_checks
 from pid_platform.defs.groups import BUILD_GROUP, BUILD_POOL
 from pid_platform.defs.metadata import markdown_table
 from pid_platform.defs.partitions import sources_partitions
 from pid_platform.defs.plots import bar_png, png_markdown
 from pid_platform.defs.raw_sources import RAW_SOURCE_ASSET
-from pid_platform.defs.resources import DEFAULT_SHARDING, ShardingResource, SourceStoreResource
-from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
+from pid_platform.defs.resources import ShardingResource, SourceStoreResource
+from pid_platform.defs.retries import IO_RETRY, retry_only_transient
 from pid_platform.defs.settings import SETTINGS_ASSET, settings_for_run, settings_metadata
 from pid_platform.sharding.intake import IntakeReport, Sample
 from pid_platform.sharding.layout import final_dir
 from pid_platform.sharding.pipeline import run_intake
 from pid_platform.sharding.s3_output import check_writable, publish_version
+from pid_platform.sharding.shard_plan import ShardingConfig
 from pid_platform.sharding.versions import staging_dir
 
 INTAKE_VERSION = "intake-v1"
 # classify_aspect_ratio decides every sample's bucket; the default is part of the code version,
 # a source's own value (sharding.yaml) reaches sample_set through its sharding_settings dependency.
-INTAKE_CODE_VERSION = f"{INTAKE_VERSION}-classify_aspect_ratio={DEFAULT_SHARDING.classify_aspect_ratio}"
+INTAKE_CODE_VERSION = f"{INTAKE_VERSION}-classify_aspect_ratio={ShardingConfig().classify_aspect_ratio}"
 
 
 def _samples_digest(samples: list[Sample], classify_aspect_ratio: bool) -> str:
@@ -101,11 +103,14 @@ def sample_set(
     source = context.partition_key
     out = source_store.source_out(source)
     store = source_store.open()
-    with fail_without_retry_on():
-        settings = settings_for_run(context, source_store, sharding, source)
+    with retry_only_transient():
+        run_settings = settings_for_run(context, source_store, sharding, source)
+        settings = run_settings.settings
         target = source_store.source_target(source)
         if target is not None:
             check_writable(target)  # an S3 output that refuses stops the run before any work
+        # Listed before the intake reads: a file changed meanwhile makes the next tick build again.
+        fingerprint, _ = source_fingerprint(store, source)
         result = run_intake(
             store, source, out, settings.config,
             trust_pickle=sharding.trust_pickle, num_workers=sharding.num_workers, stop_if_up_to_date=True,
@@ -113,6 +118,8 @@ def sample_set(
         if result.up_to_date and target is not None:
             # Nothing to build here; make sure the bucket serves this version too (a no-op when it does).
             publish_version(final_dir(out), target, num_workers=sharding.num_workers)
+        if not result.up_to_date:
+            save_fingerprint(staging_dir(out), fingerprint)  # committed with the build it describes
     samples, report, path = result.samples, result.report, result.path
     counts = {"files_validated": report.files_validated, "outcomes_reused": report.outcomes_reused,
               "validate": result.validate}
@@ -121,7 +128,9 @@ def sample_set(
         reassert_committed_checks(context, source, final_dir(out))  # the skipped checks' verdict, on what is served
         context.log_event(dg.AssetObservation(
             asset_key=context.asset_key, partition=source,
+            # What the committed build is made from, confirmed: the sensor compares against it.
             metadata={"up_to_date": True, "samples": report.samples, **counts,
+                      "settings_version": settings.version, "input_fingerprint": fingerprint,
                       "data_version": _samples_digest(samples, settings.config.classify_aspect_ratio),
                       "samples_table": dg.MetadataValue.path(str(path))},
         ))
@@ -145,8 +154,10 @@ def sample_set(
             "samples_table": dg.MetadataValue.path(str(out / path.relative_to(staging_dir(out)))),
             "raw_source": f"{store.uri.rstrip('/')}/{source}",
             "classify_aspect_ratio": settings.config.classify_aspect_ratio,
-            **settings_metadata(settings),
+            "input_fingerprint": fingerprint,
+            **settings_metadata(run_settings),
             **_plots(source, samples, report),
         },
+        tags=run_settings.tags,
         data_version=dg.DataVersion(_samples_digest(samples, settings.config.classify_aspect_ratio)),
     )

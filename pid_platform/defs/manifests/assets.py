@@ -10,13 +10,14 @@ from pid_platform.defs.automation.conditions import (
     CATALOG_FRESHNESS,
     FOLLOW_UPSTREAM,
 )
+from pid_platform.defs.automation.fingerprint import load_fingerprint
 from pid_platform.defs.checks.common import built_plans
 from pid_platform.defs.datasets.definitions import merged_definitions
 from pid_platform.defs.groups import BUILD_GROUP, CATALOG_GROUP
 from pid_platform.defs.metadata import bucket_label, first, markdown_table
 from pid_platform.defs.partitions import sources_partitions
 from pid_platform.defs.resources import SHARDING_CODE_VERSION, ShardingResource, SourceStoreResource
-from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
+from pid_platform.defs.retries import IO_RETRY, retry_only_transient
 from pid_platform.sharding.catalog import build_catalog, build_s3_catalog
 from pid_platform.sharding.layout import bucket_dir
 from pid_platform.sharding.manifests import BucketManifest
@@ -33,6 +34,18 @@ def committed_only(out: Path) -> bool:
     failing, so each of them can be materialized on its own after a finished build."""
     return (not (state_dir(staging_dir(out)) / "sharding.json").is_file()
             and (state_dir(out) / "sharding.json").is_file())
+
+
+def nothing_to_finish(out: Path, source: str, asset: str) -> None:
+    """Refuse at once when no build of ``source`` has staged tars and none is committed."""
+    if not (state_dir(staging_dir(out)) / "sharding.json").is_file() and not (state_dir(out) / "sharding.json").is_file():
+        raise dg.Failure(
+            description=(
+                f"{asset} of {source} has no tars to describe: no build of it is staged or committed. Select "
+                f"sample_set and twin_tar_shards with it, or launch the source_build job for partition {source!r}"
+            ),
+            allow_retries=False,
+        )
 
 
 def _verified_or_fail(problems: list[str], what: str, source: str) -> None:
@@ -80,7 +93,8 @@ def key_indexes(
     """
     source = context.partition_key
     out = source_store.source_out(source)
-    with fail_without_retry_on():
+    with retry_only_transient():
+        nothing_to_finish(out, source, "key_indexes")
         if committed_only(out):
             config, plans, written = _committed_key_indexes(out, source)
             state = "committed"
@@ -134,7 +148,8 @@ def wdinfo_manifests(
     source = context.partition_key
     out = source_store.source_out(source)
     target = source_store.source_target(source)
-    with fail_without_retry_on():
+    with retry_only_transient():
+        nothing_to_finish(out, source, "wdinfo_manifests")
         if committed_only(out):
             config, manifests, removed = _committed_manifests(out, source)
             state = "committed"
@@ -144,6 +159,8 @@ def wdinfo_manifests(
                                                        publish_to=target)
             state = "committed now"
         pointer = read_pointer(target) if target is not None else None
+    # What the committed build was made from: the sensor and the schedule compare against it.
+    fingerprint = load_fingerprint(out)
     listed = ([f"{target}/{p}" for p in pointer.manifest_paths()] if pointer is not None
               else [str(m.path) for m in manifests])
     rows = [
@@ -162,6 +179,8 @@ def wdinfo_manifests(
             "tars": sum(len(m.manifest.tars) for m in manifests),
             "samples": sum(m.manifest.total_key_count for m in manifests),
             "config_version": config.version(),
+            "settings_version": config.version(),
+            **({"input_fingerprint": fingerprint} if fingerprint is not None else {}),
             "manifests_by_bucket": dg.MetadataValue.md(
                 markdown_table(("bucket", "tars", "samples", "chunk_size", "manifest"), rows)
             ),
@@ -185,7 +204,7 @@ def dataset_catalog(source_store: SourceStoreResource, sharding: ShardingResourc
     (`sharding.datasets`, plus `all`) that group them; the loader resolves a dataset name
     to its manifests through it.
     """
-    with fail_without_retry_on():
+    with retry_only_transient():
         datasets = merged_definitions(sharding.datasets)  # $PID_DATASETS, the setting on top
         root = source_store.root_target()
         if root is not None:
