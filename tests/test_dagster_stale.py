@@ -83,9 +83,6 @@ READS_SETTINGS = ("sample_set", "twin_tar_shards")
 READS_RAW = ("sample_set",)
 
 
-@pytest.mark.xfail(strict=True, reason="needs ops-a's sharding_settings fix (issue 15 part 5): the sensor's first "
-                   "tick records no settings observation for new sources, so a build records no settings event "
-                   "pointer and a later edit never compares as changed")
 def test_an_edited_settings_file_marks_exactly_that_source_stale(roots) -> None:
     raw, _ = roots
     with dagster_instance() as instance:
