@@ -48,7 +48,12 @@ def test_every_asset_materializes_and_every_check_passes(raw_root: Path, out_roo
         shards = meta["twin_tar_shards"]
         assert (shards["samples"], shards["buckets"]) == (32, 8)
         assert shards["written"] == shards["shards"] and shards["reused"] == 0
-        assert "| aspect_ratio_16_9 |" in shards["shards_by_bucket"]
+        # Typed tables (the UI sorts them by column) and the asset's row count: its samples.
+        by_bucket = {r.data["bucket"]: r.data for r in shards["shards_by_bucket"].records}
+        assert by_bucket["aspect_ratio_16_9"]["samples"] == 4 and len(by_bucket) == 8
+        assert {c.name: c.type for c in shards["shards_by_bucket"].schema.columns}["bytes"] == "int"
+        assert shards["dagster/row_count"] == 32 and meta["sample_set"]["dagster/row_count"] == 32
+        assert meta["wdinfo_manifests"]["dagster/row_count"] == 32
         assert meta["key_indexes"]["key_indexes"] == shards["shards"]
         assert meta["wdinfo_manifests"]["samples"] == 32
         assert meta["wdinfo_manifests"]["removed_count"] == 0
@@ -91,7 +96,8 @@ def test_intake_metadata_counts_what_was_dropped(raw_root: Path, out_root: Path)
     assert intake["orphans"] == {"caption": 0, "image": 1, "umt5": 1}
     assert intake["examples"]["unreadable_image: image"] == ["truncated"]
     assert intake["key_collisions"] == 0
-    assert "| dropped: missing_modality: caption | 1 | orphan |" in intake["report"]
+    assert {"outcome": "dropped: missing_modality: caption", "count": 1, "examples": "orphan"} in [
+        r.data for r in intake["report"].records]
 
 
 def test_reshard_rewrites_manifests_and_removes_stale_tars(raw_root: Path, out_root: Path) -> None:

@@ -113,7 +113,8 @@ def test_sidecar_is_built_checked_and_published_to_the_git_repo(lerobot_env: dic
         assert streamed["sidecar_bytes_fetched"] == sidecar.stat().st_size
         assert streamed["payload_bytes_fetched"] > 0 and streamed["seconds"] > 0
         assert set(streamed["keys"]) == {*CAMERAS, "observation.state", "action", "timestamp", "frame_index",
-                                         "episode_index", "index", "task_index", "task"}
+                                         "episode_index", "index", "task_index", "task", "__pad__"}
+        assert "| __pad__ | (4,) bool |" in streamed["shapes"]  # the reader's repeat mask, beside LeRobot's keys
         for camera in CAMERAS:
             assert f"| {camera} | (4, 3, 48, 64) float32 |" in streamed["shapes"]
         assert "| index | (4,) int64 |" in streamed["shapes"] and "| task | 4 str |" in streamed["shapes"]

@@ -32,14 +32,18 @@ def human_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def table(columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[object]]) -> dict[str, dg.MetadataValue]:
-    """A table the UI sorts and types (``MetadataValue.table`` with a ``TableSchema``), with its
-    row count under ``dagster/row_count``; ``columns``: (name, type), type one of string, int,
-    float, bool. Spread it into an asset's metadata under a key of its own:
-    ``{**{"files": t["table"]}, "dagster/row_count": t["dagster/row_count"]}``."""
+def table(columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[object]]) -> dg.TableMetadataValue:
+    """A table the UI sorts and types (``MetadataValue.table`` with a ``TableSchema``);
+    ``columns``: (name, type), type one of string, int, float, bool. An asset states its own
+    ``dagster/row_count`` beside it (``row_count``): what the asset holds, not this table's rows."""
     casts = {"string": str, "int": int, "float": float, "bool": bool}
     records = [dg.TableRecord({name: casts[kind](value) for (name, kind), value in zip(columns, row, strict=True)})
                for row in rows]
     schema = dg.TableSchema(columns=[dg.TableColumn(name, kind) for name, kind in columns])
-    return {"table": dg.MetadataValue.table(records, schema=schema),
-            "dagster/row_count": dg.MetadataValue.int(len(records))}
+    return dg.MetadataValue.table(records, schema=schema)
+
+
+def row_count(n: int) -> dict[str, dg.MetadataValue]:
+    """``dagster/row_count``: the number of rows (samples, files) an asset holds, which the UI
+    shows on the asset and plots across materializations."""
+    return {"dagster/row_count": dg.MetadataValue.int(int(n))}

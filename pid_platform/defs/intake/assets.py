@@ -7,7 +7,7 @@ import dagster as dg
 from pid_platform.defs.automation.fingerprint import save_fingerprint, source_fingerprint
 from pid_platform.defs.checks.committed import reassert_committed_checks
 from pid_platform.defs.groups import BUILD_GROUP, BUILD_POOL
-from pid_platform.defs.metadata import markdown_table
+from pid_platform.defs.metadata import row_count, table
 from pid_platform.defs.partitions import sources_partitions
 from pid_platform.defs.plots import bar_png, png_markdown
 from pid_platform.defs.raw_sources import RAW_SOURCE_ASSET
@@ -69,13 +69,16 @@ def _ratio_value(bucket: str | None) -> float:
     return float("inf")
 
 
-def _report_table(report: IntakeReport) -> str:
+REPORT_COLUMNS = (("outcome", "string"), ("count", "int"), ("examples", "string"))
+
+
+def _report_table(report: IntakeReport) -> dg.TableMetadataValue:
     rows = [("kept", report.samples, "")]
     for reason, n in sorted(report.dropped.items()):
         rows.append((f"dropped: {reason}", n, ", ".join(report.examples.get(reason, [])[:5])))
     for reason, n in sorted(report.skipped_files.items()):
         rows.append((f"file skipped: {reason}", n, ", ".join(report.examples.get(reason, [])[:5])))
-    return markdown_table(("outcome", "count", "examples"), rows)
+    return table(REPORT_COLUMNS, rows)
 
 
 @dg.asset(
@@ -149,7 +152,8 @@ def sample_set(
             "key_collisions": report.key_collisions,
             "modalities": ", ".join(report.modalities),
             "files_seen": dg.MetadataValue.json(report.files_seen),
-            "report": dg.MetadataValue.md(_report_table(report)),
+            "report": _report_table(report),
+            **row_count(report.samples),
             # Written into the staging folder; this is where it is once wdinfo_manifests commits.
             "samples_table": dg.MetadataValue.path(str(out / path.relative_to(staging_dir(out)))),
             "raw_source": f"{store.uri.rstrip('/')}/{source}",

@@ -23,7 +23,7 @@ from pid_platform.defs.lerobot.datasets import LEROBOT_DATASET_ASSET
 from pid_platform.defs.lerobot.partitions import LEROBOT_GROUP, lerobot_datasets_partitions
 from pid_platform.defs.lerobot.pools import PUBLISH_POOL
 from pid_platform.defs.lerobot.resources import LeRobotResource
-from pid_platform.defs.metadata import human_bytes, table
+from pid_platform.defs.metadata import human_bytes, row_count, table
 from pid_platform.defs.plots import bar_png, grouped_bars_png, png_markdown
 from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
 from pid_platform.lerobot.publish import publish_sidecar
@@ -37,7 +37,7 @@ FILE_COLUMNS = (("file", "string"), ("codec", "string"), ("width", "int"), ("hei
                 ("bytes", "int"), ("size", "string"), ("edit_list", "bool"))
 
 
-def _files_table(manifest: dict) -> dict[str, dg.MetadataValue]:
+def _files_table(manifest: dict) -> dg.TableMetadataValue:
     rows = [(f["path"], f["codec"], f["width"], f["height"], f["sample_count"], f["size"], human_bytes(f["size"]),
              f["edit"] is not None)
             for f in manifest["files"]]
@@ -149,8 +149,8 @@ def mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource) -> 
             "data_root": manifest["data_root"],
             "schema_version": manifest["schema_version"],
             # One row per MP4: the table, and its row count where the UI shows it.
-            "video_files": files["table"],
-            "dagster/row_count": files["dagster/row_count"],
+            "video_files": files,
+            **row_count(len(manifest["files"])),
             **_episode_plots(dataset, lengths, per_camera),
             "sidecar": dg.MetadataValue.path(str(out)),
         },

@@ -14,7 +14,7 @@ from pid_platform.defs.automation.fingerprint import load_fingerprint
 from pid_platform.defs.checks.common import built_plans
 from pid_platform.defs.datasets.definitions import merged_definitions
 from pid_platform.defs.groups import BUILD_GROUP, CATALOG_GROUP
-from pid_platform.defs.metadata import bucket_label, first, markdown_table
+from pid_platform.defs.metadata import bucket_label, first, row_count, table
 from pid_platform.defs.partitions import sources_partitions
 from pid_platform.defs.resources import SHARDING_CODE_VERSION, ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, retry_only_transient
@@ -111,9 +111,9 @@ def key_indexes(
             "rows": sum(len(p.samples) for p in plans),
             "state": state,
             "config_version": config.version(),
-            "indexes_by_bucket": dg.MetadataValue.md(
-                markdown_table(("bucket", "key indexes"), [(bucket_label(b), n) for b, n in sorted(per_bucket.items())])
-            ),
+            "indexes_by_bucket": table((("bucket", "string"), ("key_indexes", "int")),
+                                       [(bucket_label(b), n) for b, n in sorted(per_bucket.items())]),
+            **row_count(sum(len(p.samples) for p in plans)),
         }
     )
 
@@ -181,9 +181,10 @@ def wdinfo_manifests(
             "config_version": config.version(),
             "settings_version": config.version(),
             **({"input_fingerprint": fingerprint} if fingerprint is not None else {}),
-            "manifests_by_bucket": dg.MetadataValue.md(
-                markdown_table(("bucket", "tars", "samples", "chunk_size", "manifest"), rows)
-            ),
+            "manifests_by_bucket": table(
+                (("bucket", "string"), ("tars", "int"), ("samples", "int"), ("chunk_size", "int"),
+                 ("manifest", "string")), rows),
+            **row_count(sum(m.manifest.total_key_count for m in manifests)),
             "removed_count": len(removed),
             "removed": dg.MetadataValue.json(first([str(p.relative_to(out)) for p in removed])),
             "output": dg.MetadataValue.path(source_store.output_location(source)),
@@ -217,9 +218,9 @@ def dataset_catalog(source_store: SourceStoreResource, sharding: ShardingResourc
             "sources": dg.MetadataValue.json(sorted(catalog.sources)),
             "datasets": dg.MetadataValue.json(catalog.to_json()["datasets"]),
             "total_key_count": sum(s.total_key_count for s in catalog.sources.values()),
-            "sources_table": dg.MetadataValue.md(
-                markdown_table(("source", "buckets", "samples", "modalities"), rows)
-            ),
+            "sources_table": table(
+                (("source", "string"), ("buckets", "int"), ("samples", "int"), ("modalities", "string")), rows),
+            **row_count(len(rows)),
             "catalog": dg.MetadataValue.path(str(path)),
         }
     )

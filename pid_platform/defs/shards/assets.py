@@ -10,7 +10,7 @@ import dagster as dg
 from pid_platform.defs.automation.fingerprint import FINGERPRINT_NAME
 from pid_platform.defs.groups import BUILD_GROUP, BUILD_POOL
 from pid_platform.defs.intake.assets import ratio_label
-from pid_platform.defs.metadata import bucket_label, human_bytes, markdown_table
+from pid_platform.defs.metadata import bucket_label, human_bytes, row_count, table
 from pid_platform.defs.partitions import sources_partitions
 from pid_platform.defs.plots import png_markdown, shard_sizes_png
 from pid_platform.defs.resources import SHARDING_CODE_VERSION, ShardingResource, SourceStoreResource
@@ -106,9 +106,10 @@ def twin_tar_shards(
         )
     buckets = summarize(results)
     written = sum(int(r.written) for r in results)
-    table = markdown_table(
-        ("bucket", "shards", "samples", "bytes", "written", "reused"),
-        [(bucket_label(b.bucket), b.shards, b.samples, human_bytes(b.bytes), b.written, b.shards - b.written)
+    by_bucket = table(
+        (("bucket", "string"), ("shards", "int"), ("samples", "int"), ("bytes", "int"), ("size", "string"),
+         ("written", "int"), ("reused", "int")),
+        [(bucket_label(b.bucket), b.shards, b.samples, b.bytes, human_bytes(b.bytes), b.written, b.shards - b.written)
          for b in buckets.values()],
     )
     # MB as the bound counts them (max_shard_size_mb), so the line and the bars share one unit.
@@ -132,7 +133,8 @@ def twin_tar_shards(
             "sharding": dg.MetadataValue.json(asdict(config)),
             "sample_set": samples_from,
             **settings_metadata(run_settings),
-            "shards_by_bucket": dg.MetadataValue.md(table),
+            "shards_by_bucket": by_bucket,
+            **row_count(sum(b.samples for b in buckets.values())),
             "shard_sizes_plot": png_markdown(plot, f"shard sizes of {source} against the bound"),
             # Staged until wdinfo_manifests commits them; this is where they are from then on.
             "output": dg.MetadataValue.path(source_store.output_location(source)),
