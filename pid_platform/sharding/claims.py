@@ -4,7 +4,7 @@ An object store has no locks, and the processes that use one output (builds on s
 machines, the cleanup job) share nothing else. A claim is a small object,
 ``<output>/.pid-claims/<subject>/<purpose>-<token>.json``::
 
-    {"format_version": 1, "subject": "<version id>", "purpose": "publish",
+    {"claim_version": 1, "subject": "<version id>", "purpose": "publish",
      "holder": "<host> pid <pid>", "expires": <unix seconds>}
 
 held for as long as its holder works on ``subject``: renewed by a background thread every third
@@ -78,7 +78,7 @@ def _rel(subject: str, purpose: str, token: str) -> str:
 def _parse(data: bytes, key: str) -> Claim | None:
     try:
         doc = json.loads(data)
-        if doc.get("format_version") != CLAIM_FORMAT_VERSION:
+        if doc.get("claim_version") != CLAIM_FORMAT_VERSION:
             return None
         return Claim(str(doc["subject"]), str(doc["purpose"]), str(doc["holder"])[:MAX_HOLDER_CHARS],
                      float(doc["expires"]), key)
@@ -134,7 +134,7 @@ class HeldClaim:
 
     def _put(self) -> None:
         expires = self.now() + self.ttl_s
-        doc = {"format_version": CLAIM_FORMAT_VERSION, "subject": self.subject, "purpose": self.purpose,
+        doc = {"claim_version": CLAIM_FORMAT_VERSION, "subject": self.subject, "purpose": self.purpose,
                "holder": self.holder, "expires": expires}
         key = self.output.key(self.rel)
         with self.output.errors(f"writing s3://{self.output.bucket}/{key}"):
