@@ -416,8 +416,8 @@ def test_a_build_still_reads_a_settings_file_with_every_setting(raw_root: Path, 
     assert build(raw_root, tmp_path / "out", **{k: getattr(settings.config, k) for k in settings.from_file}).samples
 
 
-def test_a_sensor_tick_skips_a_source_with_a_hostile_settings_file(raw_root: Path, tmp_path: Path,
-                                                                 monkeypatch) -> None:
+def test_a_sensor_tick_refuses_a_hostile_settings_file_in_its_run(raw_root: Path, tmp_path: Path,
+                                                                monkeypatch) -> None:
     from tests.support.dagster_runs import dagster_instance, evaluate_sensor, load_defs, use_roots
 
     for source, data in (("nested", b"seed: " + b"[" * 60000), ("yes", b"shuffle: yes\n")):
@@ -430,6 +430,13 @@ def test_a_sensor_tick_skips_a_source_with_a_hostile_settings_file(raw_root: Pat
         start = time.perf_counter()
         result = evaluate_sensor(defs, instance, None)
         assert time.perf_counter() - start < 30  # the tick ends; each file is refused in milliseconds
-    # The good source is built; the hostile ones are skipped (the tick's log names the file and
-    # the key), never built with settings the file did not clearly say.
-    assert [r.partition_key for r in result.run_requests] == [SOURCE]
+    # The good source is built with its settings; each hostile one gets a run that fails with the
+    # file's error where the operator sees it (issue 15: never a silent skip), tagged with that
+    # error, and never a build with settings the file did not clearly say.
+    requests = {r.partition_key: r for r in result.run_requests}
+    assert sorted(requests) == ["nested", SOURCE, "yes"]
+    assert "pid/settings_error" not in requests[SOURCE].tags
+    for source in ("nested", "yes"):
+        error = requests[source].tags["pid/settings_error"]
+        assert SETTINGS_NAME in error and len(error) <= 200
+        assert requests[source].tags["pid/config_version"] == "unreadable"

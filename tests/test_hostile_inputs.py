@@ -77,9 +77,9 @@ Settings files and other files a sensor or run reads (``~`` = test_hostile_files
                                                    within 5 s (measured < 10 ms) and 32 MB (~test_a_hostile_settings_...,
                                                    ~test_a_settings_file_that_is_huge_pipe_or_folder_...)
   the same in S3 (8 MB, empty, aliases)           read up to the cap only (~test_a_settings_object_in_s3_...)
-  a sensor tick over such sources                  skips them (a warning naming file and key), builds
-                                                   the others; main's tick died of RecursionError
-                                                   (~test_a_sensor_tick_skips_a_source_with_a_hostile_...)
+  a sensor tick over such sources                  requests a run for each that fails naming file and
+                                                   key, builds the others; main's tick died of
+                                                   RecursionError (~test_a_sensor_tick_refuses_a_hostile_...)
   a BOM, quoted keys, comments, "---"             read (~test_plain_settings_files_still_read)
   ShardingConfig: shard_size 2**31, seed 2**63, 1e-9 / 2 TiB MiB
                                                    ShardingConfigError, value cut short (~test_sharding_config_refuses_...)
