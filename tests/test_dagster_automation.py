@@ -152,6 +152,22 @@ def test_derived_assets_follow_their_upstream_unless_its_checks_failed(raw_root:
         assert requested(tick) == {}
 
 
+def test_the_catalog_follows_a_build_while_another_registered_source_is_not_built(
+        raw_root: Path, out_root: Path) -> None:
+    """A new source folder (registered, never built, or its build failed) must not stop the catalog
+    from following every other source: found by the browser test, where it never did."""
+    catalog = dg.AssetKey("dataset_catalog")
+    with dagster_instance() as instance:
+        defs = load_defs()
+        instance.add_dynamic_partitions("sources", ["photos", "unbuilt"])
+        assert build_source(defs, instance, "photos").success and build_catalog(defs, instance).success
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+        assert tick.get_num_requested(catalog) == 0  # nothing new since the catalog
+        assert build_source(defs, instance, "photos", shard_size=2).success
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+        assert tick.get_num_requested(catalog) == 1
+
+
 def test_the_catalog_is_rewritten_every_night_after_the_daily_rebuild(raw_root: Path, out_root: Path) -> None:
     """Even with no source changed: its last materialization is what its freshness policy watches."""
     with dagster_instance() as instance:

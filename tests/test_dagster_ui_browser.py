@@ -42,6 +42,11 @@ PREFILLED = """query($selector: PipelineSelector!) { runConfigSchemaOrError(sele
   __typename ... on RunConfigSchema { rootDefaultYaml } ... on PythonError { message } } }"""
 LOCATION = {"repositoryLocationName": "pid_platform", "repositoryName": "__repository__"}
 OPERATOR_SETTINGS = "max_shard_size_mb: 1\nseed: 7\n"  # what the operator set before
+AUTOMATION_RUNS = """query($filter: RunsFilter) { runsOrError(filter: $filter) { __typename
+  ... on Runs { results { runId status assetSelection { path } } } } }"""
+CATALOG_CHECKS = """query { assetNodeOrError(assetKey: {path: ["dataset_catalog"]}) { __typename
+  ... on AssetNode { assetChecksOrError { __typename ... on AssetChecks {
+    checks { name executionForLatestMaterialization { status } } } } } } }"""
 
 
 def _wait_for_run(dev: DagsterDev, run_id: str, log: Path, timeout_s: float) -> None:
@@ -52,6 +57,27 @@ def _wait_for_run(dev: DagsterDev, run_id: str, log: Path, timeout_s: float) -> 
             break
         time.sleep(1)
     assert status == "SUCCESS", (status, log.read_text()[-3000:])
+
+
+def _catalog_followed(dev: DagsterDev, before: set[str], log: Path, timeout_s: float) -> str:
+    """The first run the automation sensor launched for ``dataset_catalog`` that is not in
+    ``before``, watched to success."""
+    deadline = time.monotonic() + timeout_s
+    flt = {"tags": [{"key": "pid/launched_by", "value": "automation"}]}
+    while time.monotonic() < deadline:
+        runs = dev.graphql(AUTOMATION_RUNS, {"filter": flt})["runsOrError"]["results"]
+        new = [r for r in runs if r["runId"] not in before
+               and ["dataset_catalog"] in [a["path"] for a in r["assetSelection"] or []]]
+        if new:
+            _wait_for_run(dev, new[-1]["runId"], log, max(1.0, deadline - time.monotonic()))
+            return new[-1]["runId"]
+        time.sleep(2)
+    raise AssertionError(f"no automation run of dataset_catalog within {timeout_s} s: {log.read_text()[-3000:]}")
+
+
+def _automation_runs(dev: DagsterDev) -> set[str]:
+    flt = {"tags": [{"key": "pid/launched_by", "value": "automation"}]}
+    return {r["runId"] for r in dev.graphql(AUTOMATION_RUNS, {"filter": flt})["runsOrError"]["results"]}
 
 
 def _built_with(out: Path) -> dict:
@@ -129,6 +155,7 @@ def test_asset_graph_partitions_checks_and_a_launched_run(tmp_path: Path, monkey
         sharding["shard_size"] = 2
         params = {"selector": {**LOCATION, "jobName": "source_build"}, "runConfigData": config,
                   "executionMetadata": {"tags": [{"key": "dagster/partition", "value": "photos"}]}}
+        before_reshard = _automation_runs(dev)
         launched = dev.graphql(LAUNCH, {"params": params})["launchRun"]
         assert launched["__typename"] == "LaunchRunSuccess", launched
         reshard_id = launched["run"]["runId"]
@@ -139,6 +166,18 @@ def test_asset_graph_partitions_checks_and_a_launched_run(tmp_path: Path, monkey
         browser.get(f"{dev.url}/assets/twin_tar_shards?partition=photos")
         _shown(browser, ["twin_tar_shards", "photos"], "re-sharded asset", shots)
         browser.save_screenshot(str(shots / "reshard-asset.png"))
+
+        # The catalog follows the re-shard on its own (the automation sensor is on in a fresh
+        # instance) and its check passes: a green catalog.
+        _catalog_followed(dev, before_reshard, tmp_path / "dagster-dev.log", 240)
+        node = dev.graphql(CATALOG_CHECKS)["assetNodeOrError"]
+        checks = {c["name"]: (c["executionForLatestMaterialization"] or {}).get("status")
+                  for c in node["assetChecksOrError"]["checks"]}
+        assert checks and set(checks.values()) == {"SUCCEEDED"}, checks
+        browser.get(f"{dev.url}{GRAPH}")
+        _shown(browser, ASSETS[:-1], "asset graph after the re-shard", shots)
+        time.sleep(2)
+        browser.save_screenshot(str(shots / "asset-graph-after-reshard.png"))
 
     # The new tars: two samples a shard; the keys the operator did not touch are as they were.
     assert _built_with(out)["shard_size"] == 2 and _built_with(out)["max_shard_size_mb"] == 1

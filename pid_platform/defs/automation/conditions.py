@@ -18,7 +18,13 @@ FOLLOW_UPSTREAM = dg.AutomationCondition.eager() & dg.AutomationCondition.all_de
 # source changed: a cheap rewrite that keeps its last materialization younger than a day while the
 # daemon's nightly work runs, which is what CATALOG_FRESHNESS watches.
 NIGHTLY_CATALOG_CRON = "30 3 * * *"
-CATALOG_CONDITION = FOLLOW_UPSTREAM | (
+# The catalog lists the sources that are built: a registered source not built yet (a new folder,
+# a build that failed) must not hold it back, as eager()'s "no dependency missing" would, for
+# every other source's new manifests. Which manifests it lists is decided by the asset, not here.
+CATALOG_FOLLOWS = (dg.AutomationCondition.eager().without(~dg.AutomationCondition.any_deps_missing())
+                   & dg.AutomationCondition.all_deps_blocking_checks_passed()).with_label(
+    "after new manifests of any source (sources not built yet do not hold it back)")
+CATALOG_CONDITION = CATALOG_FOLLOWS | (
     dg.AutomationCondition.cron_tick_passed(NIGHTLY_CATALOG_CRON, "UTC") & ~dg.AutomationCondition.in_progress()
 ).with_label("nightly, after the daily rebuild")
 
