@@ -522,8 +522,10 @@ class StreamingLeRobotDataset(IterableDataset):
         if p is None or p.pid != os.getpid() or p.num_workers != num_workers:
             fetcher = RangeFetcher(config=self.stream_config, http_connections=http_connections,
                                    http_subranges=self.options.streaming_native_http_subranges)
-            p = self._process = _ProcessCache(os.getpid(), num_workers, fetcher,
-                                              EpisodeTableReader(self.meta, fetcher))
+            # Every data file's footer once per process (a file's footer and tail are <= 64 KiB).
+            files = {(self.meta.episode(e).data_chunk, self.meta.episode(e).data_file) for e in self.episodes}
+            tables = EpisodeTableReader(self.meta, fetcher, footer_cache=min(256, max(16, len(files))))
+            p = self._process = _ProcessCache(os.getpid(), num_workers, fetcher, tables)
         return p
 
     def __getstate__(self) -> dict[str, Any]:
