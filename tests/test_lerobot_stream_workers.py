@@ -67,6 +67,9 @@ def test_batches_built_in_the_workers_equal_the_oracle(lerobot_v3_root: Path, wo
             assert_item_equal(row, oracle.item(int(row["index"])), where=f"index {int(row['index'])}",
                               video_keys=CAMERAS)
     assert set(batch_indices(batches)) == set(oracle.indices())
+    # The dataset read on its own afterwards yields items again, not batches.
+    item = next(iter(loader.dataset))
+    assert item["index"].dim() == 0
 
 
 @pytest.mark.parametrize("workers", [0, 2])

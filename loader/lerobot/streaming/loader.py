@@ -77,30 +77,32 @@ class StreamingLoader:
         self._waits = []
         if self._control is not None:
             write_control(self._control, (ds.epoch, setup))
-        loader = self._dataloader if self._persistent else None
-        if loader is None:
-            kwargs = dict(self.dataloader_kwargs)
-            if self._batches_in_dataset:
-                ds._collate = (self.batch_size, bool(kwargs.pop("drop_last", False)))
-                loader = DataLoader(ds, batch_size=None, num_workers=self.num_workers, **kwargs)
-            else:
-                ds._collate = None
-                loader = DataLoader(ds, batch_size=self.batch_size, num_workers=self.num_workers, **kwargs)
-            if self._persistent:
-                self._dataloader = loader   # its workers (and their caches) live across epochs
-        it = iter(loader)
-        while True:
-            t0 = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                break
-            self._waits.append(time.perf_counter() - t0)
-            if isinstance(batch, PackedBatch):
-                batch = batch.unpack()
-            self.samples += _batch_len(batch) if self.batch_size is not None else 1
-            self.batches += 1
-            yield batch
+        kwargs = dict(self.dataloader_kwargs)
+        drop_last = bool(kwargs.pop("drop_last", False)) if self._batches_in_dataset else False
+        # The dataset batches for this loader only (workers take their copy when they start).
+        ds._collate = (self.batch_size, drop_last) if self._batches_in_dataset else None
+        try:
+            loader = self._dataloader if self._persistent else None
+            if loader is None:
+                loader = DataLoader(ds, batch_size=None if self._batches_in_dataset else self.batch_size,
+                                    num_workers=self.num_workers, **kwargs)
+                if self._persistent:
+                    self._dataloader = loader   # its workers (and their caches) live across epochs
+            it = iter(loader)
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                self._waits.append(time.perf_counter() - t0)
+                if isinstance(batch, PackedBatch):
+                    batch = batch.unpack()
+                self.samples += _batch_len(batch) if self.batch_size is not None else 1
+                self.batches += 1
+                yield batch
+        finally:
+            ds._collate = None
         self.epoch += 1
         self.samples = self.batches = 0
 
