@@ -417,7 +417,8 @@ def train(args: argparse.Namespace) -> int:
 def wait_summary(loader: Any) -> str:
     """The loader's batch-wait and refill percentiles (LeRobot's troubleshooting compares p95/p99
     batch wait), where the loader reports them."""
-    stats = loader.stats() if hasattr(loader, "stats") else {}
+    stats = getattr(loader, "stats", None)
+    stats = stats() if callable(stats) else {}   # the twin-tar loader's stats is a dict of counters
     if "batch_wait_s_p50" not in stats:
         return ""
     waits = "/".join(f"{stats[f'batch_wait_s_p{q}'] * 1000:.1f}" for q in (50, 95, 99))
