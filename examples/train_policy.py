@@ -408,8 +408,8 @@ def train(args: argparse.Namespace) -> int:
                 loss_value = mean_over_ranks(loss.item())
                 if rank == 0:
                     rate = samples / max(time.monotonic() - started, 1e-9)
-                    print(f"step {step:6d}  epoch {epoch}  loss {loss_value:.4f}  {rate:.1f} samples/s per rank",
-                          flush=True)
+                    print(f"step {step:6d}  epoch {epoch}  loss {loss_value:.4f}  {rate:.1f} samples/s per rank"
+                          f"{wait_summary(task.loader)}", flush=True)
             if step % args.checkpoint_every == 0:
                 checkpoint()
             if args.step_delay_s:
@@ -424,6 +424,18 @@ def train(args: argparse.Namespace) -> int:
     if distributed():
         dist.destroy_process_group()
     return 0
+
+
+def wait_summary(loader: Any) -> str:
+    """The loader's batch-wait and refill percentiles (LeRobot's troubleshooting compares p95/p99
+    batch wait), where the loader reports them."""
+    stats = getattr(loader, "stats", None)
+    stats = stats() if callable(stats) else {}   # the twin-tar loader's stats is a dict of counters
+    if "batch_wait_s_p50" not in stats:
+        return ""
+    waits = "/".join(f"{stats[f'batch_wait_s_p{q}'] * 1000:.1f}" for q in (50, 95, 99))
+    refill = "/".join(f"{stats[f'refill_p{q}']:.2f}" for q in (50, 95, 99))
+    return f"  batch wait p50/p95/p99 {waits} ms  refill p50/p95/p99 {refill}"
 
 
 def main(argv: list[str] | None = None) -> int:

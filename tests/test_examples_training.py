@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -152,6 +153,8 @@ def test_killed_job_resumes_and_trains_on_each_sample_once_per_epoch(
         second.wait()
         pytest.fail(f"the resumed job did not finish in {FINISH_TIMEOUT_S}s:\n" + output.read_text()[-6000:])
     assert rc == 0, output.read_text()[-6000:]
+    if kind == "lerobot":   # the progress lines carry the loader's batch-wait percentiles
+        assert re.search(r"batch wait p50/p95/p99 [\d.]+/[\d.]+/[\d.]+ ms", output.read_text())
     final = latest_checkpoint(ckpt_dir)
     assert final["step"] == total_steps and final["epoch"] == EPOCHS
 

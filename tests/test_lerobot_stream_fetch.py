@@ -495,3 +495,33 @@ def test_range_file_seeks_and_reads_ahead(tab_root: Path) -> None:
     f.close()
     with pytest.raises(ValueError):
         f.read(1)
+
+
+def test_a_small_file_is_one_request_for_all_its_episodes(tab_root: Path, http_server) -> None:
+    # ONE_GROUP is a few KiB: the footer read fetches all of it, and every episode of the file is
+    # then read from those bytes (no second request for the row group).
+    server = http_server(tab_root)
+    meta = LeRobotMeta.load(server.url + "/")
+    counters = FetchCounters()
+    reader = EpisodeTableReader(meta, RangeFetcher(counters=counters))
+    size = (tab_root / ONE_GROUP).stat().st_size
+    assert size < 64 * 1024
+    for e in (6, 7, 8):
+        assert reader.read(meta.episode(e)).equals(expected(tab_root, e))
+    assert get_ranges(server, ONE_GROUP) == [(0, size)]
+    assert counters.requests == 1 and counters.bytes_fetched == size
+
+
+def test_a_large_file_fetches_its_footer_once_then_only_the_row_groups(tab_root: Path, http_server) -> None:
+    server = http_server(tab_root)
+    meta = LeRobotMeta.load(server.url + "/")
+    reader = EpisodeTableReader(meta, RangeFetcher())
+    size = (tab_root / BIG).stat().st_size
+    for e in (0, 1, 2):
+        reader.read(meta.episode(e))
+    ranges = get_ranges(server, BIG)
+    footer = [(a, b) for a, b in ranges if b == size]
+    assert footer == [(max(0, size - 64 * 1024), size)]
+    groups = [row_group_span(tab_root / BIG, i) for i in range(3)]
+    # Every other request is exactly one needed row group outside the fetched tail.
+    assert sorted(r for r in ranges if r not in footer) == sorted(g for g in groups if g[0] < footer[0][0])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import numpy as np
@@ -33,8 +34,12 @@ def test_options_defaults_are_the_documented_ones():
     assert (o.streaming_episode_pool_size, o.streaming_sampling_strategy, o.streaming_prefetch_episodes,
             o.streaming_byte_budget_gb, o.streaming_decode_threads, o.streaming_decoded_queue_size,
             o.video_decoder_cache_size, o.streaming_native_http_connections, o.streaming_native_http_subranges,
-            o.streaming_sidecar_lock_timeout_s, o.max_num_shards) == (32, "remaining", 8, 8, 2, 8, None, None, 1,
-                                                                      1800, 16)
+            o.streaming_sidecar_lock_timeout_s, o.max_num_shards, o.frame_dtype) == (
+        32, "remaining", 8, 8, None, 8, None, None, 1, 1800, 16, "float32")
+    # Decode threads: the cores this process may use, divided among the workers.
+    cores = len(os.sched_getaffinity(0))
+    assert [o.decode_threads(n) for n in (0, 1, 2, 4 * cores)] == [cores, cores, max(1, cores // 2), 1]
+    assert StreamingOptions(streaming_decode_threads=3).decode_threads(2) == 3
     share = o.per_worker(4, cameras=3)
     assert share.pool_size == 8 and share.byte_budget == 2 << 30 and share.decoder_cache == 24
 
@@ -46,6 +51,7 @@ def test_options_defaults_are_the_documented_ones():
     ({"streaming_decode_threads": 1.5}, "streaming_decode_threads must be an integer"),
     ({"max_num_shards": True}, "max_num_shards must be an integer"),
     ({"streaming_sampling_strategy": "random"}, "streaming_sampling_strategy must be one of"),
+    ({"frame_dtype": "float16"}, r"frame_dtype must be one of \['float32', 'uint8'\]"),
     ({"streaming_pool_size": 4}, "unknown streaming option 'streaming_pool_size' .*did you mean 'streaming_episode_pool_size'"),
 ])
 def test_options_refuse_bad_values_naming_them(kwargs, match):

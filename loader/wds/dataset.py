@@ -55,17 +55,24 @@ class TwinTarDataset(IterableDataset):
         self.shuffle_size = shuffle_buffer
         self.decoder = decoder
         self.maps = tuple(maps)
-        self.batch_size = batch_size
         self.same_aspect_batches = same_aspect_batches
         self.collate = collate
-        self.drop_last = drop_last
-        # The shard list deals what this dataset batches: the order and the batches are one plan.
         if shardlist.bucket_ids is None:
             shardlist.bucket_ids = shards.bucket_ids
-        shardlist.set_layout(Layout(block=batch_size or UNBATCHED_BLOCK,
-                                    same_aspect=same_aspect_batches and batch_size is not None,
-                                    drop_last=drop_last and batch_size is not None, window=shuffle_buffer))
+        self.set_batching(batch_size, drop_last=drop_last)
         self.stats = ExpandStats()  # per process; workers keep their own copy
+
+    def set_batching(self, batch_size: int | None, *, drop_last: bool = False) -> None:
+        """Batch ``batch_size`` samples (None: yield samples); ``make_loader(ds, batch_size=)``
+        calls it, before the loader's first iteration."""
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        # The shard list deals what this dataset batches: the order and the batches are one plan.
+        self.shardlist.set_layout(Layout(block=batch_size or UNBATCHED_BLOCK,
+                                         same_aspect=self.same_aspect_batches and batch_size is not None,
+                                         drop_last=drop_last and batch_size is not None, window=self.shuffle_size))
 
     def read_batch(self, pb: PlannedBatch, reader: TwinReader | None = None) -> tuple[list[int], list[dict]]:
         """The samples of one planned batch, in its order, with their slots (places in the

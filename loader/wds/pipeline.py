@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -67,7 +68,14 @@ def build_dataset(
     A :class:`loader.mixture.Mixture`, or the name of a weighted dataset in the catalog, gives
     a mixture (``loader/mixture``): its own order, dealt and resumed the same way; its samples
     also carry ``__source__`` and ``__repeat__``.
+
+    ``batch_size``/``drop_last`` here are a deprecated alias of ``make_loader(dataset,
+    batch_size=, drop_last=)``: the one convention of both loaders (LeRobot's takes it there too).
     """
+    if batch_size is not None:
+        warnings.warn("build_dataset(batch_size=) is deprecated: pass batch_size (and drop_last) to "
+                      "make_loader(dataset, batch_size=...), as the LeRobot loader takes them",
+                      DeprecationWarning, stacklevel=2)
     mix = spec if isinstance(spec, Mixture) else None
     if mix is None and isinstance(spec, str):
         mix = run_on_rank0_and_broadcast(lambda: catalog_mixture(spec, catalog))
@@ -116,5 +124,20 @@ def build_dataset(
     )
 
 
-def make_loader(dataset: TwinTarDataset, *, num_workers: int = 0, **dataloader_kwargs: Any) -> ResumableLoader:
+_KEEP = object()   # make_loader without batch_size: the dataset's (deprecated build_dataset(batch_size=))
+
+
+def make_loader(dataset: TwinTarDataset, *, batch_size: Any = _KEEP, num_workers: int = 0,
+                **dataloader_kwargs: Any) -> ResumableLoader:
+    """A resumable DataLoader over ``dataset``: ``batch_size`` samples per batch (None: samples)
+    and ``drop_last``, as ``loader.lerobot.streaming.make_loader(ds, batch_size=)`` takes them
+    (the one convention for both loaders; ``build_dataset(batch_size=)`` is a deprecated alias)."""
+    drop_last = dataloader_kwargs.pop("drop_last", None)
+    if batch_size is not _KEEP or drop_last is not None:
+        if batch_size is _KEEP:
+            batch_size = dataset.batch_size
+        elif dataset.batch_size is not None and batch_size != dataset.batch_size:
+            raise ValueError(f"make_loader(batch_size={batch_size!r}) but the dataset was built with "
+                             f"batch_size={dataset.batch_size!r}: give it to make_loader only")
+        dataset.set_batching(batch_size, drop_last=dataset.drop_last if drop_last is None else bool(drop_last))
     return ResumableLoader(dataset, num_workers=num_workers, **dataloader_kwargs)

@@ -9,6 +9,7 @@ rules), ``state`` (resume), ``video`` (spans and decoding), ``tabular``/``ranges
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
@@ -32,8 +33,17 @@ from loader.lerobot.sidecar.published import fetch_published, published_home
 from loader.lerobot.sidecar.schema import public_root
 
 from .byte_cache import EpisodeByteCache
+from .collate import collate_items, raw_frames
+from .control import read_control
 from .executor import EpisodePayload, PlanRunner, RunCounters
-from .items import EpisodeRows, build_item, check_delta_timestamps, delta_indices, mark_padding
+from .items import (
+    EpisodeRows,
+    build_item,
+    check_delta_timestamps,
+    delta_indices,
+    frames_to_tensor,
+    mark_padding,
+)
 from .options import DEFAULT_SEED, StreamingOptions
 from .ownership import EpisodeWork, Ownership, batches_of, max_workers
 from .planner import WorkerPlan, plan_worker
@@ -134,6 +144,12 @@ class StreamingLeRobotDataset(IterableDataset):
         self._resume: ResumePoint | None = None
         self._batch_size: int | None = None      # set by make_loader: resume arithmetic needs it
         self._drop_last = False                  # set by make_loader(drop_last=True): no padding
+        # Set by make_loader (batch_size, drop_last): this process builds the batches itself
+        # (``collate``), the DataLoader only moves them; None: yield items.
+        self._collate: tuple[int, bool] | None = None
+        self._control: torch.Tensor | None = None        # set by make_loader: the epoch setup for workers
+        self._shared_refill: torch.Tensor | None = None  # per worker: refill-level histogram
+        self._process: _ProcessCache | None = None       # what this process keeps across epochs
         self._shared_stats: torch.Tensor | None = None
         self._yielded = 0                        # in-process iteration: samples handed out this epoch
         self.byte_cache: EpisodeByteCache | None = None
@@ -358,7 +374,17 @@ class StreamingLeRobotDataset(IterableDataset):
         info = get_worker_info()
         num_workers = info.num_workers if info is not None else 0
         worker_id = info.id if info is not None else 0
-        setup = self.prepare_epoch(num_workers)
+        if info is not None:
+            # A forked worker inherits the training process's objects: keep the garbage
+            # collector from traversing (and so copying-on-write) them in every collection.
+            gc.freeze()
+        if info is not None and self._control is not None:
+            # The training process planned this epoch (a persistent worker's copy of the dataset
+            # is from an earlier one): take its epoch and layout.
+            self.epoch, setup = read_control(self._control)
+            self._setup = setup
+        else:
+            setup = self.prepare_epoch(num_workers)
         layout = setup.layout
         own = self._ownership(layout, self._batch_size, self._drop_last)
         logical, start = worker_id, 0
@@ -375,8 +401,8 @@ class StreamingLeRobotDataset(IterableDataset):
         share = self.options.per_worker(num_workers, len(self.video_keys))
         donor = self._donor(own, layout, self.rank, logical)
         plan_eps = sorted({w.episode for w in own.parts[self.rank][logical]} | ({donor.episode} if donor else set()))
-        index = self._open_index(plan_eps) if plan_eps else None
-        spans = self._spans(index, plan_eps) if index is not None else {e: {} for e in plan_eps}
+        proc = self._process_cache(num_workers, share.http_connections)
+        index, spans, arrays = proc.episodes(self, plan_eps)
         sizes = {e: sum(s.nbytes for s in spans[e].values()) for e in plan_eps}
         plan = self._plan(own, layout, self.rank, logical, sizes)
         self._last_plan = plan
@@ -386,18 +412,26 @@ class StreamingLeRobotDataset(IterableDataset):
         self.byte_cache = cache = EpisodeByteCache(layout.worker_pool()[1])
         self.fetch_counters = FetchCounters()
         self.counters = RunCounters()
-        fetcher = RangeFetcher(config=self.stream_config, http_connections=share.http_connections,
-                               http_subranges=self.options.streaming_native_http_subranges,
-                               counters=self.fetch_counters)
-        tables = EpisodeTableReader(self.meta, fetcher)
+        fetcher, tables = proc.fetcher, proc.tables
+        fetcher.counters = self.fetch_counters
         self._decoders = decoders = DecoderCache(share.decoder_cache)
         decoders_lock = threading.Lock()
-        arrays = {}
         # Decoded frames kept per open decoder: a camera window reaches over frames already handed
         # out, and the decode threads may ask for neighbouring frames out of order. Nothing more:
         # at 640x480 each kept frame is 0.9 MB, times every open decoder of the worker.
         reach = [abs(d) for key, ds in (self.delta_indices or {}).items() if key in self.video_keys for d in ds]
-        keep_frames = 2 * max(reach, default=0) + self.options.streaming_decode_threads + 1
+        decode_threads = self.options.decode_threads(num_workers)
+        keep_frames = 2 * max(reach, default=0) + decode_threads + 1
+        frame_dtype = self.options.frame_dtype
+        batching = self._collate
+        transforms_here = self.image_transforms if not in_process else None
+        if batching is not None and self.image_transforms is None:
+            video_value = raw_frames     # converted once, into the batch
+        elif frame_dtype == "float32":
+            video_value = None           # LeRobot's float32 tensor per item
+        else:
+            def video_value(frames: np.ndarray) -> torch.Tensor:
+                return frames_to_tensor(frames, frame_dtype).squeeze(0)
 
         def fetch(ep: int) -> EpisodePayload:
             rows = EpisodeRows(tables.read(self.meta.episode(ep)), self.meta.features)
@@ -418,8 +452,6 @@ class StreamingLeRobotDataset(IterableDataset):
                     decoders.put((ep, key), dec)
                 return dec
 
-        transforms_here = self.image_transforms if not in_process else None
-
         def assemble(step: int, payload: EpisodePayload) -> dict[str, Any]:
             ep = payload.episode
             info_e = self.meta.episode(ep)
@@ -439,7 +471,8 @@ class StreamingLeRobotDataset(IterableDataset):
 
             item = build_item(payload.rows, frame, length=info_e.length, deltas=self.delta_indices,
                               video_keys=self.video_keys, decode=decode, tasks=self.meta.tasks,
-                              image_keys=self.image_keys, image_transforms=transforms_here)
+                              image_keys=self.image_keys, image_transforms=transforms_here,
+                              video_value=video_value)
             return mark_padding(item, step >= plan.real_steps)
 
         def release(ep: int) -> None:
@@ -449,10 +482,11 @@ class StreamingLeRobotDataset(IterableDataset):
 
         runner = PlanRunner(plan, start=start, sizes=sizes, cache=cache, fetch=fetch, assemble=assemble,
                             on_release=release, fetch_threads=self.options.max_num_shards,
-                            decode_threads=self.options.streaming_decode_threads,
+                            decode_threads=decode_threads,
                             queue_size=self.options.streaming_decoded_queue_size,
                             prefetch=self.options.streaming_prefetch_episodes, counters=self.counters)
         row = worker_id if info is not None else 0
+        pending: list[dict[str, Any]] = []
         try:
             for item in runner:
                 if in_process:
@@ -461,13 +495,19 @@ class StreamingLeRobotDataset(IterableDataset):
                         for key in (*self.video_keys, *self.image_keys):
                             item[key] = self.image_transforms(item[key])
                 self._publish_stats(row)
-                yield item
+                if batching is None:
+                    yield item
+                    continue
+                pending.append(item)
+                if len(pending) == batching[0]:
+                    batch, pending = pending, []
+                    yield collate_items(batch, self.video_keys, frame_dtype=frame_dtype, shared=not in_process)
+            if pending and not batching[1]:
+                yield collate_items(pending, self.video_keys, frame_dtype=frame_dtype, shared=not in_process)
         finally:
             self._publish_stats(row)
             with decoders_lock:
                 decoders.clear()
-            if index is not None:
-                index.close()
         if in_process:
             # A finished pass: the next iteration is the next epoch.
             self.epoch += 1
@@ -494,6 +534,50 @@ class StreamingLeRobotDataset(IterableDataset):
             return
         s = self.stats()
         t[row] = torch.tensor([s.get(k, 0) for k in STAT_FIELDS], dtype=torch.int64)
+        h, refill = self._shared_refill, self.counters.refill
+        if h is not None and row < h.shape[0] and refill:
+            n = min(len(refill), h.shape[1])
+            h[row, :n] = torch.tensor(refill[:n], dtype=torch.int64)
+
+    def _process_cache(self, num_workers: int, http_connections: int | None) -> _ProcessCache:
+        """This process's fetcher, footer cache and compact index: made once per process (a
+        persistent worker, or the training process reading itself) and kept across epochs."""
+        p = self._process
+        if p is None or p.pid != os.getpid() or p.num_workers != num_workers:
+            fetcher = RangeFetcher(config=self.stream_config, http_connections=http_connections,
+                                   http_subranges=self.options.streaming_native_http_subranges)
+            # Every data file's footer once per process (a file's footer and tail are <= 64 KiB).
+            files = {(self.meta.episode(e).data_chunk, self.meta.episode(e).data_file) for e in self.episodes}
+            tables = EpisodeTableReader(self.meta, fetcher, footer_cache=min(256, max(16, len(files))))
+            p = self._process = _ProcessCache(os.getpid(), num_workers, fetcher, tables)
+        return p
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A worker builds its own (open files, threads); the training process keeps its own.
+        return {**self.__dict__, "_process": None}
+
+
+class _ProcessCache:
+    """Per process, across epochs: the range fetcher, the parquet footers (EpisodeTableReader)
+    and the compact index with the spans of the episodes this process reads."""
+
+    def __init__(self, pid: int, num_workers: int, fetcher: RangeFetcher, tables: EpisodeTableReader):
+        self.pid, self.num_workers, self.fetcher, self.tables = pid, num_workers, fetcher, tables
+        self._key: tuple[int, ...] | None = None
+        self._index: CompactIndex | None = None
+        self._spans: dict[int, dict[str, VideoSpan]] = {}
+        self.arrays: dict[str, Any] = {}
+
+    def episodes(self, ds: StreamingLeRobotDataset, eps: Sequence[int]) -> tuple[CompactIndex | None, dict, dict]:
+        key = tuple(eps)
+        if key != self._key:
+            if self._index is not None:
+                self._index.close()
+            self._index = ds._open_index(list(eps)) if eps else None
+            self._spans = ds._spans(self._index, list(eps)) if self._index is not None else {e: {} for e in eps}
+            self.arrays = {}
+            self._key = key
+        return self._index, self._spans, self.arrays
 
 
 def _rank_and_world() -> tuple[int, int]:

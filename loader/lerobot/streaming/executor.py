@@ -51,6 +51,9 @@ class RunCounters:
     decode_seconds: float = 0.0
     fetch_seconds: float = 0.0
     wait_seconds: float = 0.0          # time the consumer waited for the next sample
+    # refill[k]: samples taken while k of the decoded window's samples were ready (the
+    # refill level; at 0 the consumer waits on the decoder)
+    refill: list[int] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -181,6 +184,10 @@ class PlanRunner:
             admit.join(timeout=5)
 
     def _pop(self, window: deque[Future], is_padding: bool) -> Any:
+        refill = self.counters.refill
+        if len(refill) <= self.queue_size:
+            refill.extend([0] * (self.queue_size + 1 - len(refill)))
+        refill[sum(1 for f in window if f.done())] += 1
         t0 = time.perf_counter()
         item = window.popleft().result()
         self.counters.wait_seconds += time.perf_counter() - t0

@@ -134,19 +134,36 @@ def _np_target(dt: np.dtype) -> np.dtype:
             torch.bool: np.dtype(np.bool_)}[_torch_dtype(dt)]
 
 
-def frames_to_tensor(frames: np.ndarray) -> torch.Tensor:
-    """(T, H, W, 3) uint8 -> (T, C, H, W) float32 in [0, 1], as LeRobot's decoders return it."""
-    t = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).contiguous()
-    return t.to(torch.float32) / 255
+def frames_to_tensor(frames: np.ndarray, dtype: str = "float32") -> torch.Tensor:
+    """(T, H, W, 3) uint8 -> (T, C, H, W) float32 in [0, 1], as LeRobot's decoders return it
+    (``dtype="uint8"``: the decoded values, the float32 ones x 255 exactly)."""
+    out = np.empty((frames.shape[0], frames.shape[3], frames.shape[1], frames.shape[2]),
+                   dtype=np.float32 if dtype == "float32" else np.uint8)
+    write_frames(out, frames)
+    return torch.from_numpy(out)
+
+
+def write_frames(out: np.ndarray, frames: np.ndarray) -> None:
+    """Write (T, H, W, 3) uint8 ``frames`` into ``out`` (T, C, H, W), float32 or uint8, in one
+    pass (no intermediate tensors). numpy, single-threaded: float32(v) / 255 is correctly
+    rounded, so it equals LeRobot's ``tensor.type(torch.float32) / 255`` for every v; torch's
+    intra-op threads would contend with the decode threads."""
+    chw = frames.transpose(0, 3, 1, 2)
+    if out.dtype == np.uint8:
+        np.copyto(out, chw)
+    else:
+        np.divide(chw, np.float32(255), out=out, dtype=np.float32)
 
 
 def build_item(rows: EpisodeRows, frame: int, *, length: int, deltas: Mapping[str, Sequence[int]] | None,
                video_keys: Sequence[str], decode: Callable[[str, list[float]], np.ndarray],
                tasks: Mapping[int, str], image_keys: Sequence[str] = (),
-               image_transforms: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+               image_transforms: Callable[[Any], Any] | None = None,
+               video_value: Callable[[np.ndarray], Any] | None = None) -> dict[str, Any]:
     """The item of frame ``frame`` (0-based inside the episode) of a ``length``-frame episode.
 
-    ``decode(camera, times)`` returns (T, H, W, 3) uint8 frames at episode-relative ``times``.
+    ``decode(camera, times)`` returns (T, H, W, 3) uint8 frames at episode-relative ``times``;
+    ``video_value`` makes a camera's value of them (default: LeRobot's float32 tensor).
     """
     item: dict[str, Any] = {name: rows.value(name, frame) for name in rows.columns}
     query: dict[str, list[int]] = {}
@@ -164,7 +181,8 @@ def build_item(rows: EpisodeRows, frame: int, *, length: int, deltas: Mapping[st
         videos = {}
         for key in video_keys:
             times = [float(rows.timestamps[r]) for r in query[key]] if key in query else [current]
-            videos[key] = frames_to_tensor(decode(key, times)).squeeze(0)
+            frames = decode(key, times)
+            videos[key] = video_value(frames) if video_value is not None else frames_to_tensor(frames).squeeze(0)
         item = {**videos, **item}
     if image_transforms is not None:
         for key in (*video_keys, *image_keys):

@@ -8,6 +8,7 @@ calls it; each gets every rank's counts, so a checkpoint from any rank restores 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +17,10 @@ from torch.utils.data import DataLoader
 
 from loader.workers import worker_init
 
+from .collate import PackedBatch
+from .control import control_block, write_control
 from .dataset import STAT_FIELDS, StreamingLeRobotDataset, _all_gather_ints
+from .monitor import refill_percentiles, wait_percentiles
 from .ownership import NoEpisodesError
 from .state import make_state, parse_state
 
@@ -32,9 +36,6 @@ class StreamingLoader:
             if dataloader_kwargs.get(bad):
                 raise ValueError(f"{bad}= does not apply: the dataset's episode pools order the samples "
                                  "(set seed= and streaming_sampling_strategy= on the dataset)")
-        if dataloader_kwargs.get("persistent_workers"):
-            raise ValueError("persistent_workers=True does not apply: each epoch's plan (and a resume point) "
-                             "reaches the workers when they start; use persistent_workers=False")
         most = dataset.num_workers_for(num_workers)
         if most < num_workers:
             raise NoEpisodesError(
@@ -42,6 +43,10 @@ class StreamingLoader:
                 f"worker needs one: use num_workers={most} (dataset.num_workers_for({num_workers})).")
         self.dataset = dataset
         self.batch_size = batch_size
+        # Without a collate_fn of the caller's, the dataset's processes build the batches (frames
+        # written once, converted on the way, straight into shared memory) and the DataLoader only
+        # moves them; a caller's collate_fn gets the items as LeRobot's dataset gives them.
+        self._batches_in_dataset = batch_size is not None and dataloader_kwargs.get("collate_fn") is None
         self.num_workers = num_workers
         self.dataloader_kwargs = dataloader_kwargs
         # drop_last=True: no padding repeats at all (and, as in PyTorch, each worker's short last
@@ -53,6 +58,13 @@ class StreamingLoader:
         self.batches = 0
         # One row of counters per worker, in shared memory: workers write, stats() reads.
         self._shared = torch.zeros((max(1, num_workers), len(STAT_FIELDS)), dtype=torch.int64).share_memory_()
+        self._queue_size = dataset.options.streaming_decoded_queue_size
+        self._refill = torch.zeros((max(1, num_workers), self._queue_size + 1), dtype=torch.int64).share_memory_()
+        # Each epoch's setup reaches the workers through it (persistent ones were started earlier).
+        self._control = control_block(dataset.num_episodes, dataset.world_size) if num_workers else None
+        self._persistent = bool(dataloader_kwargs.get("persistent_workers")) and num_workers > 0
+        self._dataloader: DataLoader | None = None
+        self._waits: list[float] = []    # seconds the training loop waited for each batch, this epoch
 
     def __iter__(self) -> Iterator[Any]:
         ds = self.dataset
@@ -60,18 +72,44 @@ class StreamingLoader:
             ds.set_epoch(self.epoch)
         ds._batch_size, ds._drop_last = self.batch_size, self.drop_last
         ds._shared_stats = self._shared
+        ds._shared_refill = self._refill
+        ds._control = self._control
         setup = ds.prepare_epoch(self.num_workers)
         self._layout = setup.layout
         if setup.point is None:
             self.samples = self.batches = 0
         self._shared.zero_()
+        self._refill.zero_()
+        self._waits = []
+        if self._control is not None:
+            write_control(self._control, (ds.epoch, setup))
         kwargs = dict(self.dataloader_kwargs)
         kwargs["worker_init_fn"] = worker_init(kwargs.get("worker_init_fn"))  # workers die with us
-        loader = DataLoader(ds, batch_size=self.batch_size, num_workers=self.num_workers, **kwargs)
-        for batch in loader:
-            self.samples += _batch_len(batch) if self.batch_size is not None else 1
-            self.batches += 1
-            yield batch
+        drop_last = bool(kwargs.pop("drop_last", False)) if self._batches_in_dataset else False
+        # The dataset batches for this loader only (workers take their copy when they start).
+        ds._collate = (self.batch_size, drop_last) if self._batches_in_dataset else None
+        try:
+            loader = self._dataloader if self._persistent else None
+            if loader is None:
+                loader = DataLoader(ds, batch_size=None if self._batches_in_dataset else self.batch_size,
+                                    num_workers=self.num_workers, **kwargs)
+                if self._persistent:
+                    self._dataloader = loader   # its workers (and their caches) live across epochs
+            it = iter(loader)
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                self._waits.append(time.perf_counter() - t0)
+                if isinstance(batch, PackedBatch):
+                    batch = batch.unpack()
+                self.samples += _batch_len(batch) if self.batch_size is not None else 1
+                self.batches += 1
+                yield batch
+        finally:
+            ds._collate = None
         self.epoch += 1
         self.samples = self.batches = 0
 
@@ -106,13 +144,22 @@ class StreamingLoader:
         self.samples = point.samples[rank] if same_world else 0
         self.batches = point.batches[rank] if same_world and point.batches is not None else 0
 
-    def stats(self) -> dict[str, int]:
-        """Counters summed over this rank's workers (live while iterating)."""
+    def stats(self) -> dict[str, int | float]:
+        """Counters summed over this rank's workers (live while iterating), and this epoch's
+        percentiles: ``batch_wait_s_p50/p95/p99`` (seconds the training loop waited for a
+        batch) and ``refill_p50/p95/p99`` (the fraction of a worker's decoded window ready when
+        a sample was taken: near 1 the loader is ahead, near 0 the training loop waits on it)."""
         if self.num_workers == 0:
-            return self.dataset.stats()
-        sums = self._shared.sum(dim=0).tolist()
-        out = dict(zip(STAT_FIELDS, (int(v) for v in sums), strict=True))
-        out["peak_reserved_bytes"] = int(self._shared[:, STAT_FIELDS.index("peak_reserved_bytes")].max())
+            out: dict[str, int | float] = dict(self.dataset.stats())
+            refill = list(self.dataset.counters.refill)
+        else:
+            sums = self._shared.sum(dim=0).tolist()
+            out = dict(zip(STAT_FIELDS, (int(v) for v in sums), strict=True))
+            out["peak_reserved_bytes"] = int(self._shared[:, STAT_FIELDS.index("peak_reserved_bytes")].max())
+            refill = self._refill.sum(dim=0).tolist()
+        out["batches_waited"] = len(self._waits)
+        out.update(wait_percentiles(self._waits))
+        out.update(refill_percentiles(refill, self._queue_size))
         return out
 
     def worker_stats(self) -> list[dict[str, int]]:

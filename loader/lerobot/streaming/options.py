@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -20,6 +21,7 @@ import numpy as np
 from loader.formats.errors import short_repr
 
 SAMPLING_STRATEGIES = ("remaining", "round_robin")
+FRAME_DTYPES = ("float32", "uint8")
 DEFAULT_SEED = 42   # what seed=None means (LeRobot's fixed streaming seed)
 _GB = 1 << 30
 MAX_DELTA_S = 1e6  # about 11 days: past any episode, so past any frame a delta could land on
@@ -36,18 +38,28 @@ class StreamingOptions:
     streaming_sampling_strategy: str = "remaining"
     streaming_prefetch_episodes: int = 8         # episodes fetched ahead per worker
     streaming_byte_budget_gb: float = 8.0        # MP4 payload bytes held per rank
-    streaming_decode_threads: int = 2            # sample assembly + decode threads per worker
+    streaming_decode_threads: int | None = None  # decode threads per worker; None: the cores this
+    #                                              process may run on, divided among the workers
     streaming_decoded_queue_size: int = 8        # decoded samples kept ahead, in planner order
     video_decoder_cache_size: int | None = None  # open decoders per rank; None: pool x cameras
     streaming_native_http_connections: int | None = None   # HTTP requests in flight per rank; None: no cap
     streaming_native_http_subranges: int = 1     # parallel sub-ranges per HTTP range read
     streaming_sidecar_lock_timeout_s: float = 1800.0
     max_num_shards: int = 16                     # episodes fetched in parallel per worker
+    # Camera frames as LeRobot gives them (float32 in [0, 1]) or as decoded (uint8, exactly the
+    # float32 values x 255): a quarter of the bytes through DataLoader workers' shared memory;
+    # convert where it is cheap (``frames.float().div_(255)`` on the GPU gives the float32 frames).
+    frame_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None and f.name in ("video_decoder_cache_size", "streaming_native_http_connections"):
+            if value is None and f.name in ("video_decoder_cache_size", "streaming_native_http_connections",
+                                            "streaming_decode_threads"):
+                continue
+            if f.name == "frame_dtype":
+                if value not in FRAME_DTYPES:
+                    raise ValueError(f"frame_dtype must be one of {list(FRAME_DTYPES)}, got {value!r}")
                 continue
             if f.name == "streaming_sampling_strategy":
                 if value not in SAMPLING_STRATEGIES:
@@ -117,6 +129,14 @@ class StreamingOptions:
             out[key] = values
         return out
 
+    def decode_threads(self, num_workers: int) -> int:
+        """Decode threads of one of ``num_workers`` workers: the option, else the cores this
+        process may run on (``os.sched_getaffinity``) divided among the workers, at least 1, so
+        the workers' decoders do not contend for the same cores."""
+        if self.streaming_decode_threads is not None:
+            return self.streaming_decode_threads
+        return max(1, available_cores() // max(1, num_workers))
+
     @property
     def byte_budget(self) -> int:
         """The per-rank byte budget in bytes (GiB, as LeRobot counts it)."""
@@ -132,6 +152,13 @@ class StreamingOptions:
             decoder_cache=worker_share(decoders, num_workers),
             http_connections=None if conns is None else worker_share(conns, num_workers),
         )
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):   # not on Linux
+        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)

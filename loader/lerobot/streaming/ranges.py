@@ -119,9 +119,11 @@ class RangeFetcher:
             return self._fetch_http(url, start, length)
         return self._fetch_stream(url, start, length)
 
-    def open_file(self, url: str, size: int, *, readahead: int = DEFAULT_READAHEAD) -> RangeFile:
-        """A seekable read-only file of ``size`` bytes over ``url`` for pyarrow (no request yet)."""
-        return RangeFile(self, url, size, readahead=readahead)
+    def open_file(self, url: str, size: int, *, readahead: int = DEFAULT_READAHEAD,
+                  preload: tuple[int, bytes] | None = None) -> RangeFile:
+        """A seekable read-only file of ``size`` bytes over ``url`` for pyarrow (no request yet);
+        ``preload`` (offset, bytes): bytes of it already fetched, served without a request."""
+        return RangeFile(self, url, size, readahead=readahead, preload=preload)
 
     # -- backends -------------------------------------------------------------------------------
 
@@ -211,7 +213,8 @@ class RangeFile(io.RawIOBase):
     Not for sharing between threads (it has a position); open one per reader.
     """
 
-    def __init__(self, fetcher: RangeFetcher, url: str, size: int, *, readahead: int = DEFAULT_READAHEAD):
+    def __init__(self, fetcher: RangeFetcher, url: str, size: int, *, readahead: int = DEFAULT_READAHEAD,
+                 preload: tuple[int, bytes] | None = None):
         if size < 0:
             raise ValueError(f"{redact_url(url)}: size must be >= 0, got {size}")
         self._fetcher = fetcher
@@ -219,8 +222,7 @@ class RangeFile(io.RawIOBase):
         self._size = int(size)
         self._readahead = max(0, int(readahead))
         self._pos = 0
-        self._buf = b""
-        self._buf_start = 0
+        self._buf_start, self._buf = preload if preload is not None else (0, b"")
 
     @property
     def name(self) -> str:

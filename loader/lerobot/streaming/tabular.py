@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from loader.io import roots as fs
 from loader.lerobot.meta import EpisodeInfo, LeRobotMeta
 
-from .ranges import RangeFetcher
+from .ranges import DEFAULT_READAHEAD, RangeFetcher
 
 __all__ = ["CHECK_COLUMNS", "EpisodeDataError", "EpisodeDataMissingError", "EpisodeTableReader"]
 
@@ -58,6 +58,8 @@ class _Footer:
     metadata: pq.FileMetaData
     names: tuple[str, ...]                                 # top-level columns, in file order
     episode_bounds: tuple[tuple[int, int] | None, ...]     # per row group; None: no statistics
+    tail_start: int = 0      # the file's last bytes, fetched with the footer in one request: row
+    tail: bytes = b""        # groups inside them (a small file: all of them) need no request
 
 
 class EpisodeTableReader:
@@ -118,8 +120,10 @@ class EpisodeTableReader:
                 f"{footer.url}: episode {e}: no row group holds it (episode_index statistics of the "
                 f"{len(footer.episode_bounds)} row groups exclude it); {_FIX}")
         read_columns = [*wanted, *(c for c in CHECK_COLUMNS if c not in wanted)]
-        # readahead=0: pre_buffer already coalesces a row group's column chunks into few reads.
-        with self.fetcher.open_file(footer.url, footer.size, readahead=0) as f:
+        # readahead=0: pre_buffer already coalesces a row group's column chunks into few reads;
+        # those inside the tail fetched with the footer are served from it.
+        with self.fetcher.open_file(footer.url, footer.size, readahead=0,
+                                    preload=(footer.tail_start, footer.tail)) as f:
             try:
                 pf = pq.ParquetFile(f, metadata=footer.metadata, pre_buffer=True)
                 table = pf.read_row_groups(groups, columns=read_columns, use_threads=False)
@@ -159,7 +163,11 @@ class EpisodeTableReader:
     def _load_footer(self, rel: str) -> _Footer:
         url = fs.url(self.meta.root, rel)
         size = fs.file_identity(self.meta.root, rel, config=self.fetcher.config).size
-        with self.fetcher.open_file(url, size) as f:
+        # One request for the footer and what precedes it in pyarrow's footer read (the last
+        # 64 KiB); only a larger footer costs another.
+        tail_start = max(0, size - DEFAULT_READAHEAD)
+        tail = self.fetcher.fetch(url, tail_start, size - tail_start)
+        with self.fetcher.open_file(url, size, preload=(tail_start, tail)) as f:
             try:
                 metadata = pq.ParquetFile(f).metadata
                 names = tuple(metadata.schema.to_arrow_schema().names)
@@ -170,7 +178,7 @@ class EpisodeTableReader:
                     f"{url}: not a readable parquet file ({exc}); re-upload it, or re-export the "
                     "dataset with LeRobot") from None
         return _Footer(url=url, size=size, metadata=metadata, names=names,
-                       episode_bounds=_episode_bounds(metadata))
+                       episode_bounds=_episode_bounds(metadata), tail_start=tail_start, tail=tail)
 
 
 def _is_arrow_error(exc: BaseException) -> bool:

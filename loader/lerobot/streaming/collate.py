@@ -1,0 +1,145 @@
+"""Batches built where the samples are decoded: camera frames go from the decoder's RGB arrays
+straight into one batch tensor per camera, in shared memory when in a DataLoader worker.
+
+``default_collate`` over LeRobot items would convert each frame to a float32 tensor, make it
+contiguous, then stack the items into a fresh shared-memory tensor: three passes over float32
+data per frame. Here a sample's camera value stays the decoder's uint8 frames (``RawFrames``)
+until the batch is built; each frame is then written once, converted on the way
+(``items.write_frames``), into the batch. Every other key goes through ``default_collate``, so
+a batch has the keys, order, dtypes and shapes ``default_collate`` over the items gives.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import default_collate
+
+from .items import frames_to_tensor, write_frames
+
+_DTYPES = {"float32": torch.float32, "uint8": torch.uint8}
+
+
+@dataclass(frozen=True)
+class RawFrames:
+    """A camera value before conversion: (T, H, W, 3) uint8 as decoded; ``squeeze``: one frame
+    and no window (the item's value is (C, H, W), as LeRobot's ``squeeze(0)``)."""
+
+    frames: np.ndarray
+    squeeze: bool
+
+    @property
+    def item_shape(self) -> tuple[int, ...]:
+        t, h, w, c = self.frames.shape
+        return (c, h, w) if self.squeeze else (t, c, h, w)
+
+    def to_tensor(self, dtype: str) -> torch.Tensor:
+        t = frames_to_tensor(self.frames, dtype)
+        return t.squeeze(0) if self.squeeze else t
+
+
+def raw_frames(frames: np.ndarray) -> RawFrames:
+    """``build_item``'s ``video_value`` for a batched read: keep the decoded frames as they are."""
+    return RawFrames(frames, squeeze=frames.shape[0] == 1)
+
+
+_ALIGN = 64
+
+
+def _aligned(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def empty_buffer(nbytes: int, *, shared: bool) -> torch.Tensor:
+    """An uninitialised uint8 tensor of ``nbytes``, in shared memory when ``shared`` (a
+    DataLoader worker), so handing it to the main process copies nothing."""
+    if not shared:
+        return torch.empty(nbytes, dtype=torch.uint8)
+    storage = torch.empty(0, dtype=torch.uint8)._typed_storage()._new_shared(nbytes)
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+@dataclass
+class PackedBatch:
+    """A batch whose tensors all live in one buffer: a DataLoader worker hands it over as ONE
+    shared-memory file (each tensor of a plain dict is a file of its own: an allocation, a file
+    descriptor passed over a socket and a mapping per key and batch). ``unpack()`` gives the
+    batch dict (views of the buffer, no copy); ``pin_memory()`` pins the one buffer."""
+
+    buffer: torch.Tensor
+    layout: list[tuple[str, int, torch.dtype, tuple[int, ...]] | tuple[str, None, None, Any]]
+
+    def unpack(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, offset, dtype, shape in self.layout:
+            if offset is None:
+                out[key] = shape            # not a tensor: the collated value itself
+                continue
+            n = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+            out[key] = self.buffer[offset:offset + n].view(dtype).view(shape)
+        return out
+
+    def pin_memory(self, device: Any = None) -> PackedBatch:
+        pinned = self.buffer.pin_memory() if device is None else self.buffer.pin_memory(device)
+        return PackedBatch(pinned, self.layout)
+
+
+def collate_items(items: Sequence[dict[str, Any]], video_keys: Sequence[str], *, frame_dtype: str,
+                  shared: bool) -> dict[str, Any] | PackedBatch:
+    """One batch of ``items`` (dicts whose camera values are RawFrames or tensors): the batch
+    dict, or (``shared``) a PackedBatch of it."""
+    first = items[0]
+    n = len(items)
+    plan: list[tuple[str, str, torch.dtype | None, tuple[int, ...] | None]] = []
+    total = 0
+    for key, value in first.items():
+        if key in video_keys and isinstance(value, RawFrames):
+            shape, dtype = value.item_shape, _DTYPES[frame_dtype]
+            for item in items:
+                if item[key].item_shape != shape:
+                    raise RuntimeError(f"{key}: frames of shape {item[key].item_shape} and {shape} in one "
+                                       "batch; every episode's video of a camera must have one size")
+            plan.append((key, "frames", dtype, (n, *shape)))
+        elif isinstance(value, torch.Tensor) and all(
+                isinstance(item[key], torch.Tensor) and item[key].shape == value.shape
+                and item[key].dtype == value.dtype for item in items):
+            plan.append((key, "stack", value.dtype, (n, *value.shape)))
+        else:
+            plan.append((key, "other", None, None))
+            continue
+        total += _aligned(math.prod(plan[-1][3]) * torch.empty(0, dtype=plan[-1][2]).element_size())
+    buffer = empty_buffer(total, shared=shared)
+    layout: list = []
+    offset = 0
+    for key, how, dtype, shape in plan:
+        if how == "other":
+            # Strings (``task``) and the like: default_collate's value, inside the pickle.
+            layout.append((key, None, None, default_collate([item[key] for item in items])))
+            continue
+        nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        view = buffer[offset:offset + nbytes].view(dtype).view(shape)
+        if how == "frames":
+            target = view.numpy()
+            for i, item in enumerate(items):
+                raw = item[key]
+                write_frames(target[i][None] if raw.squeeze else target[i], raw.frames)
+        else:
+            torch.stack([item[key] for item in items], out=view)
+        layout.append((key, offset, dtype, shape))
+        offset += _aligned(nbytes)
+    packed = PackedBatch(buffer, layout)
+    return packed if shared else packed.unpack()
+
+
+def item_frames(item: dict[str, Any], video_keys: Sequence[str], frame_dtype: str) -> dict[str, Any]:
+    """``item`` with its RawFrames converted (what a sample read on its own gives)."""
+    for key in video_keys:
+        value = item.get(key)
+        if isinstance(value, RawFrames):
+            item[key] = value.to_tensor(frame_dtype)
+    return item

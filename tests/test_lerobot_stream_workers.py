@@ -1,0 +1,204 @@
+"""StreamingLeRobotDataset through make_loader's DataLoader workers: batches built in the
+workers equal the map-style oracle's items, the uint8 hand-over is the float32 frames x 255,
+persistent workers keep their caches across epochs with exact coverage and resume, and
+``loader.stats()`` reports batch-wait and refill percentiles."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from loader.lerobot.streaming import StreamingLeRobotDataset, make_loader
+from loader.lerobot.streaming.collate import PackedBatch, collate_items, raw_frames
+from loader.lerobot.streaming.items import frames_to_tensor
+from tests.support.lerobot_oracle import MapStyleOracle, assert_item_equal
+
+REPO = "local/arm"
+CAMERAS = ["observation.images.front", "observation.images.wrist"]
+DELTAS = {"observation.images.front": [-0.2, 0.0], "action": [0.0, 0.1]}
+
+
+@pytest.fixture(autouse=True)
+def lerobot_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path_factory.getbasetemp() / "lerobot-home"
+    monkeypatch.setenv("HF_LEROBOT_HOME", str(home))
+    return home
+
+
+def stream(root, **kw) -> StreamingLeRobotDataset:
+    return StreamingLeRobotDataset(REPO, root=str(root), streaming_episode_pool_size=2, **kw)
+
+
+def rows(batch: dict) -> list[dict]:
+    """A batch split back into items."""
+    n = len(batch["index"])
+    return [{k: (v[i] if isinstance(v, torch.Tensor | list) else v) for k, v in batch.items()} for i in range(n)]
+
+
+def batch_indices(batches) -> list[int]:
+    return [int(x) for b in batches for x in b["index"]]
+
+
+def test_frame_conversion_equals_lerobots_for_every_value() -> None:
+    # float32(v) / 255 per value: numpy's single-threaded divide is LeRobot's torch expression.
+    values = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1).repeat(3, axis=3)
+    lerobot = torch.from_numpy(values).permute(0, 3, 1, 2).contiguous().type(torch.float32) / 255
+    ours = frames_to_tensor(values)
+    assert ours.dtype == torch.float32 and torch.equal(ours.view(torch.int32), lerobot.view(torch.int32))
+    assert torch.equal(frames_to_tensor(values, "uint8"), torch.from_numpy(values).permute(0, 3, 1, 2))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("deltas", [None, DELTAS], ids=["frames", "windows"])
+def test_batches_built_in_the_workers_equal_the_oracle(lerobot_v3_root: Path, workers: int, deltas) -> None:
+    oracle = MapStyleOracle(lerobot_v3_root, delta_timestamps=deltas)
+    loader = make_loader(stream(lerobot_v3_root, delta_timestamps=deltas), batch_size=3, num_workers=workers)
+    batches = list(loader)
+    # The same keys and order as default_collate over the items, every row the oracle's item.
+    item = oracle.item(0)
+    assert list(batches[0]) == list(item)
+    assert isinstance(batches[0]["task"], list)
+    for batch in batches:
+        for row in rows(batch):
+            assert_item_equal(row, oracle.item(int(row["index"])), where=f"index {int(row['index'])}",
+                              video_keys=CAMERAS)
+    assert set(batch_indices(batches)) == set(oracle.indices())
+    # The dataset read on its own afterwards yields items again, not batches.
+    item = next(iter(loader.dataset))
+    assert item["index"].dim() == 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_uint8_frames_are_the_float_frames_times_255(lerobot_v3_root: Path, workers: int) -> None:
+    def batches(**kw):
+        return list(make_loader(stream(lerobot_v3_root, delta_timestamps=DELTAS, **kw), batch_size=4,
+                                num_workers=workers))
+
+    floats, bytes_ = batches(), batches(frame_dtype="uint8")
+    assert batch_indices(floats) == batch_indices(bytes_)
+    for f, u in zip(floats, bytes_, strict=True):
+        for key in f:
+            if key in CAMERAS:
+                assert u[key].dtype == torch.uint8 and f[key].dtype == torch.float32
+                assert torch.equal(u[key].to(torch.float32), f[key] * 255)
+                # ...and converting on the GPU side gives LeRobot's float32 frames bit for bit.
+                assert torch.equal(u[key].float().div_(255), f[key])
+            elif isinstance(f[key], torch.Tensor):
+                assert torch.equal(f[key], u[key])
+            else:
+                assert f[key] == u[key]
+    # An item read on its own (no loader) follows the option too.
+    item = next(iter(stream(lerobot_v3_root, frame_dtype="uint8")))
+    oracle = MapStyleOracle(lerobot_v3_root).item(int(item["index"]))
+    for key in CAMERAS:
+        assert item[key].dtype == torch.uint8
+        assert torch.equal(item[key].to(torch.float32), oracle[key] * 255)
+
+
+def test_a_callers_collate_fn_gets_lerobots_items(lerobot_v3_root: Path) -> None:
+    seen = []
+
+    def collate(items):
+        seen.extend(items)
+        return {"index": torch.stack([i["index"] for i in items])}
+
+    list(make_loader(stream(lerobot_v3_root), batch_size=2, num_workers=0, collate_fn=collate))
+    oracle = MapStyleOracle(lerobot_v3_root)
+    assert len(seen) >= len(oracle.indices())
+    for item in seen[:5]:
+        assert_item_equal(item, oracle.item(int(item["index"])), video_keys=CAMERAS)
+
+
+def test_a_packed_batch_is_one_shared_buffer() -> None:
+    frames = np.random.default_rng(0).integers(0, 256, (1, 6, 8, 3), dtype=np.uint8)
+    items = [{"cam": raw_frames(frames), "index": torch.tensor(i), "flag": torch.tensor([True, False]),
+              "task": "pick"} for i in range(3)]
+    packed = collate_items(items, ["cam"], frame_dtype="float32", shared=True)
+    assert isinstance(packed, PackedBatch) and packed.buffer.is_shared()
+    batch = packed.unpack()
+    assert list(batch) == ["cam", "index", "flag", "task"]
+    assert all(v.untyped_storage().data_ptr() == packed.buffer.untyped_storage().data_ptr()
+               for v in batch.values() if isinstance(v, torch.Tensor))
+    want = frames_to_tensor(frames).squeeze(0)
+    assert batch["cam"].shape == (3, 3, 6, 8) and all(torch.equal(batch["cam"][i], want) for i in range(3))
+    assert batch["index"].tolist() == [0, 1, 2] and batch["flag"].dtype == torch.bool
+    assert batch["task"] == ["pick"] * 3
+
+
+# -- persistent workers -------------------------------------------------------------------------------
+
+def _worker_pids(loader) -> list[int]:
+    return [w.pid for w in loader._dataloader._iterator._workers]
+
+
+def test_persistent_workers_cover_two_epochs_and_resume_between(lerobot_v3_root: Path) -> None:
+    frames = MapStyleOracle(lerobot_v3_root).indices()
+
+    def new(**kw):
+        return make_loader(stream(lerobot_v3_root), batch_size=2, num_workers=2, **kw)
+
+    plain = new()
+    want = [batch_indices(plain), batch_indices(plain), batch_indices(plain)]   # fresh workers each epoch
+    plain_requests = plain.stats()["requests"]
+
+    loader = new(persistent_workers=True)
+    first = batch_indices(loader)
+    pids = _worker_pids(loader)
+    requests_first = loader.stats()["requests"]
+    assert first == want[0]
+    padding = loader.stats()["padding_samples"]
+    assert set(first) == set(frames) and len(first) == len(frames) + padding
+    assert sum(c - 1 for c in Counter(first).values()) == padding
+
+    # Epoch 1: stop after 3 batches, checkpoint, restore into the same loader, finish it.
+    taken = []
+    for step, batch in enumerate(loader):
+        taken.append(batch)
+        if step == 2:
+            state = loader.state_dict()
+            break
+    loader.load_state_dict(state)
+    rest = batch_indices(loader)
+    assert batch_indices(taken) + rest == want[1]
+    # And the epoch after is the uninterrupted epoch 2.
+    assert batch_indices(loader) == want[2]
+    assert _worker_pids(loader) == pids                      # the same worker processes throughout
+    # They kept their parquet footers: a whole later epoch asks for none of them again.
+    assert loader.stats()["requests"] < plain_requests == requests_first
+
+
+def test_persistent_workers_after_an_elastic_resume(lerobot_v3_root: Path) -> None:
+    frames = set(MapStyleOracle(lerobot_v3_root).indices())
+    first = make_loader(stream(lerobot_v3_root), batch_size=2, num_workers=1)
+    done = []
+    for step, batch in enumerate(first):
+        done += batch_indices([batch])
+        if step == 1:
+            state = first.state_dict()
+            break
+    loader = make_loader(stream(lerobot_v3_root), batch_size=3, num_workers=2, persistent_workers=True)
+    loader.load_state_dict(state)
+    rest = batch_indices(loader)
+    assert frames - set(done) <= set(rest) and set(done) | set(rest) == frames
+    assert len(rest) - len(set(rest)) <= loader.stats()["padding_samples"]
+    again = batch_indices(loader)          # the next epoch is a whole one
+    assert set(again) == frames
+
+
+# -- statistics -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batch_wait_and_refill_percentiles(lerobot_v3_root: Path, workers: int) -> None:
+    loader = make_loader(stream(lerobot_v3_root), batch_size=2, num_workers=workers)
+    n = len(list(loader))
+    s = loader.stats()
+    assert s["batches_waited"] == n > 0
+    waits = [s[f"batch_wait_s_p{q}"] for q in (50, 95, 99)]
+    refill = [s[f"refill_p{q}"] for q in (50, 95, 99)]
+    assert all(isinstance(v, float) for v in waits + refill)
+    assert 0 <= waits[0] <= waits[1] <= waits[2] < 60
+    assert 0 <= refill[0] <= refill[1] <= refill[2] <= 1
