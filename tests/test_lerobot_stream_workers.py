@@ -58,9 +58,11 @@ def test_batches_built_in_the_workers_equal_the_oracle(lerobot_v3_root: Path, wo
     oracle = MapStyleOracle(lerobot_v3_root, delta_timestamps=deltas)
     loader = make_loader(stream(lerobot_v3_root, delta_timestamps=deltas), batch_size=3, num_workers=workers)
     batches = list(loader)
-    # The same keys and order as default_collate over the items, every row the oracle's item.
+    # The same keys and order as default_collate over the items (LeRobot's, then the reader's
+    # __pad__ mask), every row the oracle's item.
     item = oracle.item(0)
-    assert list(batches[0]) == list(item)
+    assert list(batches[0]) == [*item, "__pad__"]
+    assert batches[0]["__pad__"].dtype == torch.bool and not any(bool(p) for b in batches for p in b["__pad__"])
     assert isinstance(batches[0]["task"], list)
     for batch in batches:
         for row in rows(batch):
