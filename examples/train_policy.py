@@ -206,8 +206,8 @@ class TwinTarTask(Task):
         from loader.wds.pipeline import build_dataset, make_loader
 
         ds = build_dataset(args.root, catalog=args.catalog, modalities=["image"], seed=args.seed,
-                           batch_size=args.batch_size, augment=[letterbox_sample])
-        super().__init__(make_loader(ds, num_workers=args.num_workers), AspectNet(),
+                           augment=[letterbox_sample])
+        super().__init__(make_loader(ds, batch_size=args.batch_size, num_workers=args.num_workers), AspectNet(),
                          f"{args.root}: {int(sum(ds.shards.counts))} samples in {len(ds.shards.counts)} shards, "
                          f"{args.num_workers} workers per rank")
 
