@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.dist import run_distributed
+from tests.support.dist import run_distributed, slice_order
 from tests.support.loader_data import DROP_FOR_29, shared_build
 
 B = 3
@@ -50,13 +50,6 @@ def _rank_steps(rank: int, world_size: int, root: str, steps: list[dict]) -> lis
             res["state"] = json.loads(json.dumps(loader.state_dict()))
         out.append(res)
     return out
-
-
-def _slice_order(per_rank: list[list[list[tuple]]]) -> list[tuple]:
-    """Step by step, rank by rank: how the ranks' slices make up the order."""
-    steps = {len(b) for b in per_rank}
-    assert len(steps) == 1, f"ranks have different batch counts: {[len(b) for b in per_rank]}"
-    return [s for k in range(steps.pop()) for batches in per_rank for s in batches[k]]
 
 
 def _real(samples: list[tuple]) -> list[int]:
@@ -107,22 +100,22 @@ def test_one_global_order_for_any_ranks_and_workers_and_resumes_continue_it(buil
         return [r[i]["batches"] for r in (runs or worlds[world])]
 
     # One order: the same sequence for every world size and worker count.
-    reference = _real(_slice_order(step(1, 0)))
-    aspect_ref = _real(_slice_order(step(1, 3)))
+    reference = _real(slice_order(step(1, 0)))
+    aspect_ref = _real(slice_order(step(1, 3)))
     assert sorted(reference) == sorted(aspect_ref) and len(set(reference)) == 29
     assert reference != sorted(reference)  # shuffled
     for world in (1, 2, 3):
         for i, cfg in enumerate(STEPS):
             what = f"{world} ranks, {cfg}"
             per_rank = step(world, i)
-            assert _real(_slice_order(per_rank)) == (aspect_ref if cfg.get("aspect") else reference), what
+            assert _real(slice_order(per_rank)) == (aspect_ref if cfg.get("aspect") else reference), what
             _check_batches(per_rank, world, what, cfg.get("aspect", False))
 
     # Resumes: what was read before the stop is the start of the order, the rest follows it.
     def resumed(saved_world: int, saved_step: int, runs, i: int, world: int, ref: list[int], what: str) -> None:
-        before = _real(_slice_order(step(saved_world, saved_step)))
+        before = _real(slice_order(step(saved_world, saved_step)))
         after_batches = step(world, i, runs)
-        after = _real(_slice_order(after_batches))
+        after = _real(slice_order(after_batches))
         assert before + after == ref, f"{what}: the order does not go on"
         _check_batches(after_batches, world, what, ref is aspect_ref)
 
@@ -137,7 +130,7 @@ def test_one_global_order_for_any_ranks_and_workers_and_resumes_continue_it(buil
     resumed(3, n, again, 2, 2, reference, "3 ranks after 2 batches -> 2 ranks x 0 workers")
     resumed(2, n + 2, again, 3, 2, aspect_ref, "same-aspect, 2 ranks -> the same settings")
     # Batch size 4 after a stop at batch size 3: the order goes on, in batches of 4.
-    before = _real(_slice_order(step(2, n + 1)))
+    before = _real(slice_order(step(2, n + 1)))
     after = one[0][n + 2]["batches"]
     assert before + _real([s for b in after for s in b]) == reference
     assert [len(b) for b in after][:-1] == [4] * (len(after) - 1)

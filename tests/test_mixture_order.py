@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from loader.mixture import Mixture
-from tests.support.dist import run_distributed
+from tests.support.dist import run_distributed, slice_order
 from tests.support.loader_data import COUNTED, WEIGHTED, mixture_build
 
 B = 3
@@ -54,12 +54,6 @@ def _rank_steps(rank: int, world_size: int, root: str, steps: list[dict]) -> lis
             res["state"] = json.loads(json.dumps(loader.state_dict()))
         out.append(res)
     return out
-
-
-def _slice_order(per_rank: list[list[list[tuple]]]) -> list[tuple]:
-    steps = {len(b) for b in per_rank}
-    assert len(steps) == 1, f"ranks have different batch counts: {[len(b) for b in per_rank]}"
-    return [s for k in range(steps.pop()) for batches in per_rank for s in batches[k]]
 
 
 def _real(samples: list[tuple]) -> list[tuple]:
@@ -103,7 +97,7 @@ def test_one_mixture_order_for_any_ranks_and_workers_and_resumes_continue_it(mix
     worlds = {1: one, 2: two, 3: three}
 
     def order(runs, i: int) -> list[tuple]:
-        return _real(_slice_order([r[i]["batches"] for r in runs]))
+        return _real(slice_order([r[i]["batches"] for r in runs]))
 
     refs = {"weighted": order(one, 0), "counted": order(one, 2)}
     for name, ref in refs.items():

@@ -169,3 +169,11 @@ def run_distributed(
                 errors,
             )
         return [results[r] for r in range(world_size)]
+
+
+def slice_order(per_rank: list[list[list[Any]]]) -> list[Any]:
+    """Step by step, rank by rank: how the ranks' batches make up one global order (each rank's
+    batches given in its own order; every rank must have as many)."""
+    steps = {len(b) for b in per_rank}
+    assert len(steps) == 1, f"ranks have different batch counts: {[len(b) for b in per_rank]}"
+    return [s for k in range(steps.pop()) for batches in per_rank for s in batches[k]]
