@@ -16,17 +16,11 @@ from loader.lerobot.streaming import StreamingLeRobotDataset, make_loader
 from loader.lerobot.streaming.collate import PackedBatch, collate_items, raw_frames
 from loader.lerobot.streaming.items import frames_to_tensor
 from tests.support.lerobot_oracle import MapStyleOracle, assert_item_equal
+from tests.test_lerobot_stream import lerobot_home  # noqa: F401  (autouse: the session's shared sidecar cache)
 
 REPO = "local/arm"
 CAMERAS = ["observation.images.front", "observation.images.wrist"]
 DELTAS = {"observation.images.front": [-0.2, 0.0], "action": [0.0, 0.1]}
-
-
-@pytest.fixture(autouse=True)
-def lerobot_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    home = tmp_path_factory.getbasetemp() / "lerobot-home"
-    monkeypatch.setenv("HF_LEROBOT_HOME", str(home))
-    return home
 
 
 def stream(root, **kw) -> StreamingLeRobotDataset:
