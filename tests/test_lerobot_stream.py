@@ -153,14 +153,10 @@ def test_transforms_in_the_training_process_are_reproducible(lerobot_v3_root: Pa
 
 # -- resume -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("k", [3, 4])
-def test_resume_after_k_batches_continues_the_uninterrupted_order(lerobot_v3_root: Path, k: int) -> None:
-    def new():
-        return make_loader(stream(lerobot_v3_root, streaming_episode_pool_size=2), batch_size=3, num_workers=2)
-
-    full = batch_indices(new())
-    first = new()
-    taken = []
+def stop_after_and_resume(new, k: int):
+    """The first ``k`` batches of a fresh loader from ``new()``, and another fresh loader
+    restored from the state saved after them."""
+    first, taken = new(), []
     for step, batch in enumerate(first):
         taken.append(batch)
         if step + 1 == k:
@@ -168,6 +164,16 @@ def test_resume_after_k_batches_continues_the_uninterrupted_order(lerobot_v3_roo
             break
     resumed = new()
     resumed.load_state_dict(state)
+    return taken, resumed
+
+
+@pytest.mark.parametrize("k", [3, 4])
+def test_resume_after_k_batches_continues_the_uninterrupted_order(lerobot_v3_root: Path, k: int) -> None:
+    def new():
+        return make_loader(stream(lerobot_v3_root, streaming_episode_pool_size=2), batch_size=3, num_workers=2)
+
+    full = batch_indices(new())
+    taken, resumed = stop_after_and_resume(new, k)
     rest = list(resumed)
     assert batch_indices(taken) + batch_indices(rest) == full
     # And the epoch after continues as an uninterrupted second epoch would.
@@ -184,15 +190,7 @@ def test_resume_after_one_worker_ran_out_continues_the_uninterrupted_order(lerob
                            batch_size=2, num_workers=2)
 
     full = batch_indices(new())
-    first = new()
-    taken = []
-    for step, batch in enumerate(first):
-        taken.append(batch)
-        if step + 1 == k:
-            state = first.state_dict()
-            break
-    resumed = new()
-    resumed.load_state_dict(state)
+    taken, resumed = stop_after_and_resume(new, k)
     assert batch_indices(taken) + batch_indices(resumed) == full and sorted(full) == list(range(15))
 
 
