@@ -1,7 +1,7 @@
 """Data helpers shared by ``bench_loader_sync.py`` and ``bench_manifest_parse.py``.
 
 * :func:`twin_dataset` - a built twin-tar dataset (image / caption / umt5) of about ``samples``
-  samples, made from scikit-image's photographs (``pid_platform.sample_data``) replicated under new
+  samples, made from scikit-image's photographs (``pid_platform.demo.sample_data``) replicated under new
   names, built with ``pid_platform.sharding.pipeline.build_source``; cached in the work folder.
 * :func:`combined_tars` - the same shards as *one* plain WebDataset tar each (members
   ``<key>.image.<ext>``, ``<key>.caption.json``, ``<key>.umt5.npy`` in sample order, the same bytes).
@@ -36,9 +36,9 @@ def _mark(folder: Path, stamp: dict) -> None:
 
 def twin_dataset(work: Path, samples: int, shard_mb: float, *, num_workers: int = 2, log=print) -> Path:
     """Output folder of a build (``<out>/<bucket>/<modality>/part_*/*.tar`` + wdinfo.json)."""
-    from pid_platform.sample_data import make_sample_source
+    from pid_platform.demo.sample_data import make_sample_source
     from pid_platform.sharding.pipeline import build_source
-    from pid_platform.sharding.shard_plan import ShardingConfig
+    from pid_platform.sharding.plan.shard_plan import ShardingConfig
     from pid_platform.sharding.storage import open_source_store
 
     stamp = {"v": DATA_VERSION, "samples": samples, "shard_mb": shard_mb}

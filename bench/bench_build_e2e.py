@@ -77,7 +77,7 @@ from pid_platform.sharding.pipeline import (
     run_manifests,
     run_sharding,
 )
-from pid_platform.sharding.shard_plan import ShardingConfig
+from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.storage import LocalSourceStore
 
 SOURCE = "e2e"
@@ -242,7 +242,7 @@ def decode_floor(datas: list[bytes], workers: int) -> None:
     """Every image decoded completely, the cheapest way, on ``workers`` threads."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pid_platform.sharding.file_checks import check_image
+    from pid_platform.sharding.intake.file_checks import check_image
 
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(lambda d: check_image(d, "full"), datas, chunksize=8))
@@ -256,7 +256,7 @@ def _cpu() -> float:
 
 def check_rates(src: Path) -> list[str]:
     """One core's speed at each validation level: every image checked in this thread."""
-    from pid_platform.sharding.file_checks import check_image
+    from pid_platform.sharding.intake.file_checks import check_image
 
     datas = [Path(e.path).read_bytes() for e in sorted(os.scandir(src / "image"), key=lambda e: e.name)]
     mb = sum(map(len, datas)) / 1e6
@@ -286,7 +286,7 @@ def floors(src: Path, out_peer: Path, shard_mb: float, workers: int) -> list[str
     build's image checks alone (JPEGs, then every image), the header build's sha256 alone."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pid_platform.sharding.file_checks import check_image
+    from pid_platform.sharding.intake.file_checks import check_image
 
     def peer():
         fresh(out_peer)

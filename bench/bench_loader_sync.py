@@ -4,7 +4,7 @@
                                       [--no-stages] [--pipeline-samples 600] [--pipeline-repeat 3]
                                       [--batch-size 16] [--profile {zip,index,wds}]
 
-Data: scikit-image's photographs (``pid_platform.sample_data``; JPEG and PNG, ~110 KB on average),
+Data: scikit-image's photographs (``pid_platform.demo.sample_data``; JPEG and PNG, ~110 KB on average),
 a JSON caption and a float16 ``.npy`` embedding each, replicated under new names up to
 ``--samples`` and built into twin tars by ``pid_platform.sharding.pipeline.build_source`` (aspect
 buckets, ``--shard-mb`` per shard, parquet key indexes, wdinfo.json). For the peer, every shard's

@@ -79,7 +79,7 @@ class CountingFile(io.RawIOBase):
 
 
 def make_videos(work: Path, frames: int, episodes: int, size: tuple[int, int], codec: str, log=print) -> list[Path]:
-    from pid_platform.sample_video import encode_mp4, photo_frames
+    from pid_platform.demo.sample_video import encode_mp4, photo_frames
 
     stamp = {"v": DATA_VERSION, "frames": frames, "episodes": episodes, "size": list(size), "codec": codec}
     folder = work / f"{codec}-{frames}f-{episodes}e-{size[0]}x{size[1]}"

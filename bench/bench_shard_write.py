@@ -10,7 +10,7 @@ embeddings is generated once and cached in the work folder. Intake and planning 
 untimed. Then, over the same planned shards, each contender writes every tar of every shard into
 a fresh output folder:
 
-* ``ours, 1 worker``  - ``pid_platform.sharding.writer.write_shards(num_workers=1)``
+* ``ours, 1 worker``  - ``pid_platform.sharding.write.tars.write_shards(num_workers=1)``
 * ``ours, 2 workers`` - the same with ``num_workers=2``
 * ``GNU tar -cf``     - one ``tar -cf <tar> -C <modality folder> -T <list>`` per tar, run one
   after another, with the same member names in the same order (headers normalised with
@@ -49,10 +49,10 @@ import zlib
 from pathlib import Path
 
 from loader.formats.twin_tar import iter_member_headers, tar_path
-from pid_platform.sharding.intake import intake
-from pid_platform.sharding.shard_plan import ShardingConfig, ShardPlan, plan_shards
+from pid_platform.sharding.intake.task import intake
+from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan, plan_shards
 from pid_platform.sharding.storage import LocalSourceStore
-from pid_platform.sharding.writer import write_shards
+from pid_platform.sharding.write.tars import write_shards
 
 # numpy, Pillow and the photographs are imported only to generate the drop: worker processes
 # (forkserver) re-import this file, and their start-up should cost what it costs in a build.
@@ -88,7 +88,7 @@ def _pool(rng: random.Random) -> list[tuple[str, str, bytes]]:
     import numpy as np
     from PIL import Image
 
-    from pid_platform.sample_data import center_crop, load_photo
+    from pid_platform.demo.sample_data import center_crop, load_photo
 
     photos = {name: load_photo(name) for name in PHOTOS}
     nrng = np.random.default_rng(1234)

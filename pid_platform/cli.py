@@ -17,10 +17,7 @@ from loader.formats.twin_tar import DEFAULT_PART_SIZE, SourceChangedError
 from loader.formats.wdinfo import root_base
 from loader.io.s3_client import S3Settings
 from pid_platform.cli_args import endpoint_url, finite_positive, int_at_least, local_path
-from pid_platform.sharding.errors import BuildError, OutputNotWritableError
-from pid_platform.sharding.file_checks import VALIDATE_FULL, VALIDATE_LEVELS
-from pid_platform.sharding.pipeline import BuildSummary, build_source
-from pid_platform.sharding.s3_output import (
+from pid_platform.sharding.commit.s3_output import (
     WORK_ROOT_ENV,
     S3Output,
     check_writable,
@@ -28,7 +25,10 @@ from pid_platform.sharding.s3_output import (
     refuse_other_urls,
     work_dir,
 )
-from pid_platform.sharding.shard_plan import ShardingConfig
+from pid_platform.sharding.errors import BuildError, OutputNotWritableError
+from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, VALIDATE_LEVELS
+from pid_platform.sharding.pipeline import BuildSummary, build_source
+from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.storage import SourceStore, open_source_store
 
 EXIT_BUILD_ERROR = 2  # argparse also exits 2 on bad arguments: "your input is wrong"
@@ -316,7 +316,7 @@ def _root_url(text: str) -> str:
 
 
 def rewrite_roots_main(argv: Sequence[str] | None = None) -> int:
-    from pid_platform.sharding.manifest_roots import rewrite_manifest_roots
+    from pid_platform.sharding.commit.manifest_roots import rewrite_manifest_roots
 
     args = rewrite_roots_parser().parse_args(argv)
     try:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pid_platform.sample_data import make_sample_source
+from pid_platform.demo.sample_data import make_sample_source
 
 pytest_plugins = [
     "tests.support.leaks",  # fails the run if a process the suite started outlives it

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from loader.formats.atomic import TMP_MARKER
+from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.layout import STATE_DIR
-from pid_platform.sharding.versions import staging_dir
 from tests.support.build_data import SOURCE, build, output_files
 
 COPIES = 4  # 32 photographs x 4 = 128 one-sample shards: long enough to be caught mid-way

@@ -14,13 +14,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pid_platform.sharding.file_checks import stem_of
-from pid_platform.sharding.intake_cache import CACHE_NAME, IntakeCache
+from pid_platform.sharding.commit.versions import staging_dir
+from pid_platform.sharding.intake.cache import CACHE_NAME, IntakeCache
+from pid_platform.sharding.intake.file_checks import stem_of
 from pid_platform.sharding.layout import STATE_DIR
 from pid_platform.sharding.pipeline import build_source
-from pid_platform.sharding.shard_plan import ShardingConfig
+from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.storage import open_source_store
-from pid_platform.sharding.versions import staging_dir
 from tests.conftest import SOURCE
 from tests.support.build_data import (
     SMALL_BOUND_MB,
@@ -127,7 +127,7 @@ _CRASH = """
 import os, signal, sys
 from pathlib import Path
 from pid_platform.sharding.pipeline import run_intake, run_key_indexes, run_sharding
-from pid_platform.sharding.shard_plan import ShardingConfig
+from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.storage import LocalSourceStore
 raw, out, point, bound = sys.argv[1], Path(sys.argv[2]), sys.argv[3], float(sys.argv[4])
 store, config = LocalSourceStore(raw), ShardingConfig(max_shard_size_mb=bound)

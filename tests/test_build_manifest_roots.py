@@ -26,7 +26,7 @@ from loader.wds.discovery import load_wdinfo
 from loader.wds.pipeline import build_dataset
 from pid_platform.cli import rewrite_roots_main, shard_main
 from pid_platform.sharding.pipeline import build_source
-from pid_platform.sharding.shard_plan import ShardingConfig
+from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.storage import LocalSourceStore
 from tests.support.build_data import SMALL_BOUND_MB, SOURCE, all_problems, build, manifests
 from tests.support.pid_data import write_pid_output

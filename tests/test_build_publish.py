@@ -17,11 +17,12 @@ from loader.formats.twin_tar import SourceChangedError, tar_path
 from loader.formats.wdinfo import WDINFO_NAME
 from loader.wds.discovery import find_manifests
 from loader.wds.errors import ManifestError
-from pid_platform.sharding import versions
 from pid_platform.sharding.catalog import build_catalog
+from pid_platform.sharding.commit import versions
+from pid_platform.sharding.commit.manifests import remove_unplanned, write_manifests
+from pid_platform.sharding.commit.verify_output import manifest_mismatches
 from pid_platform.sharding.errors import BuildError, OutputNotWritableError
 from pid_platform.sharding.layout import STATE_DIR, sha_cache_path
-from pid_platform.sharding.manifests import remove_unplanned, write_manifests
 from pid_platform.sharding.pipeline import (
     build_source,
     load_plans,
@@ -30,9 +31,8 @@ from pid_platform.sharding.pipeline import (
     run_key_indexes,
     run_sharding,
 )
-from pid_platform.sharding.shard_plan import ShardingConfig
+from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.storage import LocalSourceStore
-from pid_platform.sharding.verify_output import manifest_mismatches
 from tests.support.build_data import (
     SMALL_BOUND_MB,
     SOURCE,

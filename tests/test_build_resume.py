@@ -15,11 +15,11 @@ import pytest
 from loader.formats.atomic import TMP_MARKER
 from loader.formats.errors import FormatError
 from loader.formats.twin_tar import SourceChangedError, file_sha256, iter_member_headers, tar_path
+from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.layout import sha_cache_path, stamp_path
 from pid_platform.sharding.pipeline import run_intake, run_key_indexes, run_sharding
-from pid_platform.sharding.shard_plan import ShardingConfig
+from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.storage import LocalSourceStore
-from pid_platform.sharding.versions import staging_dir
 from tests.support.build_data import (
     SMALL_BOUND_MB,
     SOURCE,

@@ -13,7 +13,7 @@ import pytest
 
 from loader.wds.pipeline import build_dataset
 from pid_platform.cli import shard_main
-from pid_platform.sharding.s3_output import S3Output, cleanup_versions, read_pointer
+from pid_platform.sharding.commit.s3_output import S3Output, cleanup_versions, read_pointer
 from tests.conftest import SOURCE
 from tests.support.build_data import build, output_files
 from tests.support.s3_objects import current_version, keys, objects, pointer
@@ -92,8 +92,8 @@ def test_a_rebuild_is_a_new_version_and_the_old_one_stays_until_cleanup(
 KILL_BEFORE_SWITCH = textwrap.dedent("""
     import os, signal, sys
     from pid_platform.sharding.pipeline import run_intake, run_key_indexes, run_manifests, run_sharding
-    from pid_platform.sharding.shard_plan import ShardingConfig
-    from pid_platform.sharding.s3_output import S3Output, work_dir
+    from pid_platform.sharding.plan.shard_plan import ShardingConfig
+    from pid_platform.sharding.commit.s3_output import S3Output, work_dir
     from pid_platform.sharding.storage import LocalSourceStore
 
     raw, work, url = sys.argv[1:4]

@@ -11,7 +11,7 @@ import dagster as dg
 
 from pid_platform.defs.partitions import SOURCES
 from pid_platform.defs.resources import ShardingResource, source_store_from_env
-from pid_platform.sample_data import make_sample_source
+from pid_platform.demo.sample_data import make_sample_source
 from tests.support.build_data import reverse_members_in_place
 from tests.support.dagster_runs import (
     apply_partition_requests,

@@ -12,9 +12,9 @@ import pytest
 from dagster._core.test_utils import freeze_time
 from dagster._time import get_current_datetime
 
-from pid_platform import demo
 from pid_platform.defs.automation.automation_sensor import AUTOMATION_SENSOR
-from pid_platform.workspace_runs import open_workspace_runs
+from pid_platform.demo import pid_demo as demo
+from pid_platform.demo.workspace_runs import open_workspace_runs
 from tests.support.daemon_ticks import REPO, sensor_is_running, tick_automation, workspace_context
 
 CATALOG = dg.AssetKey("dataset_catalog")

@@ -8,9 +8,9 @@ from pathlib import Path
 import dagster as dg
 
 from loader.formats.wdinfo import read_wdinfo
-from pid_platform.sample_data import make_sample_source
-from pid_platform.sharding.verify_output import manifest_mismatches
-from pid_platform.sharding.versions import staging_dir
+from pid_platform.demo.sample_data import make_sample_source
+from pid_platform.sharding.commit.verify_output import manifest_mismatches
+from pid_platform.sharding.commit.versions import staging_dir
 from tests.support.build_data import reverse_members_in_place
 from tests.support.dagster_runs import (
     SOURCE_ASSETS,

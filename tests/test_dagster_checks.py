@@ -10,7 +10,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from pid_platform.sample_data import make_sample_source
+from pid_platform.demo.sample_data import make_sample_source
 from tests.support.dagster_runs import (
     build_catalog,
     build_source,

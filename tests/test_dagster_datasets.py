@@ -17,7 +17,7 @@ from dagster._time import get_current_datetime
 
 from loader.formats.catalog import read_catalog
 from loader.mixture import Mixture
-from pid_platform.sample_data import make_sample_source
+from pid_platform.demo.sample_data import make_sample_source
 from tests.support.dagster_runs import (
     build_catalog,
     build_source,

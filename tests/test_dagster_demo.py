@@ -11,8 +11,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from pid_platform import demo
-from pid_platform.sample_data import make_sample_source
+from pid_platform.demo import pid_demo as demo
+from pid_platform.demo.sample_data import make_sample_source
 
 DATASET = demo.LEROBOT_DATASET
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from pid_platform import demo
 from pid_platform.defs.pools import POOL_LIMITS_ENV, configured_pool_limits
-from pid_platform.workspace_runs import open_workspace_runs
+from pid_platform.demo import pid_demo as demo
+from pid_platform.demo.workspace_runs import open_workspace_runs
 from tests.support.dagster_runs import load_defs, use_roots
 from tests.support.webhook import WebhookRecorder
 
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 def _prepare(home: Path, **env: str) -> subprocess.CompletedProcess:
     """What ``./dev ui`` runs before ``dagster dev``: ``pid-demo --prepare-instance HOME``."""
     return subprocess.run(
-        [sys.executable, "-m", "pid_platform.demo", "--prepare-instance", str(home)],
+        [sys.executable, "-m", "pid_platform.demo.pid_demo", "--prepare-instance", str(home)],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **env}, capture_output=True, text=True, timeout=120,
     )
 

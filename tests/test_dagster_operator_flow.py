@@ -18,8 +18,8 @@ import yaml
 from dagster._core.definitions.data_version import get_input_data_version_tag
 
 from pid_platform.defs.partitions import SOURCES
+from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.settings import SETTINGS_NAME
-from pid_platform.sharding.shard_plan import ShardingConfig
 from tests.support.dagster_runs import (
     apply_partition_requests,
     dagster_instance,

@@ -12,8 +12,8 @@ import dagster as dg
 import pytest
 from PIL import Image
 
-from pid_platform import demo
-from pid_platform.sample_data import make_sample_source
+from pid_platform.demo import pid_demo as demo
+from pid_platform.demo.sample_data import make_sample_source
 
 DATA_URI = re.compile(r"^!\[[^\]]+\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)$")
 DATASET = demo.LEROBOT_DATASET

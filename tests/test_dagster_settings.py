@@ -15,9 +15,9 @@ from dagster._core.definitions.data_version import CachingStaleStatusResolver, S
 from dagster._time import get_current_datetime
 
 from pid_platform.defs.resources import ShardingResource
-from pid_platform.sample_data import make_sample_source
+from pid_platform.demo.sample_data import make_sample_source
+from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.settings import SETTINGS_NAME
-from pid_platform.sharding.shard_plan import ShardingConfig
 from tests.support.dagster_runs import (
     apply_partition_requests,
     build_source,

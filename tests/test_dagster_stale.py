@@ -11,7 +11,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from pid_platform.sample_data import make_sample_source
+from pid_platform.demo.sample_data import make_sample_source
 from pid_platform.sharding.settings import SETTINGS_NAME
 from tests.support.dagster_runs import (
     SOURCE_ASSETS,

@@ -15,8 +15,8 @@ import dagster as dg
 import pytest
 import yaml
 
-from pid_platform import demo
-from pid_platform.sample_data import make_sample_source
+from pid_platform.demo import pid_demo as demo
+from pid_platform.demo.sample_data import make_sample_source
 from pid_platform.sharding.settings import SETTINGS_NAME
 from tests.support.browser import CHROMEDRIVER, CHROMIUM, headless_chromium, wait_for_text
 from tests.support.dagster_dev import DagsterDev

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from pid_platform.sharding.pipeline import build_source
-from pid_platform.sharding.shard_plan import ShardingConfig
+from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.storage import open_source_store
 from tests.support.dist import _loopback_ifname, run_distributed
 from tests.support.lerobot_data import LEROBOT_V3_EPISODES

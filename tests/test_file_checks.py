@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pid_platform.sharding.file_checks import VALIDATE_FULL, VALIDATE_HEADER, ImageInfo, check_image
+from pid_platform.sharding.intake.file_checks import (
+    VALIDATE_FULL,
+    VALIDATE_HEADER,
+    ImageInfo,
+    check_image,
+)
 
 W, H = 96, 64
 

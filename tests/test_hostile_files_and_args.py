@@ -23,12 +23,12 @@ from loader.lerobot.meta import LeRobotMeta, LeRobotMetaError
 from loader.lerobot.streaming import StreamingLeRobotDataset
 from loader.wds.errors import ShardReadError
 from loader.wds.pipeline import build_dataset, make_loader
-from pid_platform import demo
 from pid_platform.cli import rewrite_roots_main, shard_main
+from pid_platform.demo import pid_demo as demo
 from pid_platform.lerobot import cli as sidecar_cli
 from pid_platform.sharding.errors import ShardingConfigError
+from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.settings import SETTINGS_NAME, parse_settings, source_settings
-from pid_platform.sharding.shard_plan import ShardingConfig
 from pid_platform.sharding.storage import LocalSourceStore, S3SourceStore
 from tests.support.build_data import SOURCE, build
 from tests.support.loader_data import caption_bytes, jpeg_bytes, write_hand_shards

@@ -192,7 +192,7 @@ from pid_platform.cli import shard_main
 from pid_platform.defs.resources import ShardingResource
 from pid_platform.sharding.errors import NoSamplesError, ShardingConfigError, UnsafeInputError
 from pid_platform.sharding.output_lock import BuildInProgressError
-from pid_platform.sharding.shard_plan import ShardingConfig
+from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from tests.support.build_data import SOURCE, add_sample, build, index_rows, jpeg_bytes, photo
 from tests.support.loader_data import caption_bytes, write_hand_shards
 from tests.support.loader_data import jpeg_bytes as small_jpeg

@@ -62,7 +62,7 @@ def assert_recovered(stats: StreamStats, faults: int) -> None:
 
 def photo_tar() -> bytes:
     """A real WebDataset tar: four photographs as JPEG plus a JSON caption each."""
-    from pid_platform.sample_data import load_photo
+    from pid_platform.demo.sample_data import load_photo
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
@@ -403,7 +403,7 @@ def test_built_twin_tars_identical_through_faulty_s3(photo_drop_template: Path, 
                                                      fault_proxy) -> None:
     """Tars made by the real build, uploaded to S3, read through faults == read from disk."""
     from pid_platform.sharding.pipeline import build_source
-    from pid_platform.sharding.shard_plan import ShardingConfig
+    from pid_platform.sharding.plan.shard_plan import ShardingConfig
     from pid_platform.sharding.storage import LocalSourceStore
 
     out = tmp_path / "out"

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pid_platform.sample_video import photo_frames, read_frame_number
+from pid_platform.demo.sample_video import photo_frames, read_frame_number
 from tests.support.lerobot_data import (
     CAMERAS,
     DEFAULT_TASKS,

@@ -16,7 +16,7 @@ from loader.io import StreamConfig
 from loader.wds.discovery import find_manifests
 from loader.wds.pipeline import build_dataset
 from pid_platform.sharding.pipeline import build_source
-from pid_platform.sharding.shard_plan import ShardingConfig
+from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.storage import open_source_store
 from tests.support.fault_proxy import drop, stall
 from tests.support.seaweedfs import upload_tree

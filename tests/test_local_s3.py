@@ -17,7 +17,7 @@ ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, "PYT
 
 HOLD_A_SERVER = textwrap.dedent("""
     import time
-    from pid_platform import local_s3
+    from pid_platform.demo import local_s3
     server = local_s3.start()
     print(server.process.pid, server.data_dir, flush=True)
     time.sleep(600)
@@ -43,7 +43,7 @@ def test_the_server_dies_with_its_parent_even_after_kill_9() -> None:
 def test_dev_s3_builds_from_s3_into_s3_and_trains_from_the_bucket(tmp_path: Path) -> None:
     """What ``./dev s3`` runs after its setup."""
     proc = subprocess.run(
-        [sys.executable, "-m", "pid_platform.s3_demo", "--work-dir", str(tmp_path), "--num-workers", "1",
+        [sys.executable, "-m", "pid_platform.demo.s3_demo", "--work-dir", str(tmp_path), "--num-workers", "1",
          "--batch-size", "16"],
         env=ENV, cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )

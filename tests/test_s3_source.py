@@ -11,7 +11,7 @@ import pytest
 from pid_platform.sharding.errors import BuildError, SourceNotFoundError
 from pid_platform.sharding.layout import STATE_DIR
 from pid_platform.sharding.pipeline import build_source
-from pid_platform.sharding.shard_plan import ShardingConfig
+from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.storage import LocalSourceStore, S3SourceStore, open_source_store
 from tests.conftest import SOURCE
 from tests.support.seaweedfs import SeaweedS3, upload_tree

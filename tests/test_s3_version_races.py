@@ -34,7 +34,7 @@ REACH_TIMEOUT_S = 180
 
 CLEANUP = """
 import json, sys
-from pid_platform.sharding.s3_output import S3Output, cleanup_versions
+from pid_platform.sharding.commit.s3_output import S3Output, cleanup_versions
 ttl = float(sys.argv[2]) if len(sys.argv) > 2 else 600.0
 report = cleanup_versions(S3Output(sys.argv[1]), grace_s=0, claim_ttl_s=ttl)
 print(json.dumps({"removed": report.removed, "kept": report.kept, "claimed": report.claimed}))

@@ -20,7 +20,7 @@ to it says whose version won.
 
 The pointer changes only by a conditional PUT (``If-Match`` on the ETag the writer read, or
 ``If-None-Match: *`` for the first one), after the version's objects were checked against its
-manifests; ``pid_platform/sharding/s3_output.py`` holds the writer's side.
+manifests; ``pid_platform/sharding/commit/s3_output.py`` holds the writer's side.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ resolved the old pointer may still be streaming the old version (a training epoc
 hours), so nothing is deleted at the commit. This job removes versions retired longer than the
 grace period ago, and abandoned uploads (a build killed before its pointer switch) older than it.
 The version a source's pointer names when its deletion starts is never touched, nor one a
-build has claimed (``pid_platform/sharding/claims.py``): a build republishing a retired version
+build has claimed (``pid_platform/sharding/commit/claims.py``): a build republishing a retired version
 while this job runs keeps it. A local output needs no cleanup: its commit swaps folders and
 deletes the replaced one.
 """
@@ -15,7 +15,11 @@ from pydantic import Field
 
 from pid_platform.defs.resources import SourceStoreResource
 from pid_platform.defs.retries import fail_without_retry_on
-from pid_platform.sharding.s3_output import DEFAULT_GRACE_S, cleanup_versions, published_sources
+from pid_platform.sharding.commit.s3_output import (
+    DEFAULT_GRACE_S,
+    cleanup_versions,
+    published_sources,
+)
 
 
 class CleanupConfig(dg.Config):

@@ -5,7 +5,7 @@ sources are cut by default (``sharding``), and how S3 is reached (``s3``).
 root: ``PID_RAW_ROOT`` (default ``demo/raw``) and ``PID_OUTPUT_ROOT`` (default ``demo/out``),
 relative paths taken from the current directory. Either may be ``s3://bucket/prefix``: an S3
 output is built in a local work folder (``PID_WORK_ROOT``) and published at the commit as a new
-version behind a pointer (``pid_platform/sharding/s3_output.py``).
+version behind a pointer (``pid_platform/sharding/commit/s3_output.py``).
 
 ``s3`` is dagster-aws's ``S3Resource``: endpoint (``AWS_ENDPOINT_URL``), region and profile as
 configuration; credentials only from boto3's usual chain, never in configuration or metadata. The
@@ -25,15 +25,15 @@ from dagster_aws.s3 import S3Resource
 from pydantic import Field
 
 from loader.io.s3_client import S3Settings
-from pid_platform.sharding.s3_output import (
+from pid_platform.sharding.commit.s3_output import (
     S3Output,
     default_work_root,
     is_s3_url,
     refuse_other_urls,
     work_dir,
 )
+from pid_platform.sharding.plan.shard_plan import PLAN_VERSION, ShardingConfig
 from pid_platform.sharding.settings import SETTING_KEYS
-from pid_platform.sharding.shard_plan import PLAN_VERSION, ShardingConfig
 from pid_platform.sharding.storage import LocalSourceStore, S3SourceStore, SourceStore
 
 DEFAULT_RAW_ROOT = "demo/raw"

@@ -30,6 +30,7 @@ from pid_platform.defs.groups import BUILD_GROUP
 from pid_platform.defs.partitions import SOURCES, sources_partitions
 from pid_platform.defs.resources import ShardingResource, SourceStoreResource
 from pid_platform.sharding.errors import BuildError
+from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.settings import (
     SETTING_KEYS,
     SETTINGS_NAME,
@@ -37,7 +38,6 @@ from pid_platform.sharding.settings import (
     persist_settings,
     source_settings,
 )
-from pid_platform.sharding.shard_plan import ShardingConfig
 
 SETTINGS_ASSET = "sharding_settings"
 SETTINGS_KEY = dg.AssetKey(SETTINGS_ASSET)

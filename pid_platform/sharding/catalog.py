@@ -9,9 +9,9 @@ from typing import Any
 from loader.formats.catalog import CATALOG_NAME, Catalog, SourceEntry, check_datasets, write_catalog
 from loader.formats.errors import FormatError
 from loader.formats.wdinfo import WDINFO_NAME, parse_wdinfo, read_wdinfo
+from pid_platform.sharding.commit.s3_output import S3Output, get_bytes, published_sources
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.layout import STATE_DIR
-from pid_platform.sharding.s3_output import S3Output, get_bytes, published_sources
 
 ALL_DATASET = "all"
 

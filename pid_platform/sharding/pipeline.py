@@ -19,24 +19,17 @@ from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError
 from loader.formats.twin_tar import tar_path
 from loader.formats.wdinfo import WDINFO_NAME, root_base
-from pid_platform.sharding import versions
-from pid_platform.sharding.early_sync import sync_soon
-from pid_platform.sharding.file_checks import VALIDATE_FULL, check_validate_level
-from pid_platform.sharding.intake import IntakeReport, Sample, intake
-from pid_platform.sharding.intake_cache import CACHE_NAME, IntakeCache
-from pid_platform.sharding.layout import bucket_dir, final_dir, stamp_path
-from pid_platform.sharding.manifest_roots import rewrite_manifest_roots
-from pid_platform.sharding.manifests import (
+from pid_platform.sharding.commit import versions
+from pid_platform.sharding.commit.manifest_roots import rewrite_manifest_roots
+from pid_platform.sharding.commit.manifests import (
     BucketManifest,
     remove_unplanned,
     write_key_index_of,
     write_key_indexes,
     write_manifests,
 )
-from pid_platform.sharding.output_lock import build_lock
-from pid_platform.sharding.s3_output import PublishedVersion, S3Output, publish_version
-from pid_platform.sharding.shard_plan import ShardingConfig, ShardPlan, plan_shards
-from pid_platform.sharding.state import (
+from pid_platform.sharding.commit.s3_output import PublishedVersion, S3Output, publish_version
+from pid_platform.sharding.commit.state import (
     REPORT,
     SAMPLES,
     committed_up_to_date,
@@ -44,11 +37,18 @@ from pid_platform.sharding.state import (
     save_outputs,
     state_dir,
 )
+from pid_platform.sharding.commit.verify_output import damaged_shards
+from pid_platform.sharding.intake.cache import CACHE_NAME, IntakeCache
+from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, check_validate_level
+from pid_platform.sharding.intake.task import IntakeReport, Sample, intake
+from pid_platform.sharding.layout import bucket_dir, final_dir, stamp_path
+from pid_platform.sharding.output_lock import build_lock
+from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan, plan_shards
+from pid_platform.sharding.plan.tables import read_plans, read_samples, write_plans, write_samples
 from pid_platform.sharding.storage import SourceStore
-from pid_platform.sharding.tables import read_plans, read_samples, write_plans, write_samples
-from pid_platform.sharding.tar_digests import tar_digests
-from pid_platform.sharding.verify_output import damaged_shards
-from pid_platform.sharding.writer import AfterShard, ShardResult, write_shards
+from pid_platform.sharding.write.early_sync import sync_soon
+from pid_platform.sharding.write.tar_digests import tar_digests
+from pid_platform.sharding.write.tars import AfterShard, ShardResult, write_shards
 
 F = TypeVar("F", bound=Callable)
 

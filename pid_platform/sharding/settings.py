@@ -26,7 +26,7 @@ import yaml
 
 from loader.formats.errors import short_repr
 from pid_platform.sharding.errors import ShardingConfigError
-from pid_platform.sharding.shard_plan import ShardingConfig
+from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.storage import SourceStore
 
 SETTINGS_NAME = "sharding.yaml"

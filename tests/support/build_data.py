@@ -18,18 +18,18 @@ from PIL import Image
 from loader.formats.key_index import read_key_index
 from loader.formats.twin_tar import TarMember, write_tar
 from loader.formats.wdinfo import WDINFO_NAME, WdinfoManifest, read_wdinfo
-from pid_platform.sample_data import load_photo
-from pid_platform.sharding.file_checks import stem_of
-from pid_platform.sharding.layout import STATE_DIR
-from pid_platform.sharding.pipeline import BuildSummary, build_source, load_plans
-from pid_platform.sharding.shard_plan import ShardingConfig, ShardPlan
-from pid_platform.sharding.storage import LocalSourceStore
-from pid_platform.sharding.verify_output import (
+from pid_platform.demo.sample_data import load_photo
+from pid_platform.sharding.commit.verify_output import (
     key_index_mismatches,
     manifest_mismatches,
     size_bound_violations,
     twin_key_mismatches,
 )
+from pid_platform.sharding.intake.file_checks import stem_of
+from pid_platform.sharding.layout import STATE_DIR
+from pid_platform.sharding.pipeline import BuildSummary, build_source, load_plans
+from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
+from pid_platform.sharding.storage import LocalSourceStore
 
 SOURCE = "photos"
 MODALITIES = ["caption", "image", "umt5"]

@@ -1,5 +1,5 @@
 """Small LeRobot v3 datasets with real encoded video for the tests: the writer is
-``pid_platform.sample_lerobot.write_v3_dataset`` (re-exported here, with its layout constants),
+``pid_platform.demo.sample_lerobot.write_v3_dataset`` (re-exported here, with its layout constants),
 which ``pid-demo`` uses too; this module adds the session fixtures.
 
 Fixtures (bind them in a test module, or list this module in ``pytest_plugins``):
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pid_platform.sample_lerobot import (
+from pid_platform.demo.sample_lerobot import (
     CAMERAS,
     CODEBASE_VERSION,
     DATA_PATH,

@@ -39,7 +39,7 @@ def build_photos(raw_template: Path, out_root: Path, *, shard_size: int = 3, dro
     (minus the samples whose stem is in ``drop``) and write ``out_root/catalog.json``."""
     from pid_platform.sharding.catalog import build_catalog
     from pid_platform.sharding.pipeline import build_source
-    from pid_platform.sharding.shard_plan import ShardingConfig
+    from pid_platform.sharding.plan.shard_plan import ShardingConfig
     from pid_platform.sharding.storage import open_source_store
 
     raw = raw_root_of(out_root)
@@ -156,7 +156,7 @@ def jpeg_bytes(seed: int, size: tuple[int, int] = (24, 16)) -> bytes:
     """A small real JPEG (a crop of a scikit-image photograph, shifted by ``seed``)."""
     from PIL import Image
 
-    from pid_platform.sample_data import load_photo
+    from pid_platform.demo.sample_data import load_photo
 
     im = load_photo("astronaut")
     x = (seed * 37) % (im.width - size[0])

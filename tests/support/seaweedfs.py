@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from pid_platform import local_s3
+from pid_platform.demo import local_s3
 
 ACCESS_KEY = "pid-test-access"
 SECRET_KEY = "pid-test-secret-0123456789"
@@ -36,7 +36,7 @@ def weed_binary() -> str:
 
 @dataclass
 class SeaweedS3(local_s3.LocalS3):
-    """A running ``weed mini`` (``pid_platform.local_s3``), with helpers for tests."""
+    """A running ``weed mini`` (``pid_platform.demo.local_s3``), with helpers for tests."""
 
     def client(self, **config: Any):
         """A boto3 S3 client with this server's identity; ``config`` goes to botocore's Config."""

@@ -1,4 +1,4 @@
-"""Real MP4 encoding for the LeRobot tests: re-exported from ``pid_platform.sample_video``, which
+"""Real MP4 encoding for the LeRobot tests: re-exported from ``pid_platform.demo.sample_video``, which
 ``pid-demo`` uses too (AV1 via libsvtav1, H.264 via libx264; frames that carry their number), plus
 the whole-file decode the streaming reader is compared with and an encoder for other codecs."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import av
 import numpy as np
 
-from pid_platform.sample_video import (
+from pid_platform.demo.sample_video import (
     CODE_BITS,
     CODECS,
     EncodedInfo,

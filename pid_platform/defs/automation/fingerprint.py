@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from loader.formats.atomic import atomic_write_bytes
-from pid_platform.sharding.state import state_dir
+from pid_platform.sharding.commit.state import state_dir
 from pid_platform.sharding.storage import SourceStore
 
 FINGERPRINT_NAME = "input_fingerprint.json"

@@ -12,7 +12,7 @@ from loader.formats.errors import FormatError
 from pid_platform.defs.checks.common import result
 from pid_platform.defs.resources import SourceStoreResource
 from pid_platform.sharding.catalog import scan_s3_sources, scan_sources
-from pid_platform.sharding.s3_output import get_bytes
+from pid_platform.sharding.commit.s3_output import get_bytes
 
 
 @dg.asset_check(

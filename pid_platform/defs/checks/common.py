@@ -10,9 +10,9 @@ import dagster as dg
 
 from pid_platform.defs.metadata import first
 from pid_platform.defs.partitions import sources_partitions
+from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.pipeline import load_plans, load_sharding_config, state_dir
-from pid_platform.sharding.shard_plan import ShardingConfig, ShardPlan
-from pid_platform.sharding.versions import staging_dir
+from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
 
 
 def blocking_source_check(asset: str, description: str) -> Callable[[Callable], dg.AssetChecksDefinition]:

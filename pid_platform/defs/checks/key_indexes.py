@@ -16,7 +16,7 @@ from pid_platform.defs.checks.common import (
     staged_or_committed,
 )
 from pid_platform.defs.resources import SourceStoreResource
-from pid_platform.sharding.verify_output import planned_key_index_mismatches
+from pid_platform.sharding.commit.verify_output import planned_key_index_mismatches
 
 
 def key_indexes_result(folder: Path) -> dg.AssetCheckResult:

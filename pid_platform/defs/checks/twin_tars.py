@@ -11,9 +11,9 @@ import dagster as dg
 
 from pid_platform.defs.checks.common import blocking_source_check, built_plans, result
 from pid_platform.defs.resources import SourceStoreResource
-from pid_platform.sharding.shard_plan import is_oversize_singleton
-from pid_platform.sharding.verify_output import size_bound_violations, twin_key_mismatches
-from pid_platform.sharding.versions import staging_dir
+from pid_platform.sharding.commit.verify_output import size_bound_violations, twin_key_mismatches
+from pid_platform.sharding.commit.versions import staging_dir
+from pid_platform.sharding.plan.shard_plan import is_oversize_singleton
 
 
 def twin_keys_result(folder: Path) -> dg.AssetCheckResult:

@@ -14,12 +14,12 @@ from pid_platform.defs.raw_sources import RAW_SOURCE_ASSET
 from pid_platform.defs.resources import ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, retry_only_transient
 from pid_platform.defs.settings import SETTINGS_ASSET, settings_for_run, settings_metadata
-from pid_platform.sharding.intake import IntakeReport, Sample
+from pid_platform.sharding.commit.s3_output import check_writable, publish_version
+from pid_platform.sharding.commit.versions import staging_dir
+from pid_platform.sharding.intake.task import IntakeReport, Sample
 from pid_platform.sharding.layout import final_dir
 from pid_platform.sharding.pipeline import run_intake
-from pid_platform.sharding.s3_output import check_writable, publish_version
-from pid_platform.sharding.shard_plan import ShardingConfig
-from pid_platform.sharding.versions import staging_dir
+from pid_platform.sharding.plan.shard_plan import ShardingConfig
 
 INTAKE_VERSION = "intake-v1"
 # classify_aspect_ratio decides every sample's bucket; the default is part of the code version,

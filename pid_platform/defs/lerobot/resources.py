@@ -29,7 +29,7 @@ from pydantic import Field
 
 from loader.io import roots as fs
 from pid_platform.lerobot.publish import PublishTarget, parse_target
-from pid_platform.sharding.s3_output import default_work_root, is_s3_url, refuse_other_urls
+from pid_platform.sharding.commit.s3_output import default_work_root, is_s3_url, refuse_other_urls
 
 DEFAULT_LEROBOT_ROOT = "demo/lerobot"
 DEFAULT_OUTPUT_ROOT = "demo/out"

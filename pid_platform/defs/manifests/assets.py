@@ -19,13 +19,13 @@ from pid_platform.defs.partitions import sources_partitions
 from pid_platform.defs.resources import SHARDING_CODE_VERSION, ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, retry_only_transient
 from pid_platform.sharding.catalog import build_catalog, build_s3_catalog
+from pid_platform.sharding.commit.manifests import BucketManifest
+from pid_platform.sharding.commit.s3_output import read_pointer
+from pid_platform.sharding.commit.verify_output import key_index_mismatches, manifest_mismatches
+from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.layout import bucket_dir
-from pid_platform.sharding.manifests import BucketManifest
 from pid_platform.sharding.pipeline import run_key_indexes, run_manifests, state_dir
-from pid_platform.sharding.s3_output import read_pointer
-from pid_platform.sharding.shard_plan import ShardingConfig, ShardPlan
-from pid_platform.sharding.verify_output import key_index_mismatches, manifest_mismatches
-from pid_platform.sharding.versions import staging_dir
+from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
 
 
 def committed_only(out: Path) -> bool:

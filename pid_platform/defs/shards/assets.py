@@ -16,13 +16,13 @@ from pid_platform.defs.plots import png_markdown, shard_sizes_png
 from pid_platform.defs.resources import SHARDING_CODE_VERSION, ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, retry_only_transient
 from pid_platform.defs.settings import SETTINGS_ASSET, settings_for_run, settings_metadata
-from pid_platform.sharding import versions
-from pid_platform.sharding.intake_cache import CACHE_NAME
+from pid_platform.sharding.commit import versions
+from pid_platform.sharding.commit.state import INTAKE_SETTINGS, REPORT, SAMPLES, state_dir
+from pid_platform.sharding.intake.cache import CACHE_NAME
 from pid_platform.sharding.layout import final_dir
 from pid_platform.sharding.output_lock import build_lock
 from pid_platform.sharding.pipeline import run_sharding, summarize
-from pid_platform.sharding.shard_plan import ShardPlan
-from pid_platform.sharding.state import INTAKE_SETTINGS, REPORT, SAMPLES, state_dir
+from pid_platform.sharding.plan.shard_plan import ShardPlan
 
 # What intake leaves beside a build, and a re-shard of the committed samples carries over.
 INTAKE_STATE = (SAMPLES, REPORT, INTAKE_SETTINGS, CACHE_NAME, FINGERPRINT_NAME)

@@ -19,9 +19,9 @@ import shutil
 from pathlib import Path
 
 from loader.formats.atomic import atomic_write_bytes, is_temp_file, temp_name
+from pid_platform.sharding.commit.manifests import is_build_output, listed_outputs
 from pid_platform.sharding.errors import BuildError, ForeignOutputError, OutputNotWritableError
 from pid_platform.sharding.layout import PROBE_PREFIX, STATE_DIR, ensure_writable, final_dir
-from pid_platform.sharding.manifests import is_build_output, listed_outputs
 
 STAGING_SUFFIX = ".pid-staging"
 OLD_SUFFIX = ".pid-old"

@@ -31,8 +31,8 @@ from loader.formats.wdinfo import (
 )
 from pid_platform.sharding.layout import STATE_DIR, bucket_dir
 from pid_platform.sharding.parallel import ordered_map
-from pid_platform.sharding.shard_plan import ShardPlan
-from pid_platform.sharding.tar_digests import tar_digests
+from pid_platform.sharding.plan.shard_plan import ShardPlan
+from pid_platform.sharding.write.tar_digests import tar_digests
 
 
 def planned_headers(path: Path, plan: ShardPlan, modality: str) -> list[tuple[str, int, int]]:

@@ -14,9 +14,9 @@ from pathlib import Path
 from loader.formats.errors import FormatError
 from loader.formats.layout import STATE_DIR, WDINFO_NAME
 from loader.formats.wdinfo import manifest_root, read_wdinfo, rewrite_root, root_base
+from pid_platform.sharding.commit.state import refresh_outputs
 from pid_platform.sharding.layout import final_dir
 from pid_platform.sharding.output_lock import build_lock
-from pid_platform.sharding.state import refresh_outputs
 
 
 def find_manifests(out: Path) -> list[Path]:

@@ -26,7 +26,7 @@ from loader.formats.twin_tar import (
     tar_size,
 )
 from pid_platform.sharding.errors import ShardingConfigError
-from pid_platform.sharding.intake import Sample
+from pid_platform.sharding.intake.task import Sample
 
 FLAT = ""  # bucket name used in flat mode (no aspect-ratio folders)
 MIN_SHARD_SIZE_MB = 1 / 1024  # 1 KiB: below a tar record every sample is a shard of its own anyway

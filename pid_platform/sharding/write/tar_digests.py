@@ -13,7 +13,7 @@ from pathlib import Path
 
 from loader.formats.twin_tar import file_sha256, tar_path
 from pid_platform.sharding.layout import sha_cache_path, write_staged_state
-from pid_platform.sharding.shard_plan import ShardPlan
+from pid_platform.sharding.plan.shard_plan import ShardPlan
 
 
 def tar_digests(out: Path, plan: ShardPlan) -> dict[str, str]:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from pid_platform.sharding.errors import BuildError
 
 if TYPE_CHECKING:
-    from pid_platform.sharding.s3_output import S3Output
+    from pid_platform.sharding.commit.s3_output import S3Output
 
 CLAIMS_DIR = ".pid-claims"
 CLAIM_FORMAT_VERSION = 1

@@ -47,7 +47,7 @@ from loader.formats.version_pointer import (
 )
 from loader.formats.wdinfo import WDINFO_NAME, check_wdinfo
 from loader.io.s3_client import S3AccessError, S3Settings, s3_client, s3_errors, split_s3_url
-from pid_platform.sharding.claims import (
+from pid_platform.sharding.commit.claims import (
     DEFAULT_TTL_S,
     DELETE,
     PUBLISH,
@@ -57,9 +57,9 @@ from pid_platform.sharding.claims import (
     this_process,
     wait_until_unclaimed,
 )
+from pid_platform.sharding.commit.manifests import is_build_output
 from pid_platform.sharding.errors import BuildError, OutputNotWritableError
 from pid_platform.sharding.layout import PROBE_PREFIX, STATE_DIR
-from pid_platform.sharding.manifests import is_build_output
 from pid_platform.sharding.parallel import ordered_map
 from pid_platform.sharding.pause_points import pause_point
 

@@ -38,10 +38,10 @@ from pid_platform.defs.lerobot.partitions import LEROBOT_DATASETS
 from pid_platform.defs.metadata import human_bytes
 from pid_platform.defs.partitions import SOURCES
 from pid_platform.defs.pools import apply_pool_limits
-from pid_platform.sample_data import PHOTOS, make_sample_source
-from pid_platform.sample_lerobot import write_v3_dataset
+from pid_platform.demo.sample_data import PHOTOS, make_sample_source
+from pid_platform.demo.sample_lerobot import write_v3_dataset
+from pid_platform.demo.workspace_runs import WorkspaceRuns, open_workspace_runs
 from pid_platform.sharding.layout import STATE_DIR
-from pid_platform.workspace_runs import WorkspaceRuns, open_workspace_runs
 
 # A portrait-only source: a second partition, different buckets, quick to build.
 PORTRAIT_RATIOS = ((3, 4), (2, 3), (9, 16))
@@ -56,7 +56,7 @@ LEROBOT_SAMPLE: dict = {
 # Steps run in this process, one after the other (as execute_in_process would): the demo's
 # sources are small, and a process per step would cost more than the step.
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}, "execution": {"config": {"in_process": {}}}}
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[2]
 INSTANCE_YAML = PROJECT / "dagster.yaml"
 WORKSPACE_YAML = PROJECT / "workspace.yaml"
 # First lines of the instance configs this project has written: such a copy is replaced by the

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 
 from loader.formats.atomic import atomic_writer
 from loader.formats.twin_tar import shard_relpath
-from pid_platform.sharding.intake import Sample
-from pid_platform.sharding.shard_plan import ShardPlan
+from pid_platform.sharding.intake.task import Sample
+from pid_platform.sharding.plan.shard_plan import ShardPlan
 from pid_platform.sharding.storage import FileEntry
 
 

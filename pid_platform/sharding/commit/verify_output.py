@@ -10,7 +10,7 @@ from loader.formats.layout import key_index_relpath
 from loader.formats.twin_tar import file_sha256, iter_member_headers, split_member_name, tar_path
 from loader.formats.wdinfo import WDINFO_NAME, read_wdinfo
 from pid_platform.sharding.layout import bucket_dir
-from pid_platform.sharding.shard_plan import ShardingConfig, ShardPlan, is_oversize_singleton
+from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan, is_oversize_singleton
 
 
 def _keys(path: Path) -> list[str]:

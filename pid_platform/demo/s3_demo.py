@@ -29,7 +29,7 @@ RAW_BUCKET = "pid-raw"
 OUT_BUCKET = "pid-out"
 RAW_PREFIX = "drops"
 OUT_PREFIX = "built"
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[2]
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}, "execution": {"config": {"in_process": {}}}}
 
 
@@ -103,9 +103,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from pid_platform import local_s3
-    from pid_platform.demo import PORTRAIT_PHOTOS, PORTRAIT_RATIOS
-    from pid_platform.sample_data import make_sample_source
+    from pid_platform.demo import local_s3
+    from pid_platform.demo.pid_demo import PORTRAIT_PHOTOS, PORTRAIT_RATIOS
+    from pid_platform.demo.sample_data import make_sample_source
 
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="pid-s3-demo-"))
     work.mkdir(parents=True, exist_ok=True)

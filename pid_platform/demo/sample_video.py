@@ -23,7 +23,7 @@ import numpy as np
 from av.video.frame import PictureType
 from PIL import Image
 
-from pid_platform.sample_data import load_photo
+from pid_platform.demo.sample_data import load_photo
 
 CODECS = ("libsvtav1", "libx264")
 CODE_BITS = 16  # frame numbers up to 65535: two rows of eight blocks

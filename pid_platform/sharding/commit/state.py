@@ -17,12 +17,12 @@ from loader.formats.atomic import atomic_write_bytes
 from loader.formats.twin_tar import key_index_relpath
 from loader.formats.wdinfo import WDINFO_NAME
 from pid_platform.sharding.errors import ShardingConfigError
-from pid_platform.sharding.intake import IntakeReport, Sample
-from pid_platform.sharding.intake_cache import RULES_VERSION
+from pid_platform.sharding.intake.cache import RULES_VERSION
+from pid_platform.sharding.intake.task import IntakeReport, Sample
 from pid_platform.sharding.layout import STATE_DIR, bucket_dir
-from pid_platform.sharding.shard_plan import ShardingConfig, ShardPlan, plan_shards
-from pid_platform.sharding.tables import samples_table
-from pid_platform.sharding.writer import shard_up_to_date
+from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan, plan_shards
+from pid_platform.sharding.plan.tables import samples_table
+from pid_platform.sharding.write.tars import shard_up_to_date
 
 INTAKE_SETTINGS = "intake.json"  # how the samples were validated
 OUTPUTS = "outputs.json"  # sha256 of every key index and manifest, as committed

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from loader.formats.twin_tar import disambiguate_key, nearest_bucket, sanitize_key
 from pid_platform.sharding.errors import NoModalitiesError, NoSamplesError
-from pid_platform.sharding.file_checks import (
+from pid_platform.sharding.intake.cache import CAPTION, IMAGE, SNIFF, FileOutcome, IntakeCache
+from pid_platform.sharding.intake.file_checks import (
     CAPTION_EXTS,
     HEADER_BYTES,
     IMAGE_EXTS,
@@ -25,7 +26,6 @@ from pid_platform.sharding.file_checks import (
     sniff_size,
     stem_of,
 )
-from pid_platform.sharding.intake_cache import CAPTION, IMAGE, SNIFF, FileOutcome, IntakeCache
 from pid_platform.sharding.parallel import chunked, ordered_map
 from pid_platform.sharding.storage import FileEntry, SourceStore
 

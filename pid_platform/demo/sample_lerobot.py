@@ -12,7 +12,7 @@ The layout and column names follow LeRobot's writer (``src/lerobot/datasets/util
     data/chunk-{c:03d}/file-{f:03d}.parquet             one row group per episode
     videos/{video_key}/chunk-{c:03d}/file-{f:03d}.mp4   several episodes appended, each from a keyframe
 
-Every frame carries its global ``index`` drawn in as a block code (``pid_platform.sample_video.
+Every frame carries its global ``index`` drawn in as a block code (``pid_platform.demo.sample_video.
 read_frame_number``), each camera pans across a different scikit-image photograph, and
 ``observation.state[0]`` equals the frame's global index, so a reader can tell which frame
 (and which row) it got. A chunk holds at most ``files_per_chunk`` files, then the next
@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pid_platform.sample_video import encode_mp4, photo_frames
+from pid_platform.demo.sample_video import encode_mp4, photo_frames
 
 CODEBASE_VERSION = "v3.0"
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from loader.formats.atomic import remove_stale_temp_files
 from loader.formats.twin_tar import TarMember, tar_path, write_tar
+from pid_platform.sharding.commit.versions import link_atomic
 from pid_platform.sharding.layout import sha_cache_path, stamp_path, write_staged_state
 from pid_platform.sharding.parallel import ordered_map
-from pid_platform.sharding.shard_plan import ShardPlan
+from pid_platform.sharding.plan.shard_plan import ShardPlan
 from pid_platform.sharding.storage import SourceStore
-from pid_platform.sharding.versions import link_atomic
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""The write task: the planned twin tars, their digests and key indexes."""
