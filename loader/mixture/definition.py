@@ -35,8 +35,10 @@ def _number(value: Any) -> bool:
 @dataclass(frozen=True)
 class Source:
     """One source of a mixture: ``spec`` is anything ``build_dataset`` takes for one source (a
-    catalog source name, a manifest, a folder, a glob or a list of those). ``name`` is what
-    batches carry in ``__source__`` (default: ``spec`` when it is one string)."""
+    catalog source name, a manifest, a folder, a glob or a list of those), or for
+    ``StreamingLeRobotDataset.mixture`` a LeRobot dataset (a repo id, or
+    ``{"repo_id": ..., "root": ...}``). ``name`` is what batches carry in ``__source__``
+    (default: ``spec`` when it is one string, a LeRobot spec's ``repo_id``)."""
 
     spec: Any
     weight: float | None = field(default=None, kw_only=True)
@@ -48,6 +50,8 @@ class Source:
         if self.name is None:
             spec = self.spec
             label = spec if isinstance(spec, str) else ",".join(spec) if _strings(spec) else None
+            if label is None and isinstance(spec, Mapping) and isinstance(spec.get("repo_id"), str):
+                label = spec["repo_id"]  # a LeRobot dataset: {"repo_id": ..., "root": ...}
             if label is None:
                 raise MixtureError(f"source {spec!r}: give it a name (Source(spec, name='...')); "
                                    "it is what batches carry in __source__")

@@ -21,6 +21,7 @@ Everything is a pure function of (seed, epoch, the sources' shard counts, the de
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,23 @@ from loader.wds.epoch_plan import EpochOrder, Layout
 
 CHUNK = 4096  # positions worked out together (see MixtureOrder.locate)
 KEEP_CHUNKS = 8
+
+
+def window_start(seed: int, epoch: int, source: int, size: int) -> int:
+    """Where source ``source``'s partial pass starts in that pass's order (seeded per epoch)."""
+    return int(np.random.default_rng([seed, epoch, source, 0xC4005E]).integers(size))
+
+
+def source_passes(j: np.ndarray, size: int, per_epoch: int, start: Callable[[], int]) -> tuple[np.ndarray, np.ndarray]:
+    """(pass, position in the source's own order) of a source's j-th samples of the epoch (see
+    the module docstring); ``start()`` gives the partial pass's seeded start, asked for only
+    when one of them is in it. Shared by the twin-tar and the LeRobot mixtures."""
+    full = per_epoch // size
+    k, local = j // size, j % size
+    partial = k == full
+    if partial.any():
+        local[partial] = (start() + local[partial]) % size
+    return k, local
 
 
 @dataclass(frozen=True)
@@ -70,8 +88,7 @@ class MixtureOrder:
         """Where source i's partial pass starts in that pass's order (seeded per epoch)."""
         start = self._starts.get(i)
         if start is None:
-            rng = np.random.default_rng([self.seed, self.epoch, i, 0xC4005E])
-            start = self._starts[i] = int(rng.integers(self.parts[i].size))
+            start = self._starts[i] = window_start(self.seed, self.epoch, i, self.parts[i].size)
         return start
 
     def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -111,12 +128,7 @@ class MixtureOrder:
         for i in np.unique(src).tolist():
             sel = np.flatnonzero(src == i)
             part = self.parts[i]
-            n = part.size
-            full = part.per_epoch // n
-            k, local = j[sel] // n, j[sel] % n
-            partial = k == full
-            if partial.any():
-                local[partial] = (self.window_start(i) + local[partial]) % n
+            k, local = source_passes(j[sel], part.size, part.per_epoch, lambda i=i: self.window_start(i))
             passes[sel] = k
             sh, mm = self._order(i).samples(local)
             shards[sel], members[sel] = sh + part.offset, mm

@@ -52,27 +52,32 @@ class MixtureShardlist(ShardlistBasic):
         }
 
     def definition_changes(self, saved: dict | None) -> str:
-        mine = self.definition()
-        if saved is None:
-            return f"the state is for one source list, this loader reads the mixture {mine['name']!r}"
-        if not isinstance(saved, dict) or not isinstance(saved.get("sources"), list):
-            return f"{saved!r} is not a mixture definition"
-        was = {s.get("name"): s for s in saved["sources"] if isinstance(s, dict)}
-        now = {s["name"]: s for s in mine["sources"]}
-        changes = [f"source {n!r} added" for n in now if n not in was]
-        changes += [f"source {n!r} removed" for n in was if n not in now]
-        for n, s in now.items():
-            old = was.get(n)
-            if old is None:
-                continue
-            for field in ("weight", "repeat", "choose", "samples", "per_epoch"):
-                if old.get(field) != s.get(field):
-                    changes.append(f"source {n!r} {field} {old.get(field)!r} -> {s.get(field)!r}")
-            if old.get("fingerprint") != s.get("fingerprint"):
-                changes.append(f"source {n!r} manifests changed (fingerprint {old.get('fingerprint')!r} -> "
-                               f"{s.get('fingerprint')!r})")
-        if not changes and [s.get("name") for s in saved["sources"]] != list(now):
-            changes.append(f"sources reordered {[s.get('name') for s in saved['sources']]} -> {list(now)}")
-        if not changes and saved.get("samples_per_epoch") != mine["samples_per_epoch"]:
-            changes.append(f"samples_per_epoch {saved.get('samples_per_epoch')!r} -> {mine['samples_per_epoch']!r}")
-        return "; ".join(changes)
+        return definition_changes(self.definition(), saved)
+
+
+def definition_changes(mine: dict, saved: dict | None) -> str:
+    """How a resume state's mixture definition differs from ``mine`` ('' if not): the twin-tar
+    and the LeRobot mixtures both refuse a state taken with another definition, naming this."""
+    if saved is None:
+        return f"the state is for one source list, this loader reads the mixture {mine['name']!r}"
+    if not isinstance(saved, dict) or not isinstance(saved.get("sources"), list):
+        return f"{saved!r} is not a mixture definition"
+    was = {s.get("name"): s for s in saved["sources"] if isinstance(s, dict)}
+    now = {s["name"]: s for s in mine["sources"]}
+    changes = [f"source {n!r} added" for n in now if n not in was]
+    changes += [f"source {n!r} removed" for n in was if n not in now]
+    for n, s in now.items():
+        old = was.get(n)
+        if old is None:
+            continue
+        for field in ("weight", "repeat", "choose", "samples", "per_epoch"):
+            if old.get(field) != s.get(field):
+                changes.append(f"source {n!r} {field} {old.get(field)!r} -> {s.get(field)!r}")
+        if old.get("fingerprint") != s.get("fingerprint"):
+            changes.append(f"source {n!r} manifests changed (fingerprint {old.get('fingerprint')!r} -> "
+                           f"{s.get('fingerprint')!r})")
+    if not changes and [s.get("name") for s in saved["sources"]] != list(now):
+        changes.append(f"sources reordered {[s.get('name') for s in saved['sources']]} -> {list(now)}")
+    if not changes and saved.get("samples_per_epoch") != mine["samples_per_epoch"]:
+        changes.append(f"samples_per_epoch {saved.get('samples_per_epoch')!r} -> {mine['samples_per_epoch']!r}")
+    return "; ".join(changes)

@@ -8,10 +8,11 @@ sidecar), decoded from those bytes, and yielded as the items LeRobot's map-style
 
 from .dataset import StreamingLeRobotDataset
 from .loader import StreamingLoader, make_loader
+from .mixture import MixtureResumeError, StreamingLeRobotMixture
 from .options import StreamingOptions
 from .ownership import NoEpisodesError
 from .planner import EpisodeTooLargeError
 from .state import StreamResumeError
 
-__all__ = ["EpisodeTooLargeError", "NoEpisodesError", "StreamResumeError", "StreamingLeRobotDataset",
-           "StreamingLoader", "StreamingOptions", "make_loader"]
+__all__ = ["EpisodeTooLargeError", "MixtureResumeError", "NoEpisodesError", "StreamResumeError",
+           "StreamingLeRobotDataset", "StreamingLeRobotMixture", "StreamingLoader", "StreamingOptions", "make_loader"]

@@ -178,6 +178,16 @@ class StreamingLeRobotDataset(IterableDataset):
                               files=self._video_files([w.episode for w in mine]),
                               lock_timeout_s=self.options.streaming_sidecar_lock_timeout_s).close()
 
+    @classmethod
+    def mixture(cls, mixture: Any, **options: Any) -> Any:
+        """Several datasets as one weighted mixture: ``mixture`` is a ``loader.mixture.Mixture``
+        whose sources are repo ids or ``{"repo_id": ..., "root": ...}`` (see
+        ``streaming/mixture.py``); ``options`` are this constructor's (seed, delta_timestamps,
+        streaming options, ...), the same for every dataset. Items carry ``dataset_index``."""
+        from .mixture import StreamingLeRobotMixture
+
+        return StreamingLeRobotMixture(mixture, **options)
+
     # -- setup ------------------------------------------------------------------------------------
 
     def _select(self, episodes: Sequence[int] | None) -> list[int]:

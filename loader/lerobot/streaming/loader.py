@@ -175,8 +175,16 @@ def _batch_len(batch: Any) -> int:
     return len(batch)
 
 
-def make_loader(dataset: StreamingLeRobotDataset, *, batch_size: int | None = 1, num_workers: int = 0,
+def make_loader(dataset: StreamingLeRobotDataset | Any, *, batch_size: int | None = 1, num_workers: int = 0,
                 **dataloader_kwargs: Any) -> StreamingLoader:
     """A resumable DataLoader over ``dataset`` (``num_workers`` capped by nothing: too many for the
-    episodes a rank owns is an error naming the number to use)."""
+    episodes a rank owns is an error naming the number to use). A mixture
+    (``StreamingLeRobotDataset.mixture``) gets its own loader, with the same interface."""
+    from .mixture import StreamingLeRobotMixture
+
+    if isinstance(dataset, StreamingLeRobotMixture):
+        from .mixture_loader import MixtureLoader
+
+        return MixtureLoader(dataset, batch_size=batch_size, num_workers=num_workers,  # type: ignore[return-value]
+                             **dataloader_kwargs)
     return StreamingLoader(dataset, batch_size=batch_size, num_workers=num_workers, **dataloader_kwargs)
