@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -23,6 +23,10 @@ from .dataset import STAT_FIELDS, StreamingLeRobotDataset, _all_gather_ints
 from .monitor import refill_percentiles, wait_percentiles
 from .ownership import NoEpisodesError
 from .state import make_state, parse_state
+
+if TYPE_CHECKING:
+    from .mixture import StreamingLeRobotMixture
+    from .mixture_loader import MixtureLoader
 
 
 class StreamingLoader:
@@ -175,16 +179,15 @@ def _batch_len(batch: Any) -> int:
     return len(batch)
 
 
-def make_loader(dataset: StreamingLeRobotDataset | Any, *, batch_size: int | None = 1, num_workers: int = 0,
-                **dataloader_kwargs: Any) -> StreamingLoader:
+def make_loader(dataset: StreamingLeRobotDataset | StreamingLeRobotMixture, *, batch_size: int | None = 1,
+                num_workers: int = 0, **dataloader_kwargs: Any) -> StreamingLoader | MixtureLoader:
     """A resumable DataLoader over ``dataset`` (``num_workers`` capped by nothing: too many for the
     episodes a rank owns is an error naming the number to use). A mixture
     (``StreamingLeRobotDataset.mixture``) gets its own loader, with the same interface."""
-    from .mixture import StreamingLeRobotMixture
+    from .mixture import StreamingLeRobotMixture  # noqa: F811 - at run time, not only for type checks
 
     if isinstance(dataset, StreamingLeRobotMixture):
-        from .mixture_loader import MixtureLoader
+        from .mixture_loader import MixtureLoader  # noqa: F811
 
-        return MixtureLoader(dataset, batch_size=batch_size, num_workers=num_workers,  # type: ignore[return-value]
-                             **dataloader_kwargs)
+        return MixtureLoader(dataset, batch_size=batch_size, num_workers=num_workers, **dataloader_kwargs)
     return StreamingLoader(dataset, batch_size=batch_size, num_workers=num_workers, **dataloader_kwargs)
