@@ -111,12 +111,16 @@ def test_bytes_do_not_depend_on_the_number_of_tasks(raw_root: Path, tmp_path: Pa
 
 def test_a_finished_task_run_again_touches_nothing(raw_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
+    intake = ["task", "--stage", "intake", "--index", "0", "--of", "1", *_io(raw_root, out)]
+    _pid_shard(tmp_path, "intake", *intake)
     _pid_shard(tmp_path, "plan", "plan", *_io(raw_root, out), *SETTINGS)
     _write_tasks(raw_root, out, tmp_path, 3)
     staged = staging_dir(out)
     before = snapshot(staged)
     again = _pid_shard(tmp_path, "again", "task", "--index", "1", "--of", "3", *_io(raw_root, out))
     assert "already done" in again.stdout and "nothing to do" in again.stdout
+    again = _pid_shard(tmp_path, "again", *intake)
+    assert "already done" in again.stdout
     assert snapshot(staged) == before  # bytes, mtime and inode of every staged file, state included
     _pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False))
     assert output_files(out) == output_files(_reference(raw_root, tmp_path))
@@ -216,3 +220,32 @@ def test_task_argument_errors_are_clear(raw_root: Path, tmp_path: Path) -> None:
     res = _pid_shard(tmp_path, "args", "task", "--index", "0", "--of", "2", *_io(raw_root, out), check=False)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "run `pid-shard plan`" in res.stderr
+
+
+def test_commit_sends_back_a_task_whose_shard_was_damaged_after_its_record(raw_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    _pid_shard(tmp_path, "plan", "plan", *_io(raw_root, out), *SETTINGS)
+    _write_tasks(raw_root, out, tmp_path, 2)
+    staged = staging_dir(out)
+    rec = json.loads(record_path(staged, WRITE, 1, 2).read_bytes())
+    assert rec["plan_sha256"] and rec["shards"][1] > rec["shards"][0] and rec["written"]
+    victim = sorted(p for p in staged.rglob("*.tar"))[-1]  # the last shard: write task 1's
+    victim.unlink()
+    res = _pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False), check=False)
+    assert res.returncode == 2 and "write task 1 of 2 has not finished" in res.stderr
+    assert "must run again" in res.stderr and not record_path(staged, WRITE, 1, 2).exists()
+    again = _pid_shard(tmp_path, "again", "task", "--index", "1", "--of", "2", *_io(raw_root, out))
+    assert "shards written: 1 " in again.stdout  # only the damaged shard; the others are kept
+    _pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False))
+    assert output_files(out) == output_files(_reference(raw_root, tmp_path))
+
+
+def test_slices_cover_every_item_once_in_order() -> None:
+    from pid_platform.sharding.intake.task import slice_bounds
+
+    for total in (0, 1, 2, 7, 15, 100):
+        for n in (1, 2, 3, 5, 16):
+            spans = [slice_bounds(total, i, n) for i in range(n)]
+            assert spans[0][0] == 0 and spans[-1][1] == total
+            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+            assert max(b - a for a, b in spans) - min(b - a for a, b in spans) <= 1
