@@ -27,9 +27,10 @@ from pid_platform.sharding.commit.s3_output import (
 )
 from pid_platform.sharding.errors import BuildError, OutputNotWritableError
 from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, VALIDATE_LEVELS
-from pid_platform.sharding.pipeline import BuildSummary, build_source
+from pid_platform.sharding.pipeline import BuildSummary, build_source, forget_damaged_shards
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.storage import SourceStore, open_source_store
+from pid_platform.sharding.tasks.run import run_commit, run_intake_task, run_plan, run_write_task
 
 EXIT_BUILD_ERROR = 2  # argparse also exits 2 on bad arguments: "your input is wrong"
 MAX_EXAMPLES_SHOWN = 3
@@ -84,15 +85,44 @@ def check_output_apart(input_root: str, source: str, output_dir: Path | str) -> 
         )
 
 
-def shard_parser() -> argparse.ArgumentParser:
+TASK_COMMANDS = ("plan", "task", "commit")
+_TASK_HELP = {
+    "plan": "the intake over the whole source (reusing what intake tasks found) and the plan of its shards, "
+    "staged beside --output-dir; then run `pid-shard task --index I --of N` for I = 0 .. N-1 and "
+    "`pid-shard commit`",
+    "task": "one task of the staged build: --stage write (default) writes shard range I of N of the plan "
+    "(tars, key indexes, digests, then a completion record); --stage intake validates slice I of N of the "
+    "listing, before `pid-shard plan`. A task that finds its record does nothing",
+    "commit": "once every write task has its completion record: the manifests, then the swap that publishes "
+    "the staged build as --output-dir",
+}
+
+
+def shard_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """``pid-shard``'s options; ``command`` (one of ``TASK_COMMANDS``): those of that subcommand."""
     p = argparse.ArgumentParser(
-        prog="pid-shard",
+        prog="pid-shard" if command is None else f"pid-shard {command}",
         description=(
             "Shard one raw source (a folder of modality folders: image/, caption/, umt5/ ...) into "
             "twin WebDataset tars with wdinfo.json manifests and parquet key indexes."
+            if command is None else _TASK_HELP[command]
+        ),
+        epilog=None if command is not None else (
+            "The same build as tasks for any scheduler: `pid-shard plan ...`, `pid-shard task --index I --of N "
+            "...` (once per I, in any processes or machines that see --output-dir), `pid-shard commit ...`; "
+            "same options, same bytes. `pid-shard plan --help` says more."
         ),
     )
-    p.add_argument("--input-dir", required=True,
+    if command == "task":
+        p.add_argument("--index", type=int_at_least(0), required=True,
+                       help="which task this is: 0 .. N-1 (a Slurm array's $SLURM_ARRAY_TASK_ID, a Kubernetes "
+                       "indexed Job's $JOB_COMPLETION_INDEX)")
+        p.add_argument("--of", type=int_at_least(1, 1_000_000), required=True, dest="of",
+                       help="how many tasks share the stage (N); the bytes built do not depend on it")
+        p.add_argument("--stage", choices=("write", "intake"), default="write",
+                       help="write (default): shard range I of N of the staged plan; intake: slice I of N of "
+                       "the source's listing, validated before `pid-shard plan`")
+    p.add_argument("--input-dir", required=command != "commit",
                    help="source folder holding the modality folders: a local path or s3://bucket/prefix/source")
     p.add_argument("--output-dir", required=True,
                    help="where the shards and manifests go: a local folder or s3://bucket/prefix (published "
@@ -225,14 +255,7 @@ class _ShardProgress:
 
 def run_shard(args: argparse.Namespace, root: str, source: str) -> BuildSummary:
     check_output_apart(root, source, args.output_dir.removeprefix("file://"))
-    config = ShardingConfig(
-        max_shard_size_mb=args.max_shard_size_mb,
-        shard_size=args.shard_size,
-        part_size=args.part_size,
-        classify_aspect_ratio=args.classify_aspect_ratio,
-        shuffle=args.shuffle,
-        seed=args.seed,
-    )
+    config = _config_of(args)
     store: SourceStore = open_source_store(root, endpoint_url=args.s3_endpoint_url)
     out: Path | str = args.output_dir.removeprefix("file://")
     publish_to = None
@@ -251,7 +274,100 @@ def run_shard(args: argparse.Namespace, root: str, source: str) -> BuildSummary:
         progress.close()
 
 
+def _config_of(args: argparse.Namespace) -> ShardingConfig:
+    return ShardingConfig(
+        max_shard_size_mb=args.max_shard_size_mb,
+        shard_size=args.shard_size,
+        part_size=args.part_size,
+        classify_aspect_ratio=args.classify_aspect_ratio,
+        shuffle=args.shuffle,
+        seed=args.seed,
+    )
+
+
+def _run_task_command(command: str, args: argparse.Namespace, root: str | None, source: str | None) -> str:
+    """Run one stage of the tasked build; return what to print."""
+    out = Path(args.output_dir.removeprefix("file://"))
+    if command == "commit":
+        return format_summary(run_commit(out, num_workers=args.num_workers, manifest_root=args.manifest_root))
+    assert root is not None and source is not None
+    check_output_apart(root, source, out)
+    store = open_source_store(root, endpoint_url=args.s3_endpoint_url)
+    if command == "plan":
+        if args.repair:
+            forget_damaged_shards(out)  # as the one-process build: those shards are written again
+        plan = run_plan(store, source, out, _config_of(args), trust_pickle=args.trust_pickle,
+                        num_workers=args.num_workers, force=args.force, validate=args.validate,
+                        revalidate=args.revalidate)
+        head = (f"pid-shard plan: source {source!r} -> {out}: {plan.samples} samples, {plan.shards} shards "
+                f"in {len(plan.buckets)} buckets (files validated: {plan.files_validated}  "
+                f"outcomes reused: {plan.outcomes_reused})")
+        if plan.up_to_date:
+            return (f"{head}\n  up to date: the committed build is what this one would publish; nothing staged "
+                    "(the tasks and the commit have nothing to do)")
+        return (f"{head}\n  staged; next: `pid-shard task --index I --of N ...` for I = 0 .. N-1 (any N up to "
+                f"{plan.shards}), then `pid-shard commit --output-dir {out}`")
+    if args.stage == "intake":
+        res = run_intake_task(store, source, out, args.index, args.of, trust_pickle=args.trust_pickle,
+                              num_workers=args.num_workers, validate=args.validate, revalidate=args.revalidate,
+                              force=args.force)
+        what = f"samples {res.first} .. {res.first + res.items - 1}" if res.items else "no samples"
+        did = f"files validated: {res.done}  outcomes reused: {res.reused}"
+    else:
+        res = run_write_task(store, source, out, args.index, args.of, num_workers=args.num_workers)
+        what = f"shards {res.first} .. {res.first + res.items - 1}" if res.items else "no shards"
+        did = f"shards written: {res.done}  already up to date: {res.reused}"
+    head = f"pid-shard task: {res.stage} task {res.index} of {res.of} of {out}"
+    if res.nothing_staged:
+        return f"{head}: nothing staged (the plan found the committed build up to date); nothing to do"
+    if res.already_done:
+        return f"{head}: {what}: already done (completion record {res.record}); nothing to do"
+    return f"{head}: {what}: {did}; completion record {res.record}"
+
+
+def task_main(command: str, argv: Sequence[str]) -> int:
+    """``pid-shard plan|task|commit ...``: one stage of the build, for a scheduler to place."""
+    parser = shard_parser(command)
+    args = parser.parse_args(argv)
+    root = source = None
+    try:
+        if args.input_dir is not None:
+            root, source = split_input_dir(args.input_dir)
+        refuse_other_urls(args.output_dir, "--output-dir")
+        if is_s3_url(args.output_dir):
+            raise ValueError(
+                f"--output-dir {args.output_dir}: `pid-shard {command}` builds a local output folder (shared by "
+                "the machines running the tasks); for an s3:// output run `pid-shard` without a subcommand"
+            )
+        if args.work_dir is not None:
+            raise ValueError("--work-dir is for an s3:// --output-dir; a local output stages beside itself")
+        root_base(args.manifest_root, "out")
+        if command == "task" and args.index >= args.of:
+            raise ValueError(f"argument --index: must be below --of (tasks are 0 .. {args.of - 1}), "
+                             f"got --index {args.index} --of {args.of}")
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        text = _run_task_command(command, args, root, source)
+    except (BuildError, FormatError, SourceChangedError) as exc:
+        print(f"pid-shard {command}: error: {exc}", file=sys.stderr)
+        return EXIT_BUILD_ERROR
+    except OSError as exc:
+        print(f"pid-shard {command}: error: {exc}; the task stopped and the published output is unchanged",
+              file=sys.stderr)
+        return EXIT_BUILD_ERROR
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
 def shard_main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Subcommands only as the first word: every earlier invocation (options only) means what it did.
+    if argv and argv[0] in TASK_COMMANDS:
+        return task_main(argv[0], argv[1:])
     parser = shard_parser()
     args = parser.parse_args(argv)
     try:

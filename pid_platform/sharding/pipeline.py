@@ -46,11 +46,13 @@ from pid_platform.sharding.output_lock import build_lock
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan, plan_shards
 from pid_platform.sharding.plan.tables import read_plans, read_samples, write_plans, write_samples
 from pid_platform.sharding.storage import SourceStore
+from pid_platform.sharding.tasks.records import intake_parts
 from pid_platform.sharding.write.early_sync import sync_soon
 from pid_platform.sharding.write.tar_digests import tar_digests
 from pid_platform.sharding.write.tars import AfterShard, ShardResult, write_shards
 
 F = TypeVar("F", bound=Callable)
+PLAN = "plan.parquet"  # in the state folder: every shard of the version, in shard order
 
 
 def build_step(fn: F) -> F:
@@ -156,7 +158,11 @@ def run_intake(store: SourceStore, source: str, out: Path, config: ShardingConfi
         may_stop = (state_dir(final) / SAMPLES).is_file() and not versions.staging_dir(out).exists()
     if not may_stop:
         versions.begin(out, first_step=True, force=force)  # proves the output writable before any work
-    caches = [state_dir(final) / CACHE_NAME, state_dir(versions.staging_dir(out)) / CACHE_NAME]
+    staged = versions.staging_dir(out)
+    # Outcomes of intake tasks (``tasks.run_intake_task``) come last and win: files they did not
+    # cover (a slice never run, a file changed since) are validated here, so the samples and the
+    # report are those of one intake over the whole source however it was sliced.
+    caches = [state_dir(final) / CACHE_NAME, state_dir(staged) / CACHE_NAME, *intake_parts(staged)]
     cache = IntakeCache(validate) if revalidate else IntakeCache.load(caches, validate)
     samples, report, used = intake(
         store, source, classify_aspect_ratio=config.classify_aspect_ratio, trust_pickle=trust_pickle,
@@ -193,14 +199,14 @@ def run_sharding(store: SourceStore, source: str, out: Path, config: ShardingCon
     step = (lambda _res: progress(next(done), len(plans))) if progress else None
     results = write_shards(
         store, source, staging, plans, previous=versions.final_dir(out), num_workers=num_workers, progress=step,
-        then=_after_shard(staging, key_indexes),
+        then=after_shard(staging, key_indexes),
     )
-    write_plans(state_dir(staging) / "plan.parquet", plans, modalities)
+    write_plans(state_dir(staging) / PLAN, plans, modalities)
     save_sharding_config(staging, config)
     return plans, results
 
 
-def _after_shard(staging: Path, key_indexes: bool) -> AfterShard:
+def after_shard(staging: Path, key_indexes: bool) -> AfterShard:
     """What each writer worker does with a shard once its tars are in place."""
 
     def then(plan: ShardPlan, result: ShardResult) -> None:
@@ -239,7 +245,7 @@ def load_sharding_config(folder: Path) -> ShardingConfig:
 
 
 def load_plans(folder: Path, config: ShardingConfig) -> list[ShardPlan]:
-    return read_plans(state_dir(folder) / "plan.parquet", config.part_size)
+    return read_plans(state_dir(folder) / PLAN, config.part_size)
 
 
 @build_step

@@ -253,25 +253,19 @@ def _check_all(
     return checked, used  # type: ignore[return-value]
 
 
-def intake(
-    store: SourceStore,
-    source: str,
-    *,
-    classify_aspect_ratio: bool = True,
-    trust_pickle: bool = False,
-    num_workers: int = 1,
-    progress=None,
-    validate: str = VALIDATE_FULL,
-    cache: IntakeCache | None = None,
-) -> tuple[list[Sample], IntakeReport, IntakeCache]:
-    """Samples of ``source`` (sorted by key), a report of everything left out, and the intake
-    cache of this run (pass it back as ``cache`` next time: only new or changed files are read).
+@dataclass
+class Listing:
+    """What the listing of a source decides before any file is read: the modalities, the
+    report's listing part, and the complete samples (basename and files) in basename order,
+    the stable order intake tasks slice."""
 
-    ``validate``: ``full`` decodes every image, ``header`` reads sizes and EXIF from headers.
-    """
-    check_validate_level(validate)
-    if cache is None or cache.level != validate:
-        cache = IntakeCache(validate)
+    report: IntakeReport
+    complete: list[tuple[str, dict[str, FileEntry]]]
+
+
+def list_source(store: SourceStore, source: str) -> Listing:
+    """List ``source``: modality folders, basename intersection and every file left out with
+    its reason (``IntakeReport`` without validation outcomes)."""
     report = IntakeReport(source)
     modalities = store.list_modalities(source)
     listings: dict[str, list[FileEntry]] = {}
@@ -319,6 +313,73 @@ def intake(
             orphans[m] += 1
         report.note(f"missing_modality: {','.join(missing)}", stem)
     report.orphans = {m: orphans.get(m, 0) for m in active}
+    return Listing(report, complete)
+
+
+def slice_bounds(total: int, index: int, of: int) -> tuple[int, int]:
+    """Items ``[start, stop)`` of ``total`` that task ``index`` of ``of`` takes: contiguous,
+    in order, sizes differing by at most one, together covering every item exactly once."""
+    if not (of >= 1 and 0 <= index < of):
+        raise ValueError(f"task index {index} of {of}: the index must be from 0 to {of - 1}")
+    return total * index // of, total * (index + 1) // of
+
+
+@dataclass
+class IntakeSlice:
+    """What intake task ``index`` of ``of`` found: the outcome of every file of its samples."""
+
+    outcomes: IntakeCache
+    first: int  # position of the slice's first sample among the complete ones
+    samples: int  # complete samples in the slice
+    files_validated: int
+    outcomes_reused: int
+
+
+def intake_slice(
+    store: SourceStore, source: str, index: int, of: int, *, trust_pickle: bool = False, num_workers: int = 1,
+    validate: str = VALIDATE_FULL, cache: IntakeCache | None = None, progress=None,
+) -> IntakeSlice:
+    """Validate the files of slice ``index`` of ``of`` of the source's complete samples (in
+    basename order, ``slice_bounds``), reading only those ``cache`` does not vouch for.
+
+    The outcomes are an ``IntakeCache``: the plan's intake reads them as such, so the samples and
+    the report it makes are those of one ``intake`` over the whole source, whatever the slicing.
+    """
+    check_validate_level(validate)
+    if cache is None or cache.level != validate:
+        cache = IntakeCache(validate)
+    listing = list_source(store, source)
+    start, stop = slice_bounds(len(listing.complete), index, of)
+    part = listing.complete[start:stop]
+    report = listing.report
+    _checked, used = _check_all(
+        store, source, [files for _, files in part], report.image_modality, trust_pickle=trust_pickle,
+        level=validate, cache=cache, num_workers=num_workers, progress=progress, report=report,
+    )
+    return IntakeSlice(used, start, len(part), report.files_validated, report.outcomes_reused)
+
+
+def intake(
+    store: SourceStore,
+    source: str,
+    *,
+    classify_aspect_ratio: bool = True,
+    trust_pickle: bool = False,
+    num_workers: int = 1,
+    progress=None,
+    validate: str = VALIDATE_FULL,
+    cache: IntakeCache | None = None,
+) -> tuple[list[Sample], IntakeReport, IntakeCache]:
+    """Samples of ``source`` (sorted by key), a report of everything left out, and the intake
+    cache of this run (pass it back as ``cache`` next time: only new or changed files are read).
+
+    ``validate``: ``full`` decodes every image, ``header`` reads sizes and EXIF from headers.
+    """
+    check_validate_level(validate)
+    if cache is None or cache.level != validate:
+        cache = IntakeCache(validate)
+    listing = list_source(store, source)
+    report, complete = listing.report, listing.complete
 
     checked, used = _check_all(
         store, source, [files for _, files in complete], report.image_modality, trust_pickle=trust_pickle,
@@ -358,7 +419,7 @@ def intake(
         # Building on would publish an empty version in place of the previous good build.
         reasons = dict(sorted((report.dropped + report.skipped_files).items()))
         raise NoSamplesError(
-            f"source {source!r} at {store.uri}: no complete, valid sample (modalities {active}; "
+            f"source {source!r} at {store.uri}: no complete, valid sample (modalities {report.modalities}; "
             f"dropped or skipped: {reasons or 'none'}); nothing was written and earlier output is "
             "kept - fix the drop (every sample needs a valid file in each modality folder) and re-run"
         )

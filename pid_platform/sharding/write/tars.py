@@ -9,10 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from loader.formats.atomic import remove_stale_temp_files
-from loader.formats.twin_tar import TarMember, tar_path, write_tar
+from loader.formats.atomic import TMP_MARKER, remove_stale_temp_files
+from loader.formats.twin_tar import TarMember, key_index_relpath, tar_path, write_tar
 from pid_platform.sharding.commit.versions import link_atomic
-from pid_platform.sharding.layout import sha_cache_path, stamp_path, write_staged_state
+from pid_platform.sharding.layout import bucket_dir, sha_cache_path, stamp_path, write_staged_state
 from pid_platform.sharding.parallel import ordered_map
 from pid_platform.sharding.plan.shard_plan import ShardPlan
 from pid_platform.sharding.storage import SourceStore
@@ -104,9 +104,43 @@ def _shard_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan]) -> S
     return ShardResult(plan.bucket, plan.index, plan.relpath, len(plan.samples), sizes, True)
 
 
+def shard_files(out: Path, plan: ShardPlan) -> list[Path]:
+    """Every file a write of ``plan`` puts under ``out``: its tars, key index, stamp and digests."""
+    return [
+        *(tar_path(out, plan.bucket, m, plan.relpath) for m in plan.modalities),
+        bucket_dir(out, plan.bucket) / key_index_relpath(plan.relpath),
+        stamp_path(out, plan.bucket, plan.index),
+        sha_cache_path(out, plan.bucket, plan.index),
+    ]
+
+
+def remove_stale_temp_files_of(out: Path, plans: list[ShardPlan]) -> list[Path]:
+    """Delete the temporary files a crashed writer of ``plans`` left under ``out``, and only
+    those: write tasks of other shards may be writing beside them right now."""
+    names: dict[Path, set[str]] = {}
+    for plan in plans:
+        for f in shard_files(out, plan):
+            names.setdefault(f.parent, set()).add(f.name)
+    removed = []
+    for folder, mine in sorted(names.items()):
+        try:
+            entries = os.listdir(folder)
+        except FileNotFoundError:
+            continue
+        for name in sorted(entries):
+            if TMP_MARKER in name and name.rsplit(TMP_MARKER, 1)[0] in mine:
+                p = folder / name
+                try:
+                    p.unlink()
+                except FileNotFoundError:
+                    continue
+                removed.append(p)
+    return removed
+
+
 def write_shards(
     store: SourceStore, source: str, out: Path, plans: list[ShardPlan], *, previous: Path | None = None,
-    num_workers: int = 1, progress=None, then: AfterShard | None = None,
+    num_workers: int = 1, progress=None, then: AfterShard | None = None, only_own_temp_files: bool = False,
 ) -> list[ShardResult]:
     """Write ``plans`` under ``out`` (a build's staging folder). A shard already up to date in
     ``out`` is kept; one up to date in ``previous`` (the published output) is hard-linked.
@@ -114,8 +148,13 @@ def write_shards(
     ``then(plan, result)`` runs on the worker once the shard's tars are in place (written, kept
     or linked; ``result.written`` says which), before the result is reported: the build's next
     steps, shard by shard, while other shards are still being written.
+    ``only_own_temp_files``: a write task of some of the shards: clear the leftovers of a crashed
+    writer beside ``plans``' files only, not under all of ``out``.
     """
-    remove_stale_temp_files(out)
+    if only_own_temp_files:
+        remove_stale_temp_files_of(out, plans)
+    else:
+        remove_stale_temp_files(out)
     # Several workers take the largest shards first: they then end together on small ones, not
     # one of them on the last big shard while the others wait (buckets make shard sizes uneven).
     order = list(range(len(plans)))

@@ -1,0 +1,87 @@
+"""Completion records of build tasks, in the staging folder's ``.pid-build/tasks/``.
+
+A record is written last, atomically, once every output of its task is in place: its presence
+is the task's "done". It names the task (stage, index, of) and what it was done against (the
+plan's sha256 for a write task; the validation settings for an intake task), so a record left
+by a task of another plan is not taken for this one's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from loader.formats.atomic import atomic_write_bytes, is_temp_file
+from pid_platform.sharding.commit.state import state_dir
+
+TASKS_DIR = "tasks"
+INTAKE = "intake"
+WRITE = "write"
+STAGES = (INTAKE, WRITE)
+RECORD_FORMAT = 1
+
+
+def tasks_dir(folder: Path) -> Path:
+    return state_dir(folder) / TASKS_DIR
+
+
+def _stem(stage: str, index: int, of: int) -> str:
+    return f"{stage}-{index:06d}-of-{of:06d}"
+
+
+def record_path(folder: Path, stage: str, index: int, of: int) -> Path:
+    return tasks_dir(folder) / f"{_stem(stage, index, of)}.json"
+
+
+def intake_part_path(folder: Path, index: int, of: int) -> Path:
+    """The file outcomes intake task ``index`` of ``of`` found (an ``IntakeCache`` parquet)."""
+    return tasks_dir(folder) / f"{_stem(INTAKE, index, of)}.parquet"
+
+
+def intake_parts(folder: Path) -> list[Path]:
+    """Every finished intake task's outcomes in ``folder`` (a part without its record is from a
+    task killed after writing it: still valid outcomes, but the task is not done)."""
+    d = tasks_dir(folder)
+    if not d.is_dir():
+        return []
+    return sorted(p for p in d.glob(f"{INTAKE}-*.parquet") if not is_temp_file(p))
+
+
+def read_record(folder: Path, stage: str, index: int, of: int) -> dict | None:
+    try:
+        doc = json.loads(record_path(folder, stage, index, of).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and doc.get("format") == RECORD_FORMAT else None
+
+
+def write_record(folder: Path, stage: str, index: int, of: int, doc: dict) -> Path:
+    path = record_path(folder, stage, index, of)
+    full = {"format": RECORD_FORMAT, "stage": stage, "index": index, "of": of, **doc}
+    atomic_write_bytes(path, json.dumps(full, sort_keys=True, indent=1).encode())
+    return path
+
+
+def records(folder: Path, stage: str) -> list[dict]:
+    """Every readable record of ``stage`` in ``folder``, in name order."""
+    d = tasks_dir(folder)
+    found = []
+    for p in sorted(d.glob(f"{stage}-*.json")) if d.is_dir() else []:
+        if is_temp_file(p):
+            continue
+        try:
+            doc = json.loads(p.read_bytes())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and doc.get("format") == RECORD_FORMAT and doc.get("stage") == stage:
+            found.append(doc | {"path": str(p)})
+    return found
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

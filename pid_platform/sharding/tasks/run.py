@@ -1,0 +1,337 @@
+"""The stages of a build as separate tasks: intake tasks, plan, write tasks, commit.
+
+Each runs in any process on any machine that sees the output folder (and the source); they
+meet only in the staging folder beside the output (``versions.staging_dir``):
+
+* intake task ``I`` of ``N``: validates slice ``I`` of the source's complete samples (in
+  basename order) and writes their file outcomes as ``tasks/intake-I-of-N.parquet``, then its
+  record. Optional: the plan validates whatever no intake task covered.
+* plan: the intake over the whole source (every outcome an intake task found is reused, so it
+  reads only files no task covered), ``samples.parquet``, the report, then ``plan.parquet``
+  and ``sharding.json``. It holds the output's build lock.
+* write task ``I`` of ``N``: the shards ``slice_bounds(shards, I, N)`` of the plan, in plan order:
+  their tars (hard-linked from the committed version when unchanged), key indexes, stamps and
+  digests, then its record. Write tasks run side by side (no build lock; each touches only
+  its own shards' files).
+* commit: refuses unless every shard of the plan is covered by a write task's record and its
+  tars match their stamps; then the manifests and the folder swap (``run_manifests``).
+
+A task that finds its own record (for the same plan) does nothing; one killed half way leaves
+only files under temporary names or complete files, and run again writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loader.formats.twin_tar import key_index_relpath
+from loader.formats.wdinfo import WDINFO_NAME, root_base
+from pid_platform.sharding import pipeline
+from pid_platform.sharding.commit import versions
+from pid_platform.sharding.commit.manifest_roots import rewrite_manifest_roots
+from pid_platform.sharding.commit.state import REPORT, SAMPLES, load_intake_settings, state_dir
+from pid_platform.sharding.errors import BuildError
+from pid_platform.sharding.intake.cache import CACHE_NAME, IntakeCache
+from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, check_validate_level
+from pid_platform.sharding.intake.task import IntakeReport, intake_slice, slice_bounds
+from pid_platform.sharding.layout import bucket_dir, final_dir
+from pid_platform.sharding.pause_points import pause_point
+from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan, plan_shards
+from pid_platform.sharding.plan.tables import read_samples, write_plans
+from pid_platform.sharding.storage import SourceStore
+from pid_platform.sharding.tasks.records import (
+    INTAKE,
+    WRITE,
+    file_sha256,
+    intake_part_path,
+    read_record,
+    record_path,
+    records,
+    tasks_dir,
+    write_record,
+)
+from pid_platform.sharding.write.tars import ShardResult, shard_up_to_date, write_shards
+
+# Held (PID_PAUSE_AT) once a write task has put one shard's outputs in place: tests kill it there.
+SHARD_DONE_POINT = "write-task:shard-done"
+
+
+class TaskOrderError(BuildError):
+    """A task ran before the one it needs (a write task or commit before the plan)."""
+
+
+class TasksUnfinishedError(BuildError):
+    """The commit found write tasks without a completion record (or with damaged shards)."""
+
+
+@dataclass
+class TaskOutcome:
+    stage: str
+    index: int
+    of: int
+    record: Path
+    already_done: bool  # the record was there: nothing was read or written
+    items: int = 0  # samples (intake) or shards (write) in the task's slice
+    first: int = 0  # position of its first item
+    done: int = 0  # files validated (intake) or shards written (write)
+    reused: int = 0  # outcomes reused (intake) or shards kept / hard-linked (write)
+    nothing_staged: bool = False  # no plan staged, over a committed build: the plan found it up to date
+
+
+@dataclass
+class PlanOutcome:
+    out: Path
+    report: IntakeReport
+    shards: int
+    samples: int
+    up_to_date: bool  # the committed build is what this one would publish: nothing staged
+    files_validated: int = 0
+    outcomes_reused: int = 0
+    buckets: dict[str, int] = field(default_factory=dict)  # bucket -> shards
+
+
+def _check_task(index: int, of: int) -> None:
+    slice_bounds(0, index, of)  # raises ValueError naming the range
+
+
+def run_intake_task(
+    store: SourceStore, source: str, out: Path, index: int, of: int, *, trust_pickle: bool = False,
+    num_workers: int = 1, validate: str = VALIDATE_FULL, revalidate: bool = False, force: bool = False,
+    progress: Callable | None = None,
+) -> TaskOutcome:
+    """Intake task ``index`` of ``of``: the outcomes of its slice's files, then its record."""
+    _check_task(index, of)
+    check_validate_level(validate)
+    staged = versions.staging_dir(out)
+    settings = {"validate": validate, "trust_pickle": trust_pickle}
+    rec = read_record(staged, INTAKE, index, of)
+    if rec is not None and rec.get("settings") == settings:
+        return TaskOutcome(INTAKE, index, of, record_path(staged, INTAKE, index, of), True,
+                           rec.get("samples", 0), rec.get("first", 0))
+    staging = versions.begin(out, first_step=True, force=force)
+    final = final_dir(out)
+    caches = [state_dir(final) / CACHE_NAME, state_dir(staging) / CACHE_NAME]
+    cache = IntakeCache(validate) if revalidate else IntakeCache.load(caches, validate)
+    part = intake_slice(store, source, index, of, trust_pickle=trust_pickle, num_workers=num_workers,
+                        validate=validate, cache=cache, progress=progress)
+    part.outcomes.save(intake_part_path(staging, index, of))
+    path = write_record(staging, INTAKE, index, of, {
+        "settings": settings, "first": part.first, "samples": part.samples, "files_validated": part.files_validated,
+        "outcomes_reused": part.outcomes_reused, "part": intake_part_path(staging, index, of).name,
+    })
+    return TaskOutcome(INTAKE, index, of, path, False, part.samples, part.first, part.files_validated,
+                       part.outcomes_reused)
+
+
+@pipeline.build_step
+def run_plan(
+    store: SourceStore, source: str, out: Path, config: ShardingConfig, *, trust_pickle: bool = False,
+    num_workers: int = 1, force: bool = False, validate: str = VALIDATE_FULL, revalidate: bool = False,
+    progress: Callable | None = None,
+) -> PlanOutcome:
+    """The plan of a build: the intake over the whole source (validating only what neither the
+    caches nor the intake tasks vouch for), then ``plan.parquet`` and ``sharding.json``.
+
+    Over a committed build that is already what this one would publish, nothing is staged
+    (``PlanOutcome.up_to_date``); the write tasks and the commit then have nothing to do.
+    """
+    out = Path(out)
+    result = pipeline.run_intake(store, source, out, config, trust_pickle=trust_pickle, num_workers=num_workers,
+                                 progress=progress, force=force, validate=validate, revalidate=revalidate,
+                                 stop_if_up_to_date=True)
+    r = result.report
+    if result.up_to_date:
+        plans = pipeline.load_plans(final_dir(out), pipeline.load_sharding_config(final_dir(out)))
+        return PlanOutcome(out, r, len(plans), r.samples, True, r.files_validated, r.outcomes_reused,
+                           dict(Counter(p.bucket for p in plans)))
+    staging = versions.begin(out)
+    # Read back from the table, as the one-process build does: the plan is cut from the same rows.
+    samples, modalities = read_samples(state_dir(staging) / SAMPLES)
+    plans = plan_shards(samples, modalities, config)
+    write_plans(state_dir(staging) / pipeline.PLAN, plans, modalities)
+    pipeline.save_sharding_config(staging, config)
+    return PlanOutcome(out, r, len(plans), r.samples, False, r.files_validated, r.outcomes_reused,
+                       dict(Counter(p.bucket for p in plans)))
+
+
+def _staged_plan(out: Path, what: str) -> tuple[Path, Path] | None:
+    """(staging folder, its plan) ; None when nothing is staged over a committed build."""
+    staged = versions.staging_dir(out)
+    plan = state_dir(staged) / pipeline.PLAN
+    if plan.is_file():
+        return staged, plan
+    if (state_dir(final_dir(out)) / SAMPLES).is_file() and not staged.exists():
+        return None
+    raise TaskOrderError(
+        f"{what} of {out}: no plan is staged in {staged}; run `pid-shard plan` (the same --input-dir, "
+        "--output-dir and settings) first"
+    )
+
+
+def run_write_task(
+    store: SourceStore, source: str, out: Path, index: int, of: int, *, num_workers: int = 1,
+    progress: Callable[[ShardResult], None] | None = None,
+) -> TaskOutcome:
+    """Write task ``index`` of ``of``: its range of the staged plan's shards, then its record.
+
+    Takes no build lock: the write tasks of one plan run side by side, each writing only its own
+    shards' files (and clearing only their temporary leftovers). Start them after the plan and
+    finish them before the commit, which hold the lock.
+    """
+    _check_task(index, of)
+    out = Path(out)
+    found = _staged_plan(out, f"write task {index} of {of}")
+    if found is None:
+        return TaskOutcome(WRITE, index, of, record_path(versions.staging_dir(out), WRITE, index, of), True,
+                           nothing_staged=True)
+    staged, plan_file = found
+    plan_sha = file_sha256(plan_file)
+    rec = read_record(staged, WRITE, index, of)
+    if rec is not None and rec.get("plan_sha256") == plan_sha:
+        first, stop = rec["shards"]
+        return TaskOutcome(WRITE, index, of, record_path(staged, WRITE, index, of), True, stop - first, first)
+    staging = versions.begin(out)
+    config = pipeline.load_sharding_config(staging)
+    plans = pipeline.load_plans(staging, config)
+    first, stop = slice_bounds(len(plans), index, of)
+    mine = plans[first:stop]
+    after = pipeline.after_shard(staging, key_indexes=True)
+
+    def then(plan: ShardPlan, result: ShardResult) -> None:
+        after(plan, result)
+        pause_point(SHARD_DONE_POINT)
+
+    results = write_shards(store, source, staging, mine, previous=final_dir(out), num_workers=num_workers,
+                           progress=progress, then=then, only_own_temp_files=True)
+    written = [first + i for i, r in enumerate(results) if r.written]
+    # Last: the record says every output of these shards is in place.
+    path = write_record(staging, WRITE, index, of, {
+        "plan_sha256": plan_sha, "shards": [first, stop], "written": written,
+    })
+    return TaskOutcome(WRITE, index, of, path, False, len(mine), first, len(written), len(mine) - len(written))
+
+
+def _shard_complete(staging: Path, plan: ShardPlan) -> bool:
+    key_index = bucket_dir(staging, plan.bucket) / key_index_relpath(plan.relpath)
+    return shard_up_to_date(staging, plan) and key_index.is_file()
+
+
+def _ranges(positions: list[int]) -> str:
+    spans, start = [], None
+    for i, p in enumerate(positions):
+        if start is None:
+            start = p
+        if i + 1 == len(positions) or positions[i + 1] != p + 1:
+            spans.append(f"{start}" if start == p else f"{start}-{p}")
+            start = None
+    return ", ".join(spans)
+
+
+def unfinished_write_tasks(out: Path) -> str | None:
+    """Why the staged plan of ``out`` cannot be committed yet (None: every write task is done).
+
+    Done means: every shard of the plan lies in the range of a write task's record for this plan,
+    and its tars match their stamps and its key index exists. A record whose shards are not all
+    complete (a tar deleted since, or lost in a power cut after the record) is removed, so the
+    task runs again when started.
+    """
+    staging = versions.staging_dir(out)
+    plan_sha = file_sha256(state_dir(staging) / pipeline.PLAN)
+    plans = pipeline.load_plans(staging, pipeline.load_sharding_config(staging))
+    recs = [r for r in records(staging, WRITE) if r.get("plan_sha256") == plan_sha]
+    covered = [False] * len(plans)
+    damaged: list[dict] = []
+    for r in recs:
+        try:
+            start, stop = slice_bounds(len(plans), r["index"], r["of"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if r.get("shards") != [start, stop]:
+            continue
+        if all(_shard_complete(staging, p) for p in plans[start:stop]):
+            covered[start:stop] = [True] * (stop - start)
+        else:
+            damaged.append(r)
+            Path(r["path"]).unlink(missing_ok=True)
+    missing = [i for i, c in enumerate(covered) if not c]
+    if not missing:
+        return None
+    ofs = sorted({r["of"] for r in recs} | {r["of"] for r in damaged})
+    where = tasks_dir(staging)
+    if len(ofs) == 1:
+        n = ofs[0]
+        unfinished = [i for i in range(n) if not all(covered[slice(*slice_bounds(len(plans), i, n))])]
+        return (
+            f"write task{'s' if len(unfinished) > 1 else ''} {', '.join(map(str, unfinished))} of {n} "
+            f"{'have' if len(unfinished) > 1 else 'has'} not finished (no completion record in {where}"
+            f"{'; some had a shard missing or damaged since, and must run again' if damaged else ''}): run "
+            f"`pid-shard task --index I --of {n}` for each, then commit again; nothing was published"
+        )
+    if not ofs:
+        return (
+            f"no write task has finished for the staged plan of {out} ({len(plans)} shards; no completion "
+            f"record in {where}): run `pid-shard task --index I --of N` for I = 0 .. N-1, then commit again; "
+            "nothing was published"
+        )
+    return (
+        f"shards {_ranges(missing)} of {len(plans)} lie in no finished write task (records for --of "
+        f"{', '.join(map(str, ofs))} in {where}): run the missing tasks of one N, then commit again; "
+        "nothing was published"
+    )
+
+
+def report_from_json(doc: dict) -> IntakeReport:
+    """The intake report a plan staged (``intake_report.json``), for the commit's summary."""
+    return IntakeReport(
+        doc["source"], modalities=list(doc["modalities"]), empty_modalities=list(doc["empty_modalities"]),
+        image_modality=doc["image_modality"], files_seen=dict(doc["files_seen"]), orphans=dict(doc["orphans"]),
+        skipped_files=Counter(doc["skipped_files"]), dropped=Counter(doc["dropped"]),
+        examples={k: list(v) for k, v in doc["examples"].items()}, key_collisions=doc["key_collisions"],
+        samples=doc["samples"],
+    )
+
+
+def _validate_of(folder: Path) -> str:
+    return (load_intake_settings(folder) or {}).get("validate", VALIDATE_FULL)
+
+
+@pipeline.build_step
+def run_commit(out: Path, *, num_workers: int = 1, manifest_root: str = "relative") -> pipeline.BuildSummary:
+    """Commit the staged plan of ``out`` once every write task is done: manifests, state, swap.
+
+    Refuses (``TasksUnfinishedError``, naming the tasks) while any shard lacks a finished task.
+    With nothing staged over a committed build (the plan found it up to date) it only rewrites
+    the manifests' roots if asked otherwise and reports the committed build.
+    """
+    out = Path(out)
+    root_base(manifest_root, final_dir(out))  # a bad root is refused before anything is written
+    found = _staged_plan(out, "commit")
+    if found is None:
+        final = final_dir(out)
+        rewrite_manifest_roots(out, manifest_root)
+        report = report_from_json(json.loads((state_dir(final) / REPORT).read_bytes()))
+        plans = pipeline.load_plans(final, pipeline.load_sharding_config(final))
+        results = [ShardResult(p.bucket, p.index, p.relpath, len(p.samples),
+                               {m: p.tar_bytes(m) for m in p.modalities}, False) for p in plans]
+        manifests = [out / bucket_dir(Path(), b) / WDINFO_NAME for b in sorted({p.bucket for p in plans})]
+        return pipeline.BuildSummary(report.source, out, report, pipeline.summarize(results), manifests, [],
+                                     _validate_of(final), up_to_date=True)
+    staging, _plan = found
+    problem = unfinished_write_tasks(out)
+    if problem is not None:
+        raise TasksUnfinishedError(f"commit of {out}: {problem}")
+    report = report_from_json(json.loads((state_dir(staging) / REPORT).read_bytes()))
+    plan_sha = file_sha256(state_dir(staging) / pipeline.PLAN)
+    written = {i for r in records(staging, WRITE) if r.get("plan_sha256") == plan_sha for i in r.get("written", [])}
+    validate = _validate_of(staging)
+    config, manifests, removed = pipeline.run_manifests(out, report.source, num_workers=num_workers,
+                                                        manifest_root=manifest_root)
+    plans = pipeline.load_plans(final_dir(out), config)
+    results = [ShardResult(p.bucket, p.index, p.relpath, len(p.samples), {m: p.tar_bytes(m) for m in p.modalities},
+                           i in written) for i, p in enumerate(plans)]
+    return pipeline.BuildSummary(report.source, out, report, pipeline.summarize(results),
+                                 [m.path for m in manifests], removed, validate)
