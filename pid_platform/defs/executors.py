@@ -1,0 +1,117 @@
+"""Where a run's steps execute: configuration, never a code edit.
+
+Every job of this code location gets one executor, ``pid_executor``, whose config is a choice of
+Dagster's own executors, exactly as Dagster's default executor offers ``multiprocess`` or
+``in_process``:
+
+* ``multiprocess`` (the default: every step a process on the run's machine, as before),
+* ``in_process`` (one process; what ``execute_in_process`` and the demos use),
+* ``celery`` (``dagster_celery.celery_executor``: each step a task on a Celery queue; workers on
+  any machine that reaches the broker, the instance's storage and the data),
+* ``ecs`` (``dagster_aws.ecs.ecs_executor``: each step its own ECS task; the run must itself run
+  on ECS through the ``EcsRunLauncher``, deploy/ecs/).
+
+Each key takes that executor's own settings, unchanged. Which one a run uses:
+
+1. the run's config, ``execution: config: {celery: {...}}`` (launchpad, schedules, sensors), else
+2. the code location's default, read when it loads: ``PID_EXECUTOR_CONFIG`` names a YAML file
+   holding one of those keys with its settings (``deploy/ecs/executor.yaml``,
+   ``deploy/celery/executor.yaml``), and ``PID_EXECUTOR=multiprocess|in_process|celery|ecs`` picks
+   the key (the file's only key when unset; ``multiprocess`` with no file). A bad name or a
+   setting the executor's schema refuses fails the load, naming the file.
+
+(``dagster_k8s.k8s_job_executor`` plugs in the same way; it is not a dependency here: README.)
+Pools (``pools.py``) cap concurrent steps whatever the executor: the multiprocess, Celery and
+ECS executors all take a pool's slot from the instance before they start a step.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import yaml
+from dagster._config import process_config
+from dagster._core.definitions.executor_definition import (
+    ExecutorRequirement,
+    in_process_executor,
+    multiple_process_executor_requirements,
+    multiprocess_executor,
+)
+from dagster._core.executor.init import InitExecutorContext
+from dagster_aws.ecs import ecs_executor
+from dagster_celery import celery_executor
+
+EXECUTOR_ENV = "PID_EXECUTOR"
+EXECUTOR_CONFIG_ENV = "PID_EXECUTOR_CONFIG"
+DEFAULT_EXECUTOR = "multiprocess"
+
+EXECUTORS: dict[str, dg.ExecutorDefinition] = {
+    "multiprocess": multiprocess_executor,
+    "in_process": in_process_executor,
+    "celery": celery_executor,
+    "ecs": ecs_executor,
+}
+
+
+class ExecutorConfigError(ValueError):
+    """``PID_EXECUTOR`` / ``PID_EXECUTOR_CONFIG`` name an unknown executor or settings it refuses."""
+
+
+def _choice_schema() -> dg.Selector:
+    return dg.Selector({name: ex.config_schema.as_field() for name, ex in EXECUTORS.items()})
+
+
+def executor_default(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``{name: settings}``: the executor config a run gets when its own config has none."""
+    env = os.environ if environ is None else environ
+    path = env.get(EXECUTOR_CONFIG_ENV)
+    where = f"{EXECUTOR_CONFIG_ENV}={path}" if path else EXECUTOR_ENV
+    from_file: dict[str, Any] = {}
+    if path:
+        try:
+            from_file = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise ExecutorConfigError(f"{where}: cannot read it ({e})") from None
+        if not isinstance(from_file, dict) or not all(k in EXECUTORS for k in from_file):
+            raise ExecutorConfigError(f"{where}: expected one of {sorted(EXECUTORS)} as the top key, each "
+                                      f"holding that executor's settings; found {sorted(from_file) if isinstance(from_file, dict) else from_file!r}")
+    name = env.get(EXECUTOR_ENV) or (next(iter(from_file)) if len(from_file) == 1 else DEFAULT_EXECUTOR)
+    if name not in EXECUTORS:
+        raise ExecutorConfigError(f"{EXECUTOR_ENV}={name!r}: not an executor here; use one of {sorted(EXECUTORS)}")
+    chosen = {name: from_file.get(name) or {}}
+    # Checked now, so a typo fails the load and not the first run; the default keeps its
+    # {env: NAME} references (resolved per run), which must be set where the code location loads.
+    checked = process_config(_choice_schema(), chosen)
+    if not checked.success:
+        raise ExecutorConfigError(f"{where}: the {name} executor refuses these settings: "
+                                  + "; ".join(e.message for e in checked.errors))
+    return chosen
+
+
+def _requirements(config: Mapping[str, Any]) -> list[ExecutorRequirement]:
+    # Only one process needs no reconstructable job nor persistent instance (execute_in_process).
+    return [] if "in_process" in config else list(multiple_process_executor_requirements())
+
+
+def pid_executor(environ: Mapping[str, str] | None = None) -> dg.ExecutorDefinition:
+    """The executor of every job here, its default chosen from ``environ`` (see the module doc)."""
+    default = executor_default(environ)
+
+    def create(init_context: InitExecutorContext) -> dg.Executor:
+        ((name, settings),) = init_context.executor_config.items()
+        chosen = EXECUTORS[name]
+        return chosen.executor_creation_fn(InitExecutorContext(  # ty: ignore[call-non-callable]
+            job=init_context.job, executor_def=chosen, executor_config=settings, instance=init_context.instance))
+
+    return dg.ExecutorDefinition(
+        name="pid_executor",
+        config_schema=dg.Field(_choice_schema(), default_value=default),
+        executor_creation_fn=create,
+        requirements=_requirements,
+        description="Dagster's multiprocess, in-process, Celery or ECS executor, chosen by the run's config "
+                    f"or the code location's ({EXECUTOR_ENV}, {EXECUTOR_CONFIG_ENV}); default here: {next(iter(default))}.",
+    )
