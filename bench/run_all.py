@@ -39,6 +39,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_loader_sync": ["--repeat", "7", "--pipeline-repeat", "5"],
     "bench_manifest_parse": ["--no-tracemalloc"],
     "bench_mp4_index": ["--repeat", "3"],
+    "bench_build_scale": ["--samples", "1000000"],
 }
 TARGET_LINE = re.compile(r"^(PASS|MISS):\s*(.*)$")
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"

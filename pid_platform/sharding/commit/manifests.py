@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from loader.formats.wdinfo import (
 )
 from pid_platform.sharding.layout import STATE_DIR, bucket_dir
 from pid_platform.sharding.parallel import ordered_map
+from pid_platform.sharding.plan.columnar import ShardRef, read_shard_refs
 from pid_platform.sharding.plan.shard_plan import ShardPlan
 from pid_platform.sharding.write.tar_digests import tar_digests
 
@@ -83,11 +85,17 @@ def write_key_indexes(out: Path, plans: list[ShardPlan], num_workers: int = 1) -
     return list(ordered_map(lambda p: write_key_index_of(out, p), plans, num_workers, threads=True))
 
 
-def _hash_one(args: tuple[Path, ShardPlan]) -> dict[str, str]:
+# What the manifests need of a shard: ``ShardPlan`` (its samples in memory) or ``ShardRef`` (read
+# from plan.parquet in batches by ``columnar.iter_shard_refs``, for a source of any size).
+Shard = ShardPlan | ShardRef
+TarSha256 = Callable[[Path, Shard], dict[str, str]]
+
+
+def _hash_one(args: tuple[Path, Shard, TarSha256]) -> dict[str, str]:
     # Hashing every tar again on each run is the slowest part of a no-op rebuild, and the
     # writer hashed each tar it wrote already: the cache answers for all but tars changed since.
-    out, plan = args
-    return tar_digests(out, plan)
+    out, plan, sha = args
+    return sha(out, plan)
 
 
 @dataclass(frozen=True)
@@ -97,27 +105,30 @@ class BucketManifest:
     manifest: WdinfoManifest
 
 
-def write_manifests(out: Path, source: str, plans: list[ShardPlan], num_workers: int = 1,
-                    root_base: str | None = None) -> list[BucketManifest]:
+def write_manifests(out: Path, source: str, plans: Sequence[Shard], num_workers: int = 1,
+                    root_base: str | None = None, *, tar_sha256: TarSha256 | None = None) -> list[BucketManifest]:
     """One wdinfo.json per bucket leaf, each written after all the tars and indexes it lists.
 
     ``root_base`` (``wdinfo.root_base``): None writes relative roots (``"."``); else each root is
     ``<root_base>/<bucket>``, where the published output folder is. Every manifest gets the
     build's one ``chunk_size``, the largest count of any tar: safe whichever manifest PiD reads first.
+    ``tar_sha256(out, shard)``: each tar's sha256 (default ``tar_digests``: the writer's cache,
+    else the file hashed); the scale benchmark, which writes no tars, passes its own.
     """
-    chunk_size = derive_chunk_size([len(p.samples) for p in plans])
-    shas = list(ordered_map(_hash_one, [(out, p) for p in plans], num_workers, threads=True))
-    by_bucket: dict[str, list[tuple[ShardPlan, dict[str, str]]]] = defaultdict(list)
-    for p, sha in zip(plans, shas, strict=True):
-        by_bucket[p.bucket].append((p, sha))
+    sha = tar_digests if tar_sha256 is None else tar_sha256
+    chunk_size = derive_chunk_size([p.count for p in plans])
+    shas = list(ordered_map(_hash_one, [(out, p, sha) for p in plans], num_workers, threads=True))
+    by_bucket: dict[str, list[tuple[Shard, dict[str, str]]]] = defaultdict(list)
+    for p, digests in zip(plans, shas, strict=True):
+        by_bucket[p.bucket].append((p, digests))
     written = []
     for bucket in sorted(by_bucket):
         entries = []
-        for p, sha in by_bucket[bucket]:
+        for p, digests in by_bucket[bucket]:
             idx = key_index_relpath(p.relpath)
             if not (bucket_dir(out, bucket) / idx).is_file():
                 raise FormatError(f"{bucket_dir(out, bucket) / idx}: key index missing; materialize key_indexes first")
-            entries.append(TarEntry(p.relpath, len(p.samples), {m: p.tar_bytes(m) for m in p.modalities}, sha, idx))
+            entries.append(TarEntry(p.relpath, p.count, {m: p.tar_bytes(m) for m in p.modalities}, digests, idx))
         modalities = list(by_bucket[bucket][0][0].modalities)
         manifest = WdinfoManifest(
             data_keys=modalities, tars=entries, root=manifest_root(root_base, bucket), chunk_size=chunk_size,
@@ -126,6 +137,15 @@ def write_manifests(out: Path, source: str, plans: list[ShardPlan], num_workers:
         path = write_wdinfo(bucket_dir(out, bucket), manifest)
         written.append(BucketManifest(bucket, path, manifest))
     return written
+
+
+def write_manifests_from_plan(out: Path, source: str, plan_path: Path, part_size: int, num_workers: int = 1,
+                              root_base: str | None = None, *,
+                              tar_sha256: TarSha256 | None = None) -> tuple[list[ShardRef], list[BucketManifest]]:
+    """:func:`write_manifests` for the shards of a plan.parquet, read in batches (no sample is
+    ever one Python object); returns the shards too, for ``remove_unplanned`` and ``save_outputs``."""
+    shards = read_shard_refs(plan_path, part_size)
+    return shards, write_manifests(out, source, shards, num_workers, root_base, tar_sha256=tar_sha256)
 
 
 def is_build_output(out: Path, path: Path) -> bool:
@@ -137,7 +157,7 @@ def is_build_output(out: Path, path: Path) -> bool:
     return BUILD_OUTPUT_PATH.match(rel) is not None
 
 
-def remove_unplanned(out: Path, plans: list[ShardPlan]) -> list[Path]:
+def remove_unplanned(out: Path, plans: Sequence[Shard]) -> list[Path]:
     """Delete outputs no plan names: in the staging folder, those an earlier, unfinished build
     with another sharding left there, so the published version holds only what it lists.
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -20,6 +21,7 @@ from pid_platform.sharding.errors import ShardingConfigError
 from pid_platform.sharding.intake.cache import RULES_VERSION
 from pid_platform.sharding.intake.task import IntakeReport, Sample
 from pid_platform.sharding.layout import STATE_DIR, bucket_dir
+from pid_platform.sharding.plan.columnar import ShardRef
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan, plan_shards
 from pid_platform.sharding.plan.tables import samples_table
 from pid_platform.sharding.write.tars import shard_up_to_date
@@ -57,7 +59,7 @@ def _file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _outputs_of(plans: list[ShardPlan]) -> list[str]:
+def _outputs_of(plans: Sequence[ShardPlan | ShardRef]) -> list[str]:
     """Key indexes and manifests of ``plans``, relative to the output folder (tars have stamps)."""
     rels = []
     for p in plans:
@@ -66,7 +68,7 @@ def _outputs_of(plans: list[ShardPlan]) -> list[str]:
     return sorted(rels)
 
 
-def save_outputs(folder: Path, plans: list[ShardPlan]) -> Path:
+def save_outputs(folder: Path, plans: Sequence[ShardPlan | ShardRef]) -> Path:
     """Record the checksums of the key indexes and manifests in ``folder`` (just before its commit)."""
     doc = {rel: _file_sha256(folder / rel) for rel in _outputs_of(plans)}
     path = state_dir(folder) / OUTPUTS
@@ -87,7 +89,7 @@ def refresh_outputs(folder: Path, rels: list[str]) -> None:
         atomic_write_bytes(path, json.dumps(fresh, sort_keys=True, indent=0).encode())
 
 
-def _outputs_intact(folder: Path, plans: list[ShardPlan]) -> bool:
+def _outputs_intact(folder: Path, plans: Sequence[ShardPlan | ShardRef]) -> bool:
     try:
         recorded = json.loads((state_dir(folder) / OUTPUTS).read_bytes())
         if sorted(recorded) != _outputs_of(plans):

@@ -10,17 +10,12 @@ import hashlib
 import json
 import math
 import numbers
-import random
-from collections import defaultdict
 from dataclasses import dataclass
 
 from loader.formats.errors import short_repr
 from loader.formats.twin_tar import (
     DEFAULT_PART_SIZE,
-    END_OF_ARCHIVE,
-    RECORD,
     member_name,
-    member_span,
     sanitize_ext,
     shard_relpath,
     tar_size,
@@ -101,6 +96,10 @@ class ShardPlan:
         return tar_size([s.files[modality].size for s in self.samples])
 
     @property
+    def count(self) -> int:
+        return len(self.samples)
+
+    @property
     def total_bytes(self) -> int:
         return sum(self.tar_bytes(m) for m in self.modalities)
 
@@ -119,46 +118,27 @@ def _ext(name: str) -> str:
     return name.rsplit(".", 1)[1] if "." in name else ""
 
 
-def _sample_span(s: Sample, modalities: tuple[str, ...]) -> int:
-    return sum(member_span(s.files[m].size) for m in modalities)
-
-
-def _group_by_bytes(samples: list[Sample], modalities: tuple[str, ...], bound: int) -> list[list[Sample]]:
-    # Fixed per-tar cost: end-of-archive blocks plus at most one record of padding per modality.
-    fixed = len(modalities) * (END_OF_ARCHIVE + RECORD)
-    groups: list[list[Sample]] = []
-    current: list[Sample] = []
-    used = 0
-    for s in samples:
-        span = _sample_span(s, modalities)
-        if current and used + span + fixed > bound:
-            groups.append(current)
-            current, used = [], 0
-        current.append(s)
-        used += span
-    if current:
-        groups.append(current)
-    return groups
-
-
 def plan_shards(samples: list[Sample], modalities: list[str], config: ShardingConfig) -> list[ShardPlan]:
-    """Shards of every bucket, buckets in name order, shard indices from 0 within each bucket."""
+    """Shards of every bucket, buckets in name order, shard indices from 0 within each bucket.
+
+    The objects' columns go through the columnar plan (``columnar.layout_shards``), which
+    ``columnar.write_plan_file`` also runs over a samples table of any size.
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    from pid_platform.sharding.plan.columnar import plan_layout
+
     mods = tuple(sorted(modalities))
-    buckets: dict[str, list[Sample]] = defaultdict(list)
-    for s in samples:
-        buckets[(s.bucket or FLAT) if config.classify_aspect_ratio else FLAT].append(s)
+    sizes = [np.fromiter((s.files[m].size for s in samples), dtype=np.int64, count=len(samples)) for m in mods]
+    layout = plan_layout(pa.array([s.bucket for s in samples], pa.string()), sizes, config,
+                         keys=pa.array([s.key for s in samples], pa.string()))
+    order = layout.order.tolist()
+    offsets = layout.offsets.tolist()
     plans: list[ShardPlan] = []
-    for bucket in sorted(buckets):
-        items = sorted(buckets[bucket], key=lambda s: s.key)
-        if config.shuffle:
-            # Seeded from (seed, bucket) alone: the same config gives the same shards anywhere.
-            random.Random(f"{config.seed}:{bucket}").shuffle(items)
-        if config.shard_size > 0:
-            groups = [items[i : i + config.shard_size] for i in range(0, len(items), config.shard_size)]
-        else:
-            groups = _group_by_bytes(items, mods, config.max_shard_bytes)
-        for i, g in enumerate(groups):
-            plans.append(ShardPlan(bucket, i, shard_relpath(i, config.part_size), tuple(g), mods))
+    for s, (b, i) in enumerate(zip(layout.shard_bucket.tolist(), layout.shard_index.tolist(), strict=True)):
+        group = tuple(samples[r] for r in order[offsets[s] : offsets[s + 1]])
+        plans.append(ShardPlan(layout.bucket_names[b], i, shard_relpath(i, config.part_size), group, mods))
     return plans
 
 

@@ -1,0 +1,457 @@
+"""The shard plan as columns: one array per field, shard boundaries as offsets.
+
+A source of ten million samples is planned and committed without one Python object per
+sample. The plan is a permutation of the samples table (bucket by bucket, key order or the
+seeded shuffle within a bucket) cut into shards, so it is held as arrays:
+
+* :func:`layout_shards` - the plan itself, from each sample's bucket and byte span;
+* :func:`plan_table` - ``plan.parquet``'s table, in memory (small sources, tests);
+* :func:`write_plan_file` - ``samples.parquet`` to ``plan.parquet`` in bounded memory (a few
+  columns of every sample, plus one row group of the output at a time);
+* :func:`read_shard_refs` - what the commit needs of each shard (count, tar sizes, digest),
+  streamed from ``plan.parquet`` in batches.
+
+Everything here gives exactly what the object plan (:func:`shard_plan.plan_shards`, which
+wraps :func:`layout_shards`) gives: the same shards, the same order, the same digests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import tempfile
+from array import array
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from loader.formats.atomic import atomic_writer
+from loader.formats.twin_tar import BLOCK, END_OF_ARCHIVE, RECORD, shard_relpath
+from pid_platform.sharding.plan.shard_plan import FLAT, PLAN_VERSION, ShardingConfig
+
+# pyarrow's default row group (pq.write_table): plan.parquet keeps the row groups it always had,
+# so a plan written here has the bytes the object path (tables.write_plans) writes.
+ROW_GROUP_ROWS = 1024 * 1024
+BATCH_ROWS = 64 * 1024  # rows per streamed batch: a few MB of each column at a time
+SHARD_BUCKET, SHARD_INDEX = "shard_bucket", "shard_index"
+_POS = "__plan_row"  # column of the scatter files: the row's place in the plan
+
+
+def spans(sizes: Sequence[np.ndarray]) -> np.ndarray:
+    """Bytes each sample takes in its shard's tars, all modalities together (headers and
+    padding): what the size bound counts, as in ``shard_plan._sample_span``."""
+    total = None
+    for s in sizes:
+        s = np.asarray(s, dtype=np.int64)
+        span = BLOCK + (s + (BLOCK - 1)) // BLOCK * BLOCK
+        total = span if total is None else total + span
+    if total is None:
+        raise ValueError("a plan needs at least one modality")
+    return total
+
+
+def tar_sizes(sizes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Exact size of each shard's tar of one modality (``twin_tar.tar_size`` per shard):
+    member spans summed per shard from one prefix sum, plus end-of-archive, rounded up to a record."""
+    s = np.asarray(sizes, dtype=np.int64)
+    member = BLOCK + (s + (BLOCK - 1)) // BLOCK * BLOCK
+    cum = np.zeros(len(member) + 1, dtype=np.int64)
+    np.cumsum(member, out=cum[1:])
+    body = cum[offsets[1:]] - cum[offsets[:-1]] + END_OF_ARCHIVE
+    return (body + (RECORD - 1)) // RECORD * RECORD
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """The plan as arrays. Plan row ``r`` is sample ``order[r]`` of the input; shard ``s`` is
+    plan rows ``offsets[s]:offsets[s + 1]``, shard ``shard_index[s]`` of bucket
+    ``bucket_names[shard_bucket[s]]``. Shards come bucket by bucket, buckets in name order."""
+
+    order: np.ndarray  # int64, one per sample
+    offsets: np.ndarray  # int64, one per shard plus one
+    bucket_names: list[str]  # sorted; FLAT ("") in flat mode
+    shard_bucket: np.ndarray  # int32, one per shard
+    shard_index: np.ndarray  # int32, one per shard
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def counts(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def shard_of_rows(self, start: int, stop: int) -> np.ndarray:
+        """The shard of each plan row in ``start:stop``."""
+        rows = np.arange(start, stop, dtype=np.int64)
+        return np.searchsorted(self.offsets, rows, side="right") - 1
+
+
+def _group_by_bytes(span: np.ndarray, bound: int, fixed: int) -> np.ndarray:
+    """Greedy cut of one bucket (in plan order) into shards, as ``shard_plan._group_by_bytes``:
+    a shard takes samples while its spans plus ``fixed`` stay within ``bound``, and always its
+    first sample. One binary search per shard over the prefix sums, not one step per sample."""
+    n = len(span)
+    cum = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(span, out=cum[1:])
+    room = bound - fixed
+    if n and int(span.min()) > room:
+        return np.arange(n + 1, dtype=np.int64)  # no two samples fit together: every one alone
+    starts = [0]
+    i = 0
+    while i < n:
+        # Samples i..j-1 fit when cum[j] - cum[i] <= room; the first cum past it ends the shard.
+        j = max(int(np.searchsorted(cum, int(cum[i]) + room, side="right")) - 1, i + 1)
+        starts.append(j)
+        i = j
+    return np.asarray(starts, dtype=np.int64)
+
+
+def _shuffled(rows: np.ndarray, seed: int, bucket: str) -> np.ndarray:
+    # random.shuffle of the bucket's samples, applied to their positions: the same Random, the
+    # same swaps, so the same order as shuffling the objects. array('q') keeps it at 8 bytes a
+    # sample (a list of ints would hold one int object each).
+    perm = array("q", range(len(rows)))
+    random.Random(f"{seed}:{bucket}").shuffle(perm)
+    return rows[np.frombuffer(perm, dtype=np.int64)]
+
+
+def _bucket_codes(buckets: pa.Array | pa.ChunkedArray, classify: bool) -> tuple[np.ndarray, list[str]]:
+    """Each sample's bucket as a code into the sorted bucket names (None and "" are FLAT)."""
+    n = len(buckets)
+    if not classify or n == 0:
+        return np.zeros(n, dtype=np.int32), [FLAT]
+    chunks = buckets.chunks if isinstance(buckets, pa.ChunkedArray) else [buckets]
+    out = np.empty(n, dtype=np.int32)
+    names: dict[str, int] = {}
+    local_codes, pos = [], 0
+    for chunk in chunks:
+        if not pa.types.is_dictionary(chunk.type):
+            chunk = pc.dictionary_encode(chunk)
+        values = [v or FLAT for v in chunk.dictionary.to_pylist()]
+        mapping = np.array([names.setdefault(v, len(names)) for v in values] + [names.setdefault(FLAT, len(names))],
+                           dtype=np.int32)
+        idx = chunk.indices.fill_null(len(values)).to_numpy(zero_copy_only=False)
+        local_codes.append((pos, mapping, idx))
+        pos += len(chunk)
+    sorted_names = sorted(names)
+    rank = np.empty(len(names), dtype=np.int32)
+    for name, code in names.items():
+        rank[code] = sorted_names.index(name)
+    for start, mapping, idx in local_codes:
+        out[start : start + len(idx)] = rank[mapping[idx]]
+    present = np.bincount(out, minlength=len(sorted_names)) > 0
+    keep = [name for name, p in zip(sorted_names, present, strict=True) if p]
+    if len(keep) != len(sorted_names):  # a name in a dictionary that no row uses
+        remap = np.cumsum(present) - 1
+        out = remap[out].astype(np.int32)
+    return out, keep
+
+
+def layout_shards(buckets: pa.Array | pa.ChunkedArray, sample_spans: np.ndarray, config: ShardingConfig, *,
+                  modalities: int, keys: pa.Array | pa.ChunkedArray | None = None) -> ShardLayout:
+    """The shard plan of samples given as columns: each one's bucket (string or dictionary
+    array, None in flat mode), its byte span (:func:`spans`) over ``modalities`` modalities and, unless they are known to be
+    in key order already (``keys=None``: what intake writes), its key.
+
+    The same shards as ``shard_plan.plan_shards`` on the same samples.
+    """
+    codes, names = _bucket_codes(buckets, config.classify_aspect_ratio)
+    sample_spans = np.asarray(sample_spans, dtype=np.int64)
+    if keys is not None and len(keys) > 1 and not _in_order(keys):
+        # Stable, so equal keys keep their order as Python's sorted does; arrow compares UTF-8
+        # bytes, which order as code points do.
+        key_order = pc.sort_indices(keys).to_numpy()
+    else:
+        key_order = None
+    # Fixed per-tar cost: end-of-archive blocks plus at most one record of padding per modality.
+    fixed = modalities * (END_OF_ARCHIVE + RECORD)
+    orders, offsets, shard_bucket, shard_index = [], [np.zeros(1, dtype=np.int64)], [], []
+    base = 0
+    for b, bucket in enumerate(names):
+        if key_order is None:
+            rows = np.flatnonzero(codes == b).astype(np.int64)
+        else:
+            rows = key_order[codes[key_order] == b].astype(np.int64)
+        if config.shuffle:
+            rows = _shuffled(rows, config.seed, bucket)
+        n = len(rows)
+        if config.shard_size > 0:
+            starts = np.append(np.arange(0, n, config.shard_size, dtype=np.int64), n)
+        else:
+            starts = _group_by_bytes(sample_spans[rows], config.max_shard_bytes, fixed)
+        orders.append(rows)
+        offsets.append(starts[1:] + base)
+        shard_bucket.append(np.full(len(starts) - 1, b, dtype=np.int32))
+        shard_index.append(np.arange(len(starts) - 1, dtype=np.int32))
+        base += n
+    return ShardLayout(
+        order=np.concatenate(orders) if orders else np.zeros(0, dtype=np.int64),
+        offsets=np.concatenate(offsets),
+        bucket_names=names,
+        shard_bucket=np.concatenate(shard_bucket) if shard_bucket else np.zeros(0, dtype=np.int32),
+        shard_index=np.concatenate(shard_index) if shard_index else np.zeros(0, dtype=np.int32),
+    )
+
+
+def plan_layout(buckets: pa.Array | pa.ChunkedArray, sizes: Sequence[np.ndarray], config: ShardingConfig,
+                keys: pa.Array | pa.ChunkedArray | None = None) -> ShardLayout:
+    """:func:`layout_shards` from each modality's file sizes (one array per modality)."""
+    return layout_shards(buckets, spans(sizes), config, modalities=len(sizes), keys=keys)
+
+
+def _in_order(keys: pa.Array | pa.ChunkedArray) -> bool:
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    return bool(pc.all(pc.less_equal(keys[:-1], keys[1:])).as_py())
+
+
+# ---------------------------------------------------------------- plan.parquet
+
+def _modalities(schema: pa.Schema) -> list[str]:
+    return [c.split(".", 1)[1] for c in schema.names if c.startswith("name.")]
+
+
+def plan_schema(samples_schema: pa.Schema) -> pa.Schema:
+    """plan.parquet's columns: the samples table's, with the shard columns after ``bucket``."""
+    fields = [f for f in samples_schema if f.name not in (SHARD_BUCKET, SHARD_INDEX)]
+    at = [f.name for f in fields].index("bucket") + 1
+    fields[at:at] = [pa.field(SHARD_BUCKET, pa.string()), pa.field(SHARD_INDEX, pa.int32())]
+    return pa.schema(fields)
+
+
+def _shard_columns(layout: ShardLayout, start: int, stop: int) -> tuple[pa.Array, pa.Array]:
+    sid = layout.shard_of_rows(start, stop)
+    names = pa.array(layout.bucket_names, pa.string())
+    bucket = pc.take(names, pa.array(layout.shard_bucket[sid]))
+    return bucket, pa.array(layout.shard_index[sid], pa.int32())
+
+
+def _with_shard_columns(rows: pa.Table, layout: ShardLayout, start: int, schema: pa.Schema) -> pa.Table:
+    bucket, index = _shard_columns(layout, start, start + rows.num_rows)
+    cols = {name: rows.column(name).combine_chunks() for name in rows.column_names if name != _POS}
+    cols[SHARD_BUCKET], cols[SHARD_INDEX] = bucket, index
+    return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)
+
+
+def _table_sizes(table: pa.Table, modalities: Sequence[str]) -> list[np.ndarray]:
+    return [table.column(f"size.{m}").to_numpy() for m in sorted(modalities)]
+
+
+def plan_table(samples: pa.Table, config: ShardingConfig, *,
+               keys_in_order: bool = False) -> tuple[pa.Table, ShardLayout]:
+    """plan.parquet's table for a samples table (``tables.samples_table``), held in memory."""
+    mods = _modalities(samples.schema)
+    layout = plan_layout(samples.column("bucket"), _table_sizes(samples, mods), config,
+                         None if keys_in_order else samples.column("key"))
+    schema = plan_schema(samples.schema.remove_metadata())
+    rows = samples.take(pa.array(layout.order))
+    return _with_shard_columns(rows, layout, 0, schema), layout
+
+
+def write_plan_table(path: str | os.PathLike[str], table: pa.Table, row_group_rows: int = ROW_GROUP_ROWS) -> Path:
+    """Write plan.parquet (as ``tables.write_table`` does, one call per row group)."""
+    with atomic_writer(path) as fh, pq.ParquetWriter(fh, table.schema, compression="zstd") as w:
+        for start in range(0, max(table.num_rows, 1), row_group_rows):
+            w.write_table(table.slice(start, row_group_rows).combine_chunks(), row_group_size=row_group_rows)
+    return Path(path)
+
+
+def _read_plan_inputs(pf: pq.ParquetFile, mods: list[str], batch_rows: int
+                      ) -> tuple[pa.ChunkedArray, list[np.ndarray], bool]:
+    """Buckets and sizes of every sample, and whether the keys are in order, from one pass over
+    those columns (keys are looked at batch by batch, never held)."""
+    size_cols = [f"size.{m}" for m in sorted(mods)]
+    buckets, sizes = [], [[] for _ in size_cols]
+    in_order, last = True, None
+    for batch in pf.iter_batches(batch_size=batch_rows, columns=["key", "bucket", *size_cols]):
+        keys = batch.column(0)
+        if in_order and len(keys):
+            behind = last is not None and pc.less(keys[0], last).as_py()
+            in_order = not behind and (len(keys) < 2 or pc.all(pc.less_equal(keys[:-1], keys[1:])).as_py())
+            last = keys[len(keys) - 1]
+        buckets.append(pc.dictionary_encode(batch.column(1)))
+        for i, c in enumerate(size_cols):
+            sizes[i].append(batch.column(c).to_numpy())
+    bucket_type = pa.dictionary(pa.int32(), pa.string())
+    chunked = pa.chunked_array(buckets, type=bucket_type) if buckets else pa.chunked_array([], pa.string())
+    return chunked, [np.concatenate(s) if s else np.zeros(0, np.int64) for s in sizes], in_order
+
+
+def write_plan_file(samples_path: str | os.PathLike[str], plan_path: str | os.PathLike[str],
+                    config: ShardingConfig, *, row_group_rows: int = ROW_GROUP_ROWS,
+                    batch_rows: int = BATCH_ROWS, work_dir: str | os.PathLike[str] | None = None) -> ShardLayout:
+    """Plan the samples of ``samples_path`` (samples.parquet) and write ``plan_path`` (plan.parquet).
+
+    Memory stays bounded at any source size: the plan itself needs each sample's bucket and
+    sizes only; the rows are then scattered, batch by batch, into one temporary Arrow file per
+    output row group (``work_dir``, default beside ``plan_path``) and each row group is put in
+    plan order and written from its file alone. The content is that of :func:`plan_table`.
+    """
+    pf = pq.ParquetFile(samples_path)
+    schema_in = pf.schema_arrow.remove_metadata()
+    mods = _modalities(schema_in)
+    buckets, sizes, in_order = _read_plan_inputs(pf, mods, batch_rows)
+    keys = None if in_order else pq.read_table(samples_path, columns=["key"]).column("key")
+    layout = plan_layout(buckets, sizes, config, keys)
+    del buckets, sizes, keys
+    schema = plan_schema(schema_in)
+    n = len(layout.order)
+    if n <= row_group_rows:  # one row group: no scatter needed
+        table, _ = plan_table(pq.read_table(samples_path).replace_schema_metadata(None), config,
+                              keys_in_order=in_order)
+        write_plan_table(plan_path, table, row_group_rows)
+        return layout
+    pos = np.empty(n, dtype=np.int64)
+    pos[layout.order] = np.arange(n, dtype=np.int64)
+    groups = -(-n // row_group_rows)
+    scatter_schema = schema_in.append(pa.field(_POS, pa.int64()))
+    folder = Path(work_dir) if work_dir is not None else Path(plan_path).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".plan-scatter-", dir=folder) as tmp:
+        paths = [Path(tmp) / f"{g:06d}.arrow" for g in range(groups)]
+        writers = [ipc.new_file(p, scatter_schema) for p in paths]
+        try:
+            start = 0
+            for batch in pf.iter_batches(batch_size=batch_rows):
+                p = pos[start : start + batch.num_rows]
+                start += batch.num_rows
+                batch = pa.RecordBatch.from_arrays([*batch.columns, pa.array(p)], schema=scatter_schema)
+                g = p // row_group_rows
+                if g.min() == g.max():
+                    writers[int(g[0])].write_batch(batch)
+                    continue
+                by_group = np.argsort(g, kind="stable")
+                batch = batch.take(pa.array(by_group))
+                g = g[by_group]
+                cuts = np.flatnonzero(np.diff(g)) + 1
+                for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(g)], strict=True):
+                    writers[int(g[a])].write_batch(batch.slice(int(a), int(b - a)))
+        finally:
+            for w in writers:
+                w.close()
+        del pos
+        with atomic_writer(plan_path) as fh, pq.ParquetWriter(fh, schema, compression="zstd") as out:
+            for g, path in enumerate(paths):
+                with pa.memory_map(str(path)) as src:
+                    rows = ipc.open_file(src).read_all()
+                    first = g * row_group_rows
+                    local = rows.column(_POS).to_numpy() - first
+                    back = np.empty(len(local), dtype=np.int64)
+                    back[local] = np.arange(len(local), dtype=np.int64)
+                    rows = rows.take(pa.array(back))
+                    out.write_table(_with_shard_columns(rows, layout, first, schema), row_group_size=row_group_rows)
+                    del rows
+                path.unlink()
+    return layout
+
+
+# ---------------------------------------------------------------- what the commit reads
+
+@dataclass(frozen=True, slots=True)
+class ShardRef:
+    """One planned shard as the commit sees it: its place, sample count, tar sizes and plan
+    digest, without its samples. Has the attributes ``ShardPlan`` has for the manifests, the
+    digest cache and the outputs record (``bucket``, ``index``, ``relpath``, ``modalities``,
+    ``tar_bytes``, ``digest``, ``count``)."""
+
+    bucket: str
+    index: int
+    relpath: str
+    modalities: tuple[str, ...]
+    count: int
+    sizes: tuple[int, ...]  # tar bytes, aligned with modalities
+    plan_digest: str
+
+    def tar_bytes(self, modality: str) -> int:
+        return self.sizes[self.modalities.index(modality)]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.sizes)
+
+    def digest(self) -> str:
+        return self.plan_digest
+
+
+def _sample_records(batch: pa.RecordBatch, mods: Sequence[str]) -> pa.Array:
+    """Per sample, the bytes ``ShardPlan.digest`` feeds its hash: the key, then per modality
+    ``|m|name|size|fingerprint``; one string array, so a shard's bytes are one slice of it."""
+    parts: list[pa.Array | str] = [batch.column("key")]
+    for m in mods:
+        parts += [f"|{m}|", batch.column(f"name.{m}"), "|", pc.cast(batch.column(f"size.{m}"), pa.string()), "|",
+                  batch.column(f"fingerprint.{m}")]
+    # Fingerprints are never null; were one, Python's f-string would say "None": so does this.
+    parts = [p if isinstance(p, str) else p.fill_null("None") for p in parts]
+    return pc.binary_join_element_wise(*parts, "")
+
+
+class _OpenShard:
+    __slots__ = ("bucket", "index", "count", "spans", "hash")
+
+    def __init__(self, bucket: str, index: int, mods: tuple[str, ...], part_size: int) -> None:
+        self.bucket, self.index, self.count = bucket, index, 0
+        self.spans = [0] * len(mods)
+        head = f"{PLAN_VERSION}|{bucket}|{shard_relpath(index, part_size)}|{','.join(mods)}"
+        self.hash = hashlib.sha256(head.encode())
+
+
+def iter_shard_refs(plan_path: str | os.PathLike[str], part_size: int, *,
+                    batch_rows: int = BATCH_ROWS) -> Iterator[ShardRef]:
+    """Every shard of plan.parquet, in plan order, from one pass in batches (memory: one batch)."""
+    pf = pq.ParquetFile(plan_path)
+    mods = tuple(sorted(_modalities(pf.schema_arrow)))
+    columns = [SHARD_BUCKET, SHARD_INDEX, "key"]
+    for m in mods:
+        columns += [f"name.{m}", f"size.{m}", f"fingerprint.{m}"]
+    cur: _OpenShard | None = None
+
+    def done(s: _OpenShard) -> ShardRef:
+        sizes = tuple(-(-(span + END_OF_ARCHIVE) // RECORD) * RECORD for span in s.spans)
+        return ShardRef(s.bucket, s.index, shard_relpath(s.index, part_size), mods, s.count, sizes,
+                        s.hash.hexdigest())
+
+    for batch in pf.iter_batches(batch_size=batch_rows, columns=columns):
+        n = batch.num_rows
+        if n == 0:
+            continue
+        bucket = batch.column(SHARD_BUCKET)
+        index = batch.column(SHARD_INDEX).to_numpy()
+        codes = pc.dictionary_encode(bucket)
+        bcode = codes.indices.to_numpy()
+        bnames = codes.dictionary.to_pylist()
+        change = np.flatnonzero((index[1:] != index[:-1]) | (bcode[1:] != bcode[:-1])) + 1
+        starts = np.r_[0, change]
+        ends = np.r_[change, n]
+        recs = _sample_records(batch, mods)
+        roff = np.frombuffer(recs.buffers()[1], dtype=np.int32)[recs.offset : recs.offset + n + 1]
+        data = memoryview(recs.buffers()[2])
+        seg_spans = []
+        for m in mods:
+            s = batch.column(f"size.{m}").to_numpy()
+            member = BLOCK + (s + (BLOCK - 1)) // BLOCK * BLOCK
+            seg_spans.append(np.add.reduceat(member, starts))
+        for k, (a, b) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+            name, idx = bnames[bcode[a]], int(index[a])
+            if cur is None or (cur.bucket, cur.index) != (name, idx):
+                if cur is not None:
+                    yield done(cur)
+                cur = _OpenShard(name, idx, mods, part_size)
+            cur.count += b - a
+            for i in range(len(mods)):
+                cur.spans[i] += int(seg_spans[i][k])
+            cur.hash.update(data[roff[a] : roff[b]])
+    if cur is not None:
+        yield done(cur)
+
+
+def read_shard_refs(plan_path: str | os.PathLike[str], part_size: int, *,
+                    batch_rows: int = BATCH_ROWS) -> list[ShardRef]:
+    return list(iter_shard_refs(plan_path, part_size, batch_rows=batch_rows))
