@@ -29,7 +29,69 @@ if TYPE_CHECKING:
     from .mixture_loader import MixtureLoader
 
 
-class StreamingLoader:
+class _CountingLoader:
+    """What both loaders share: the DataLoader they hand batches out of (kept across epochs with
+    ``persistent_workers``), counting each batch the training loop takes and timing its wait."""
+
+    dataset: Any
+    batch_size: int | None
+    num_workers: int
+    dataloader_kwargs: dict[str, Any]
+    drop_last: bool
+    epoch: int
+    samples: int
+    batches: int
+    _batches_in_dataset: bool
+    _persistent: bool
+    _dataloader: DataLoader | None
+    _waits: list[float]
+
+    def _hand_out(self, ds: Any) -> Iterator[Any]:
+        kwargs = dict(self.dataloader_kwargs)
+        kwargs["worker_init_fn"] = worker_init(kwargs.get("worker_init_fn"))  # workers die with us
+        drop_last = bool(kwargs.pop("drop_last", False)) if self._batches_in_dataset else False
+        # The dataset batches for this loader only (workers take their copy when they start).
+        ds._collate = (self.batch_size, drop_last) if self._batches_in_dataset else None
+        try:
+            loader = self._dataloader if self._persistent else None
+            if loader is None:
+                loader = DataLoader(ds, batch_size=None if self._batches_in_dataset else self.batch_size,
+                                    num_workers=self.num_workers, **kwargs)
+                if self._persistent:
+                    self._dataloader = loader   # its workers (and their caches) live across epochs
+            it = iter(loader)
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                self._waits.append(time.perf_counter() - t0)
+                if isinstance(batch, PackedBatch):
+                    batch = batch.unpack()
+                self.samples += _batch_len(batch) if self.batch_size is not None else 1
+                self.batches += 1
+                yield batch
+        finally:
+            ds._collate = None
+        self.epoch += 1
+        self.samples = self.batches = 0
+
+    def __len__(self) -> int:
+        """Batches this rank yields in a fresh epoch (every rank the same, but with drop_last)."""
+        ds = self.dataset
+        ds._batch_size, ds._drop_last = self.batch_size, self.drop_last
+        if self.batch_size is None:
+            return ds.samples_per_rank(self.num_workers)
+        return ds.batches_per_rank(self.num_workers, self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+        self.epoch = epoch
+        self.samples = self.batches = 0
+
+
+class StreamingLoader(_CountingLoader):
     def __init__(self, dataset: StreamingLeRobotDataset, *, batch_size: int | None = 1, num_workers: int = 0,
                  **dataloader_kwargs: Any):
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
@@ -87,48 +149,7 @@ class StreamingLoader:
         self._waits = []
         if self._control is not None:
             write_control(self._control, (ds.epoch, setup))
-        kwargs = dict(self.dataloader_kwargs)
-        kwargs["worker_init_fn"] = worker_init(kwargs.get("worker_init_fn"))  # workers die with us
-        drop_last = bool(kwargs.pop("drop_last", False)) if self._batches_in_dataset else False
-        # The dataset batches for this loader only (workers take their copy when they start).
-        ds._collate = (self.batch_size, drop_last) if self._batches_in_dataset else None
-        try:
-            loader = self._dataloader if self._persistent else None
-            if loader is None:
-                loader = DataLoader(ds, batch_size=None if self._batches_in_dataset else self.batch_size,
-                                    num_workers=self.num_workers, **kwargs)
-                if self._persistent:
-                    self._dataloader = loader   # its workers (and their caches) live across epochs
-            it = iter(loader)
-            while True:
-                t0 = time.perf_counter()
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    break
-                self._waits.append(time.perf_counter() - t0)
-                if isinstance(batch, PackedBatch):
-                    batch = batch.unpack()
-                self.samples += _batch_len(batch) if self.batch_size is not None else 1
-                self.batches += 1
-                yield batch
-        finally:
-            ds._collate = None
-        self.epoch += 1
-        self.samples = self.batches = 0
-
-    def __len__(self) -> int:
-        """Batches this rank yields in a fresh epoch (every rank the same, but with drop_last)."""
-        ds = self.dataset
-        ds._batch_size, ds._drop_last = self.batch_size, self.drop_last
-        if self.batch_size is None:
-            return ds.samples_per_rank(self.num_workers)
-        return ds.batches_per_rank(self.num_workers, self.batch_size)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.dataset.set_epoch(epoch)
-        self.epoch = epoch
-        self.samples = self.batches = 0
+        yield from self._hand_out(ds)
 
     def state_dict(self) -> dict[str, Any]:
         ds = self.dataset

@@ -9,24 +9,20 @@ persistent workers work too.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
-from loader.workers import worker_init
-
-from .collate import PackedBatch
 from .control import control_block, write_control
 from .dataset import _all_gather_ints
-from .loader import _batch_len
+from .loader import _CountingLoader
 from .mixture import MIX_STAT_FIELDS, StreamingLeRobotMixture
 from .monitor import refill_percentiles, wait_percentiles
 
 
-class MixtureLoader:
+class MixtureLoader(_CountingLoader):
     def __init__(self, dataset: StreamingLeRobotMixture, *, batch_size: int | None = 1, num_workers: int = 0,
                  **dataloader_kwargs: Any):
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
@@ -67,46 +63,7 @@ class MixtureLoader:
         self._waits = []
         if self._control is not None:
             write_control(self._control, (ds.epoch, setup))
-        kwargs = dict(self.dataloader_kwargs)
-        kwargs["worker_init_fn"] = worker_init(kwargs.get("worker_init_fn"))
-        drop_last = bool(kwargs.pop("drop_last", False)) if self._batches_in_dataset else False
-        ds._collate = (self.batch_size, drop_last) if self._batches_in_dataset else None
-        try:
-            loader = self._dataloader if self._persistent else None
-            if loader is None:
-                loader = DataLoader(ds, batch_size=None if self._batches_in_dataset else self.batch_size,
-                                    num_workers=self.num_workers, **kwargs)
-                if self._persistent:
-                    self._dataloader = loader
-            it = iter(loader)
-            while True:
-                t0 = time.perf_counter()
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    break
-                self._waits.append(time.perf_counter() - t0)
-                if isinstance(batch, PackedBatch):
-                    batch = batch.unpack()
-                self.samples += _batch_len(batch) if self.batch_size is not None else 1
-                self.batches += 1
-                yield batch
-        finally:
-            ds._collate = None
-        self.epoch += 1
-        self.samples = self.batches = 0
-
-    def __len__(self) -> int:
-        ds = self.dataset
-        ds._batch_size, ds._drop_last = self.batch_size, self.drop_last
-        if self.batch_size is None:
-            return ds.samples_per_rank(self.num_workers)
-        return ds.batches_per_rank(self.num_workers, self.batch_size)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.dataset.set_epoch(epoch)
-        self.epoch = epoch
-        self.samples = self.batches = 0
+        yield from self._hand_out(ds)
 
     def state_dict(self) -> dict[str, Any]:
         ds = self.dataset
