@@ -12,7 +12,7 @@ a batch has the keys, order, dtypes and shapes ``default_collate`` over the item
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,3 +143,20 @@ def item_frames(item: dict[str, Any], video_keys: Sequence[str], frame_dtype: st
         if isinstance(value, RawFrames):
             item[key] = value.to_tensor(frame_dtype)
     return item
+
+
+def batched(items: Iterable[dict[str, Any]], batching: tuple[int, bool] | None, video_keys: Sequence[str], *,
+            frame_dtype: str, shared: bool) -> Iterator[Any]:
+    """``items`` as they come (``batching`` None), or collated ``batching = (batch_size, drop_last)``
+    at a time, the short last batch kept unless ``drop_last``."""
+    if batching is None:
+        yield from items
+        return
+    pending: list[dict[str, Any]] = []
+    for item in items:
+        pending.append(item)
+        if len(pending) == batching[0]:
+            batch, pending = pending, []
+            yield collate_items(batch, video_keys, frame_dtype=frame_dtype, shared=shared)
+    if pending and not batching[1]:
+        yield collate_items(pending, video_keys, frame_dtype=frame_dtype, shared=shared)

@@ -33,7 +33,7 @@ from loader.lerobot.sidecar.published import fetch_published, published_home
 from loader.lerobot.sidecar.schema import public_root
 
 from .byte_cache import EpisodeByteCache
-from .collate import collate_items, raw_frames
+from .collate import batched, raw_frames
 from .control import read_control
 from .executor import EpisodePayload, PlanRunner, RunCounters
 from .items import (
@@ -496,8 +496,8 @@ class StreamingLeRobotDataset(IterableDataset):
                             queue_size=self.options.streaming_decoded_queue_size,
                             prefetch=self.options.streaming_prefetch_episodes, counters=self.counters)
         row = worker_id if info is not None else 0
-        pending: list[dict[str, Any]] = []
-        try:
+
+        def items() -> Iterator[dict[str, Any]]:
             for item in runner:
                 if in_process:
                     self._yielded += 1
@@ -505,15 +505,10 @@ class StreamingLeRobotDataset(IterableDataset):
                         for key in (*self.video_keys, *self.image_keys):
                             item[key] = self.image_transforms(item[key])
                 self._publish_stats(row)
-                if batching is None:
-                    yield item
-                    continue
-                pending.append(item)
-                if len(pending) == batching[0]:
-                    batch, pending = pending, []
-                    yield collate_items(batch, self.video_keys, frame_dtype=frame_dtype, shared=not in_process)
-            if pending and not batching[1]:
-                yield collate_items(pending, self.video_keys, frame_dtype=frame_dtype, shared=not in_process)
+                yield item
+
+        try:
+            yield from batched(items(), batching, self.video_keys, frame_dtype=frame_dtype, shared=not in_process)
         finally:
             self._publish_stats(row)
             with decoders_lock:

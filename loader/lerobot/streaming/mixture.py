@@ -59,7 +59,7 @@ from loader.wds.epoch_plan import Layout as OrderLayout
 from loader.wds.errors import ResumeStateError
 
 from .byte_cache import EpisodeByteCache
-from .collate import collate_items, raw_frames
+from .collate import batched, raw_frames
 from .control import read_control
 from .dataset import StreamingLeRobotDataset, _all_gather_ints, _rank_and_world
 from .executor import EpisodePayload, PlanRunner, RunCounters
@@ -526,8 +526,8 @@ class StreamingLeRobotMixture(IterableDataset):
                             decode_threads=decode_threads, queue_size=self.options.streaming_decoded_queue_size,
                             prefetch=self.options.streaming_prefetch_episodes, counters=self.counters)
         row = worker_id if not in_process else 0
-        pending: list[dict[str, Any]] = []
-        try:
+
+        def items() -> Iterator[dict[str, Any]]:
             for step, item in enumerate(runner):
                 self.samples_per_source[int(src[step])] += 1
                 if in_process:
@@ -536,15 +536,10 @@ class StreamingLeRobotMixture(IterableDataset):
                         for key in (*self.video_keys, *self.image_keys):
                             item[key] = self.image_transforms(item[key])
                 self._publish_stats(row)
-                if batching is None:
-                    yield item
-                    continue
-                pending.append(item)
-                if len(pending) == batching[0]:
-                    batch, pending = pending, []
-                    yield collate_items(batch, self.video_keys, frame_dtype=frame_dtype, shared=not in_process)
-            if pending and not batching[1]:
-                yield collate_items(pending, self.video_keys, frame_dtype=frame_dtype, shared=not in_process)
+                yield item
+
+        try:
+            yield from batched(items(), batching, self.video_keys, frame_dtype=frame_dtype, shared=not in_process)
         finally:
             self._publish_stats(row)
             with decoders_lock:
