@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,6 +36,17 @@ def spawn(cmd: Sequence[str], *, cwd: Path, env: Mapping[str, str], log: Path,
             list(cmd), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True, user=user, preexec_fn=functools.partial(die_with_parent, os.getpid()),
         )
+
+
+def started(ready: Callable[[], bool], proc: subprocess.Popen, what: str, log: Path, folder: Path,
+            deadline_s: float = 60.0) -> None:
+    """``wait_until``, and a server that never became ready is stopped and its ``folder`` removed."""
+    try:
+        wait_until(ready, proc, what, log, deadline_s)
+    except Exception:
+        stop(proc)
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
 def wait_until(ready: Callable[[], bool], proc: subprocess.Popen, what: str, log: Path,

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.daemons import free_port, spawn, stop, wait_until
+from tests.support.daemons import free_port, spawn, started, stop
 
 PG_USER = "dagster"
 PG_PASSWORD = "unused-trust-auth"
@@ -81,12 +81,7 @@ def start_postgres(bin_dir: Path) -> PostgresServer:
                   "-c", "full_page_writes=off", "-c", "max_connections=200"],
                  cwd=folder, env=env, log=log, user=user)
     server = PostgresServer(port, folder, log, proc)
-    try:
-        wait_until(lambda: server.connect().close() is None, proc, "postgres", log)
-    except Exception:
-        stop(proc)
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
+    started(lambda: server.connect().close() is None, proc, "postgres", log, folder)
     return server
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemons import free_port, spawn, stop, wait_until
+from tests.support.daemons import free_port, spawn, started, stop
 
 
 @dataclass
@@ -45,12 +45,7 @@ def start_redis(binary: str) -> RedisServer:
                   "--appendonly", "no", "--daemonize", "no", "--protected-mode", "yes"],
                  cwd=folder, env={"PATH": "/usr/bin:/bin"}, log=log)
     server = RedisServer(port, folder, log, proc)
-    try:
-        wait_until(lambda: _pong(port), proc, "redis-server", log, deadline_s=30)
-    except Exception:
-        stop(proc)
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
+    started(lambda: _pong(port), proc, "redis-server", log, folder, deadline_s=30)
     return server
 
 
