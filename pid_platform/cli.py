@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from loader.formats.errors import FormatError
@@ -347,20 +347,7 @@ def task_main(command: str, argv: Sequence[str]) -> int:
                              f"got --index {args.index} --of {args.of}")
     except ValueError as exc:
         parser.error(str(exc))
-    try:
-        text = _run_task_command(command, args, root, source)
-    except (BuildError, FormatError, SourceChangedError) as exc:
-        print(f"pid-shard {command}: error: {exc}", file=sys.stderr)
-        return EXIT_BUILD_ERROR
-    except OSError as exc:
-        print(f"pid-shard {command}: error: {exc}; the task stopped and the published output is unchanged",
-              file=sys.stderr)
-        return EXIT_BUILD_ERROR
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return 0
+    return run_and_print(f"pid-shard {command}", "the task", lambda: _run_task_command(command, args, root, source))
 
 
 def shard_main(argv: Sequence[str] | None = None) -> int:
@@ -384,21 +371,26 @@ def shard_main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"argument --work-dir: {exc}")
     except ValueError as exc:
         parser.error(str(exc))  # exits 2 with the usage line
+    return run_and_print("pid-shard", "the build", lambda: format_summary(run_shard(args, root, source)))
+
+
+def run_and_print(prog: str, what: str, run: Callable[[], str]) -> int:
+    """Run ``run`` and print the text it returns; a build error is one line naming the file and
+    the fix, without a traceback (exit 2)."""
     try:
-        summary = run_shard(args, root, source)
+        text = run()
     except (BuildError, FormatError, SourceChangedError) as exc:
         # Named errors already say which file and what to do; a traceback would bury that.
-        print(f"pid-shard: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_BUILD_ERROR
     except OSError as exc:
         # The file system refused (disk full, a read-only mount, an output folder that is its own
         # mount point so staging cannot be renamed over it): say so without a traceback.
-        print(f"pid-shard: error: {exc}; the build stopped and the published output is unchanged",
-              file=sys.stderr)
+        print(f"{prog}: error: {exc}; {what} stopped and the published output is unchanged", file=sys.stderr)
         return EXIT_BUILD_ERROR
     try:
-        print(format_summary(summary), flush=True)
-    except BrokenPipeError:  # `pid-shard ... | head`: the build is done, the reader left early
+        print(text, flush=True)
+    except BrokenPipeError:  # `pid-shard ... | head`: the work is done, the reader left early
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
