@@ -35,3 +35,31 @@ class TransientError(StreamError):
     Sources raise it; ``RetryingStream`` catches it. Callers only ever see it inside
     ``RetryBudgetExceeded.last_error``.
     """
+
+
+# -- object stores (loader/io/objects.py) --------------------------------------------------------
+
+class StorageError(OSError):
+    """A storage request failed for a reason a person must fix (endpoint, bucket, credentials),
+    or one the server gave no better name for. The message names the URL and what to check."""
+
+
+class BucketNotFoundError(StorageError):
+    """The bucket a URL names does not exist at the endpoint."""
+
+
+class ObjectNotFoundError(FileNotFoundError):
+    """No object at a URL (a key, or a local file). ``url`` is the location asked for."""
+
+    def __init__(self, url: str, what: str | None = None):
+        self.url = url
+        self.what = what
+        super().__init__(f"{what or 'reading ' + url}: no object at {url}")
+
+    def __reduce__(self):
+        return (type(self), (self.url, self.what))
+
+
+class PreconditionFailedError(OSError):
+    """A conditional request was refused: the object exists (``If-None-Match: *``), or is not the
+    one with the ETag given (``If-Match``; also when it is gone)."""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import io
 import os
-import re
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
+from . import urls
 from .config import StreamConfig, StreamStats
 from .local import open_local
 from .retrying import RetryingStream
@@ -16,7 +16,6 @@ from .source_hf import hf_source
 from .source_http import HttpSource
 from .source_s3 import S3Source
 
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # Big enough that tarfile's 10 KiB reads rarely reach the network, small enough per open stream.
 _BUFFER_SIZE = 1 << 20
 
@@ -31,8 +30,7 @@ def open_url(url: str | os.PathLike[str], *, start: int = 0, length: int | None 
     if start < 0 or (length is not None and length < 0):
         raise ValueError(f"{url}: start and length must be >= 0 (got start={start}, length={length})")
     url = os.fspath(url)
-    m = _SCHEME.match(url)
-    scheme = m.group(1).lower() if m else ""
+    scheme = urls.scheme(url)
     if scheme in ("", "file"):
         path = url2pathname(urlsplit(url).path) if scheme else url
         return open_local(path, start, length, stats)

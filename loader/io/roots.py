@@ -35,6 +35,7 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 from urllib.request import url2pathname
 
+from . import urls
 from .config import StreamConfig
 from .errors import StreamError
 from .opener import open_url
@@ -55,7 +56,6 @@ __all__ = [
     "url",
 ]
 
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _MAX_REDIRECTS = 5
 _HEAD_RETRIES = 3  # HEAD is idempotent and carries no offset: a plain retry is safe
 
@@ -80,8 +80,7 @@ class FileIdentity:
 def root_kind(root: str | os.PathLike[str]) -> str:
     """``"local"``, ``"s3"``, ``"http"`` or ``"hf"``; anything else raises ValueError."""
     root = os.fspath(root)
-    m = _SCHEME.match(root)
-    scheme = m.group(1).lower() if m else ""
+    scheme = urls.scheme(root)
     if scheme in ("", "file"):
         return "local"
     if scheme in ("http", "https"):

@@ -18,6 +18,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from .errors import BucketNotFoundError, ObjectNotFoundError, PreconditionFailedError, StorageError
+from .urls import split_s3
+
 if TYPE_CHECKING:
     from .config import StreamConfig
 
@@ -145,17 +148,24 @@ def _make_client(session: Any, settings: S3Settings) -> Any:
     return session.client("s3", endpoint_url=endpoint, config=Config(**options))
 
 
-class S3AccessError(OSError):
-    """An S3 request failed for a reason a person must fix (endpoint, bucket, credentials)."""
+# The project's one name for "an S3 request failed for a reason a person must fix".
+S3AccessError = StorageError
+
+_NOT_FOUND = ("NoSuchKey", "404", "NotFound")
+_REFUSED = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied")
+_PRECONDITION = ("PreconditionFailed", "ConditionalRequestConflict")
 
 
-@contextmanager
-def s3_errors(settings: S3Settings, what: str, bucket: str) -> Iterator[None]:
-    """Turn boto3's exceptions into an ``S3AccessError`` that says what to check.
+def s3_error(exc: BaseException, settings: S3Settings, what: str, bucket: str, url: str | None = None) -> OSError:
+    """The one translation of boto3's exceptions into the project's errors (``loader/io/errors.py``).
 
-    ``what`` names the request ("writing s3://b/k"); not-found of a key is left to the caller
-    (a ``ClientError`` with code ``NoSuchKey``/``404`` passes through), everything else is named.
+    ``what`` names the request (``"writing s3://b/k"``), ``url`` the object it was about.
+    A missing key becomes ``ObjectNotFoundError``, a refused condition (HTTP 412, or 409 for a
+    concurrent conditional write) ``PreconditionFailedError``, a missing bucket
+    ``BucketNotFoundError``; everything else a ``StorageError`` that says what to check. Anything
+    that is not boto3's is returned as it is. Raise the result ``from exc``.
     """
+    from boto3.exceptions import Boto3Error
     from botocore.exceptions import (
         BotoCoreError,
         ClientError,
@@ -164,38 +174,56 @@ def s3_errors(settings: S3Settings, what: str, bucket: str) -> Iterator[None]:
     )
 
     where = settings.where()
+    if isinstance(exc, ClientError):
+        err = exc.response.get("Error", {})
+        code, msg = str(err.get("Code", "?")), err.get("Message", "")
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code == "NoSuchBucket":
+            return BucketNotFoundError(f"{what}: bucket {bucket!r} does not exist at {where}; create it or fix "
+                                       "the s3:// URL")
+        if status == 412 or (status == 409 and code in _PRECONDITION) or code in _PRECONDITION:
+            return PreconditionFailedError(f"{what}: S3 at {where} refused the condition ({code}): "
+                                           f"{url or 'the object'} is not in the state the request required")
+        if status == 403 or code in _REFUSED:
+            return StorageError(
+                f"{what}: S3 at {where} refused the request ({code}: {msg}); check AWS_ACCESS_KEY_ID / "
+                f"AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and that this identity may use s3://{bucket}")
+        if code in _NOT_FOUND or status == 404:
+            return ObjectNotFoundError(url or f"s3://{bucket}", what)
+        return StorageError(f"{what}: S3 at {where} answered {code} (HTTP {status}): {msg}")
+    if isinstance(exc, NoCredentialsError):
+        return StorageError(f"{what}: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
+                            "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)")
+    if isinstance(exc, EndpointConnectionError):
+        return StorageError(f"{what}: cannot connect to S3 at {where}; check AWS_ENDPOINT_URL (or the "
+                            "endpoint setting) and that the server is up")
+    if isinstance(exc, (BotoCoreError, Boto3Error)):  # Boto3Error: the transfer manager's (multipart) failures
+        return StorageError(f"{what}: S3 at {where}: {exc}")
+    return exc if isinstance(exc, OSError) else StorageError(f"{what}: {type(exc).__name__}: {exc}")
+
+
+def is_s3_exception(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of boto3's (what ``s3_error`` translates)."""
+    from boto3.exceptions import Boto3Error
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    return isinstance(exc, (ClientError, BotoCoreError, Boto3Error))
+
+
+@contextmanager
+def s3_errors(settings: S3Settings, what: str, bucket: str) -> Iterator[None]:
+    """``s3_error`` around a block of boto3 calls, for code inside ``loader/io``.
+
+    A missing key and a refused condition come out as ``ObjectNotFoundError`` and
+    ``PreconditionFailedError`` (which are not ``S3AccessError``s); everything else of boto3's as
+    an ``S3AccessError`` naming what to check. The original exception is the ``__cause__``.
+    """
     try:
         yield
-    except ClientError as e:
-        err = e.response.get("Error", {})
-        code, msg = str(err.get("Code", "?")), err.get("Message", "")
-        status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if code == "NoSuchBucket":
-            raise S3AccessError(f"{what}: bucket {bucket!r} does not exist at {where}; create it or fix "
-                                "the s3:// URL") from None
-        if status == 403 or code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied"):
-            raise S3AccessError(
-                f"{what}: S3 at {where} refused the request ({code}: {msg}); check AWS_ACCESS_KEY_ID / "
-                f"AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and that this identity may use s3://{bucket}"
-            ) from None
-        if code in ("NoSuchKey", "404", "NotFound"):
+    except Exception as e:
+        if not is_s3_exception(e):
             raise
-        raise S3AccessError(f"{what}: S3 at {where} answered {code} (HTTP {status}): {msg}") from None
-    except NoCredentialsError:
-        raise S3AccessError(f"{what}: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
-                            "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)") from None
-    except EndpointConnectionError:
-        raise S3AccessError(f"{what}: cannot connect to S3 at {where}; check AWS_ENDPOINT_URL (or the "
-                            "endpoint setting) and that the server is up") from None
-    except BotoCoreError as e:
-        raise S3AccessError(f"{what}: S3 at {where}: {e}") from None
+        raise s3_error(e, settings, what, bucket) from e
 
 
-def split_s3_url(url: str) -> tuple[str, str]:
-    """``s3://bucket/a/b`` -> (``bucket``, ``a/b``). Not urlsplit: keys may contain '?' and '#'."""
-    if not url.startswith("s3://"):
-        raise ValueError(f"not an s3:// URL: {url!r}")
-    bucket, _, key = url[len("s3://"):].partition("/")
-    if not bucket:
-        raise ValueError(f"s3 URL {url!r} names no bucket: use s3://bucket/prefix")
-    return bucket, key.strip("/")
+split_s3_url = split_s3  # the older name
