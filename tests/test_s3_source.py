@@ -104,7 +104,7 @@ def test_pickled_store_works_without_the_environment(
     for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
         monkeypatch.delenv(name)
     copy = pickle.loads(blob)
-    assert copy._client is None and copy.settings.credentials is not None
+    assert copy._objects is None and copy.settings.credentials is not None
     assert copy.read(SOURCE, entry) == store.read(SOURCE, entry)
     assert s3_env.secret_key not in repr(copy)
 

@@ -14,7 +14,6 @@ import os
 import re
 from collections.abc import Collection
 from urllib.parse import urlsplit
-from urllib.request import url2pathname
 
 __all__ = [
     "KINDS",
@@ -95,6 +94,8 @@ def local_path(location: str | os.PathLike[str]) -> str:
     text = os.fspath(location)
     s = scheme(text)
     if s == "file":
+        from urllib.request import url2pathname  # here: urllib.request pulls in http.client and ssl
+
         return url2pathname(urlsplit(text).path)
     if s:
         raise ValueError(f"{_shown(text)!r} is a {s}:// URL, not a local path")

@@ -15,12 +15,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 from loader.formats.atomic import atomic_write_bytes
+from loader.io import urls
 from pid_platform.sharding.errors import BuildError, SourceNotFoundError
 
-if TYPE_CHECKING:  # loader.io pulls in the HTTP stack: imported where S3 is used, not for a local listing
+if TYPE_CHECKING:  # boto3 and the HTTP stack: imported where S3 is used, not for a local listing
+    from loader.io.objects import S3Objects
     from loader.io.s3_client import S3Settings
 
 
@@ -219,19 +220,17 @@ class S3SourceStore(SourceStore):
     """
 
     def __init__(self, uri: str, endpoint_url: str | None = None, *, settings: S3Settings | None = None):
-        parsed = urlparse(uri)
-        if parsed.scheme != "s3" or not parsed.netloc:
+        if not urls.is_s3(uri) or not uri[len("s3://"):].split("/", 1)[0]:
             raise ValueError(f"not an s3:// URI: {uri!r}")
         self.uri = uri.rstrip("/")
-        self.bucket = parsed.netloc
-        self.prefix = parsed.path.strip("/")
+        self.bucket, self.prefix = urls.split_s3(self.uri)
         from loader.io.s3_client import S3Settings
 
         settings = settings or S3Settings()
         # The endpoint is fixed when the store is made, like the client the store keeps.
         self.settings = replace(settings, endpoint_url=endpoint_url or settings.endpoint())
         self._frozen: S3Settings | None = None
-        self._client: Any = None
+        self._objects: S3Objects | None = None
 
     @property
     def endpoint_url(self) -> str | None:
@@ -241,80 +240,42 @@ class S3SourceStore(SourceStore):
         # Resolved once per store: every task of a worker pool pickles the store again.
         if self._frozen is None:
             self._frozen = self.settings.frozen_credentials()
-        return {**self.__dict__, "settings": self._frozen, "_client": None}
+        return {**self.__dict__, "settings": self._frozen, "_objects": None}
 
     def __repr__(self) -> str:  # never the credentials
         return f"S3SourceStore({self.uri!r}, endpoint_url={self.endpoint_url!r})"
 
     @property
-    def client(self) -> Any:
-        if self._client is None:
-            from loader.io.s3_client import s3_client
+    def objects(self) -> S3Objects:
+        """The bucket below ``s3://bucket`` (keys here carry the root's prefix)."""
+        if self._objects is None:
+            from loader.io.objects import S3Objects
 
-            self._client = s3_client(self.settings)
-        return self._client
+            self._objects = S3Objects(f"s3://{self.bucket}", self.settings)
+        return self._objects
 
     @contextmanager
-    def _errors(self, what: str) -> Iterator[None]:
-        """Turn boto3's exceptions into build errors that say what to check."""
-        from botocore.exceptions import (
-            BotoCoreError,
-            ClientError,
-            EndpointConnectionError,
-            NoCredentialsError,
-        )
+    def _errors(self) -> Iterator[None]:
+        """The storage layer's errors as build errors (the boto3 exception stays the cause)."""
+        from loader.io.errors import BucketNotFoundError, PreconditionFailedError, StorageError
 
-        where = self.settings.where()
         try:
             yield
-        except ClientError as e:
-            err = e.response.get("Error", {})
-            code, msg = err.get("Code", "?"), err.get("Message", "")
-            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if code == "NoSuchBucket":
-                raise SourceNotFoundError(
-                    f"{what}: bucket {self.bucket!r} does not exist at {where}; "
-                    f"create it or fix the s3:// root"
-                ) from e
-            if code == "PreconditionFailed":
-                raise BuildError(
-                    f"{what}: the object changed since it was listed (its ETag differs); "
-                    f"re-run the build once the source has stopped changing"
-                ) from e
-            if status == 403 or code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied"):
-                raise BuildError(
-                    f"{what}: S3 at {where} refused the request ({code}: {msg}); check "
-                    f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and that this "
-                    f"identity may list and read s3://{self.bucket}"
-                ) from e
-            raise BuildError(f"{what}: S3 at {where} answered {code} (HTTP {status}): {msg}") from e
-        except NoCredentialsError as e:
-            raise BuildError(
-                f"{what}: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
-                f"AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
-            ) from e
-        except EndpointConnectionError as e:
-            raise BuildError(
-                f"{what}: cannot connect to S3 at {where}; check AWS_ENDPOINT_URL "
-                f"(or the endpoint_url argument) and that the server is up"
-            ) from e
-        except BotoCoreError as e:
-            raise BuildError(f"{what}: S3 at {where}: {e}") from e
+        except BucketNotFoundError as e:
+            raise SourceNotFoundError(str(e).replace("the s3:// URL", "the s3:// root")) from e.__cause__
+        except PreconditionFailedError as e:
+            what = str(e).split(": S3 at ", 1)[0]
+            raise BuildError(f"{what}: the object changed since it was listed (its ETag differs); "
+                             "re-run the build once the source has stopped changing") from e.__cause__
+        except StorageError as e:
+            raise BuildError(str(e)) from e.__cause__
 
     def _key(self, *parts: str) -> str:
         return "/".join(p for p in (self.prefix, *parts) if p)
 
     def _prefixes(self, prefix: str) -> list[str]:
-        out: list[str] = []
-        with self._errors(f"listing s3://{self.bucket}/{prefix}"):
-            for page in self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=prefix, Delimiter="/"
-            ):
-                for cp in page.get("CommonPrefixes", []):
-                    name = cp["Prefix"][len(prefix) :].strip("/")
-                    if name and not name.startswith((".", "_")):
-                        out.append(name)
-        return sorted(out)
+        with self._errors():
+            return [n for n in self.objects.list_prefixes(prefix) if not n.startswith((".", "_"))]
 
     def list_sources(self) -> list[str]:
         return self._prefixes(self._key() + "/" if self.prefix else "")
@@ -331,70 +292,52 @@ class S3SourceStore(SourceStore):
     def list_files(self, source: str, modality: str) -> Listing:
         prefix = self._key(source, modality) + "/"
         out = Listing()
-        with self._errors(f"listing s3://{self.bucket}/{prefix}"):
-            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
-                for obj in page.get("Contents", []):
-                    name = obj["Key"][len(prefix) :]
-                    rel = f"{modality}/{name}"
-                    if not name:
-                        continue  # the folder's own marker object ("image/"): no file, no data
-                    if "/" in name:
-                        out.skipped.append((rel, "nested_object"))
-                    elif name.startswith("."):
-                        out.skipped.append((rel, "hidden_file"))
-                    else:
-                        etag = str(obj.get("ETag", "")).strip('"')
-                        out.entries.append(FileEntry(modality, name, int(obj["Size"]), f"{obj['Size']}:{etag}"))
+        with self._errors():
+            for obj in self.objects.list(prefix):
+                name = obj.key[len(prefix) :]
+                rel = f"{modality}/{name}"
+                if not name:
+                    continue  # the folder's own marker object ("image/"): no file, no data
+                if "/" in name:
+                    out.skipped.append((rel, "nested_object"))
+                elif name.startswith("."):
+                    out.skipped.append((rel, "hidden_file"))
+                else:
+                    etag = str(obj.etag or "").strip('"')
+                    out.entries.append(FileEntry(modality, name, obj.size, f"{obj.size}:{etag}"))
         out.entries.sort(key=lambda e: e.name)
         return out
 
     def read(self, source: str, entry: FileEntry) -> bytes:
-        key = self._key(source, entry.modality, entry.name)
         # If-Match: the bytes written to a tar are the bytes that were listed (and checked).
         etag = entry.fingerprint.partition(":")[2]
-        cond = {"IfMatch": f'"{etag}"'} if etag else {}
-        with self._errors(f"reading s3://{self.bucket}/{key}"):
-            return self.client.get_object(Bucket=self.bucket, Key=key, **cond)["Body"].read()
+        with self._errors():
+            return self.objects.get(self._key(source, entry.modality, entry.name),
+                                    if_match=f'"{etag}"' if etag else None)
 
     def read_source_file(self, source: str, name: str, max_bytes: int | None = None) -> bytes | None:
-        key = self._key(source, name)
+        from loader.io.errors import ObjectNotFoundError
+
         try:
             # No Range header: S3 refuses a range of an empty object; the body is read only as far as needed.
-            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
-            try:
-                return body.read() if max_bytes is None else body.read(max_bytes)
-            finally:
-                body.close()
-        except Exception as exc:
-            if _missing(exc):
-                return None
-            with self._errors(f"reading s3://{self.bucket}/{key}"):
-                raise
+            with self._errors():
+                return self.objects.get(self._key(source, name), max_bytes=max_bytes)
+        except ObjectNotFoundError:
+            return None
 
     def write_source_file(self, source: str, name: str, data: bytes) -> None:
-        key = self._key(source, name)
-        with self._errors(f"writing s3://{self.bucket}/{key}"):
-            self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
+        with self._errors():
+            self.objects.put(self._key(source, name), data)
 
     def read_head(self, source: str, entry: FileEntry, n: int) -> bytes:
-        key = self._key(source, entry.modality, entry.name)
         etag = entry.fingerprint.partition(":")[2]
-        cond = {"IfMatch": f'"{etag}"'} if etag else {}
-        with self._errors(f"reading s3://{self.bucket}/{key}"):
-            resp = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes=0-{n - 1}", **cond)
-            return resp["Body"].read()
-
-
-def _missing(exc: Exception) -> bool:
-    from botocore.exceptions import ClientError
-
-    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404")
+        with self._errors():
+            return self.objects.get_range(self._key(source, entry.modality, entry.name), 0, n,
+                                          if_match=f'"{etag}"' if etag else None)
 
 
 def open_source_store(root: str, endpoint_url: str | None = None, *,
                       s3_settings: S3Settings | None = None) -> SourceStore:
-    if root.startswith("s3://"):
+    if urls.kind(root, allowed=("local", "s3"), what="source root") == "s3":
         return S3SourceStore(root, endpoint_url, settings=s3_settings)
-    if "://" in root and not root.startswith("file://"):
-        raise ValueError(f"unsupported source root {root!r}: use a local path or s3://bucket/prefix")
-    return LocalSourceStore(root.removeprefix("file://"))
+    return LocalSourceStore(urls.local_path(root))
