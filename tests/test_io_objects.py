@@ -86,6 +86,8 @@ def test_list_is_sorted_paginated_and_by_string_prefix(store: ObjectStore) -> No
     assert [o.key for o in store.list("d/000")] == keys[:10]
     assert list(store.list_prefixes()) == ["d", "d2", "e"]
     assert list(store.list_prefixes("d2/")) == []
+    assert store.list_names() == ["d", "d2", "e", "top"] and store.list_names("d2/") == ["x"]
+    assert store.list_names("nothing/") == []
     assert list(store.list("nothing/")) == []
 
 
@@ -171,6 +173,10 @@ def test_s3_errors_name_the_url_and_the_fix(s3_env: SeaweedS3, monkeypatch: pyte
         wrong.put("a", b"x")
     assert "wrong-secret" not in str(info.value)
     assert type(info.value.__cause__).__name__ == "ClientError"
+    # A refusal stays a refusal (not retried), a missing bucket is as missing as its objects.
+    assert isinstance(info.value, PermissionError)
+    with pytest.raises(FileNotFoundError):
+        missing.head("k")
 
 
 def test_an_s3_store_pickles_without_its_client(s3_env: SeaweedS3) -> None:

@@ -44,8 +44,12 @@ class StorageError(OSError):
     or one the server gave no better name for. The message names the URL and what to check."""
 
 
-class BucketNotFoundError(StorageError):
-    """The bucket a URL names does not exist at the endpoint."""
+class BucketNotFoundError(StorageError, FileNotFoundError):
+    """The bucket a URL names does not exist at the endpoint (so nothing below it does either)."""
+
+
+class AccessDeniedError(StorageError, PermissionError):
+    """The server refused the request (HTTP 401/403: credentials, or what this identity may do)."""
 
 
 class ObjectNotFoundError(FileNotFoundError):

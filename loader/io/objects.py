@@ -24,6 +24,7 @@ A new backend is one more ``ObjectStore`` subclass here and one entry in ``urls.
 from __future__ import annotations
 
 import fcntl
+import io
 import os
 import shutil
 import uuid
@@ -56,6 +57,7 @@ class ObjectInfo:
     size: int
     etag: str | None
     modified: float
+    version: str | None = None  # S3's VersionId, in a versioned bucket (head only)
 
 
 class ObjectStore(ABC):
@@ -110,6 +112,11 @@ class ObjectStore(ABC):
     def list_prefixes(self, prefix: str = "") -> Iterator[str]:
         """The names one level below ``prefix`` (which ends in ``/`` or is empty) that hold
         objects: S3's common prefixes, a local folder's sub-folders. Sorted."""
+
+    @abstractmethod
+    def list_names(self, prefix: str = "") -> list[str]:
+        """The names directly inside ``prefix`` (which ends in ``/`` or is empty): objects and
+        sub-prefixes (folders) alike, sorted; ``[]`` when there is nothing there."""
 
     @abstractmethod
     def put(self, key: str, data: Data, *, content_type: str | None = None,
@@ -227,12 +234,14 @@ class S3Objects(ObjectStore):
 
     def open(self, key: str) -> IO[bytes]:
         with self._errors("reading", key):
-            return self.client.get_object(Bucket=self.bucket, Key=self.key(key))["Body"]
+            body = self.client.get_object(Bucket=self.bucket, Key=self.key(key))["Body"]
+        return _Body(body, lambda: self._errors("reading", key))
 
     def head(self, key: str) -> ObjectInfo:
         with self._errors("reading", key):
             h = self.client.head_object(Bucket=self.bucket, Key=self.key(key))
-        return ObjectInfo(key, int(h["ContentLength"]), h.get("ETag"), h["LastModified"].timestamp())
+        return ObjectInfo(key, int(h["ContentLength"]), h.get("ETag"), h["LastModified"].timestamp(),
+                          h.get("VersionId"))
 
     def _pages(self, prefix: str, delimiter: bool) -> Iterator[dict]:
         full = self.key(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
@@ -261,6 +270,15 @@ class S3Objects(ObjectStore):
                     names.append(name)
         yield from sorted(names)
 
+    def list_names(self, prefix: str = "") -> list[str]:
+        names: set[str] = set()
+        base = self._rel(self.key(prefix)) if prefix else ""
+        for page in self._pages(prefix, delimiter=True):
+            names.update(self._rel(cp["Prefix"])[len(base):].rstrip("/") for cp in page.get("CommonPrefixes", ()))
+            names.update(self._rel(o["Key"])[len(base):] for o in page.get("Contents", ()))
+        names.discard("")  # a "folder marker" object named like the prefix itself
+        return sorted(names)
+
     def _transfer_config(self) -> Any:
         from boto3.s3.transfer import TransferConfig
 
@@ -279,8 +297,6 @@ class S3Objects(ObjectStore):
                 if len(data) <= self.multipart_threshold:
                     self.client.put_object(Bucket=self.bucket, Key=full, Body=bytes(data), **extra)
                     return
-                import io
-
                 data = io.BytesIO(data)
             if isinstance(data, (str, os.PathLike)):
                 # The transfer manager: multipart (parts sent in parallel) above the threshold.
@@ -340,6 +356,11 @@ class S3Objects(ObjectStore):
             flush()
         return n
 
+    def make_bucket(self) -> None:
+        """Make the bucket (demos and tests; a production bucket is made by whoever owns it)."""
+        with self._errors("creating the bucket of", ""):
+            self.client.create_bucket(Bucket=self.bucket)
+
     def check_bucket(self) -> None:
         from .errors import BucketNotFoundError
 
@@ -349,6 +370,41 @@ class S3Objects(ObjectStore):
         except ObjectNotFoundError:  # HEAD has no body: a missing bucket is a bare 404
             raise BucketNotFoundError(f"reaching {self.root}: bucket {self.bucket!r} does not exist at "
                                       f"{self.settings.where()}; create it or fix the s3:// URL") from None
+
+
+class _Body(io.RawIOBase):
+    """An object's body whose read errors come out translated, like every other request's."""
+
+    def __init__(self, body: Any, errors: Any) -> None:
+        self._body, self._errors = body, errors
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        with self._errors():
+            return self._body.read(None if n is None or n < 0 else n)
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._body.close()
+        super().close()
+
+
+def list_buckets(settings: S3Settings | None = None) -> list[str]:
+    """The buckets this identity sees at the endpoint (a signed request: a readiness probe)."""
+    settings = settings or S3Settings()
+    try:
+        return sorted(b["Name"] for b in s3_client(settings).list_buckets().get("Buckets", []))
+    except Exception as e:
+        if not is_s3_exception(e):
+            raise
+        raise s3_error(e, settings, f"listing the buckets at {settings.where()}", "") from e
 
 
 # -- local folders -------------------------------------------------------------------------------
@@ -446,6 +502,12 @@ class LocalObjects(ObjectStore):
             return
         yield from sorted(p.name for p in folder.iterdir() if p.is_dir())
 
+    def list_names(self, prefix: str = "") -> list[str]:
+        try:
+            return sorted(n for n in os.listdir(self.path(prefix.rstrip("/"))) if not n.startswith(_TMP_PREFIX))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
     def _temp_beside(self, target: Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         return target.parent / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
@@ -532,4 +594,4 @@ class LocalObjects(ObjectStore):
 
 
 __all__ = ["DEFAULT_MULTIPART_THRESHOLD", "Data", "LocalObjects", "ObjectInfo", "ObjectStore", "S3Objects",
-           "open_store"]
+           "list_buckets", "open_store"]

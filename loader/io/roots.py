@@ -263,62 +263,28 @@ def _stat(root: str, rel: str, config: StreamConfig) -> FileIdentity:
     return _http_stat(root, rel, config)
 
 
-def _s3_split(s3_url: str) -> tuple[str, str]:
-    # Not urlsplit: keys may contain '?' and '#'.
-    bucket, _, key = s3_url[len("s3://"):].partition("/")
-    return bucket, key
+def _s3_bucket(s3_url: str, config: StreamConfig) -> tuple[Any, str]:
+    from .objects import S3Objects
+    from .s3_client import S3Settings
 
-
-def _s3_error(e: Any, where: str) -> OSError:
-    err = e.response.get("Error", {})
-    code = str(err.get("Code", ""))
-    status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-    if status == 404 or code in ("NoSuchKey", "NoSuchBucket", "NotFound", "404"):
-        return FileNotFoundError(errno.ENOENT, f"not found ({code or status})", where)
-    if status in (401, 403):
-        return PermissionError(errno.EACCES, f"access denied ({code or status}); check the credentials", where)
-    return StreamError(f"{where}: {code or status}: {err.get('Message', '')}")
+    bucket, key = urls.split_s3(s3_url)
+    return S3Objects(f"s3://{bucket}", S3Settings.for_stream(config)), key
 
 
 def _s3_head(s3_url: str, config: StreamConfig) -> FileIdentity:
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from .source_s3 import s3_client
-
-    bucket, key = _s3_split(s3_url)
-    try:
-        head = s3_client(config).head_object(Bucket=bucket, Key=key)
-    except ClientError as e:
-        raise _s3_error(e, s3_url) from None
-    except BotoCoreError as e:
-        raise StreamError(f"{s3_url}: {type(e).__name__}: {e}") from None
-    etag = head.get("ETag")
-    version = head.get("VersionId")
+    # Errors are the storage layer's: a missing object or bucket is a FileNotFoundError, a
+    # refusal a PermissionError, each naming the URL.
+    store, key = _s3_bucket(s3_url, config)
+    head = store.head(key)
+    etag, version = head.etag, head.version
     fingerprint = None if not etag else f"s3:etag={etag}" + (f";version={version}" if version else "")
-    return FileIdentity(size=int(head["ContentLength"]), fingerprint=fingerprint, stable=bool(etag))
+    return FileIdentity(size=head.size, fingerprint=fingerprint, stable=bool(etag))
 
 
 def _s3_list(root: str, rel: str, config: StreamConfig) -> list[str]:
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from .source_s3 import s3_client
-
-    bucket, key = _s3_split(root.rstrip("/"))
+    store, key = _s3_bucket(root.rstrip("/"), config)
     prefix = "/".join(p for p in (key.strip("/"), rel.strip("/")) if p)
-    prefix = prefix + "/" if prefix else ""
-    names: set[str] = set()
-    try:
-        pages = s3_client(config).get_paginator("list_objects_v2").paginate(
-            Bucket=bucket, Prefix=prefix, Delimiter="/")
-        for page in pages:
-            names.update(p["Prefix"][len(prefix):].rstrip("/") for p in page.get("CommonPrefixes", ()))
-            names.update(o["Key"][len(prefix):] for o in page.get("Contents", ()))
-    except ClientError as e:
-        raise _s3_error(e, f"s3://{bucket}/{prefix}") from None
-    except BotoCoreError as e:
-        raise StreamError(f"s3://{bucket}/{prefix}: {type(e).__name__}: {e}") from None
-    names.discard("")  # a "folder marker" object named like the prefix itself
-    return sorted(names)
+    return store.list_names(prefix + "/" if prefix else "")
 
 
 def _hf_parse(root: str, rel: str):

@@ -18,7 +18,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from .errors import BucketNotFoundError, ObjectNotFoundError, PreconditionFailedError, StorageError
+from .errors import (
+    AccessDeniedError,
+    BucketNotFoundError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    StorageError,
+)
 from .urls import split_s3
 
 if TYPE_CHECKING:
@@ -184,8 +190,8 @@ def s3_error(exc: BaseException, settings: S3Settings, what: str, bucket: str, u
         if status == 412 or (status == 409 and code in _PRECONDITION) or code in _PRECONDITION:
             return PreconditionFailedError(f"{what}: S3 at {where} refused the condition ({code}): "
                                            f"{url or 'the object'} is not in the state the request required")
-        if status == 403 or code in _REFUSED:
-            return StorageError(
+        if status in (401, 403) or code in _REFUSED:
+            return AccessDeniedError(
                 f"{what}: S3 at {where} refused the request ({code}: {msg}); check AWS_ACCESS_KEY_ID / "
                 f"AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and that this identity may use s3://{bucket}")
         if code in _NOT_FOUND or status == 404:

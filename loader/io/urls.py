@@ -24,11 +24,14 @@ __all__ = [
     "is_hf",
     "is_http",
     "join",
+    "join_norm",
     "kind",
     "local_path",
     "parent",
     "scheme",
     "split_s3",
+    "split_scheme",
+    "without_file_scheme",
 ]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -102,6 +105,11 @@ def local_path(location: str | os.PathLike[str]) -> str:
     return text
 
 
+def without_file_scheme(location: str) -> str:
+    """A ``file://`` URL as its path; anything else (a path, another URL) unchanged."""
+    return local_path(location) if scheme(location) == "file" else location
+
+
 def split_s3(url: str) -> tuple[str, str]:
     """``s3://bucket/a/b`` -> (``bucket``, ``a/b``). Not urlsplit: keys may contain '?' and '#'."""
     if not is_s3(url):
@@ -110,6 +118,24 @@ def split_s3(url: str) -> tuple[str, str]:
     if not bucket:
         raise ValueError(f"s3 URL {url!r} names no bucket: use s3://bucket/prefix")
     return bucket, key.strip("/")
+
+
+def split_scheme(location: str) -> tuple[str, str]:
+    """(scheme, what follows ``scheme://``) of a URL; ``("", location)`` for a plain path."""
+    s = scheme(location)
+    return (s, location[len(s) + 3:]) if s else ("", location)
+
+
+def join_norm(base: str, rel: str) -> str:
+    """``rel`` (``/``-separated, maybe with ``..``) under ``base``, normalized: ``s3://b/x/y`` +
+    ``../z`` -> ``s3://b/x/z`` (object stores take ``./`` literally); a path joins as a path."""
+    if is_remote(base):
+        import posixpath
+
+        s, rest = split_scheme(base)
+        netloc, _, path = rest.partition("/")
+        return f"{s}://{netloc}{posixpath.normpath(posixpath.join('/' + path, rel))}"
+    return os.path.normpath(os.path.join(base, rel))
 
 
 def join(base: str, leaf: str) -> str:
