@@ -70,8 +70,7 @@ def build_s3_catalog(output_root: S3Output, datasets: dict[str, Any] | None = No
     catalog = _catalog(scan_s3_sources(output_root), datasets, str(output_root))
     key = output_root.key(CATALOG_NAME)
     body = json.dumps(catalog.to_json(), indent=1).encode() + b"\n"
-    with output_root.errors(f"writing {output_root}/{CATALOG_NAME}"):
-        output_root.client().put_object(Bucket=output_root.bucket, Key=key, Body=body, ContentType="application/json")
+    output_root.store().put(key, body, content_type="application/json")
     return f"s3://{output_root.bucket}/{key}", catalog
 
 

@@ -91,28 +91,14 @@ def claims_on(output: S3Output, subject: str | None = None) -> list[Claim]:
     A claim that vanishes between the listing and its read (released) is left out."""
     rel = f"{CLAIMS_DIR}/{subject}" if subject else CLAIMS_DIR
     prefix = output.key(rel) + "/"
-    client = output.client()
+    store = output.store()
     found: list[Claim] = []
-    with output.errors(f"listing s3://{output.bucket}/{prefix}"):
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=output.bucket, Prefix=prefix):
-            for obj in page.get("Contents", []):
-                data = _get(output, obj["Key"])
-                claim = _parse(data, obj["Key"]) if data is not None else None
-                if claim is not None:
-                    found.append(claim)
+    for obj in store.list(prefix):
+        data = store.get_or_none(obj.key)
+        claim = _parse(data, obj.key) if data is not None else None
+        if claim is not None:
+            found.append(claim)
     return sorted(found, key=lambda c: c.key)
-
-
-def _get(output: S3Output, key: str) -> bytes | None:
-    from botocore.exceptions import ClientError
-
-    try:
-        with output.errors(f"reading s3://{output.bucket}/{key}"):
-            return output.client().get_object(Bucket=output.bucket, Key=key)["Body"].read()
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-            return None
-        raise
 
 
 class HeldClaim:
@@ -136,10 +122,7 @@ class HeldClaim:
         expires = self.now() + self.ttl_s
         doc = {"claim_version": CLAIM_FORMAT_VERSION, "subject": self.subject, "purpose": self.purpose,
                "holder": self.holder, "expires": expires}
-        key = self.output.key(self.rel)
-        with self.output.errors(f"writing s3://{self.output.bucket}/{key}"):
-            self.output.client().put_object(Bucket=self.output.bucket, Key=key,
-                                            Body=json.dumps(doc).encode(), ContentType="application/json")
+        self.output.store().put(self.output.key(self.rel), json.dumps(doc).encode(), content_type="application/json")
         self.expires = expires
 
     def _renew(self) -> None:
@@ -163,10 +146,8 @@ class HeldClaim:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        key = self.output.key(self.rel)
         try:
-            with self.output.errors(f"deleting s3://{self.output.bucket}/{key}"):
-                self.output.client().delete_object(Bucket=self.output.bucket, Key=key)
+            self.output.store().delete(self.output.key(self.rel))
         except Exception:  # noqa: BLE001 - a claim left behind only lasts until it expires
             if exc[0] is None:
                 raise
@@ -192,8 +173,7 @@ def remove_expired(output: S3Output, *, now: Callable[[], float] = time.time) ->
     """Delete the claims of holders that stopped renewing them; returns how many."""
     t = now()
     gone = [c.key for c in claims_on(output) if not c.live(t)]
-    client = output.client()
+    store = output.store()
     for key in gone:
-        with output.errors(f"deleting s3://{output.bucket}/{key}"):
-            client.delete_object(Bucket=output.bucket, Key=key)
+        store.delete(key)
     return len(gone)

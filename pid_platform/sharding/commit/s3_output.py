@@ -46,7 +46,10 @@ from loader.formats.version_pointer import (
     version_dir,
 )
 from loader.formats.wdinfo import WDINFO_NAME, check_wdinfo
-from loader.io.s3_client import S3AccessError, S3Settings, s3_client, s3_errors, split_s3_url
+from loader.io import urls
+from loader.io.errors import ObjectNotFoundError, PreconditionFailedError
+from loader.io.objects import S3Objects
+from loader.io.s3_client import S3AccessError, S3Settings
 from pid_platform.sharding.commit.claims import (
     DEFAULT_TTL_S,
     DELETE,
@@ -71,14 +74,14 @@ CARRIED_STATE = ("sharding.json",)
 
 
 def is_s3_url(location: str | os.PathLike[str]) -> bool:
-    return isinstance(location, str) and location.startswith("s3://")
+    return isinstance(location, str) and urls.is_s3(location)
 
 
 def refuse_other_urls(location: str, what: str) -> None:
     """A string that looks like a URL is never a local path: refuse every scheme but s3://."""
-    if "://" in location and not location.startswith(("s3://", "file://")):
+    if not (urls.is_local(location) or urls.is_s3(location)):
         raise ValueError(f"{what} {location!r}: use a local folder or s3://bucket/prefix "
-                         f"({location.split('://', 1)[0]}:// is not a place builds are written to)")
+                         f"({urls.scheme(location)}:// is not a place builds are written to)")
 
 
 @dataclass(frozen=True)
@@ -90,18 +93,18 @@ class S3Output:
     settings: S3Settings = field(default_factory=lambda: S3Settings(max_attempts=5))
 
     def __post_init__(self) -> None:
-        bucket, _ = split_s3_url(self.url)  # ValueError for anything but s3://bucket[/prefix]
+        bucket, _ = urls.split_s3(self.url)  # ValueError for anything but s3://bucket[/prefix]
         if any(c in bucket for c in "@?#") or bucket != bucket.lower():
             raise ValueError(f"{self.url!r}: not an s3://bucket/prefix URL (credentials go in the environment)")
         object.__setattr__(self, "url", self.url.rstrip("/"))
 
     @property
     def bucket(self) -> str:
-        return split_s3_url(self.url)[0]
+        return urls.split_s3(self.url)[0]
 
     @property
     def prefix(self) -> str:
-        return split_s3_url(self.url)[1]
+        return urls.split_s3(self.url)[1]
 
     def key(self, *parts: str) -> str:
         return "/".join(p.strip("/") for p in (self.prefix, *parts) if p and p.strip("/"))
@@ -109,11 +112,9 @@ class S3Output:
     def child(self, name: str) -> S3Output:
         return replace(self, url=f"{self.url}/{name}")
 
-    def client(self) -> Any:
-        return s3_client(self.settings)
-
-    def errors(self, what: str):
-        return s3_errors(self.settings, what, self.bucket)
+    def store(self) -> S3Objects:
+        """The bucket, through the storage layer: keys are whole (``self.key(...)``)."""
+        return S3Objects(f"s3://{self.bucket}", self.settings)
 
     def __str__(self) -> str:
         return self.url
@@ -131,42 +132,25 @@ def work_dir(output: S3Output, work_root: str | os.PathLike[str] | None = None) 
 def check_writable(output: S3Output) -> None:
     """Prove, before any work, that ``output``'s bucket exists and takes a write: an unreachable
     endpoint, a missing bucket and refused credentials each stop here with what to fix."""
-    client = output.client()
+    store = output.store()
     probe = output.key(f"{PROBE_PREFIX}{uuid.uuid4().hex}")
     try:
-        with output.errors(f"writing to {output}"):
-            try:
-                # First, and on its own: some servers (SeaweedFS) create a bucket on a first PUT.
-                client.head_bucket(Bucket=output.bucket)
-            except Exception as exc:
-                if _not_found(exc):
-                    raise S3AccessError(f"writing to {output}: bucket {output.bucket!r} does not exist at "
-                                        f"{output.settings.where()}; create it or fix the s3:// URL") from None
-                raise
-            client.put_object(Bucket=output.bucket, Key=probe, Body=b"")
-            client.delete_object(Bucket=output.bucket, Key=probe)
+        # First, and on its own: some servers (SeaweedFS) create a bucket on a first PUT.
+        store.check_bucket()
+        store.put(probe, b"")
+        store.delete(probe)
     except S3AccessError as exc:
-        raise OutputNotWritableError(f"{exc} (nothing was built or published)") from None
-
-
-def _not_found(exc: Exception) -> bool:
-    from botocore.exceptions import ClientError
-
-    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound")
+        raise OutputNotWritableError(f"writing to {output}: {exc} (nothing was built or published)") from None
 
 
 def get_bytes(output: S3Output, rel: str) -> bytes | None:
     """The object at ``output/rel``, or ``None`` when there is none."""
-    key = output.key(rel)
     try:
-        with output.errors(f"reading s3://{output.bucket}/{key}"):
-            return output.client().get_object(Bucket=output.bucket, Key=key)["Body"].read()
-    except Exception as exc:
-        if _not_found(exc):
-            return None
-        if isinstance(exc, S3AccessError):
-            raise BuildError(str(exc)) from None
-        raise
+        return output.store().get(output.key(rel))
+    except ObjectNotFoundError:
+        return None
+    except S3AccessError as exc:
+        raise BuildError(str(exc)) from None
 
 
 def read_pointer(output: S3Output) -> VersionPointer | None:
@@ -175,17 +159,12 @@ def read_pointer(output: S3Output) -> VersionPointer | None:
 
 def read_pointer_tagged(output: S3Output) -> tuple[VersionPointer | None, str | None]:
     """The pointer and its ETag (what a conditional switch from it must match), or ``(None, None)``."""
-    key = output.key(POINTER_NAME)
     try:
-        with output.errors(f"reading s3://{output.bucket}/{key}"):
-            got = output.client().get_object(Bucket=output.bucket, Key=key)
-            data, etag = got["Body"].read(), got.get("ETag")
-    except Exception as exc:
-        if _not_found(exc):
-            return None, None
-        if isinstance(exc, S3AccessError):
-            raise BuildError(str(exc)) from None
-        raise
+        data, etag = output.store().get_tagged(output.key(POINTER_NAME))
+    except ObjectNotFoundError:
+        return None, None
+    except S3AccessError as exc:
+        raise BuildError(str(exc)) from None
     try:
         return parse_pointer(data, f"{output}/{POINTER_NAME}"), etag
     except FormatError as exc:
@@ -195,29 +174,20 @@ def read_pointer_tagged(output: S3Output) -> tuple[VersionPointer | None, str | 
 
 def object_sha256(output: S3Output, rel: str) -> str | None:
     """The sha256 of the object at ``output/rel`` (read whole, in chunks), or ``None`` if absent."""
-    key = output.key(rel)
     h = hashlib.sha256()
     try:
-        with output.errors(f"reading s3://{output.bucket}/{key}"):
-            body = output.client().get_object(Bucket=output.bucket, Key=key)["Body"]
+        with output.store().open(output.key(rel)) as body:
             while chunk := body.read(1 << 22):
                 h.update(chunk)
-    except Exception as exc:
-        if _not_found(exc):
-            return None
-        raise
+    except ObjectNotFoundError:
+        return None
     return h.hexdigest()
 
 
 def list_sizes(output: S3Output, rel_prefix: str) -> dict[str, int]:
     """Object sizes under ``output/rel_prefix/``, keyed by path relative to that prefix."""
     prefix = output.key(rel_prefix) + "/"
-    sizes: dict[str, int] = {}
-    with output.errors(f"listing s3://{output.bucket}/{prefix}"):
-        for page in output.client().get_paginator("list_objects_v2").paginate(Bucket=output.bucket, Prefix=prefix):
-            for obj in page.get("Contents", []):
-                sizes[obj["Key"][len(prefix):]] = int(obj["Size"])
-    return sizes
+    return {obj.key[len(prefix):]: obj.size for obj in output.store().list(prefix)}
 
 
 class PublishRaceError(BuildError):
@@ -337,28 +307,17 @@ def _verify_before_switch(output: S3Output, version: str, expected: dict[str, in
             "was not changed, re-run the build to upload the version again")
 
 
-def _precondition_failed(exc: Exception) -> bool:
-    from botocore.exceptions import ClientError
-
-    if not isinstance(exc, ClientError):
-        return False
-    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return status in (409, 412) or exc.response.get("Error", {}).get("Code") in (
-        "PreconditionFailed", "ConditionalRequestConflict")
-
-
 def put_pointer(output: S3Output, pointer: VersionPointer, etag: str | None) -> bool:
     """Replace the pointer only if it is still the one with ``etag`` (``None``: only if there is
     none). False when it is not (a conditional write the server refused)."""
-    cond = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
-    with output.errors(f"writing {output}/{POINTER_NAME}"):
-        try:
-            output.client().put_object(Bucket=output.bucket, Key=output.key(POINTER_NAME), Body=pointer.to_bytes(),
-                                       ContentType="application/json", **cond)
-        except Exception as exc:
-            if _precondition_failed(exc) or (etag and _not_found(exc)):
-                return False
-            raise
+    store, key = output.store(), output.key(POINTER_NAME)
+    try:
+        if etag:
+            store.put_if_match(key, pointer.to_bytes(), etag, content_type="application/json")
+        else:
+            store.put_if_absent(key, pointer.to_bytes(), content_type="application/json")
+    except PreconditionFailedError:
+        return False
     return True
 
 
@@ -422,7 +381,7 @@ def publish_version(
     current, etag = read_pointer_tagged(output)
     result = PublishedVersion(str(output), vid, current.version if current else None)
     republish = current is not None and current.version == vid
-    client = output.client()
+    store = output.store()
     vdir = version_dir(vid)
 
     # Tars the current version holds with the same checksum are copied inside the bucket.
@@ -451,20 +410,15 @@ def publish_version(
                     repair and object_sha256(output, f"{vdir}/{rel}") != (new_sha.get(rel) or file_sha256(path))):
                 return "kept"
             key = output.key(vdir, rel)
-            where = f"s3://{output.bucket}/{key}"
             try:
-                with output.errors(f"writing {where}"):
-                    if current is not None and rel in new_sha and old_sha.get(rel) == new_sha[rel]:
-                        src = output.key(current.version_dir(), rel)
-                        try:
-                            client.copy({"Bucket": output.bucket, "Key": src}, output.bucket, key)
-                            return "copied"
-                        except Exception as exc:
-                            if not _not_found(exc):
-                                raise
-                            # Gone from the current version too (it is damaged): upload it instead.
-                    client.upload_file(str(path), output.bucket, key)
-                    return "repaired" if republish or rel in there else "uploaded"
+                if current is not None and rel in new_sha and old_sha.get(rel) == new_sha[rel]:
+                    try:
+                        store.copy(output.key(current.version_dir(), rel), key)
+                        return "copied"
+                    except ObjectNotFoundError:
+                        pass  # gone from the current version too (it is damaged): upload it instead
+                store.put(key, path)
+                return "repaired" if republish or rel in there else "uploaded"
             except S3AccessError as exc:
                 raise BuildError(f"{exc}; the pointer was not changed, readers keep version "
                                  f"{result.previous or '(none)'}") from None
@@ -494,12 +448,7 @@ def publish_version(
 def published_sources(output_root: S3Output) -> dict[str, VersionPointer]:
     """Each folder under an S3 output root that holds a pointer (a published source), with it."""
     prefix = output_root.key() + "/" if output_root.prefix else ""
-    names: list[str] = []
-    with output_root.errors(f"listing {output_root}"):
-        pages = output_root.client().get_paginator("list_objects_v2").paginate(
-            Bucket=output_root.bucket, Prefix=prefix, Delimiter="/")
-        for page in pages:
-            names += [cp["Prefix"][len(prefix):].strip("/") for cp in page.get("CommonPrefixes", [])]
+    names = list(output_root.store().list_prefixes(prefix))
     found = {}
     for name in sorted(n for n in names if n and not n.startswith(".")):
         pointer = read_pointer(output_root.child(name))
@@ -512,11 +461,9 @@ def list_versions(output: S3Output) -> dict[str, float]:
     """Version id -> time of its newest object, for every version folder under ``output``."""
     prefix = output.key(VERSIONS_DIR) + "/"
     newest: dict[str, float] = {}
-    with output.errors(f"listing s3://{output.bucket}/{prefix}"):
-        for page in output.client().get_paginator("list_objects_v2").paginate(Bucket=output.bucket, Prefix=prefix):
-            for obj in page.get("Contents", []):
-                vid = obj["Key"][len(prefix):].split("/", 1)[0]
-                newest[vid] = max(newest.get(vid, 0.0), obj["LastModified"].timestamp())
+    for obj in output.store().list(prefix):
+        vid = obj.key[len(prefix):].split("/", 1)[0]
+        newest[vid] = max(newest.get(vid, 0.0), obj.modified)
     return newest
 
 
@@ -586,10 +533,4 @@ def _forget_removed(output: S3Output, removed: list[str]) -> None:
 
 
 def _delete_prefix(output: S3Output, rel_prefix: str) -> int:
-    client = output.client()
-    keys = [output.key(rel_prefix, rel) for rel in list_sizes(output, rel_prefix)]
-    for i in range(0, len(keys), 1000):
-        with output.errors(f"deleting under {output}/{rel_prefix}"):
-            client.delete_objects(Bucket=output.bucket,
-                                  Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True})
-    return len(keys)
+    return output.store().delete_many(output.key(rel_prefix, rel) for rel in list_sizes(output, rel_prefix))
