@@ -175,15 +175,15 @@ def _s3_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     from pid_platform.lerobot import publish_s3
 
     calls: list[tuple[str, str]] = []
-    real = publish_s3._client
+    real = publish_s3._store
 
     def recording(target: S3Target):
-        client = real(target)
-        client.meta.events.register(
+        store = real(target)
+        store.client.meta.events.register(
             "before-parameter-build.s3.*", lambda model, params, **_: calls.append((model.name, params.get("Key", ""))))
-        return client
+        return store
 
-    monkeypatch.setattr(publish_s3, "_client", recording)
+    monkeypatch.setattr(publish_s3, "_store", recording)
     return calls
 
 
@@ -246,19 +246,20 @@ def test_s3_failed_upload_leaves_the_previous_pointer(
 
     target = S3Target(s3_dataset)
     good = publish_sidecar(build(lerobot_v3_root, tmp_path / "good.npz", revision="v1"), target)
-    real = publish_s3._client
+    real = publish_s3._store
 
     def failing(t: S3Target):
-        client = real(t)
+        store = real(t)
+        client = store.client
 
         def refuse(model, params, **_):
             if model.name == "PutObject" and params["Key"].endswith(".npz"):
                 raise ConnectionError("injected: the connection dropped during the NPZ upload")
 
         client.meta.events.register("before-parameter-build.s3.PutObject", refuse)
-        return client
+        return store
 
-    monkeypatch.setattr(publish_s3, "_client", failing)
+    monkeypatch.setattr(publish_s3, "_store", failing)
     ds = Path(shutil.copytree(lerobot_v3_root, tmp_path / "ds"))
     with pytest.raises(Exception, match="injected"):
         publish_sidecar(build(ds, tmp_path / "bad.npz", revision="v1"), target)
