@@ -129,25 +129,26 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def _probe_client(server: LocalS3) -> Any:
-    # The readiness probe, not a project client: it must sign with this identity whatever the
+def _probe_settings(server: LocalS3) -> Any:
+    # The readiness probe's, not a project client's: it must sign with this identity whatever the
     # environment says, fail fast and never retry.
-    from loader.io.s3_client import S3Settings, s3_client
+    from loader.io.s3_client import S3Settings
 
-    settings = S3Settings(endpoint_url=server.endpoint_url, region=server.region, max_attempts=1,
-                          connect_timeout_s=1, read_timeout_s=2,
-                          credentials=(server.access_key, server.secret_key, None))
-    return s3_client(settings)
+    return S3Settings(endpoint_url=server.endpoint_url, region=server.region, max_attempts=1,
+                      connect_timeout_s=1, read_timeout_s=2,
+                      credentials=(server.access_key, server.secret_key, None))
 
 
 def _wait_until_ready(server: LocalS3, deadline: float) -> None:
-    probe = _probe_client(server)
+    from loader.io.objects import list_buckets
+
+    settings = _probe_settings(server)
     last: Exception | None = None
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             raise RuntimeError(f"exited with code {server.process.returncode}")
         try:
-            probe.list_buckets()  # signed: succeeds only once the identities are loaded
+            list_buckets(settings)  # signed: succeeds only once the identities are loaded
             return
         except Exception as e:  # any failure means "not ready yet"
             last = e

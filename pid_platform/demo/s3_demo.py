@@ -33,10 +33,10 @@ PROJECT = Path(__file__).resolve().parents[2]
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}, "execution": {"config": {"in_process": {}}}}
 
 
-def _upload(client, folder: Path, bucket: str, prefix: str) -> int:
+def _upload(store, folder: Path, prefix: str) -> int:
     n = 0
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(folder).as_posix()}")
+        store.put(f"{prefix}/{path.relative_to(folder).as_posix()}", path)
         n += 1
     return n
 
@@ -117,16 +117,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.update(server.env())
         for name in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION"):
             os.environ.pop(name, None)
-        from loader.io.s3_client import S3Settings, s3_client
+        from loader.io.objects import S3Objects
+        from loader.io.s3_client import S3Settings
 
-        client = s3_client(S3Settings(max_attempts=3))
-        for bucket in (RAW_BUCKET, OUT_BUCKET):
-            client.create_bucket(Bucket=bucket)
+        stores = {bucket: S3Objects(f"s3://{bucket}", S3Settings(max_attempts=3)) for bucket in (RAW_BUCKET, OUT_BUCKET)}
+        for store in stores.values():
+            store.make_bucket()
         raw = work / "raw"
         if not (raw / "photos").is_dir():
             make_sample_source(raw / "photos")
             make_sample_source(raw / "portraits", photos=PORTRAIT_PHOTOS, ratios=PORTRAIT_RATIOS, with_problems=False)
-        n = _upload(client, raw, RAW_BUCKET, RAW_PREFIX)
+        n = _upload(stores[RAW_BUCKET], raw, RAW_PREFIX)
         print(f"uploaded {n} raw files to s3://{RAW_BUCKET}/{RAW_PREFIX}/", flush=True)
         samples = build_on_s3(work, args.num_workers)
         train(max(samples, key=lambda s: (samples[s], s)), work, args.epochs, args.batch_size)
