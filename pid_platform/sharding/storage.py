@@ -220,10 +220,11 @@ class S3SourceStore(SourceStore):
     """
 
     def __init__(self, uri: str, endpoint_url: str | None = None, *, settings: S3Settings | None = None):
-        if not urls.is_s3(uri) or not uri[len("s3://"):].split("/", 1)[0]:
-            raise ValueError(f"not an s3:// URI: {uri!r}")
+        try:
+            self.bucket, self.prefix = urls.split_s3(uri)
+        except ValueError:
+            raise ValueError(f"not an s3:// URI: {uri!r}") from None
         self.uri = uri.rstrip("/")
-        self.bucket, self.prefix = urls.split_s3(self.uri)
         from loader.io.s3_client import S3Settings
 
         settings = settings or S3Settings()
@@ -257,7 +258,12 @@ class S3SourceStore(SourceStore):
     @contextmanager
     def _errors(self) -> Iterator[None]:
         """The storage layer's errors as build errors (the boto3 exception stays the cause)."""
-        from loader.io.errors import BucketNotFoundError, PreconditionFailedError, StorageError
+        from loader.io.errors import (
+            BucketNotFoundError,
+            ObjectNotFoundError,
+            PreconditionFailedError,
+            StorageError,
+        )
 
         try:
             yield
@@ -267,7 +273,7 @@ class S3SourceStore(SourceStore):
             what = str(e).split(": S3 at ", 1)[0]
             raise BuildError(f"{what}: the object changed since it was listed (its ETag differs); "
                              "re-run the build once the source has stopped changing") from e.__cause__
-        except StorageError as e:
+        except (StorageError, ObjectNotFoundError) as e:  # gone since it was listed, refused, unreachable
             raise BuildError(str(e)) from e.__cause__
 
     def _key(self, *parts: str) -> str:
@@ -318,12 +324,12 @@ class S3SourceStore(SourceStore):
     def read_source_file(self, source: str, name: str, max_bytes: int | None = None) -> bytes | None:
         from loader.io.errors import ObjectNotFoundError
 
-        try:
-            # No Range header: S3 refuses a range of an empty object; the body is read only as far as needed.
-            with self._errors():
+        with self._errors():
+            try:
+                # No Range header: S3 refuses a range of an empty object; the body is read only as far as needed.
                 return self.objects.get(self._key(source, name), max_bytes=max_bytes)
-        except ObjectNotFoundError:
-            return None
+            except ObjectNotFoundError:
+                return None
 
     def write_source_file(self, source: str, name: str, data: bytes) -> None:
         with self._errors():
