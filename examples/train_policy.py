@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from loader.io import urls
 from loader.wds.errors import LoaderError
 
 CHECKPOINT_FORMAT = "pid-train-policy/1"
@@ -86,7 +87,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.catalog is not None and args.data != "twin-tars":
         p.error("--catalog applies to --data twin-tars only")
     # A twin-tars --root may also be a glob or a catalog name (no slash); anything else must exist.
-    local = "://" not in args.root and not any(c in args.root for c in "*?[")
+    local = not urls.has_scheme(args.root) and not any(c in args.root for c in "*?[")
     if local and (args.data == "lerobot" or "/" in args.root) and not Path(args.root).exists():
         p.error(f"--root {args.root}: no such file or folder")
     if args.data == "lerobot" and args.repo_id is None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from loader.formats.errors import FormatError
 from loader.formats.twin_tar import DEFAULT_PART_SIZE, SourceChangedError
 from loader.formats.wdinfo import root_base
+from loader.io import urls
 from loader.io.s3_client import S3Settings
 from pid_platform.cli_args import endpoint_url, finite_positive, int_at_least, local_path
 from pid_platform.sharding.commit.s3_output import (
@@ -41,8 +42,8 @@ def split_input_dir(input_dir: str) -> tuple[str, str]:
 
     The build reads a *root* holding sources; PiD's ``--input-dir`` names one source folder.
     """
-    if input_dir.startswith("s3://"):
-        rest = input_dir[len("s3://") :].strip("/")
+    if urls.kind(input_dir, allowed=("local", "s3"), what="--input-dir") == "s3":
+        rest = urls.split_scheme(input_dir)[1].strip("/")
         if "/" not in rest:
             raise ValueError(
                 f"--input-dir {input_dir!r} names a bucket, not a source folder; "
@@ -50,10 +51,8 @@ def split_input_dir(input_dir: str) -> tuple[str, str]:
             )
         root, source = rest.rsplit("/", 1)
         return f"s3://{root}", source
-    if "://" in input_dir and not input_dir.startswith("file://"):
-        raise ValueError(f"--input-dir {input_dir!r}: use a local path or s3://bucket/prefix/source")
     # abspath, not resolve: a linked source folder keeps the name it was given.
-    path = Path(os.path.abspath(input_dir.removeprefix("file://")))
+    path = Path(os.path.abspath(urls.local_path(input_dir)))
     if path.parent == path:
         raise ValueError(f"--input-dir {input_dir!r} is a filesystem root, not a source folder")
     return str(path.parent), path.name
@@ -66,7 +65,7 @@ def check_output_apart(input_root: str, source: str, output_dir: Path | str) -> 
     twin-tar layout, only those it planned remain; an output inside (or around) the raw source
     could take raw files with it.
     """
-    if input_root.startswith("s3://") or is_s3_url(output_dir):
+    if urls.is_s3(input_root) or is_s3_url(output_dir):
         if is_s3_url(output_dir):
             src, out = f"{input_root.rstrip('/')}/{source}/", f"{str(output_dir).rstrip('/')}/"
             if src.startswith(out) or out.startswith(src):
@@ -254,10 +253,10 @@ class _ShardProgress:
 
 
 def run_shard(args: argparse.Namespace, root: str, source: str) -> BuildSummary:
-    check_output_apart(root, source, args.output_dir.removeprefix("file://"))
+    check_output_apart(root, source, urls.without_file_scheme(args.output_dir))
     config = _config_of(args)
     store: SourceStore = open_source_store(root, endpoint_url=args.s3_endpoint_url)
-    out: Path | str = args.output_dir.removeprefix("file://")
+    out: Path | str = urls.without_file_scheme(args.output_dir)
     publish_to = None
     if is_s3_url(args.output_dir):
         publish_to = S3Output(args.output_dir, S3Settings(endpoint_url=args.s3_endpoint_url))
@@ -287,7 +286,7 @@ def _config_of(args: argparse.Namespace) -> ShardingConfig:
 
 def _run_task_command(command: str, args: argparse.Namespace, root: str | None, source: str | None) -> str:
     """Run one stage of the tasked build; return what to print."""
-    out = Path(args.output_dir.removeprefix("file://"))
+    out = Path(urls.without_file_scheme(args.output_dir))
     if command == "commit":
         return format_summary(run_commit(out, num_workers=args.num_workers, manifest_root=args.manifest_root))
     assert root is not None and source is not None
@@ -418,7 +417,7 @@ def _root_url(text: str) -> str:
         root_base(text, ".")
     except FormatError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if "://" not in text:
+    if not urls.has_scheme(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a URL; use --absolute or --relative for those")
     return text
 

@@ -10,18 +10,16 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from loader.formats.errors import short_repr
-
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+from loader.io import urls
 
 
 def is_url(text: str) -> bool:
-    return _URL.match(text) is not None and not text.startswith("file://")
+    return urls.is_remote(text)
 
 
 def local_path(what: str, *, kind: str = "any") -> Callable[[str], Path]:
@@ -35,7 +33,7 @@ def local_path(what: str, *, kind: str = "any") -> Callable[[str], Path]:
                 "give a path on this machine")
         if not text or "\0" in text:
             raise argparse.ArgumentTypeError(f"{short_repr(text)} is not a path")
-        path = Path(text.removeprefix("file://")).expanduser()
+        path = Path(urls.local_path(text)).expanduser()
         if kind in ("folder", "existing-folder") and path.exists() and not path.is_dir():
             raise argparse.ArgumentTypeError(f"{path} is a file, and {what} is a folder")
         if kind == "existing-folder" and not path.is_dir():
@@ -85,7 +83,7 @@ def endpoint_url(text: str) -> str:
         port_ok = parts.port is None or parts.port > 0
     except ValueError:
         port_ok = False
-    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok or " " in text:
+    if not urls.is_http(text) or not parts.hostname or not port_ok or " " in text:
         raise argparse.ArgumentTypeError(f"{short_repr(text)} is not an endpoint URL: give http(s)://host[:port]")
     if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
         raise argparse.ArgumentTypeError(

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError, short_repr
 from loader.formats.json_doc import load_json_doc
+from loader.io import urls
 from loader.mixture.definition import Mixture, MixtureError, check_modalities
 
 CATALOG_NAME = "catalog.json"
@@ -98,11 +98,7 @@ class Catalog:
 
 def _join(base: str, rel: str) -> str:
     """``rel`` (a catalog entry, '/'-separated) under the catalog's folder or URL."""
-    if "://" in base and not base.startswith("file://"):
-        scheme, rest = base.split("://", 1)
-        netloc, _, path = rest.partition("/")
-        return f"{scheme}://{netloc}{posixpath.normpath(posixpath.join('/' + path, rel))}"
-    return os.path.normpath(os.path.join(base, rel))
+    return urls.join_norm(base, rel)
 
 
 def write_catalog(folder: str | os.PathLike[str], catalog: Catalog) -> Path:
@@ -136,7 +132,7 @@ def check_entry(rel: Any, where: str) -> str:
     if not isinstance(rel, str) or not rel:
         raise FormatError(f"{where} must be a relative path (a non-empty string), got {short_repr(rel)}; {_FIX}")
     parts = rel.split("/")
-    if rel.startswith("/") or "\\" in rel or "://" in rel or ".." in parts or "\n" in rel or "\0" in rel:
+    if rel.startswith("/") or "\\" in rel or urls.has_scheme(rel) or ".." in parts or "\n" in rel or "\0" in rel:
         raise FormatError(
             f"{where} {short_repr(rel)} leaves the catalog's folder (absolute, a URL, '..' or a backslash); "
             f"entries are relative paths below it - refusing to read files elsewhere; {_FIX}"
@@ -165,7 +161,7 @@ def parse_catalog(data: bytes, path: str) -> Catalog:
         datasets = check_datasets(raw, sources, unions=False)
     except MixtureError as exc:
         raise MixtureError(f"{path}: {exc}") from None
-    return Catalog(sources, datasets, path.rsplit("/", 1)[0] if "://" in path else os.path.dirname(path))
+    return Catalog(sources, datasets, urls.parent(path))
 
 
 def check_datasets(raw: dict[str, Any], sources: dict[str, SourceEntry], *,

@@ -21,6 +21,7 @@ import numpy as np
 from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError, short_repr
 from loader.formats.layout import WDINFO_NAME, is_bucket_folder
+from loader.io import urls
 
 __all__ = [
     "FORMAT_VERSION", "WDINFO_NAME", "TarEntry", "WdinfoColumns", "WdinfoManifest", "check_wdinfo",
@@ -61,7 +62,7 @@ class WdinfoManifest:
 
     def root_path(self) -> str:
         """Absolute (or URL) root the tar paths hang from."""
-        if os.path.isabs(self.root) or "://" in self.root or self.manifest_dir is None:
+        if os.path.isabs(self.root) or urls.has_scheme(self.root) or self.manifest_dir is None:
             return self.root
         return os.path.normpath(os.path.join(self.manifest_dir, self.root))
 
@@ -114,15 +115,15 @@ def root_base(mode: str, out: str | os.PathLike[str]) -> str | None:
         return None
     if mode == "absolute":
         return os.path.abspath(out)
-    scheme = mode.split("://", 1)[0] if "://" in mode else ""
+    scheme, rest = urls.split_scheme(mode)
     if scheme and scheme not in ROOT_URL_SCHEMES:
         raise FormatError(
             f"manifest root {short_repr(mode)}: the loader reads {', '.join(s + '://' for s in ROOT_URL_SCHEMES)} "
             "URLs (a root it cannot open would make every manifest unreadable); give one of those, 'relative' "
             "or 'absolute'"
         )
-    if scheme and mode.split("://", 1)[1].strip("/"):
-        if "@" in mode.split("://", 1)[1].split("/", 1)[0] or "?" in mode or "#" in mode:
+    if scheme and rest.strip("/"):
+        if "@" in rest.split("/", 1)[0] or "?" in mode or "#" in mode:
             raise FormatError(f"manifest root {short_repr(mode)} carries credentials, a query or a fragment; give a plain URL")
         return mode.rstrip("/")
     raise FormatError(
@@ -137,7 +138,7 @@ def manifest_root(base: str | None, leaf: str) -> str:
         return "."
     if not leaf:
         return base
-    return f"{base}/{leaf}" if "://" in base else os.path.join(base, leaf)
+    return urls.join(base, leaf)
 
 
 def rewrite_root(path: str | os.PathLike[str], root: str) -> bool:
@@ -269,7 +270,7 @@ def check_wdinfo(doc: Any, origin: str) -> WdinfoColumns:
     root = doc.get("root", ".")
     if not isinstance(root, str):
         raise FormatError(f"{origin}: root must be a string, got {root!r}")
-    if not (os.path.isabs(root) or "://" in root):
+    if not (os.path.isabs(root) or urls.has_scheme(root)):
         norm = posixpath.normpath(root.replace("\\", "/"))
         if norm == ".." or norm.startswith("../"):
             raise FormatError(

@@ -12,7 +12,6 @@ import glob
 import hashlib
 import json
 import os
-import posixpath
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -23,6 +22,7 @@ from loader.formats.errors import FormatError
 from loader.formats.layout import STATE_DIR
 from loader.formats.version_pointer import POINTER_NAME, parse_pointer
 from loader.formats.wdinfo import WDINFO_NAME, check_wdinfo, manifest_bucket
+from loader.io import urls
 from loader.mixture.definition import Mixture
 from loader.wds.errors import ManifestError
 from loader.wds.shard_table import ShardTable, Wdinfo, join_url
@@ -31,7 +31,7 @@ CATALOG_ENV = "PID_CATALOG"
 
 
 def _is_url(s: str) -> bool:
-    return "://" in s and not s.startswith("file://")
+    return urls.is_remote(s)
 
 
 def find_manifests(spec: str | Sequence[str], catalog: str | None = None) -> list[str]:
@@ -45,7 +45,7 @@ def find_manifests(spec: str | Sequence[str], catalog: str | None = None) -> lis
 
 
 def _find_one(spec: str, catalog: str | None) -> list[str]:
-    spec = spec.removeprefix("file://")
+    spec = urls.without_file_scheme(spec)
     if _is_url(spec):
         if spec.endswith(".json"):
             return _all_manifests(_catalog(spec)) if spec.endswith(CATALOG_NAME) else [spec]
@@ -83,7 +83,7 @@ def _find_one(spec: str, catalog: str | None) -> list[str]:
 def catalog_mixture(spec: str, catalog: str | None) -> Mixture | None:
     """The weighted mixture ``spec`` names in the catalog (``None``: ``spec`` is a path, URL,
     glob, a union dataset or a source; ``find_manifests`` resolves those)."""
-    spec = spec.removeprefix("file://")
+    spec = urls.without_file_scheme(spec)
     if _is_url(spec) or os.path.exists(spec) or any(c in spec for c in "*?["):
         return None
     cat_path = catalog or os.environ.get(CATALOG_ENV)
@@ -171,10 +171,7 @@ def _manifest_dir(path: str) -> str:
 
 def _url_join_norm(base: str, rel: str) -> str:
     """``s3://b/x/y`` + ``../z`` -> ``s3://b/x/z``: object stores take ``./`` literally."""
-    scheme, rest = base.split("://", 1)
-    netloc, _, path = rest.partition("/")
-    joined = posixpath.normpath(posixpath.join("/" + path, rel))
-    return f"{scheme}://{netloc}{joined}"
+    return urls.join_norm(base, rel)
 
 
 def _bucket_of(doc: dict, path: str) -> str | None:
@@ -220,7 +217,7 @@ class _Columns:
             keys = tuple(data_keys)
         root = cols.root
         mdir = _manifest_dir(path)
-        if not (os.path.isabs(root) or "://" in root):
+        if not (os.path.isabs(root) or urls.has_scheme(root)):
             root = _url_join_norm(mdir, root) if _is_url(mdir) else os.path.normpath(os.path.join(mdir, root))
         # PiD: chunk_size absent -> largest per-tar count (skips too few shards on resume, never too many).
         self.chunk_size = max(self.chunk_size, cols.chunk_size)

@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterator
 
 from loader.formats.twin_tar import TarCursor, TarReadError
+from loader.io import urls
 from loader.wds.errors import ChecksumError, ShardReadError
 
 # What repairs a dataset whose tar is missing or differs from its manifest (pid_platform/cli.py).
@@ -22,8 +23,8 @@ def open_stream(url: str, start: int = 0, stream_config=None, stats=None, member
     holds, if known: a local tar of small members (captions, embeddings) is read through a
     64 KiB buffer, one system call for many members; one of large members is read unbuffered,
     each member's data straight into the bytes handed on (a buffer would copy it twice)."""
-    if "://" not in url or url.startswith("file://"):
-        path = url.removeprefix("file://")
+    if urls.is_local(url):
+        path = urls.local_path(url)
         fh = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by the caller
         if start:
             fh.seek(start)

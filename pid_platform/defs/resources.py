@@ -24,6 +24,7 @@ import dagster as dg
 from dagster_aws.s3 import S3Resource
 from pydantic import Field
 
+from loader.io import urls
 from loader.io.s3_client import S3Settings
 from pid_platform.sharding.commit.s3_output import (
     S3Output,
@@ -166,7 +167,7 @@ class ShardingResource(dg.ConfigurableResource):
     def manifest_root_of(self, source: str) -> str:
         """The manifest-root mode of one source's build: a URL names the output root, so a source's
         output folder is ``<URL>/<source>``."""
-        if "://" in self.manifest_root:
+        if urls.has_scheme(self.manifest_root):
             return f"{self.manifest_root.rstrip('/')}/{source}"
         return self.manifest_root
 
@@ -212,11 +213,11 @@ def source_store_from_env(environ: Mapping[str, str] | None = None, s3: S3Resour
         S3Output(out)  # a malformed s3:// URL fails the code location's load, with the variable named
     else:
         # Absolute now, so a run worker started from another folder writes to the same place.
-        out = str(Path(out.removeprefix("file://")).resolve())
+        out = str(Path(urls.local_path(out)).resolve())
     work = str(Path(env.get("PID_WORK_ROOT") or default_work_root()).resolve())
-    if raw.startswith("s3://"):
+    if urls.is_s3(raw):
         return S3SourceStoreResource(raw_root=raw, output_root=out, work_root=work, s3=s3)
-    return LocalSourceStoreResource(raw_root=str(Path(raw.removeprefix("file://")).resolve()), output_root=out,
+    return LocalSourceStoreResource(raw_root=str(Path(urls.local_path(raw)).resolve()), output_root=out,
                                     work_root=work, s3=s3)
 
 

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 
 from loader.formats.errors import FormatError, short_repr
-from loader.io import StreamConfig, StreamError
+from loader.io import StreamConfig, StreamError, urls
 from loader.io import roots as fs
 from loader.io.source import redact_url
 from loader.lerobot.meta import LeRobotMeta, LeRobotMetaError
@@ -106,7 +106,7 @@ def _data_root(text: str) -> str:
         fs.check_root(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if fs.root_kind(text) == "local" and os.path.isfile(text.removeprefix("file://")):
+    if fs.root_kind(text) == "local" and os.path.isfile(urls.local_path(text)):
         raise argparse.ArgumentTypeError(f"{text} is a file; give the dataset's folder (holding meta/, data/, videos/)")
     return text  # a folder that is not a dataset fails the build (exit 1), naming meta/info.json
 
@@ -118,9 +118,9 @@ def push_target(args: argparse.Namespace) -> PublishTarget:
                            "drop --episodes to build (and push) the whole dataset's sidecar")
     spec = args.push_target
     if spec is None:
-        if args.data_root.startswith("hf://"):
+        if urls.is_hf(args.data_root):
             spec = "hub"
-        elif args.data_root.startswith("s3://"):
+        elif urls.is_s3(args.data_root):
             spec = args.data_root
         else:
             raise PublishError(f"--push: where to? {args.data_root!r} is neither hf:// nor s3://; "

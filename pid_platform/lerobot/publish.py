@@ -12,6 +12,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from loader.io import urls
 from loader.lerobot.sidecar import SIDECAR_SCHEMA_VERSION, read_sidecar
 from loader.lerobot.sidecar.publish_layout import (
     SIDECAR_BRANCH,
@@ -45,7 +46,7 @@ def parse_target(spec: str, *, repo_id: str | None = None, hub_endpoint: str | N
         if not url:
             raise PublishRefused("push target 'git:' needs a repository: git:<url or path>")
         return GitTarget(url=url)
-    if spec.startswith("s3://"):
+    if urls.is_s3(spec):
         return S3Target(root=spec, endpoint_url=s3_endpoint_url)
     if spec == "hub" or spec.startswith("hub:"):
         repo = spec[len("hub:"):] if spec.startswith("hub:") else repo_id

@@ -11,15 +11,12 @@ look like one that ends cleanly).
 from __future__ import annotations
 
 import os
-import re
 import struct
 from dataclasses import dataclass
-from urllib.parse import urlsplit
-from urllib.request import url2pathname
 
 import numpy as np
 
-from loader.io import StreamConfig, open_url
+from loader.io import StreamConfig, open_url, urls
 from loader.io.opener import source_for
 from loader.io.source import redact_url
 
@@ -27,7 +24,6 @@ from . import boxes
 from .boxes import Box, Edit
 from .errors import EditListError, Mp4FormatError
 
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _KEPT = ("ftyp", "moov")
 _FRAGMENTED = ("moof", "mfra", "sidx")  # top-level boxes of fragmented files (media in moof/mdat pairs)
 
@@ -104,7 +100,7 @@ class _RangeReader:
     def __init__(self, source: str, config: StreamConfig | None):
         self.source = source
         self.config = config
-        self.name = redact_url(source) if _SCHEME.match(source) else source
+        self.name = redact_url(source) if urls.has_scheme(source) else source
         self.bytes_read = 0
         self.requests = 0
 
@@ -118,10 +114,9 @@ class _RangeReader:
 
     def size(self) -> int:
         """The object's size; needed only for a box whose size field says "to the end of the file"."""
-        m = _SCHEME.match(self.source)
-        scheme = m.group(1).lower() if m else ""
+        scheme = urls.scheme(self.source)
         if scheme in ("", "file"):
-            return os.path.getsize(url2pathname(urlsplit(self.source).path) if scheme else self.source)
+            return os.path.getsize(urls.local_path(self.source))
         opened = source_for(self.source, scheme, self.config or StreamConfig()).open(0, 1, None)
         self.requests += 1
         if opened is None:

@@ -26,11 +26,12 @@ Read only (the layout published before, ``__manifest__``): a flat JSON object wi
 from __future__ import annotations
 
 import base64
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+from loader.io import urls
 
 from .errors import SidecarError, SidecarSchemaError
 
@@ -40,7 +41,6 @@ IDENTITY_FINGERPRINT = "fingerprint"   # size + fingerprint (what we write)
 IDENTITY_SIZE = "size"           # size only: a LeRobot entry without a source fingerprint
 _BOX_HEADER = 8
 _LARGE_BOX_HEADER = 16
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def file_id(index: int) -> str:
@@ -54,7 +54,7 @@ def public_root(data_root: str) -> str:
     Userinfo carries basic-auth passwords and tokens; a query carries presigned signatures
     (``X-Amz-Signature``, ``token=``). Local paths are returned unchanged.
     """
-    if not _SCHEME.match(data_root):
+    if not urls.has_scheme(data_root):
         return data_root
     parts = urlsplit(data_root)
     netloc = parts.netloc.rsplit("@", 1)[-1]

@@ -13,7 +13,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from loader.formats.atomic import atomic_writer
-from loader.io import StreamConfig, open_url
+from loader.io import StreamConfig, open_url, urls
 from loader.io import roots as fs
 from loader.lerobot.sidecar.publish_layout import (
     SIDECAR_BRANCH,
@@ -30,7 +30,7 @@ _CHUNK = 1 << 20
 def published_home(repo_id: str, data_root: str) -> str:
     """Where a dataset's sidecars are published: the ``lerobot-sidecars`` branch of a Hub dataset
     (for ``hf://`` roots), else the dataset root itself (an ``s3://`` bucket root, a folder)."""
-    if data_root.startswith("hf://"):
+    if urls.is_hf(data_root):
         return f"hf://datasets/{repo_id}@{quote(SIDECAR_BRANCH, safe='')}"
     return data_root
 

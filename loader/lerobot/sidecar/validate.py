@@ -6,7 +6,7 @@ import os
 import re
 from typing import TYPE_CHECKING
 
-from loader.io import StreamConfig
+from loader.io import StreamConfig, urls
 from loader.io import roots as fs
 
 from .build import needed_video_files
@@ -126,6 +126,6 @@ def size_identifies(root: str) -> bool:
     replacement goes unnoticed there, unlike with our own fingerprints). Elsewhere (``s3://``,
     ``http(s)://``, an unpinned hub root) a file can be replaced at the same path and size."""
     root = str(root)
-    if root.startswith("hf://"):
+    if urls.is_hf(root):
         return _PINNED_HUB.match(root) is not None
-    return root.startswith("file://") or "://" not in root
+    return urls.is_local(root)

@@ -13,21 +13,17 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
-from urllib.parse import urlsplit
-from urllib.request import url2pathname
 
-from loader.io import StreamConfig, StreamError, StreamStats, open_url
+from loader.io import StreamConfig, StreamError, StreamStats, open_url, urls
 from loader.io.config import Counters
 from loader.io.source import redact_url
 
 __all__ = ["FetchCounters", "RangeFetcher", "RangeFile"]
 
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _HTTP_SCHEMES = frozenset({"http", "https", "hf"})
 # Below this a sub-range costs more in request latency than it gains in parallel transfer.
 DEFAULT_MIN_SUBRANGE = 256 * 1024
@@ -47,8 +43,7 @@ class FetchCounters(Counters):
 
 
 def _scheme(url: str) -> str:
-    m = _SCHEME.match(url)
-    return m.group(1).lower() if m else ""
+    return urls.scheme(url)
 
 
 class RangeFetcher:
@@ -128,7 +123,7 @@ class RangeFetcher:
     # -- backends -------------------------------------------------------------------------------
 
     def _fetch_local(self, url: str, scheme: str, start: int, length: int) -> bytes:
-        path = url2pathname(urlsplit(url).path) if scheme else url
+        path = urls.local_path(url)
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
         try:
             parts = []

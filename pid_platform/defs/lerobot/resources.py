@@ -28,6 +28,7 @@ import dagster as dg
 from pydantic import Field
 
 from loader.io import roots as fs
+from loader.io import urls
 from pid_platform.lerobot.publish import PublishTarget, parse_target
 from pid_platform.sharding.commit.s3_output import default_work_root, is_s3_url, refuse_other_urls
 
@@ -117,11 +118,11 @@ def lerobot_from_env(environ: Mapping[str, str] | None = None) -> LeRobotResourc
         # Sidecars are built locally and published to their dataset (PID_LEROBOT_PUBLISH), not to
         # the twin-tar output root: with an S3 output root they are built in the work folder.
         out = str(Path(env.get("PID_WORK_ROOT") or default_work_root()) / "lerobot-sidecars")
-    if "://" not in root or root.startswith("file://"):
+    if urls.is_local(root):
         # Absolute now, so a run worker started from another folder reads the same place.
-        root = str(Path(root.removeprefix("file://")).resolve())
+        root = str(Path(urls.local_path(root)).resolve())
     return LeRobotResource(
-        root=root, output_root=str(Path(out.removeprefix("file://")).resolve()),
+        root=root, output_root=str(Path(urls.local_path(out)).resolve()),
         publish_target=env.get("PID_LEROBOT_PUBLISH") or NO_PUBLISH,
         repo_id_template=env.get("PID_LEROBOT_REPO_ID") or "local/{dataset}",
     )

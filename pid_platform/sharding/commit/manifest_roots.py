@@ -14,6 +14,7 @@ from pathlib import Path
 from loader.formats.errors import FormatError
 from loader.formats.layout import STATE_DIR, WDINFO_NAME
 from loader.formats.wdinfo import manifest_root, read_wdinfo, rewrite_root, root_base
+from loader.io import urls
 from pid_platform.sharding.commit.state import refresh_outputs
 from pid_platform.sharding.layout import final_dir
 from pid_platform.sharding.output_lock import build_lock
@@ -55,7 +56,7 @@ def rewrite_manifest_roots(out: str | os.PathLike[str], mode: str) -> list[Path]
         manifests = find_manifests(out)
         if not manifests:
             raise FormatError(f"no {WDINFO_NAME} under {out}; give a build's output folder")
-        local = base is None or "://" not in base
+        local = base is None or not urls.has_scheme(base)
         if local:
             for path in manifests:
                 _check_tars_beside(path)

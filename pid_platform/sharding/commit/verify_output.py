@@ -9,6 +9,7 @@ from loader.formats.key_index import read_key_columns
 from loader.formats.layout import key_index_relpath
 from loader.formats.twin_tar import file_sha256, iter_member_headers, split_member_name, tar_path
 from loader.formats.wdinfo import WDINFO_NAME, read_wdinfo
+from loader.io import urls
 from pid_platform.sharding.layout import bucket_dir
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan, is_oversize_singleton
 
@@ -45,7 +46,7 @@ def size_bound_violations(out: Path, plans: list[ShardPlan], config: ShardingCon
 def _root_problem(path: Path, root: str, leaf: Path) -> list[str]:
     """A local root (relative, or absolute as for PiD) must name the manifest's folder, where the
     build's layout puts the tars; a URL root names where the output is published, not checked here."""
-    if "://" in root:
+    if urls.has_scheme(root):
         return []
     where = Path(root) if os.path.isabs(root) else leaf / root
     if where.is_dir() and os.path.samefile(where, leaf):
