@@ -226,3 +226,22 @@ def test_a_url_is_never_silently_a_local_path() -> None:
     assert urls.split_s3("s3://b/a/k?x#y") == ("b", "a/k?x#y")
     assert urls.join("s3://b/p/", "x") == "s3://b/p/x" and urls.join("/a", "x") == "/a/x"
     assert urls.parent("s3://b/p/x") == "s3://b/p" and urls.parent("/a/x") == "/a"
+
+
+def test_put_returns_the_etag_and_get_tagged_reads_a_head(store: ObjectStore) -> None:
+    etag = store.put("t", b"0123456789")
+    assert etag == store.head("t").etag
+    assert store.get_tagged("t", max_bytes=4) == (b"0123", etag)
+
+
+def test_conditional_delete_both_outcomes(store: ObjectStore) -> None:
+    store.put("lease", b"mine")
+    etag = store.head("lease").etag
+    store.put("lease", b"theirs")
+    with pytest.raises(PreconditionFailedError, match="lease"):
+        store.delete("lease", if_match=etag)
+    assert store.get("lease") == b"theirs"
+    store.delete("lease", if_match=store.head("lease").etag)
+    assert not store.exists("lease")
+    with pytest.raises(PreconditionFailedError, match="lease"):
+        store.delete("lease", if_match=etag)

@@ -67,3 +67,8 @@ class ObjectNotFoundError(FileNotFoundError):
 class PreconditionFailedError(OSError):
     """A conditional request was refused: the object exists (``If-None-Match: *``), or is not the
     one with the ETag given (``If-Match``; also when it is gone)."""
+
+
+class UnsupportedRequestError(StorageError):
+    """The server does not implement what was asked (HTTP 501: a conditional header some
+    S3-compatible servers lack); the caller may fall back to another way."""

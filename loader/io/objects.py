@@ -75,8 +75,8 @@ class ObjectStore(ABC):
         object has no range). ``if_match``: ``PreconditionFailedError`` unless its ETag is that."""
 
     @abstractmethod
-    def get_tagged(self, key: str) -> tuple[bytes, str | None]:
-        """The object's bytes and its ETag, from one request."""
+    def get_tagged(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str | None]:
+        """The object's bytes (at most its first ``max_bytes``) and its ETag, from one request."""
 
     @abstractmethod
     def get_range(self, key: str, start: int, length: int, *, if_match: str | None = None) -> bytes:
@@ -120,8 +120,9 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def put(self, key: str, data: Data, *, content_type: str | None = None,
-            metadata: dict[str, str] | None = None) -> None:
-        """Write the object in one step: readers see the old bytes or the new ones, never part."""
+            metadata: dict[str, str] | None = None) -> str | None:
+        """Write the object in one step: readers see the old bytes or the new ones, never part.
+        Its new ETag, or ``None`` where the backend does not say (S3's multipart transfers)."""
 
     @abstractmethod
     def put_if_absent(self, key: str, data: bytes, *, content_type: str | None = None) -> str | None:
@@ -138,8 +139,10 @@ class ObjectStore(ABC):
         ``ObjectNotFoundError`` when ``src_key`` is missing."""
 
     @abstractmethod
-    def delete(self, key: str) -> None:
-        """Delete the object; a missing one is no error (as S3)."""
+    def delete(self, key: str, *, if_match: str | None = None) -> None:
+        """Delete the object; a missing one is no error (as S3). ``if_match``: only if its ETag is
+        that, else ``PreconditionFailedError`` (also when it is gone); servers without conditional
+        deletes answer ``UnsupportedRequestError``."""
 
     def delete_many(self, keys: Iterable[str]) -> int:
         """Delete these objects; how many were asked for."""
@@ -218,10 +221,13 @@ class S3Objects(ObjectStore):
             finally:
                 body.close()
 
-    def get_tagged(self, key: str) -> tuple[bytes, str | None]:
+    def get_tagged(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str | None]:
         with self._errors("reading", key):
             got = self.client.get_object(Bucket=self.bucket, Key=self.key(key))
-            return got["Body"].read(), got.get("ETag")
+            try:
+                return (got["Body"].read() if max_bytes is None else got["Body"].read(max_bytes)), got.get("ETag")
+            finally:
+                got["Body"].close()
 
     def get_range(self, key: str, start: int, length: int, *, if_match: str | None = None) -> bytes:
         if start < 0 or length <= 0:
@@ -285,7 +291,7 @@ class S3Objects(ObjectStore):
         return TransferConfig(multipart_threshold=self.multipart_threshold, multipart_chunksize=self.multipart_chunk)
 
     def put(self, key: str, data: Data, *, content_type: str | None = None,
-            metadata: dict[str, str] | None = None) -> None:
+            metadata: dict[str, str] | None = None) -> str | None:
         extra: dict[str, Any] = {}
         if content_type:
             extra["ContentType"] = content_type
@@ -295,8 +301,7 @@ class S3Objects(ObjectStore):
         with self._errors("writing", key):
             if isinstance(data, (bytes, bytearray, memoryview)):
                 if len(data) <= self.multipart_threshold:
-                    self.client.put_object(Bucket=self.bucket, Key=full, Body=bytes(data), **extra)
-                    return
+                    return self.client.put_object(Bucket=self.bucket, Key=full, Body=bytes(data), **extra).get("ETag")
                 data = io.BytesIO(data)
             if isinstance(data, (str, os.PathLike)):
                 # The transfer manager: multipart (parts sent in parallel) above the threshold.
@@ -305,6 +310,7 @@ class S3Objects(ObjectStore):
             else:
                 self.client.upload_fileobj(data, self.bucket, full, ExtraArgs=extra or None,
                                            Config=self._transfer_config())
+        return None
 
     def _put_conditional(self, key: str, data: bytes, cond: dict[str, str], content_type: str | None) -> str | None:
         extra = {"ContentType": content_type} if content_type else {}
@@ -333,9 +339,16 @@ class S3Objects(ObjectStore):
             raise s3_error(e, self.settings, f"copying {self.url(src_key)} to {self.url(dst_key)}", self.bucket,
                            self.url(src_key)) from e
 
-    def delete(self, key: str) -> None:
-        with self._errors("deleting", key):
-            self.client.delete_object(Bucket=self.bucket, Key=self.key(key))
+    def delete(self, key: str, *, if_match: str | None = None) -> None:
+        cond = {"IfMatch": if_match} if if_match else {}
+        try:
+            with self._errors("deleting", key):
+                self.client.delete_object(Bucket=self.bucket, Key=self.key(key), **cond)
+        except ObjectNotFoundError:
+            if not if_match:
+                raise
+            raise PreconditionFailedError(f"deleting {self.url(key)}: refused, there is no object to match "
+                                          f"ETag {if_match} (it was deleted)") from None
 
     def delete_many(self, keys: Iterable[str]) -> int:
         batch: list[str] = []
@@ -454,9 +467,9 @@ class LocalObjects(ObjectStore):
             self._check_etag(key, fh, if_match)
             return fh.read() if max_bytes is None else fh.read(max_bytes)
 
-    def get_tagged(self, key: str) -> tuple[bytes, str | None]:
+    def get_tagged(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str | None]:
         with self._missing(key), open(self.path(key), "rb") as fh:
-            return fh.read(), self._etag(os.fstat(fh.fileno()))
+            return (fh.read() if max_bytes is None else fh.read(max_bytes)), self._etag(os.fstat(fh.fileno()))
 
     def get_range(self, key: str, start: int, length: int, *, if_match: str | None = None) -> bytes:
         if start < 0 or length <= 0:
@@ -533,9 +546,10 @@ class LocalObjects(ObjectStore):
         return tmp
 
     def put(self, key: str, data: Data, *, content_type: str | None = None,
-            metadata: dict[str, str] | None = None) -> None:
+            metadata: dict[str, str] | None = None) -> str | None:
         target = self.path(key)
         os.replace(self._write_temp(target, data), target)
+        return self._etag(target.stat())
 
     @contextmanager
     def _folder_lock(self, target: Path) -> Iterator[None]:
@@ -585,8 +599,20 @@ class LocalObjects(ObjectStore):
             tmp = self._write_temp(dst, src)
         os.replace(tmp, dst)
 
-    def delete(self, key: str) -> None:
-        self.path(key).unlink(missing_ok=True)
+    def delete(self, key: str, *, if_match: str | None = None) -> None:
+        target = self.path(key)
+        if if_match is None:
+            target.unlink(missing_ok=True)
+            return
+        with self._folder_lock(target):
+            try:
+                now = self._etag(target.stat())
+            except FileNotFoundError:
+                raise PreconditionFailedError(f"deleting {target}: refused, there is no object to match "
+                                              f"ETag {if_match} (it was deleted)") from None
+            if now != if_match:
+                raise PreconditionFailedError(f"deleting {target}: refused, its ETag is {now}, not {if_match}")
+            target.unlink()
 
     def check_bucket(self) -> None:
         if not self.path_root.is_dir():

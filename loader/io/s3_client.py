@@ -24,6 +24,7 @@ from .errors import (
     ObjectNotFoundError,
     PreconditionFailedError,
     StorageError,
+    UnsupportedRequestError,
 )
 from .urls import split_s3
 
@@ -168,7 +169,9 @@ def s3_error(exc: BaseException, settings: S3Settings, what: str, bucket: str, u
     ``what`` names the request (``"writing s3://b/k"``), ``url`` the object it was about.
     A missing key becomes ``ObjectNotFoundError``, a refused condition (HTTP 412, or 409 for a
     concurrent conditional write) ``PreconditionFailedError``, a missing bucket
-    ``BucketNotFoundError``; everything else a ``StorageError`` that says what to check. Anything
+    ``BucketNotFoundError``, a refusal (401/403) ``AccessDeniedError``, a request the server does
+    not implement (501) ``UnsupportedRequestError``; everything else a ``StorageError`` that says
+    what to check. Anything
     that is not boto3's is returned as it is. Raise the result ``from exc``.
     """
     from boto3.exceptions import Boto3Error
@@ -194,6 +197,8 @@ def s3_error(exc: BaseException, settings: S3Settings, what: str, bucket: str, u
             return AccessDeniedError(
                 f"{what}: S3 at {where} refused the request ({code}: {msg}); check AWS_ACCESS_KEY_ID / "
                 f"AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and that this identity may use s3://{bucket}")
+        if status == 501 or code == "NotImplemented":
+            return UnsupportedRequestError(f"{what}: S3 at {where} does not implement this request ({code}: {msg})")
         if code in _NOT_FOUND or status == 404:
             return ObjectNotFoundError(url or f"s3://{bucket}", what)
         return StorageError(f"{what}: S3 at {where} answered {code} (HTTP {status}): {msg}")
