@@ -154,8 +154,9 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def check_bucket(self) -> None:
-        """Raise ``BucketNotFoundError`` (or ``StorageError``) unless the root can be reached.
-        Writes nothing: some servers create a bucket on a first PUT."""
+        """Raise unless the root can be reached: ``BucketNotFoundError`` / ``StorageError`` on S3,
+        ``ObjectNotFoundError`` for a local root that is not a folder. Writes nothing: some
+        servers create a bucket on a first PUT."""
 
 
 def open_store(location: str | os.PathLike[str], *, s3_settings: S3Settings | None = None,
