@@ -140,3 +140,18 @@ def test_executor_config_resolves_against_its_schema(name: str, monkeypatch: pyt
             copy.write_text(yaml.safe_dump(bad))
             with pytest.raises(ExecutorConfigError, match=wrong):
                 executor_default({EXECUTOR_CONFIG_ENV: str(copy)})
+
+
+def test_the_root_instances_commented_postgres_block_is_the_clusters(instance_config: dict) -> None:
+    """The Postgres storage the root dagster.yaml tells a team to add is the one the cluster runs
+    (with psycopg2's scheme), so following the comment gives a working shared instance."""
+    lines = (REPO / "dagster.yaml").read_text().splitlines()
+    start = lines.index("#   storage:")
+    block = []
+    for line in lines[start:]:
+        if line.strip() == "#":
+            break
+        block.append(line.removeprefix("# "))
+    commented = yaml.safe_load("\n".join(block))
+    assert commented["storage"] == instance_config["storage"]
+    assert commented["storage"]["postgres"]["postgres_db"]["scheme"] == "postgresql+psycopg2"
