@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 
 from loader.formats.version_pointer import POINTER_NAME
-from pid_platform.sharding.commit.lease import LEASE_REL, RENEW_ENV, TTL_ENV, LeaseSettings
+from pid_platform.sharding.commit.lease import (
+    LEASE_REL,
+    RENEW_ENV,
+    TTL_ENV,
+    BuildLease,
+    BuildLeaseHeldError,
+    BuildLeaseLostError,
+    LeaseSettings,
+)
+from pid_platform.sharding.commit.s3_output import S3Output
 from pid_platform.sharding.errors import BuildError
 from tests.conftest import SOURCE
 from tests.support.paused_procs import pid_shard
@@ -147,3 +156,55 @@ def test_lease_settings_default_and_override() -> None:
     assert LeaseSettings.from_env({}) == LeaseSettings(600.0, None)
     assert LeaseSettings.from_env({}).renew_every_s == 200.0
     assert LeaseSettings.from_env({TTL_ENV: "30", RENEW_ENV: "5"}).renew_every_s == 5.0
+
+
+REFUSED: list[str] = []
+
+
+class _Body:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def stream(self, **_: object):
+        yield self.data
+
+
+def _refuse_if_none_match(request, **_: object):
+    """A server without If-None-Match on PUT: it answers 501, as S3-compatible servers that lack
+    a header do (every other request reaches the real server)."""
+    from botocore.awsrequest import AWSResponse
+
+    if request.method == "PUT" and "If-None-Match" in request.headers:
+        REFUSED.append(request.url)
+        body = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>NotImplemented</Code>"
+                b"<Message>A header you provided implies functionality that is not implemented</Message></Error>")
+        return AWSResponse(request.url, 501, {"Content-Type": "application/xml"}, _Body(body))
+    return None
+
+
+def test_without_if_none_match_the_lease_is_taken_by_read_write_and_read_back(s3_env: SeaweedS3) -> None:
+    client, bucket = s3_env.client(), s3_env.make_bucket("lease-no-if-none-match")
+    output = S3Output(f"s3://{bucket}/photos")
+    events = output.client().meta.events
+    events.register_first("before-send.s3.PutObject", _refuse_if_none_match, unique_id="no-if-none-match")
+    try:
+        with BuildLease(output, LeaseSettings(ttl_s=30)) as first:
+            held = lease_doc(client, bucket)
+            assert held["token"] == first.record.token and held["pid"] == first.record.pid
+            with pytest.raises(BuildLeaseHeldError, match=f"{HOST} pid {held['pid']} took its lease"):
+                BuildLease(output, LeaseSettings(ttl_s=30)).acquire()
+            first.check()  # renewals (If-Match) work as with the header
+            assert REFUSED, "the server stand-in never refused If-None-Match: the fallback was not tested"
+        assert keys(client, bucket, "photos/.pid-build") == []
+        # An expired lease is taken over with If-Match on its ETag, the header not needed.
+        stale = BuildLease(output, LeaseSettings(ttl_s=30))
+        stale.acquire()
+        later = BuildLease(output, LeaseSettings(ttl_s=30), now=lambda: time.time() + 60)
+        later.acquire()
+        assert lease_doc(client, bucket)["token"] == later.record.token != stale.record.token
+        with pytest.raises(BuildLeaseLostError, match="this build lost its lease"):
+            stale.check()
+        later.release()
+        assert keys(client, bucket, "photos/.pid-build") == []
+    finally:
+        events.unregister("before-send.s3.PutObject", unique_id="no-if-none-match")
