@@ -17,6 +17,8 @@ COPY loader loader
 COPY pid_platform pid_platform
 RUN pip install '.[platform]' dagster-postgres==0.29.27
 COPY workspace.yaml dagster.yaml ./
+# The executor settings the code server is pointed at (PID_EXECUTOR_CONFIG=/opt/pid-platform/deploy/...).
+COPY deploy deploy
 COPY deploy/ecs/dagster.yaml /opt/dagster/home/dagster.yaml
 
 # The code server the webserver and the daemon load the code location from (ECS service

@@ -12,6 +12,7 @@ from pid_platform.demo.sample_data import make_sample_source
 pytest_plugins = [
     "tests.support.leaks",  # fails the run if a process the suite started outlives it
     "tests.support.seaweedfs",
+    "tests.support.paused_procs",  # `procs`: real processes held at pause points
     "tests.support.http_server",
     "tests.support.fault_proxy",
     "tests.support.lerobot_data",

@@ -182,7 +182,10 @@ def test_kill_9_of_the_worker_mid_publish_ends_with_the_same_bytes(
     samples = sum(json.loads(v)["total_key_count"] for k, v in reference.items() if k.endswith("wdinfo.json"))
     pause_dir = tmp_path / "pause"
     pause_dir.mkdir()
-    env = _worker_env(s3_env, bucket)
+    # The killed worker leaves its build lease on the output (commit/lease.py), which blocks the
+    # step's redelivery until it expires: a TTL shorter than the visibility timeout, as deployed
+    # (600 s against 3600 s in deploy/celery/executor.yaml).
+    env = _worker_env(s3_env, bucket, PID_LEASE_TTL_S="10", PID_LEASE_RENEW_S="2")
     # Redelivery of a step whose worker vanished: after the broker's visibility timeout, which
     # must exceed the longest step (a step still running past it would be delivered twice).
     config = _celery_run_config(redis_server, "pid-a", visibility_timeout_s=30)

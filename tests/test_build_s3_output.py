@@ -3,16 +3,19 @@ manifests last, a pointer switched at the commit; the loader reads them by the s
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from loader.wds.pipeline import build_dataset
 from pid_platform.cli import shard_main
+from pid_platform.sharding.commit.lease import LEASE_REL, RENEW_ENV, TTL_ENV
 from pid_platform.sharding.commit.s3_output import S3Output, cleanup_versions, read_pointer
 from tests.conftest import SOURCE
 from tests.support.build_data import build, output_files
@@ -120,10 +123,12 @@ def test_a_build_killed_before_the_pointer_switch_leaves_the_previous_version_se
     before = pointer(client, "s3out-kill", "photos")
     served = sample_keys(url)
 
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # A short build lease: the killed build's lease blocks the next build until it expires.
+    env = {**os.environ, "PYTHONPATH": str(REPO), TTL_ENV: "2", RENEW_ENV: "0.5"}
     proc = subprocess.run([sys.executable, "-c", KILL_BEFORE_SWITCH, str(raw_root), str(tmp_path / "work"), url],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -9, proc.stderr
+    stale = json.loads(client.get_object(Bucket="s3out-kill", Key=f"photos/{LEASE_REL}")["Body"].read())
     # The new version's objects are there, manifests included, and nobody is pointed at them.
     new = [k for k in keys(client, "s3out-kill", "photos/versions") if not k.startswith(before["version"])]
     assert any(k.endswith("/wdinfo.json") for k in new) and any(k.endswith(".tar") for k in new)
@@ -132,7 +137,9 @@ def test_a_build_killed_before_the_pointer_switch_leaves_the_previous_version_se
     assert len(list(build_dataset(url, decode=None, verify="sha256"))) == 32  # whole, checksums included
     assert sorted(build_dataset(url, decode=None).shardlist.counts.tolist()) != []  # still readable
 
-    # The next build finishes the same version, keeping what the killed one sent.
+    # Once the dead build's lease expired, the next build finishes the same version, keeping what
+    # the killed one sent.
+    time.sleep(max(0.0, stale["expires"] - time.time()) + 0.2)
     assert shard(str(raw_root / SOURCE), url, tmp_path / "work", "--no-classify-aspect-ratio") == 0
     after = pointer(client, "s3out-kill", "photos")
     assert after["version"] != before["version"] and after["manifests"] == ["wdinfo.json"]

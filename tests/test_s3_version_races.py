@@ -7,13 +7,9 @@ never an empty or partial one."""
 
 from __future__ import annotations
 
-import ctypes
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,12 +21,11 @@ from loader.wds.errors import ManifestError
 from loader.wds.pipeline import build_dataset
 from pid_platform.cli import shard_main
 from tests.conftest import SOURCE
+from tests.support.paused_procs import pid_shard
 from tests.support.s3_objects import keys, pointer
 from tests.support.seaweedfs import SeaweedS3
 
-REPO = Path(__file__).resolve().parents[1]
 SAMPLES = 32
-REACH_TIMEOUT_S = 180
 
 CLEANUP = """
 import json, sys
@@ -40,9 +35,14 @@ report = cleanup_versions(S3Output(sys.argv[1]), grace_s=0, claim_ttl_s=ttl)
 print(json.dumps({"removed": report.removed, "kept": report.kept, "claimed": report.claimed}))
 """
 
-
-def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+# Publishes a version staged in a local folder, without a build (so without the build lease).
+PUBLISH = """
+import sys
+from pathlib import Path
+from pid_platform.sharding.commit.s3_output import S3Output, publish_version
+from pid_platform.sharding.layout import final_dir
+print(publish_version(final_dir(Path(sys.argv[1])), S3Output(sys.argv[2]), num_workers=1).url)
+"""
 
 
 def shard_args(raw_root: Path, url: str, work: Path, *extra: str) -> list[str]:
@@ -50,74 +50,8 @@ def shard_args(raw_root: Path, url: str, work: Path, *extra: str) -> list[str]:
             "--max-shard-size-mb", "0.25", "--num-workers", "1", *extra]
 
 
-class Proc:
-    """A real process (pid-shard or a cleanup) that may be held at pause points in its own folder."""
-
-    def __init__(self, argv: list[str], folder: Path, pause_at: str = "") -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        self.folder = folder
-        env = {**os.environ, "PYTHONPATH": str(REPO), "PID_PAUSE_AT": pause_at, "PID_PAUSE_DIR": str(folder),
-               "PID_PAUSE_TIMEOUT_S": str(REACH_TIMEOUT_S)}
-        self.out, self.err = open(folder / "stdout", "w+"), open(folder / "stderr", "w+")  # noqa: SIM115
-        self.proc = subprocess.Popen([sys.executable, *argv], env=env, stdout=self.out, stderr=self.err,
-                                     stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
-
-    def reached(self, point: str) -> bool:
-        return (self.folder / f"{point.replace(':', '-')}.reached").exists()
-
-    def wait_reached(self, point: str) -> None:
-        deadline = time.monotonic() + REACH_TIMEOUT_S
-        while not self.reached(point):
-            if self.proc.poll() is not None:
-                pytest.fail(f"exited {self.proc.returncode} before pause point {point}: {self.stderr()[-2000:]}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"never reached pause point {point}")
-            time.sleep(0.05)
-
-    def release(self, point: str) -> None:
-        (self.folder / f"{point.replace(':', '-')}.go").write_text("")
-
-    def finish(self) -> int:
-        try:
-            return self.proc.wait(timeout=REACH_TIMEOUT_S)
-        finally:
-            self.out.close()
-            self.err.close()
-
-    def stdout(self) -> str:
-        return (self.folder / "stdout").read_text()
-
-    def stderr(self) -> str:
-        return (self.folder / "stderr").read_text()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.out.close()
-        self.err.close()
-
-
-@pytest.fixture
-def procs():
-    started: list[Proc] = []
-
-    def start(argv: list[str], folder: Path, pause_at: str = "") -> Proc:
-        p = Proc(argv, folder, pause_at)
-        started.append(p)
-        return p
-
-    yield start
-    for p in started:
-        p.kill()
-
-
 def _host() -> str:
     return socket.gethostname()[:100]
-
-
-def pid_shard(*args: str) -> list[str]:
-    return ["-m", "pid_platform.cli", *args]
 
 
 def read_verified(url: str) -> list[str]:
@@ -235,8 +169,14 @@ def test_of_two_builds_from_two_machines_one_publishes_and_the_other_fails_namin
         assert shard_main(shard_args(raw_root, url, tmp_path / "work-0", "--shard-size", "8",
                                      "--no-classify-aspect-ratio")) == 0
         v0 = pointer(client, bucket, "photos")["version"]
-    # Two machines (two work folders), two settings, both read the same pointer and upload...
-    a = procs(pid_shard(*shard_args(raw_root, url, tmp_path / "work-a")), tmp_path / "a", "publish:before-switch")
+    # Two machines, two settings, both read the same pointer and upload... A build takes the output's
+    # lease (test_build_lease.py), so the second pid-shard would be refused at its start: A is a
+    # publisher that ignores the lease (an older release, a script), which only the conditional
+    # pointer switch can stop. A's version is staged by a local build.
+    staged = tmp_path / "local-a"
+    assert shard_main(["--input-dir", str(raw_root / SOURCE), "--output-dir", str(staged),
+                       "--max-shard-size-mb", "0.25", "--num-workers", "1"]) == 0
+    a = procs(["-c", PUBLISH, str(staged), url], tmp_path / "a", "publish:before-switch")
     b = procs(pid_shard(*shard_args(raw_root, url, tmp_path / "work-b", "--no-classify-aspect-ratio")),
               tmp_path / "b", "publish:before-switch")
     a.wait_reached("publish:before-switch")

@@ -11,6 +11,7 @@ import inspect
 import json
 from collections import defaultdict
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
@@ -20,6 +21,7 @@ from loader.formats.errors import FormatError
 from loader.formats.twin_tar import tar_path
 from loader.formats.wdinfo import WDINFO_NAME, root_base
 from pid_platform.sharding.commit import versions
+from pid_platform.sharding.commit.lease import build_lease
 from pid_platform.sharding.commit.manifest_roots import rewrite_manifest_roots
 from pid_platform.sharding.commit.manifests import (
     BucketManifest,
@@ -56,14 +58,20 @@ PLAN = "plan.parquet"  # in the state folder: every shard of the version, in sha
 
 
 def build_step(fn: F) -> F:
-    """Run ``fn`` holding the build lock of its ``out`` argument; if it fails, remove a staging
-    folder it left empty (still under the lock, so no other build's staging is touched)."""
+    """Run ``fn`` holding the build lock of its ``out`` argument, and, given an S3 output
+    (``publish_to``), that output's build lease (``commit/lease.py``: one build per bucket
+    output across machines, taken before the local lock); if it fails, remove a staging folder
+    it left empty (still under the lock, so no other build's staging is touched)."""
     sig = inspect.signature(fn)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        out = sig.bind_partial(*args, **kwargs).arguments["out"]
-        with build_lock(out):
+        bound = sig.bind_partial(*args, **kwargs).arguments
+        out, publish_to = bound["out"], bound.get("publish_to")
+        with ExitStack() as stack:
+            if publish_to is not None:
+                stack.enter_context(build_lease(publish_to))
+            stack.enter_context(build_lock(out))
             try:
                 return fn(*args, **kwargs)
             except BaseException:

@@ -1,6 +1,7 @@
 """``sample_set``: the samples of one source, and a report of every file that was left out."""
 
 import hashlib
+from contextlib import nullcontext
 
 import dagster as dg
 
@@ -14,6 +15,7 @@ from pid_platform.defs.raw_sources import RAW_SOURCE_ASSET
 from pid_platform.defs.resources import ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, retry_only_transient
 from pid_platform.defs.settings import SETTINGS_ASSET, settings_for_run, settings_metadata
+from pid_platform.sharding.commit.lease import build_lease
 from pid_platform.sharding.commit.s3_output import check_writable, publish_version
 from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.intake.task import IntakeReport, Sample
@@ -114,13 +116,14 @@ def sample_set(
             check_writable(target)  # an S3 output that refuses stops the run before any work
         # Listed before the intake reads: a file changed meanwhile makes the next tick build again.
         fingerprint, _ = source_fingerprint(store, source)
-        result = run_intake(
-            store, source, out, settings.config,
-            trust_pickle=sharding.trust_pickle, num_workers=sharding.num_workers, stop_if_up_to_date=True,
-        )
-        if result.up_to_date and target is not None:
-            # Nothing to build here; make sure the bucket serves this version too (a no-op when it does).
-            publish_version(final_dir(out), target, num_workers=sharding.num_workers)
+        with build_lease(target) if target is not None else nullcontext():
+            result = run_intake(
+                store, source, out, settings.config,
+                trust_pickle=sharding.trust_pickle, num_workers=sharding.num_workers, stop_if_up_to_date=True,
+            )
+            if result.up_to_date and target is not None:
+                # Nothing to build here; make sure the bucket serves this version too (a no-op when it does).
+                publish_version(final_dir(out), target, num_workers=sharding.num_workers)
         if not result.up_to_date:
             save_fingerprint(staging_dir(out), fingerprint)  # committed with the build it describes
     samples, report, path = result.samples, result.report, result.path

@@ -17,9 +17,8 @@ it stops counting at ``expires``. Two purposes exist today:
 Each side writes its own claim first and reads the other's after, so at least one sees the
 other (S3 reads are strongly consistent after a write): a cleanup that finds a ``publish``
 claim keeps the version, a build that finds a ``delete`` claim waits until it is gone and then
-lists what is left. A build lease (one build per output, issue 18) can be the same record with
-the output as its subject, made exclusive by a fixed token and a conditional create
-(``If-None-Match: *``, as the pointer switch uses) instead of a random token.
+lists what is left. One build per output is a different record, exclusive by a conditional
+create: the build lease (``lease.py``).
 
 Expiry is read on each reader's clock: machines whose clocks differ by more than a claim's
 lifetime (10 minutes by default) defeat it.

@@ -60,6 +60,7 @@ from pid_platform.sharding.commit.claims import (
     this_process,
     wait_until_unclaimed,
 )
+from pid_platform.sharding.commit.lease import check_held
 from pid_platform.sharding.commit.manifests import is_build_output
 from pid_platform.sharding.errors import BuildError, OutputNotWritableError
 from pid_platform.sharding.layout import PROBE_PREFIX, STATE_DIR
@@ -394,6 +395,7 @@ def publish_version(
             old_sha = {}  # an unreadable old manifest only costs the copies
     new_sha = _checksums_of({m: (staging / m).read_bytes() for m in manifests})
 
+    check_held(output, vid)  # the lease says which version this build publishes
     pause_point("publish:start")
     with HeldClaim(output, vid, PUBLISH, holder=holder, now=now) as claim:
         # A cleanup that claimed this version before us may be deleting it: what it leaves is
@@ -441,6 +443,7 @@ def publish_version(
             before_switch()
         pause_point("publish:before-switch")
         claim.check()
+        check_held(output, vid)  # a build whose lease another build took stops here, pointer untouched
         _switch(output, vid, manifests, current, etag, holder, now)
     return result
 

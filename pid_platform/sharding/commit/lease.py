@@ -1,0 +1,445 @@
+"""One build of an ``s3://`` output at a time, across machines: a lease object in the bucket.
+
+The local ``flock`` (``output_lock.py``) guards a work folder on one machine; two machines
+building the same ``s3://`` output have different work folders and would race. A build of an
+S3 output therefore holds ``<output>/.pid-build/lease.json``::
+
+    {"lease_version": 1, "host": "...", "pid": 1234, "token": "<random>", "started": <unix s>,
+     "renewed": <unix s>, "expires": <unix s>, "ttl_s": 600.0, "version": "<id>" | null}
+
+* taken with a conditional create (``If-None-Match: *``): of two builds, one gets it, the other
+  is refused with the holder's host, pid, age and when its lease expires;
+* renewed by a background thread with ``If-Match`` on the lease's own ETag, so a renewal never
+  overwrites a lease another build has taken: a holder whose lease was taken (it expired while
+  the holder stalled, or someone deleted it) sees that and stops before the pointer switch
+  (``check_held``, called by the commit) with an error saying so;
+* released (deleted, ``If-Match`` its ETag) when the build ends; a holder killed with
+  ``kill -9`` leaves it behind until ``expires``, and then the next build takes it over with
+  ``If-Match`` on the stale lease's ETag (of two builds taking over, one wins).
+
+A server that does not implement ``If-None-Match`` on PUT (it answers 501) gets a weaker take:
+a read that finds no lease, an unconditional write, and a read-back of the token. Expiry is read
+on the reader's clock: machines whose clocks differ by more than the TTL defeat it.
+
+Every S3 request of this module is in the four private functions at the top.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from loader.io.s3_client import S3AccessError
+from pid_platform.sharding.errors import BuildError
+
+if TYPE_CHECKING:
+    from pid_platform.sharding.commit.s3_output import S3Output
+
+log = logging.getLogger(__name__)
+
+LEASE_REL = ".pid-build/lease.json"
+LEASE_FORMAT_VERSION = 1
+TTL_ENV = "PID_LEASE_TTL_S"
+RENEW_ENV = "PID_LEASE_RENEW_S"
+DEFAULT_TTL_S = 600.0
+MAX_LEASE_BYTES = 4096  # a lease is one short JSON line; anything larger is not one
+
+
+# --- The S3 requests (the only ones in this module) -------------------------------------------
+
+class _Precondition(Exception):
+    """The server refused a conditional request: the object is not in the state asked for."""
+
+
+class _Unsupported(Exception):
+    """The server does not implement the conditional header asked for (501)."""
+
+
+def _classify(exc: Exception) -> Exception:
+    from botocore.exceptions import ClientError
+
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        code = exc.response.get("Error", {}).get("Code")
+        if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
+            return _Precondition(code or status)
+        if code in ("NoSuchKey", "404", "NotFound"):  # not NoSuchBucket: s3_errors names that
+            return _Precondition("gone")  # If-Match on an object that is not there
+        if status == 501 or code == "NotImplemented":
+            return _Unsupported(code or status)
+    return exc
+
+
+def _put_if_absent(output: S3Output, key: str, body: bytes) -> str:
+    """Create ``key``; its ETag. ``_Precondition`` when it exists, ``_Unsupported`` when the
+    server does not implement ``If-None-Match``."""
+    with output.errors(f"writing s3://{output.bucket}/{key}"):
+        try:
+            got = output.client().put_object(Bucket=output.bucket, Key=key, Body=body,
+                                             ContentType="application/json", IfNoneMatch="*")
+        except Exception as exc:
+            raise _classify(exc) from None
+    return got["ETag"]
+
+
+def _put_if_match(output: S3Output, key: str, body: bytes, etag: str | None) -> str:
+    """Replace ``key`` only if its ETag is still ``etag`` (``None``: unconditionally, the
+    fallback take); the new ETag. ``_Precondition`` when it changed or is gone."""
+    cond = {"IfMatch": etag} if etag else {}
+    with output.errors(f"writing s3://{output.bucket}/{key}"):
+        try:
+            got = output.client().put_object(Bucket=output.bucket, Key=key, Body=body,
+                                             ContentType="application/json", **cond)
+        except Exception as exc:
+            raise _classify(exc) from None
+    return got["ETag"]
+
+
+def _get(output: S3Output, key: str) -> tuple[bytes, str] | None:
+    """The object's bytes (at most ``MAX_LEASE_BYTES + 1``) and ETag, or ``None`` if absent."""
+    with output.errors(f"reading s3://{output.bucket}/{key}"):
+        try:
+            got = output.client().get_object(Bucket=output.bucket, Key=key)
+        except Exception as exc:
+            cls = _classify(exc)
+            if isinstance(cls, _Precondition):
+                return None
+            raise cls from None
+        return got["Body"].read(MAX_LEASE_BYTES + 1), got["ETag"]
+
+
+def _delete(output: S3Output, key: str, etag: str | None) -> None:
+    """Delete ``key`` if its ETag is still ``etag`` (``None``: unconditionally); ``_Precondition``
+    when it changed or is gone, ``_Unsupported`` when the server has no conditional delete."""
+    cond = {"IfMatch": etag} if etag else {}
+    with output.errors(f"deleting s3://{output.bucket}/{key}"):
+        try:
+            output.client().delete_object(Bucket=output.bucket, Key=key, **cond)
+        except Exception as exc:
+            raise _classify(exc) from None
+
+
+# --- Settings -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LeaseSettings:
+    """How long a lease lasts without renewal (``ttl_s``) and how often its holder renews it
+    (``renew_s``, default a third of the TTL). A crashed build blocks the output for at most
+    ``ttl_s``; a holder that cannot renew for that long loses the lease."""
+
+    ttl_s: float = DEFAULT_TTL_S
+    renew_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttl_s", "renew_s"):
+            v = getattr(self, name)
+            if v is None and name == "renew_s":
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise BuildError(f"build lease {name} = {v!r}: give a number of seconds > 0")
+        if self.ttl_s < 1:
+            raise BuildError(f"build lease ttl_s = {self.ttl_s!r}: give at least 1 second (a shorter lease "
+                             "expires between two renewals of a busy machine)")
+        if self.renew_s is not None and self.renew_s > self.ttl_s / 2:
+            raise BuildError(f"build lease renew_s = {self.renew_s!r} with ttl_s = {self.ttl_s!r}: renew at least "
+                             "twice per TTL (renew_s <= ttl_s / 2), so one missed renewal does not lose it")
+
+    @property
+    def renew_every_s(self) -> float:
+        return self.renew_s if self.renew_s is not None else self.ttl_s / 3
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> LeaseSettings:
+        """The defaults, overridden by ``PID_LEASE_TTL_S`` / ``PID_LEASE_RENEW_S`` when set."""
+        env = os.environ if environ is None else environ
+        values: dict[str, float] = {}
+        for name, var in (("ttl_s", TTL_ENV), ("renew_s", RENEW_ENV)):
+            text = (env.get(var) or "").strip()
+            if not text:
+                continue
+            try:
+                values[name] = float(text)
+            except ValueError:
+                raise BuildError(f"{var}={text[:40]!r}: give a number of seconds, or unset it") from None
+        try:
+            return cls(**values)
+        except BuildError as exc:
+            raise BuildError(f"{exc} (from {TTL_ENV} / {RENEW_ENV})") from None
+
+
+# --- The lease ----------------------------------------------------------------------------------
+
+class BuildLeaseError(BuildError):
+    pass
+
+
+class BuildLeaseHeldError(BuildLeaseError):
+    """Another build holds a live lease on the output."""
+
+
+class BuildLeaseLostError(BuildLeaseError):
+    """This build's lease was taken by another build, or could not be renewed in time."""
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    host: str
+    pid: int
+    token: str
+    started: float
+    renewed: float
+    expires: float
+    ttl_s: float
+    version: str | None = None
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"lease_version": LEASE_FORMAT_VERSION, "host": self.host, "pid": self.pid,
+                           "token": self.token, "started": self.started, "renewed": self.renewed,
+                           "expires": self.expires, "ttl_s": self.ttl_s, "version": self.version}).encode()
+
+    def holder(self) -> str:
+        return f"{self.host} pid {self.pid}"
+
+
+def parse_lease(data: bytes, where: str) -> LeaseRecord:
+    try:
+        if len(data) > MAX_LEASE_BYTES:
+            raise ValueError("too large")
+        doc = json.loads(data)
+        if doc.get("lease_version") != LEASE_FORMAT_VERSION:
+            raise ValueError(f"lease_version {doc.get('lease_version')!r}")
+        version = doc.get("version")
+        return LeaseRecord(str(doc["host"])[:100], int(doc["pid"]), str(doc["token"])[:64], float(doc["started"]),
+                           float(doc["renewed"]), float(doc["expires"]), float(doc["ttl_s"]),
+                           None if version is None else str(version)[:128])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise BuildLeaseError(
+            f"{where} is not a build lease this version of pid-platform reads ({exc}); if no build of this "
+            "output is running, delete it and build again") from None
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
+class BuildLease:
+    """The lease on one S3 output: taken on enter, renewed in the background, released on exit.
+
+    ``check()`` raises ``BuildLeaseLostError`` once the lease is no longer this build's; the
+    commit calls it (through ``check_held``) right before it switches the pointer.
+    """
+
+    def __init__(self, output: S3Output, settings: LeaseSettings | None = None, *,
+                 now: Callable[[], float] = time.time) -> None:
+        self.output = output
+        self.settings = settings or LeaseSettings.from_env()
+        self.now = now
+        self.key = output.key(LEASE_REL)
+        self.where = f"{output}/{LEASE_REL}"
+        self.record: LeaseRecord | None = None
+        self.etag: str | None = None
+        self.lost: str | None = None
+        self._lock = threading.Lock()  # one request at a time changes record/etag
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # Taking it.
+    def _fresh(self, started: float | None = None, version: str | None = None) -> LeaseRecord:
+        t = self.now()
+        return LeaseRecord(socket.gethostname()[:100], os.getpid(), self.record.token if self.record else
+                           uuid.uuid4().hex, started if started is not None else t, t, t + self.settings.ttl_s,
+                           self.settings.ttl_s, version)
+
+    def _refuse(self, held: LeaseRecord) -> BuildLeaseHeldError:
+        t = self.now()
+        return BuildLeaseHeldError(
+            f"another build of {self.output} is running: {held.holder()} took its lease {_ago(t - held.started)} ago "
+            f"(renewed {_ago(t - held.renewed)} ago{', version ' + held.version if held.version else ''}); wait for "
+            f"it to finish. If that process is gone, its lease expires at {_utc(held.expires)} (in "
+            f"{_ago(held.expires - t)}) and the next build takes it over; {self.where} never needs deleting by hand")
+
+    def acquire(self) -> None:
+        for _ in range(5):  # each turn loses one race to another build taking or releasing it
+            rec = self._fresh()
+            try:
+                self.etag, self.record = _put_if_absent(self.output, self.key, rec.to_bytes()), rec
+                return
+            except _Unsupported:
+                if self._take_without_if_none_match(rec):
+                    return
+                continue
+            except _Precondition:
+                pass
+            got = _get(self.output, self.key)
+            if got is None:
+                continue  # released meanwhile: try the create again
+            held = parse_lease(got[0], self.where)
+            if self.now() < held.expires:
+                raise self._refuse(held)
+            try:
+                self.etag, self.record = _put_if_match(self.output, self.key, rec.to_bytes(), got[1]), rec
+            except _Precondition:
+                continue  # another build took the stale lease first: read whose it is now
+            log.warning("%s: took over the lease of %s, which expired at %s (that build stopped without "
+                        "releasing it)", self.output, held.holder(), _utc(held.expires))
+            return
+        raise BuildLeaseError(f"{self.where}: could not take the build lease (other builds kept taking and "
+                              "releasing it); build again")
+
+    def _take_without_if_none_match(self, rec: LeaseRecord) -> bool:
+        # A server without If-None-Match: read, write if absent, read back the token. Two builds
+        # starting within one round trip can both pass the read; the read-back catches most of those.
+        got = _get(self.output, self.key)
+        if got is not None:
+            held = parse_lease(got[0], self.where)
+            if self.now() < held.expires:
+                raise self._refuse(held)
+            etag: str | None = got[1]
+        else:
+            etag = None
+        try:
+            _put_if_match(self.output, self.key, rec.to_bytes(), etag)
+        except _Precondition:
+            return False
+        back = _get(self.output, self.key)
+        if back is None or parse_lease(back[0], self.where).token != rec.token:
+            return False
+        self.etag, self.record = back[1], rec
+        return True
+
+    # Holding it.
+    def renew(self, version: str | None = None) -> None:
+        """Extend the lease (recording ``version`` when given); raises once it is lost."""
+        with self._lock:
+            if self.lost is not None:
+                raise BuildLeaseLostError(self.lost)
+            assert self.record is not None
+            rec = self._fresh(self.record.started, version or self.record.version)
+            try:
+                self.etag = _put_if_match(self.output, self.key, rec.to_bytes(), self.etag)
+            except _Precondition:
+                self.lost = self._lost_message("another build took it over or it was deleted")
+                raise BuildLeaseLostError(self.lost) from None
+            self.record = rec
+
+    def _lost_message(self, why: str) -> str:
+        now_there = _get(self.output, self.key)
+        holder = ""
+        if now_there is not None:
+            try:
+                other = parse_lease(now_there[0], self.where)
+                holder = f" (now held by {other.holder()}, since {_ago(self.now() - other.started)})"
+            except BuildLeaseError:
+                holder = ""
+        return (f"{self.output}: this build lost its lease {self.where}{holder}: {why}. It stops without switching "
+                f"the pointer, so readers keep the version they had; build again once the other build is done")
+
+    def check(self, version: str | None = None) -> None:
+        """Raise ``BuildLeaseLostError`` unless the lease is still this build's: one conditional
+        renewal, so a lease taken meanwhile is seen even between two background renewals."""
+        if self.record is not None and self.now() >= self.record.expires and self.lost is None:
+            self.lost = self._lost_message(f"it could not be renewed before it expired at {_utc(self.record.expires)} "
+                                           "(S3 unreachable, or the process stalled)")
+        try:
+            self.renew(version)
+        except S3AccessError as exc:
+            raise BuildLeaseError(f"{exc} (renewing the build lease {self.where}; the pointer was not changed)") from None
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.settings.renew_every_s):
+            try:
+                self.renew()
+            except BuildLeaseLostError as exc:
+                log.error("%s", exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - a failed renewal is retried; check() stops the build in time
+                log.warning("%s: renewing the build lease failed (%s); trying again in %.0f s", self.output,
+                            exc, self.settings.renew_every_s)
+
+    # Letting it go.
+    def release(self) -> None:
+        with self._lock:
+            if self.lost is not None or self.etag is None:
+                return  # not ours any more: someone else's lease stays
+            try:
+                _delete(self.output, self.key, self.etag)
+            except _Precondition:
+                return  # taken over meanwhile
+            except _Unsupported:
+                got = _get(self.output, self.key)
+                if got is not None and got[1] == self.etag:
+                    _delete(self.output, self.key, None)
+            finally:
+                self.etag = None
+
+    def __enter__(self) -> BuildLease:
+        try:
+            self.acquire()
+        except S3AccessError as exc:
+            raise BuildLeaseError(f"{exc} (taking the build lease {self.where}; nothing was built)") from None
+        self._thread = threading.Thread(target=self._renew_loop, name="build-lease", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - a lease left behind only lasts until it expires
+            if exc[0] is None:
+                raise
+
+
+# Steps nest (build_source calls every run_* step): the process holds one lease per output.
+_held: dict[str, tuple[BuildLease, int]] = {}
+_held_lock = threading.Lock()
+
+
+@contextmanager
+def build_lease(output: S3Output, settings: LeaseSettings | None = None) -> Iterator[BuildLease]:
+    """Hold the build lease of ``output`` for the block (nested holds in one process share it)."""
+    with _held_lock:
+        entry = _held.get(output.url)
+        if entry is not None:
+            _held[output.url] = (entry[0], entry[1] + 1)
+    if entry is not None:
+        try:
+            yield entry[0]
+        finally:
+            with _held_lock:
+                lease, n = _held[output.url]
+                _held[output.url] = (lease, n - 1)
+        return
+    with BuildLease(output, settings) as lease:
+        with _held_lock:
+            _held[output.url] = (lease, 1)
+        try:
+            yield lease
+        finally:
+            with _held_lock:
+                del _held[output.url]
+
+
+def check_held(output: S3Output, version: str | None = None) -> None:
+    """Before a commit: raise ``BuildLeaseLostError`` if this process held the lease of ``output``
+    and lost it (a no-op for a publish outside a leased build)."""
+    entry = _held.get(output.url)
+    if entry is not None:
+        entry[0].check(version)
