@@ -185,7 +185,7 @@ def _refuse_if_none_match(request, **_: object):
 def test_without_if_none_match_the_lease_is_taken_by_read_write_and_read_back(s3_env: SeaweedS3) -> None:
     client, bucket = s3_env.client(), s3_env.make_bucket("lease-no-if-none-match")
     output = S3Output(f"s3://{bucket}/photos")
-    events = output.client().meta.events
+    events = output.store().client.meta.events  # one cached client per settings
     events.register_first("before-send.s3.PutObject", _refuse_if_none_match, unique_id="no-if-none-match")
     try:
         with BuildLease(output, LeaseSettings(ttl_s=30)) as first:

@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from loader.io.s3_client import S3AccessError
+from loader.io.errors import ObjectNotFoundError, PreconditionFailedError, StorageError, UnsupportedRequestError
 from pid_platform.sharding.errors import BuildError
 
 if TYPE_CHECKING:
@@ -57,76 +57,38 @@ MAX_LEASE_BYTES = 4096  # a lease is one short JSON line; anything larger is not
 
 # --- The S3 requests (the only ones in this module) -------------------------------------------
 
-class _Precondition(Exception):
-    """The server refused a conditional request: the object is not in the state asked for."""
+# The storage layer's refusals, under the names this module's callers read.
+_Precondition = PreconditionFailedError
+_Unsupported = UnsupportedRequestError
 
 
-class _Unsupported(Exception):
-    """The server does not implement the conditional header asked for (501)."""
-
-
-def _classify(exc: Exception) -> Exception:
-    from botocore.exceptions import ClientError
-
-    if isinstance(exc, ClientError):
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        code = exc.response.get("Error", {}).get("Code")
-        if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
-            return _Precondition(code or status)
-        if code in ("NoSuchKey", "404", "NotFound"):  # not NoSuchBucket: s3_errors names that
-            return _Precondition("gone")  # If-Match on an object that is not there
-        if status == 501 or code == "NotImplemented":
-            return _Unsupported(code or status)
-    return exc
-
-
-def _put_if_absent(output: S3Output, key: str, body: bytes) -> str:
+def _put_if_absent(output: S3Output, key: str, body: bytes) -> str | None:
     """Create ``key``; its ETag. ``_Precondition`` when it exists, ``_Unsupported`` when the
     server does not implement ``If-None-Match``."""
-    with output.errors(f"writing s3://{output.bucket}/{key}"):
-        try:
-            got = output.client().put_object(Bucket=output.bucket, Key=key, Body=body,
-                                             ContentType="application/json", IfNoneMatch="*")
-        except Exception as exc:
-            raise _classify(exc) from None
-    return got["ETag"]
+    return output.store().put_if_absent(key, body, content_type="application/json")
 
 
-def _put_if_match(output: S3Output, key: str, body: bytes, etag: str | None) -> str:
+def _put_if_match(output: S3Output, key: str, body: bytes, etag: str | None) -> str | None:
     """Replace ``key`` only if its ETag is still ``etag`` (``None``: unconditionally, the
     fallback take); the new ETag. ``_Precondition`` when it changed or is gone."""
-    cond = {"IfMatch": etag} if etag else {}
-    with output.errors(f"writing s3://{output.bucket}/{key}"):
-        try:
-            got = output.client().put_object(Bucket=output.bucket, Key=key, Body=body,
-                                             ContentType="application/json", **cond)
-        except Exception as exc:
-            raise _classify(exc) from None
-    return got["ETag"]
+    store = output.store()
+    if etag is None:
+        return store.put(key, body, content_type="application/json")
+    return store.put_if_match(key, body, etag, content_type="application/json")
 
 
-def _get(output: S3Output, key: str) -> tuple[bytes, str] | None:
+def _get(output: S3Output, key: str) -> tuple[bytes, str | None] | None:
     """The object's bytes (at most ``MAX_LEASE_BYTES + 1``) and ETag, or ``None`` if absent."""
-    with output.errors(f"reading s3://{output.bucket}/{key}"):
-        try:
-            got = output.client().get_object(Bucket=output.bucket, Key=key)
-        except Exception as exc:
-            cls = _classify(exc)
-            if isinstance(cls, _Precondition):
-                return None
-            raise cls from None
-        return got["Body"].read(MAX_LEASE_BYTES + 1), got["ETag"]
+    try:
+        return output.store().get_tagged(key, max_bytes=MAX_LEASE_BYTES + 1)
+    except ObjectNotFoundError:
+        return None
 
 
 def _delete(output: S3Output, key: str, etag: str | None) -> None:
     """Delete ``key`` if its ETag is still ``etag`` (``None``: unconditionally); ``_Precondition``
     when it changed or is gone, ``_Unsupported`` when the server has no conditional delete."""
-    cond = {"IfMatch": etag} if etag else {}
-    with output.errors(f"deleting s3://{output.bucket}/{key}"):
-        try:
-            output.client().delete_object(Bucket=output.bucket, Key=key, **cond)
-        except Exception as exc:
-            raise _classify(exc) from None
+    output.store().delete(key, if_match=etag)
 
 
 # --- Settings -----------------------------------------------------------------------------------
@@ -357,7 +319,7 @@ class BuildLease:
                                            "(S3 unreachable, or the process stalled)")
         try:
             self.renew(version)
-        except S3AccessError as exc:
+        except StorageError as exc:
             raise BuildLeaseError(f"{exc} (renewing the build lease {self.where}; the pointer was not changed)") from None
 
     def _renew_loop(self) -> None:
@@ -390,7 +352,7 @@ class BuildLease:
     def __enter__(self) -> BuildLease:
         try:
             self.acquire()
-        except S3AccessError as exc:
+        except StorageError as exc:
             raise BuildLeaseError(f"{exc} (taking the build lease {self.where}; nothing was built)") from None
         self._thread = threading.Thread(target=self._renew_loop, name="build-lease", daemon=True)
         self._thread.start()
