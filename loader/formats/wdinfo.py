@@ -50,6 +50,9 @@ class WdinfoManifest:
     source: str | None = None
     # Set when read from disk: the folder the manifest lives in.
     manifest_dir: str | None = None
+    # The modalities the shards were cut with, when others were added later without re-cutting
+    # (the size bound holds for these); None: all of ``data_keys``.
+    plan_modalities: list[str] | None = None
 
     @property
     def data_list(self) -> list[str]:
@@ -79,6 +82,8 @@ class WdinfoManifest:
             doc["bucket"] = self.bucket
         if self.source is not None:
             doc["source"] = self.source
+        if self.plan_modalities is not None:
+            doc["plan_modalities"] = list(self.plan_modalities)
         # Per-tar details are columnar (one list per field, aligned with data_list): parsing
         # a million tars then costs a few flat lists, not a million small dicts.
         doc["tar_bytes"] = {m: [t.bytes.get(m, 0) for t in self.tars] for m in self.data_keys}
@@ -210,6 +215,7 @@ class WdinfoColumns:
     key_index: list[str | None] | None  # relative to the manifest folder
     tar_bytes: dict[str, list]  # modality -> sizes (lists of another length are left out)
     tar_sha256: dict[str, list]  # modality -> hex digests ("" where unknown)
+    plan_modalities: list[str] | None = None  # what the shards were cut with, when not all data_keys
 
     @property
     def total_key_count(self) -> int:
@@ -286,6 +292,11 @@ def check_wdinfo(doc: Any, origin: str) -> WdinfoColumns:
     chunk = doc.get("chunk_size")
     if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0):
         raise FormatError(f"{origin}: chunk_size {chunk!r} must be a whole number >= 0")
+    plan_modalities = doc.get("plan_modalities")
+    if plan_modalities is not None and (not isinstance(plan_modalities, list)
+                                        or not all(isinstance(m, str) and m in data_keys for m in plan_modalities)):
+        raise FormatError(f"{origin}: plan_modalities {short_repr(plan_modalities)} must list some of data_keys "
+                          f"{data_keys}; rebuild the manifest")
     per_tar = {}
     for name in ("tar_bytes", "tar_sha256"):
         value = doc.get(name) or {}
@@ -304,6 +315,7 @@ def check_wdinfo(doc: Any, origin: str) -> WdinfoColumns:
         key_index=key_index,
         tar_bytes=per_tar["tar_bytes"],
         tar_sha256=per_tar["tar_sha256"],
+        plan_modalities=plan_modalities,
     )
 
 
@@ -338,6 +350,7 @@ def parse_wdinfo(doc: dict[str, Any], manifest_dir: str | None, origin: str) -> 
         bucket=cols.bucket,
         source=cols.source,
         manifest_dir=manifest_dir,
+        plan_modalities=cols.plan_modalities,
     )
 
 
