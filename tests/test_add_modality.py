@@ -170,3 +170,90 @@ def test_a_bad_missing_keys_setting_is_refused_naming_it(raw_root: Path) -> None
     assert ShardingConfig().version() == ShardingConfig(new_modality_missing_keys="reshard").version()
     assert ShardingConfig(new_modality_missing_keys="keep").version() != ShardingConfig().version()
     json.dumps(ShardingConfig().__dict__)  # the state file records it as plain JSON
+
+
+class Requests:
+    """Every S3 request botocore makes in this process: (operation, key)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import botocore.client
+
+        self.calls: list[tuple[str, str]] = []
+        real = botocore.client.BaseClient._make_api_call
+
+        def spy(client, operation_name, api_params):
+            key = api_params.get("Key") or api_params.get("Prefix") or ""
+            self.calls.append((operation_name, key))
+            return real(client, operation_name, api_params)
+
+        monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", spy)
+
+    def writes(self) -> list[tuple[str, str]]:
+        return [c for c in self.calls
+                if c[0] in ("PutObject", "CopyObject", "UploadPart", "CreateMultipartUpload", "UploadPartCopy")]
+
+
+def test_adding_a_modality_to_an_s3_output_sends_only_its_tars(
+    s3_env, raw_root: Path, without_new: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pid_platform.cli import shard_main
+    from pid_platform.sharding.commit.s3_output import S3Output, cleanup_versions
+    from tests.support.s3_objects import keys, pointer
+
+    client = s3_env.client()
+    s3_env.make_bucket("addmod")
+    url = "s3://addmod/photos"
+
+    def shard() -> int:
+        return shard_main(["--input-dir", str(raw_root / SOURCE), "--output-dir", url, "--work-dir",
+                           str(tmp_path / "work"), "--max-shard-size-mb", str(SMALL_BOUND_MB), "--num-workers", "1"])
+
+    assert shard() == 0
+    v1 = pointer(client, "addmod", "photos")["version"]
+    v1_keys = keys(client, "addmod", f"photos/versions/{v1}")
+    assert any("/image/" in k for k in v1_keys)
+
+    shutil.move(without_new, raw_root / SOURCE / NEW)
+    requests = Requests(monkeypatch)
+    assert shard() == 0
+    monkeypatch.undo()  # the spy off again (and the environment: set it back for the reads below)
+    for name, value in (("AWS_ENDPOINT_URL", s3_env.endpoint_url), ("AWS_ACCESS_KEY_ID", s3_env.access_key),
+                        ("AWS_SECRET_ACCESS_KEY", s3_env.secret_key), ("AWS_DEFAULT_REGION", s3_env.region)):
+        os.environ[name] = value
+    writes = requests.writes()
+    assert writes, "the new modality's tars were sent"
+    # No image or caption tar was uploaded or copied: only the new modality's tars, key indexes,
+    # manifests, settings, the claim and the pointer.
+    assert [w for w in writes if "/image/" in w[1] or "/caption/" in w[1]] == []
+    sent_tars = sorted(k for op, k in writes if k.endswith(".tar"))
+    assert sent_tars and all(f"/{NEW}/" in k for k in sent_tars)
+    assert not any(op == "CopyObject" for op, _ in writes)
+
+    p2 = pointer(client, "addmod", "photos")
+    assert p2["version"] != v1 and p2["uses"] == [v1] and v1 not in p2.get("retired", {})
+    # The new version's folder holds its key indexes and manifests; its tars stay in v1's folder.
+    v2_keys = keys(client, "addmod", f"photos/versions/{p2['version']}")
+    assert not any(k.endswith(".tar") for k in v2_keys)
+    assert set(keys(client, "addmod", f"photos/versions/{v1}")) >= set(v1_keys)
+
+    # The loader reads all three modalities by the prefix; the items equal a local build's from scratch.
+    scratch = build(raw_root, tmp_path / "scratch")
+    mods = ["caption", "image", NEW]
+    got = items(url, mods)
+    assert len(got) == 32 and got == items(str(scratch.out), mods)
+    assert items(url, mods, mode="index") == got
+    # The readers of v1 (two modalities) still read it whole.
+    v1_manifests = [f"{url}/versions/{v1}/{m}" for m in pointer(client, "addmod", "photos")["manifests"]]
+    assert len(items(v1_manifests, ["caption", "image"])) == 32
+
+    # The cleanup never deletes the version whose folder the current one reads its tars from.
+    report = cleanup_versions(S3Output(url), grace_s=0)
+    assert v1 not in report.removed
+    assert items(url, mods) == got
+
+    # Built again unchanged: the same version, nothing sent.
+    requests = Requests(monkeypatch)
+    assert shard() == 0
+    # (Only the bucket's write probe and the publish claim, both deleted again.)
+    assert [w for w in requests.writes() if not w[1].split("/")[1].startswith((".write-probe-", ".pid-claims"))] == []
+    assert pointer(client, "addmod", "photos")["version"] == p2["version"]

@@ -21,6 +21,7 @@ import numpy as np
 from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError, short_repr
 from loader.formats.layout import WDINFO_NAME, is_bucket_folder
+from loader.formats.version_pointer import sibling_version
 
 __all__ = [
     "FORMAT_VERSION", "WDINFO_NAME", "TarEntry", "WdinfoColumns", "WdinfoManifest", "check_wdinfo",
@@ -226,7 +227,8 @@ def check_wdinfo(doc: Any, origin: str) -> WdinfoColumns:
     """Check a parsed ``wdinfo.json`` against the format; ``FormatError`` names what is wrong.
 
     Refused: a ``format_version`` newer than this reader; negative, fractional or misaligned
-    counts; a ``total_key_count`` that is not their sum; a relative ``root``, a ``data_list``
+    counts; a ``total_key_count`` that is not their sum; a relative ``root`` (but a sibling
+    version's folder, ``version_pointer.sibling_root``), a ``data_list``
     or ``key_index`` entry or a ``data_keys`` name that leaves the manifest's folder (absolute
     roots, as PiD writes them, and URLs are accepted); a ``key_index`` list of another length.
     """
@@ -275,7 +277,7 @@ def check_wdinfo(doc: Any, origin: str) -> WdinfoColumns:
     root = doc.get("root", ".")
     if not isinstance(root, str):
         raise FormatError(f"{origin}: root must be a string, got {root!r}")
-    if not (os.path.isabs(root) or "://" in root):
+    if not (os.path.isabs(root) or "://" in root) and sibling_version(root) is None:
         norm = posixpath.normpath(root.replace("\\", "/"))
         if norm == ".." or norm.startswith("../"):
             raise FormatError(
