@@ -257,3 +257,23 @@ def test_adding_a_modality_to_an_s3_output_sends_only_its_tars(
     # (Only the bucket's write probe and the publish claim, both deleted again.)
     assert [w for w in requests.writes() if not w[1].split("/")[1].startswith((".write-probe-", ".pid-claims"))] == []
     assert pointer(client, "addmod", "photos")["version"] == p2["version"]
+
+
+def test_the_tasked_build_adds_a_modality_as_the_one_process_build_does(raw_root: Path, without_new: Path,
+                                                                       tmp_path: Path) -> None:
+    from pid_platform.sharding.tasks.run import run_commit, run_plan, run_write_task
+    from tests.support.build_data import output_files
+
+    one, tasked = tmp_path / "one", tmp_path / "tasked"
+    build(raw_root, one)
+    build(raw_root, tasked)
+    before = tars(tasked, "image")
+    shutil.move(without_new, raw_root / SOURCE / NEW)
+    build(raw_root, one)
+    store, config = LocalSourceStore(raw_root), ShardingConfig(max_shard_size_mb=SMALL_BOUND_MB)
+    run_plan(store, SOURCE, tasked, config)
+    for i in range(3):
+        run_write_task(store, SOURCE, tasked, i, 3)
+    run_commit(tasked)
+    assert {r: st.st_ino for r, st in tars(tasked, "image").items()} == {r: st.st_ino for r, st in before.items()}
+    assert output_files(tasked) == output_files(one)
