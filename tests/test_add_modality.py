@@ -277,3 +277,34 @@ def test_the_tasked_build_adds_a_modality_as_the_one_process_build_does(raw_root
     run_commit(tasked)
     assert {r: st.st_ino for r, st in tars(tasked, "image").items()} == {r: st.st_ino for r, st in before.items()}
     assert output_files(tasked) == output_files(one)
+
+
+def test_a_version_stops_being_used_by_being_retired(
+    s3_env, raw_root: Path, without_new: Path, tmp_path: Path
+) -> None:
+    """After a full re-shard the folder the added modality's version read from is retired with
+    it, and the cleanup removes both; the current version stays whole."""
+    from pid_platform.cli import shard_main
+    from pid_platform.sharding.commit.s3_output import S3Output, cleanup_versions
+    from tests.support.s3_objects import pointer
+
+    client = s3_env.client()
+    s3_env.make_bucket("addmod-retire")
+    url = "s3://addmod-retire/photos"
+
+    def shard(*extra: str) -> int:
+        return shard_main(["--input-dir", str(raw_root / SOURCE), "--output-dir", url, "--work-dir",
+                           str(tmp_path / "work"), "--num-workers", "1", *extra])
+
+    assert shard("--max-shard-size-mb", str(SMALL_BOUND_MB)) == 0
+    v1 = pointer(client, "addmod-retire", "photos")["version"]
+    shutil.move(without_new, raw_root / SOURCE / NEW)
+    assert shard("--max-shard-size-mb", str(SMALL_BOUND_MB)) == 0
+    v2 = pointer(client, "addmod-retire", "photos")
+    assert v2["uses"] == [v1]
+    assert cleanup_versions(S3Output(url), grace_s=0).removed == []  # v1 is used, v2 current
+    assert shard("--max-shard-size-mb", "1") == 0  # another bound: a full re-shard, a version of its own
+    v3 = pointer(client, "addmod-retire", "photos")
+    assert "uses" not in v3 and set(v3["retired"]) == {v1, v2["version"]}
+    assert sorted(cleanup_versions(S3Output(url), grace_s=0).removed) == sorted([v1, v2["version"]])
+    assert len(items(url, ["caption", "image", NEW])) == 32

@@ -58,7 +58,7 @@ from pid_platform.sharding.commit.claims import (
     this_process,
     wait_until_unclaimed,
 )
-from pid_platform.sharding.commit.in_place import MARKER, home_of, plan_in_place
+from pid_platform.sharding.commit.in_place import MARKER, InPlace, home_of, plan_in_place
 from pid_platform.sharding.commit.manifests import is_build_output
 from pid_platform.sharding.errors import BuildError, OutputNotWritableError
 from pid_platform.sharding.layout import PROBE_PREFIX, STATE_DIR
@@ -404,6 +404,14 @@ def _lost_race(output: S3Output, now_there: VersionPointer | None, started: Vers
         "current now")
 
 
+def _staged_sha256(rel: str, path: Path, new_sha: dict[str, str], in_place: InPlace | None) -> str:
+    """The sha256 the object ``rel`` must have: the manifests' for a tar, else the staged file's
+    (a manifest published in place: the bytes sent, whose root differs from the staged one)."""
+    if in_place is not None and rel in in_place.manifests:
+        return hashlib.sha256(in_place.manifests[rel]).hexdigest()
+    return new_sha.get(rel) or file_sha256(path)
+
+
 def publish_version(
     staging: Path, output: S3Output, *, num_workers: int = 4, before_switch: Callable[[], None] | None = None,
     now: Callable[[], float] = time.time, holder: str | None = None, repair: bool = False,
@@ -471,7 +479,7 @@ def publish_version(
             home = in_place.home(rel, vid) if in_place is not None else vid
             here = there if home == vid else there_base
             if here.get(rel) == expected[rel] and not (repair and object_sha256(
-                    output, f"{version_dir(home)}/{rel}") != (new_sha.get(rel) or file_sha256(path))):
+                    output, f"{version_dir(home)}/{rel}") != _staged_sha256(rel, path, new_sha, in_place)):
                 return "in_place" if in_place is not None and rel in in_place.reused else "kept"
             key = output.key(version_dir(home), rel)
             where = f"s3://{output.bucket}/{key}"
