@@ -29,7 +29,7 @@ from pid_platform.sharding.commit.s3_output import (
 from pid_platform.sharding.errors import BuildError, OutputNotWritableError
 from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, VALIDATE_LEVELS
 from pid_platform.sharding.pipeline import BuildSummary, build_source, forget_damaged_shards
-from pid_platform.sharding.plan.shard_plan import ShardingConfig
+from pid_platform.sharding.plan.shard_plan import MISSING_KEYS_CHOICES, RESHARD, ShardingConfig
 from pid_platform.sharding.storage import SourceStore, open_source_store
 from pid_platform.sharding.tasks.run import run_commit, run_intake_task, run_plan, run_write_task
 
@@ -141,6 +141,10 @@ def shard_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--shuffle", action="store_true", help="shuffle samples within each bucket before sharding")
     p.add_argument("--seed", type=int_at_least(-(2**63), 2**63 - 1), default=0,
                    help="seed of --shuffle; same seed, same bytes (default: 0)")
+    p.add_argument("--new-modality-missing-keys", choices=MISSING_KEYS_CHOICES, default=RESHARD,
+                   help="a modality folder added to a built source that lacks some of its keys: 'reshard' drops "
+                        "them with a full re-shard, 'keep' keeps them (index mode skips them); one that covers "
+                        "every key writes only its own tars either way (default: reshard)")
     p.add_argument("--trust-pickle", action="store_true",
                    help="accept pickled embeddings (.pkl/.pt ...); loading them can run arbitrary code")
     p.add_argument("--validate", choices=VALIDATE_LEVELS, default=VALIDATE_FULL,
@@ -281,6 +285,7 @@ def _config_of(args: argparse.Namespace) -> ShardingConfig:
         classify_aspect_ratio=args.classify_aspect_ratio,
         shuffle=args.shuffle,
         seed=args.seed,
+        new_modality_missing_keys=args.new_modality_missing_keys,
     )
 
 

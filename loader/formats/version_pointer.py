@@ -14,7 +14,12 @@ Pointer, ``format_version`` 1::
      "retired": {"<older id>": <unix seconds it stopped being current>, ...},
      "built_by": "<host> pid <pid>"}
 
-``manifests`` are relative to the version's folder, so a reader needs no listing. ``built_by``
+``manifests`` are relative to the version's folder, so a reader needs no listing. ``uses``
+(optional) lists the older versions whose folders hold tars this version's manifests list: a
+version that only added a modality keeps the other modalities' tars where they were written
+(its manifests' ``root`` names that version's folder, ``sibling_root``) and writes its new tars
+there too; the cleanup never deletes a version the current one uses, and one it stops using is
+retired with it. ``built_by``
 (optional, for people) names the build that moved the pointer here: a build that lost a race
 to it says whose version won.
 
@@ -46,6 +51,7 @@ class VersionPointer:
     manifests: list[str]
     retired: dict[str, float] = field(default_factory=dict)
     built_by: str | None = None
+    uses: list[str] = field(default_factory=list)
 
     def version_dir(self) -> str:
         """The version's folder, relative to the output (the pointer's folder)."""
@@ -60,11 +66,31 @@ class VersionPointer:
                "manifests": sorted(self.manifests), "retired": dict(sorted(self.retired.items()))}
         if self.built_by:
             doc["built_by"] = self.built_by
+        if self.uses:
+            doc["uses"] = sorted(self.uses)
         return json.dumps(doc, indent=1).encode() + b"\n"
 
 
 def version_dir(version: str) -> str:
     return f"{VERSIONS_DIR}/{version}"
+
+
+# The root of a manifest at ``versions/<v>/[<leaf>/]wdinfo.json`` naming the same folder of
+# another version: ``../<id>`` (flat) or ``../../<id>/<leaf>``. The one relative root allowed
+# to leave its manifest's folder (``wdinfo.check_wdinfo``): it stays inside the output's versions.
+SIBLING_ROOT = re.compile(r"^\.\./(?:(?P<id1>[0-9a-f]{8,64})|\.\./(?P<id2>[0-9a-f]{8,64})/(?P<leaf>[^/.][^/]*))$")
+
+
+def sibling_root(version: str, leaf: str) -> str:
+    """The root that makes a manifest in folder ``leaf`` ("" in flat mode) of one version read
+    its tars from the same folder of ``version``."""
+    return f"../{version}" if not leaf else f"../../{version}/{leaf}"
+
+
+def sibling_version(root: str) -> str | None:
+    """The version a sibling root (``sibling_root``) names; None for any other root."""
+    m = SIBLING_ROOT.match(root)
+    return None if m is None else (m.group("id1") or m.group("id2"))
 
 
 def parse_pointer(data: bytes, origin: str) -> VersionPointer:
@@ -90,5 +116,8 @@ def parse_pointer(data: bytes, origin: str) -> VersionPointer:
     built_by = doc.get("built_by")
     if built_by is not None and not isinstance(built_by, str):
         raise FormatError(f"{origin}: 'built_by' must be a string, got {type(built_by).__name__}")
+    uses = doc.get("uses", [])
+    if not isinstance(uses, list) or not all(isinstance(u, str) and _VERSION_ID.match(u) for u in uses):
+        raise FormatError(f"{origin}: 'uses' must list version ids, got {uses!r}")
     return VersionPointer(version, list(manifests), {k: float(v) for k, v in retired.items()},
-                          built_by[:MAX_BUILT_BY_CHARS] if built_by else None)
+                          built_by[:MAX_BUILT_BY_CHARS] if built_by else None, list(uses))

@@ -21,6 +21,7 @@ import numpy as np
 from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError, short_repr
 from loader.formats.layout import WDINFO_NAME, is_bucket_folder
+from loader.formats.version_pointer import sibling_version
 from loader.io import urls
 
 __all__ = [
@@ -51,6 +52,9 @@ class WdinfoManifest:
     source: str | None = None
     # Set when read from disk: the folder the manifest lives in.
     manifest_dir: str | None = None
+    # The modalities the shards were cut with, when others were added later without re-cutting
+    # (the size bound holds for these); None: all of ``data_keys``.
+    plan_modalities: list[str] | None = None
 
     @property
     def data_list(self) -> list[str]:
@@ -80,6 +84,8 @@ class WdinfoManifest:
             doc["bucket"] = self.bucket
         if self.source is not None:
             doc["source"] = self.source
+        if self.plan_modalities is not None:
+            doc["plan_modalities"] = list(self.plan_modalities)
         # Per-tar details are columnar (one list per field, aligned with data_list): parsing
         # a million tars then costs a few flat lists, not a million small dicts.
         doc["tar_bytes"] = {m: [t.bytes.get(m, 0) for t in self.tars] for m in self.data_keys}
@@ -211,6 +217,7 @@ class WdinfoColumns:
     key_index: list[str | None] | None  # relative to the manifest folder
     tar_bytes: dict[str, list]  # modality -> sizes (lists of another length are left out)
     tar_sha256: dict[str, list]  # modality -> hex digests ("" where unknown)
+    plan_modalities: list[str] | None = None  # what the shards were cut with, when not all data_keys
 
     @property
     def total_key_count(self) -> int:
@@ -221,7 +228,8 @@ def check_wdinfo(doc: Any, origin: str) -> WdinfoColumns:
     """Check a parsed ``wdinfo.json`` against the format; ``FormatError`` names what is wrong.
 
     Refused: a ``format_version`` newer than this reader; negative, fractional or misaligned
-    counts; a ``total_key_count`` that is not their sum; a relative ``root``, a ``data_list``
+    counts; a ``total_key_count`` that is not their sum; a relative ``root`` (but a sibling
+    version's folder, ``version_pointer.sibling_root``), a ``data_list``
     or ``key_index`` entry or a ``data_keys`` name that leaves the manifest's folder (absolute
     roots, as PiD writes them, and URLs are accepted); a ``key_index`` list of another length.
     """
@@ -270,7 +278,7 @@ def check_wdinfo(doc: Any, origin: str) -> WdinfoColumns:
     root = doc.get("root", ".")
     if not isinstance(root, str):
         raise FormatError(f"{origin}: root must be a string, got {root!r}")
-    if not (os.path.isabs(root) or urls.has_scheme(root)):
+    if not (os.path.isabs(root) or urls.has_scheme(root)) and sibling_version(root) is None:
         norm = posixpath.normpath(root.replace("\\", "/"))
         if norm == ".." or norm.startswith("../"):
             raise FormatError(
@@ -287,6 +295,11 @@ def check_wdinfo(doc: Any, origin: str) -> WdinfoColumns:
     chunk = doc.get("chunk_size")
     if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0):
         raise FormatError(f"{origin}: chunk_size {chunk!r} must be a whole number >= 0")
+    plan_modalities = doc.get("plan_modalities")
+    if plan_modalities is not None and (not isinstance(plan_modalities, list)
+                                        or not all(isinstance(m, str) and m in data_keys for m in plan_modalities)):
+        raise FormatError(f"{origin}: plan_modalities {short_repr(plan_modalities)} must list some of data_keys "
+                          f"{data_keys}; rebuild the manifest")
     per_tar = {}
     for name in ("tar_bytes", "tar_sha256"):
         value = doc.get(name) or {}
@@ -305,6 +318,7 @@ def check_wdinfo(doc: Any, origin: str) -> WdinfoColumns:
         key_index=key_index,
         tar_bytes=per_tar["tar_bytes"],
         tar_sha256=per_tar["tar_sha256"],
+        plan_modalities=plan_modalities,
     )
 
 
@@ -339,6 +353,7 @@ def parse_wdinfo(doc: dict[str, Any], manifest_dir: str | None, origin: str) -> 
         bucket=cols.bucket,
         source=cols.source,
         manifest_dir=manifest_dir,
+        plan_modalities=cols.plan_modalities,
     )
 
 

@@ -302,7 +302,11 @@ class TwinReader:
                     starts, pos = {m: index[1][m][first] for m in mods}, first
                 else:  # members may come out of order: start at the earliest one the task wants
                     wanted = [i for a, b in task.ranges for i in range(a, b)]
-                    starts, pos = {m: min(index[1][m][i] for i in wanted) for m in mods}, first
+                    # A key kept without a modality added later has no offset there (null): the
+                    # task's other members of that modality decide, else the tar's start.
+                    starts = {m: min((o for i in wanted if (o := index[1][m][i]) is not None), default=0)
+                              for m in mods}
+                    pos = first
         tars = _Tars(shard, mods, starts, pos, self.options, self.stats, verify)
         tars.keys = keys
         if not verify:

@@ -120,7 +120,7 @@ class S3SourceStoreResource(SourceStoreResource):
 class ShardingResource(dg.ConfigurableResource):
     """How sources are cut into twin tars by default, and which logical datasets group them.
 
-    The first six fields change which bytes land in which tar. They are unset (``None``) unless
+    The first seven fields change which bytes land in which tar. They are unset (``None``) unless
     someone sets them: a source's own ``sharding.yaml`` (in its raw folder) decides, and the code
     defaults (``ShardingConfig()``) fill what neither sets. So the launchpad, which pre-fills
     every default it finds, cannot restate a setting the operator did not touch. Set in the
@@ -143,6 +143,11 @@ class ShardingResource(dg.ConfigurableResource):
     shuffle: bool | None = Field(default=None, description=f"Shuffle samples within a bucket. {_UNSET} "
                                  f"{str(_DEFAULTS.shuffle).lower()}.")
     seed: int | None = Field(default=None, description=f"Seed of the shuffle. {_UNSET} {_DEFAULTS.seed}.")
+    new_modality_missing_keys: str | None = Field(
+        default=None, description="When a modality folder is added to a built source: 'reshard' drops the keys it "
+        "lacks with a full re-shard, 'keep' keeps the committed plan and those keys (index mode skips their missing "
+        f"member). Either way, one that covers every key writes only its own tars. {_UNSET} "
+        f"{_DEFAULTS.new_modality_missing_keys}.")
     num_workers: int = Field(
         default=2,
         description="Parallel workers per build step (processes for intake and key indexes, threads for "

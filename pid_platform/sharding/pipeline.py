@@ -45,7 +45,8 @@ from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, check_valida
 from pid_platform.sharding.intake.task import IntakeReport, Sample, intake
 from pid_platform.sharding.layout import bucket_dir, final_dir, stamp_path
 from pid_platform.sharding.output_lock import build_lock
-from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan, plan_shards
+from pid_platform.sharding.plan.add_modality import load_plan_cut, plan_build, save_plan_cut
+from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
 from pid_platform.sharding.plan.tables import read_plans, read_samples, write_plans, write_samples
 from pid_platform.sharding.storage import SourceStore
 from pid_platform.sharding.tasks.records import intake_parts
@@ -202,12 +203,14 @@ def run_sharding(store: SourceStore, source: str, out: Path, config: ShardingCon
     """
     staging = versions.begin(out)
     samples, modalities = read_samples(state_dir(staging) / SAMPLES)
-    plans = plan_shards(samples, modalities, config)
+    # Only modality folders added: the committed plan, and only the added modalities' tars written.
+    plans, cut = plan_build(store, source, final_dir(out), samples, modalities, config)
+    save_plan_cut(staging, cut)
     done = iter(range(1, len(plans) + 1))
     step = (lambda _res: progress(next(done), len(plans))) if progress else None
     results = write_shards(
         store, source, staging, plans, previous=versions.final_dir(out), num_workers=num_workers, progress=step,
-        then=after_shard(staging, key_indexes),
+        then=after_shard(staging, key_indexes), reuse=cut.reused_modalities if cut else None,
     )
     write_plans(state_dir(staging) / PLAN, plans, modalities)
     save_sharding_config(staging, config)
@@ -299,7 +302,9 @@ def run_manifests(
     config = load_sharding_config(staging)
     plans = load_plans(staging, config)
     remove_unplanned(staging, plans)  # an earlier, unfinished build may have left other shards
-    manifests = write_manifests(staging, source, plans, num_workers=num_workers, root_base=base)
+    cut = load_plan_cut(staging)
+    manifests = write_manifests(staging, source, plans, num_workers=num_workers, root_base=base,
+                                plan_modalities=cut.plan_modalities if cut else None)
     save_outputs(staging, plans)  # what a later no-op rebuild checks the published files against
     if publish_to is not None:
         outcome = publish_version(staging, publish_to, num_workers=num_workers, before_switch=before_switch,

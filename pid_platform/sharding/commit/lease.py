@@ -39,7 +39,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from loader.io.errors import ObjectNotFoundError, PreconditionFailedError, StorageError, UnsupportedRequestError
+from loader.io.errors import (
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    StorageError,
+    UnsupportedRequestError,
+)
 from pid_platform.sharding.errors import BuildError
 
 if TYPE_CHECKING:

@@ -67,13 +67,14 @@ def planned_headers(path: Path, plan: ShardPlan, modality: str) -> list[tuple[st
 
 def write_key_index_of(out: Path, plan: ShardPlan) -> str:
     """The key index of ``plan``'s tars in ``out``, from their headers (checked against the plan)."""
-    members = {m: planned_headers(tar_path(out, plan.bucket, m, plan.relpath), plan, m) for m in plan.modalities}
+    members = {m: iter(planned_headers(tar_path(out, plan.bucket, m, plan.relpath), plan, m)) for m in plan.modalities}
+    # A key kept without a modality's file (``plan/add_modality.py``) has no member there: null columns.
     rows = [
         KeyIndexRow(
             s.key, s.basename, plan.bucket or None, s.width, s.height,
-            {m: members[m][i] for m in plan.modalities},
+            {m: next(members[m]) if m in s.files else (None, None, None) for m in plan.modalities},
         )
-        for i, s in enumerate(plan.samples)
+        for s in plan.samples
     ]
     rel = key_index_relpath(plan.relpath)
     write_key_index(bucket_dir(out, plan.bucket) / rel, key_index_table(rows, plan.modalities))
@@ -106,7 +107,8 @@ class BucketManifest:
 
 
 def write_manifests(out: Path, source: str, plans: Sequence[Shard], num_workers: int = 1,
-                    root_base: str | None = None, *, tar_sha256: TarSha256 | None = None) -> list[BucketManifest]:
+                    root_base: str | None = None, *, tar_sha256: TarSha256 | None = None,
+                    plan_modalities: Sequence[str] | None = None) -> list[BucketManifest]:
     """One wdinfo.json per bucket leaf, each written after all the tars and indexes it lists.
 
     ``root_base`` (``wdinfo.root_base``): None writes relative roots (``"."``); else each root is
@@ -114,6 +116,8 @@ def write_manifests(out: Path, source: str, plans: Sequence[Shard], num_workers:
     build's one ``chunk_size``, the largest count of any tar: safe whichever manifest PiD reads first.
     ``tar_sha256(out, shard)``: each tar's sha256 (default ``tar_digests``: the writer's cache,
     else the file hashed); the scale benchmark, which writes no tars, passes its own.
+    ``plan_modalities``: the modalities the shards were cut with, when modalities were added to
+    the plan later (``plan/add_modality.py``); each manifest then says so.
     """
     sha = tar_digests if tar_sha256 is None else tar_sha256
     chunk_size = derive_chunk_size([p.count for p in plans])
@@ -133,6 +137,7 @@ def write_manifests(out: Path, source: str, plans: Sequence[Shard], num_workers:
         manifest = WdinfoManifest(
             data_keys=modalities, tars=entries, root=manifest_root(root_base, bucket), chunk_size=chunk_size,
             bucket=bucket or None, source=source,
+            plan_modalities=list(plan_modalities) if plan_modalities is not None else None,
         )
         path = write_wdinfo(bucket_dir(out, bucket), manifest)
         written.append(BucketManifest(bucket, path, manifest))

@@ -43,6 +43,7 @@ from loader.formats.version_pointer import (
     VERSIONS_DIR,
     VersionPointer,
     parse_pointer,
+    sibling_version,
     version_dir,
 )
 from loader.formats.wdinfo import WDINFO_NAME, check_wdinfo
@@ -60,6 +61,7 @@ from pid_platform.sharding.commit.claims import (
     this_process,
     wait_until_unclaimed,
 )
+from pid_platform.sharding.commit.in_place import MARKER, InPlace, home_of, plan_in_place
 from pid_platform.sharding.commit.lease import check_held
 from pid_platform.sharding.commit.manifests import is_build_output
 from pid_platform.sharding.errors import BuildError, OutputNotWritableError
@@ -209,6 +211,7 @@ class PublishedVersion:
     kept: int = 0       # objects an interrupted publish of this version had already sent
     unchanged: bool = False  # the pointer already named this version
     repaired: int = 0   # objects of the current version that were missing or of the wrong size, sent again
+    in_place: int = 0   # tars left where an earlier version wrote them (``in_place.py``): no request at all
 
     @property
     def url(self) -> str:
@@ -247,7 +250,7 @@ def _tar_checksums(manifest_dir: str, doc: dict[str, Any], origin: str) -> dict[
     out: dict[str, str] = {}
     for m in cols.data_keys:
         for path, sha in zip(cols.data_list, cols.tar_sha256.get(m) or [], strict=False):
-            if sha and cols.root == ".":
+            if sha and (cols.root == "." or sibling_version(cols.root)):  # a sibling: the same paths there
                 out[tar_path(Path(manifest_dir), "", m, path).as_posix()] = sha
     return out
 
@@ -323,17 +326,22 @@ def put_pointer(output: S3Output, pointer: VersionPointer, etag: str | None) -> 
 
 
 def _switch(output: S3Output, vid: str, manifests: list[str], started: VersionPointer | None,
-            etag: str | None, holder: str, now: Callable[[], float]) -> None:
+            etag: str | None, holder: str, now: Callable[[], float], uses: list[str] | None = None) -> None:
     """Point ``output`` at ``vid``, conditional on the pointer being the one the build started
     from. A pointer that changed only in its ``retired`` record (the cleanup forgetting versions
-    it deleted) still names the version the build started from: switch from it instead."""
+    it deleted) still names the version the build started from: switch from it instead.
+    ``uses``: the versions whose folders hold tars of ``vid`` (``in_place.py``); the versions the
+    old one used and the new one does not are retired with it."""
     base = started
+    uses = sorted(set(uses or ()))
     for _ in range(5):
         retired = dict(base.retired) if base else {}
-        if base is not None and base.version != vid:
-            retired[base.version] = now()
-        retired.pop(vid, None)  # a version published again is current, not retired
-        if put_pointer(output, VersionPointer(vid, manifests, retired, built_by=holder), etag):
+        if base is not None:
+            for old in {base.version, *base.uses} - {vid, *uses}:
+                retired[old] = now()
+        for v in (vid, *uses):
+            retired.pop(v, None)  # a version published again (or used) is current, not retired
+        if put_pointer(output, VersionPointer(vid, manifests, retired, built_by=holder, uses=uses), etag):
             return
         base, etag = read_pointer_tagged(output)
         if (base.version if base else None) != (started.version if started else None):
@@ -354,6 +362,14 @@ def _lost_race(output: S3Output, now_there: VersionPointer | None, started: Vers
         f"{what}; this build started from {start} and did not publish its version {vid} (its objects stay under "
         f"{output}/{version_dir(vid)}/ until the cleanup removes them); re-run it to publish on top of what is "
         "current now")
+
+
+def _staged_sha256(rel: str, path: Path, new_sha: dict[str, str], in_place: InPlace | None) -> str:
+    """The sha256 the object ``rel`` must have: the manifests' for a tar, else the staged file's
+    (a manifest published in place: the bytes sent, whose root differs from the staged one)."""
+    if in_place is not None and rel in in_place.manifests:
+        return hashlib.sha256(in_place.manifests[rel]).hexdigest()
+    return new_sha.get(rel) or file_sha256(path)
 
 
 def publish_version(
@@ -380,20 +396,28 @@ def publish_version(
     expected = expected_objects(staging)
     holder = (holder or this_process())
     current, etag = read_pointer_tagged(output)
-    result = PublishedVersion(str(output), vid, current.version if current else None)
-    republish = current is not None and current.version == vid
     store = output.store()
-    vdir = version_dir(vid)
 
-    # Tars the current version holds with the same checksum are copied inside the bucket.
+    # Tars the current version holds with the same checksum are left in place when the rest only
+    # adds modalities (``in_place.py``), else copied inside the bucket.
     old_sha: dict[str, str] = {}
-    if current is not None and not republish:
+    old_docs: dict[str, bytes] = {}
+    if current is not None and (current.version != vid or current.uses):  # else: published as it is
         old_docs = {m: get_bytes(output, f"{current.version_dir()}/{m}") or b"{}" for m in current.manifests}
         try:
             old_sha = _checksums_of(old_docs)
         except (FormatError, json.JSONDecodeError):
             old_sha = {}  # an unreadable old manifest only costs the copies
     new_sha = _checksums_of({m: (staging / m).read_bytes() for m in manifests})
+    old_home = (home_of(current, old_docs) or current.version) if current is not None else None
+    in_place = plan_in_place(staging, manifests, current, old_docs, old_sha, new_sha, vid,
+                             lambda rel: get_bytes(output, rel), lambda rel: list_sizes(output, rel))
+    if in_place is not None:
+        vid = in_place.version_id(vid)
+        expected.update({m: len(b) for m, b in in_place.manifests.items()})
+    result = PublishedVersion(str(output), vid, current.version if current else None)
+    republish = current is not None and current.version == vid
+    vdir = version_dir(vid)
 
     check_held(output, vid)  # the lease says which version this build publishes
     pause_point("publish:start")
@@ -405,17 +429,29 @@ def publish_version(
             output, c.describe(), time.strftime("%H:%M:%S", time.localtime(c.expires)), vid))
         pause_point("publish:claimed")
         there = list_sizes(output, vdir)
+        if in_place is not None:
+            if in_place.placed and MARKER not in there:  # before the first tar it places
+                try:
+                    store.put(output.key(vdir, MARKER), in_place.marker())
+                except S3AccessError as exc:
+                    raise BuildError(f"{exc}; the pointer was not changed") from None
+            there_base = list_sizes(output, version_dir(in_place.base)) if in_place.base != vid else there
 
         def send(rel: str) -> str:
             path = staging / rel
-            if there.get(rel) == expected[rel] and not (
-                    repair and object_sha256(output, f"{vdir}/{rel}") != (new_sha.get(rel) or file_sha256(path))):
-                return "kept"
-            key = output.key(vdir, rel)
+            home = in_place.home(rel, vid) if in_place is not None else vid
+            here = there if home == vid else there_base
+            if here.get(rel) == expected[rel] and not (repair and object_sha256(
+                    output, f"{version_dir(home)}/{rel}") != _staged_sha256(rel, path, new_sha, in_place)):
+                return "in_place" if in_place is not None and rel in in_place.reused else "kept"
+            key = output.key(version_dir(home), rel)
             try:
-                if current is not None and rel in new_sha and old_sha.get(rel) == new_sha[rel]:
+                if in_place is not None and rel in in_place.manifests:
+                    store.put(key, in_place.manifests[rel], content_type="application/json")
+                    return "uploaded"
+                if home == vid and current is not None and rel in new_sha and old_sha.get(rel) == new_sha[rel]:
                     try:
-                        store.copy(output.key(current.version_dir(), rel), key)
+                        store.copy(output.key(version_dir(old_home or current.version), rel), key)
                         return "copied"
                     except ObjectNotFoundError:
                         pass  # gone from the current version too (it is damaged): upload it instead
@@ -435,7 +471,11 @@ def publish_version(
             result.unchanged = True  # named by the pointer and whole: the one listing was the check
             return result
         pause_point("publish:before-verify")
-        _verify_before_switch(output, vid, expected)
+        if in_place is None:
+            _verify_before_switch(output, vid, expected)
+        else:  # each object where it lives: this version's folder, or the one its tars are in
+            for home in {vid, in_place.base}:
+                _verify_before_switch(output, home, {r: n for r, n in expected.items() if in_place.home(r, vid) == home})
         if republish:
             result.unchanged = True  # the pointer already names it: nothing to switch
             return result
@@ -444,7 +484,8 @@ def publish_version(
         pause_point("publish:before-switch")
         claim.check()
         check_held(output, vid)  # a build whose lease another build took stops here, pointer untouched
-        _switch(output, vid, manifests, current, etag, holder, now)
+        _switch(output, vid, manifests, current, etag, holder, now,
+                uses=[in_place.base] if in_place is not None and in_place.base != vid else [])
     return result
 
 
@@ -500,7 +541,7 @@ def cleanup_versions(output: S3Output, *, grace_s: float = DEFAULT_GRACE_S,
     found = list_versions(output)
     pause_point("cleanup:listed")
     for vid, newest in sorted(found.items()):
-        if pointer is not None and vid == pointer.version:
+        if pointer is not None and (vid == pointer.version or vid in pointer.uses):
             continue
         if t - retired.get(vid, newest) < grace_s:
             report.kept.append(vid)
@@ -511,7 +552,7 @@ def cleanup_versions(output: S3Output, *, grace_s: float = DEFAULT_GRACE_S,
                 report.claimed.append(vid)
                 continue
             fresh = read_pointer(output)
-            if fresh is not None and fresh.version == vid:
+            if fresh is not None and (fresh.version == vid or vid in fresh.uses):
                 report.kept.append(vid)  # republished since the first read: current now
                 continue
             if fresh is not None and vid in fresh.retired and t - fresh.retired[vid] < grace_s:

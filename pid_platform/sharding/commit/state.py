@@ -21,9 +21,10 @@ from pid_platform.sharding.errors import ShardingConfigError
 from pid_platform.sharding.intake.cache import RULES_VERSION
 from pid_platform.sharding.intake.task import IntakeReport, Sample
 from pid_platform.sharding.layout import STATE_DIR, bucket_dir
+from pid_platform.sharding.plan.add_modality import load_plan_cut
 from pid_platform.sharding.plan.columnar import ShardRef
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan, plan_shards
-from pid_platform.sharding.plan.tables import samples_table
+from pid_platform.sharding.plan.tables import read_plans, samples_table
 from pid_platform.sharding.write.tars import shard_up_to_date
 
 INTAKE_SETTINGS = "intake.json"  # how the samples were validated
@@ -31,6 +32,7 @@ OUTPUTS = "outputs.json"  # sha256 of every key index and manifest, as committed
 SAMPLES = "samples.parquet"
 REPORT = "intake_report.json"
 SHARDING = "sharding.json"
+PLAN = "plan.parquet"
 
 
 def state_dir(folder: Path) -> Path:
@@ -118,5 +120,7 @@ def committed_up_to_date(
         return False
     if not committed.equals(samples_table(samples, report.modalities)):
         return False
-    plans = plan_shards(samples, report.modalities, config)
+    # A plan that modalities were added to stays the plan while the samples stay (checked above).
+    plans = read_plans(state / PLAN, config.part_size) if load_plan_cut(final) else \
+        plan_shards(samples, report.modalities, config)
     return all(shard_up_to_date(final, p) for p in plans) and _outputs_intact(final, plans)

@@ -10,7 +10,7 @@ import hashlib
 import json
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from loader.formats.errors import short_repr
 from loader.formats.twin_tar import (
@@ -28,6 +28,11 @@ MIN_SHARD_SIZE_MB = 1 / 1024  # 1 KiB: below a tar record every sample is a shar
 MAX_SHARD_SIZE_MB = 1024 * 1024  # 1 TiB per shard
 MAX_COUNT = 2**31 - 1  # samples per shard, tars per part folder: what a Dagster (GraphQL) Int holds
 PLAN_VERSION = 1
+# What a build does with the committed plan's keys that a newly added modality folder lacks
+# (``plan/add_modality.py``): drop them with a full re-shard, or keep the committed plan and them
+# (their new-modality member missing: index mode skips them, zip mode refuses those shards).
+RESHARD, KEEP = "reshard", "keep"
+MISSING_KEYS_CHOICES = (RESHARD, KEEP)
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,7 @@ class ShardingConfig:
     classify_aspect_ratio: bool = True
     shuffle: bool = False
     seed: int = 0
+    new_modality_missing_keys: str = RESHARD
 
     def __post_init__(self) -> None:
         # Checked here, where the settings are defined, so the CLI, the Dagster resource, a
@@ -66,6 +72,10 @@ class ShardingConfig:
         for flag in ("classify_aspect_ratio", "shuffle"):
             if not isinstance(getattr(self, flag), bool):
                 refuse(flag, "true or false")
+        if self.new_modality_missing_keys not in MISSING_KEYS_CHOICES:
+            refuse("new_modality_missing_keys",
+                   f"{RESHARD!r} (a full re-shard drops the keys a new modality folder lacks) or {KEEP!r} "
+                   "(the committed plan keeps them; index mode skips their missing member)")
 
     @property
     def max_shard_bytes(self) -> int:
@@ -75,7 +85,9 @@ class ShardingConfig:
         """Short digest of everything that changes which bytes land in which tar."""
         doc = json.dumps(
             {"plan": PLAN_VERSION, "max": self.max_shard_bytes, "n": self.shard_size, "part": self.part_size,
-             "ar": self.classify_aspect_ratio, "shuffle": self.shuffle, "seed": self.seed if self.shuffle else None},
+             "ar": self.classify_aspect_ratio, "shuffle": self.shuffle, "seed": self.seed if self.shuffle else None,
+             # Only when set otherwise: every version made before the setting existed stays the same.
+             **({"missing": self.new_modality_missing_keys} if self.new_modality_missing_keys != RESHARD else {})},
             sort_keys=True,
         )
         return hashlib.sha256(doc.encode()).hexdigest()[:12]
@@ -90,10 +102,18 @@ class ShardPlan:
     modalities: tuple[str, ...]
 
     def members(self, modality: str) -> list[tuple[str, Sample]]:
-        return [(member_name(s.key, sanitize_ext(_ext(s.files[modality].name))), s) for s in self.samples]
+        """The tar's members in plan order; a sample without a file of ``modality`` (a key kept
+        when that modality was added, ``new_modality_missing_keys: keep``) has none."""
+        return [(member_name(s.key, sanitize_ext(_ext(s.files[modality].name))), s) for s in self.samples
+                if modality in s.files]
 
     def tar_bytes(self, modality: str) -> int:
-        return tar_size([s.files[modality].size for s in self.samples])
+        return tar_size([s.files[modality].size for s in self.samples if modality in s.files])
+
+    def restricted(self, modalities: tuple[str, ...]) -> ShardPlan:
+        """This shard as a plan of ``modalities`` only: what a build with those alone planned."""
+        samples = tuple(replace(s, files={m: f for m, f in s.files.items() if m in modalities}) for s in self.samples)
+        return ShardPlan(self.bucket, self.index, self.relpath, samples, tuple(sorted(modalities)))
 
     @property
     def count(self) -> int:
@@ -109,7 +129,10 @@ class ShardPlan:
         for s in self.samples:
             h.update(s.key.encode())
             for m in self.modalities:
-                f = s.files[m]
+                f = s.files.get(m)
+                if f is None:  # a kept key without this modality's file
+                    h.update(f"|{m}|-".encode())
+                    continue
                 h.update(f"|{m}|{f.name}|{f.size}|{f.fingerprint}".encode())
         return h.hexdigest()
 

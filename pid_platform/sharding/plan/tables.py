@@ -28,11 +28,12 @@ def samples_table(samples: list[Sample], modalities: list[str], shard_of: list[t
         cols["shard_bucket"] = pa.array([b for b, _ in shard_of], pa.string())
         cols["shard_index"] = pa.array([i for _, i in shard_of], pa.int32())
     for m in modalities:
-        files = [s.files[m] for s in samples]
-        cols[f"name.{m}"] = pa.array([f.name for f in files], pa.string())
-        cols[f"size.{m}"] = pa.array([f.size for f in files], pa.int64())
-        cols[f"fingerprint.{m}"] = pa.array([f.fingerprint for f in files], pa.string())
-        cols[f"path.{m}"] = pa.array([f.local_path for f in files], pa.string())
+        # None: a key a plan kept without this modality's file (``plan/add_modality.py``, keep).
+        files = [s.files.get(m) for s in samples]
+        cols[f"name.{m}"] = pa.array([f and f.name for f in files], pa.string())
+        cols[f"size.{m}"] = pa.array([f and f.size for f in files], pa.int64())
+        cols[f"fingerprint.{m}"] = pa.array([f and f.fingerprint for f in files], pa.string())
+        cols[f"path.{m}"] = pa.array([f and f.local_path for f in files], pa.string())
     return pa.table(cols)
 
 
@@ -58,6 +59,8 @@ def table_samples(table: pa.Table) -> list[Sample]:
         files = {}
         for m in mods:
             name = d[f"name.{m}"][i]
+            if name is None:
+                continue  # kept without this modality's file
             folder = _folder_of(d[f"path.{m}"][i], name, folders)
             files[m] = FileEntry(m, name, d[f"size.{m}"][i], d[f"fingerprint.{m}"][i], folder)
         out.append(Sample(d["key"][i], d["basename"][i], files, d["width"][i], d["height"][i], d["bucket"][i]))

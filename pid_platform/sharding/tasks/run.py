@@ -40,7 +40,8 @@ from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, check_valida
 from pid_platform.sharding.intake.task import IntakeReport, intake_slice, slice_bounds
 from pid_platform.sharding.layout import bucket_dir, final_dir
 from pid_platform.sharding.pause_points import pause_point
-from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan, plan_shards
+from pid_platform.sharding.plan.add_modality import load_plan_cut, plan_build, save_plan_cut
+from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
 from pid_platform.sharding.plan.tables import read_samples, write_plans
 from pid_platform.sharding.storage import SourceStore
 from pid_platform.sharding.tasks.records import (
@@ -151,7 +152,8 @@ def run_plan(
     staging = versions.begin(out)
     # Read back from the table, as the one-process build does: the plan is cut from the same rows.
     samples, modalities = read_samples(state_dir(staging) / SAMPLES)
-    plans = plan_shards(samples, modalities, config)
+    plans, cut = plan_build(store, source, final_dir(out), samples, modalities, config)
+    save_plan_cut(staging, cut)
     write_plans(state_dir(staging) / pipeline.PLAN, plans, modalities)
     pipeline.save_sharding_config(staging, config)
     return PlanOutcome(out, r, len(plans), r.samples, False, r.files_validated, r.outcomes_reused,
@@ -205,8 +207,10 @@ def run_write_task(
         after(plan, result)
         pause_point(SHARD_DONE_POINT)
 
+    cut = load_plan_cut(staging)
     results = write_shards(store, source, staging, mine, previous=final_dir(out), num_workers=num_workers,
-                           progress=progress, then=then, only_own_temp_files=True)
+                           progress=progress, then=then, only_own_temp_files=True,
+                           reuse=cut.reused_modalities if cut else None)
     written = [first + i for i, r in enumerate(results) if r.written]
     # Last: the record says every output of these shards is in place.
     path = write_record(staging, WRITE, index, of, {

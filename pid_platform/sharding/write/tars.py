@@ -66,16 +66,47 @@ def _write_stamp(folder: Path, plan: ShardPlan) -> None:
 AfterShard = Callable[[ShardPlan, ShardResult], object]
 
 
-def _write_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan, AfterShard | None]) -> ShardResult:
+def _write_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan, tuple[str, ...] | None,
+                            AfterShard | None]) -> ShardResult:
     *job, then = args
     result = _shard_one(tuple(job))  # type: ignore[arg-type]
     if then is not None:
-        then(job[-1], result)
+        then(job[4], result)
     return result
 
 
-def _shard_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan]) -> ShardResult:
-    store, source, out, previous, plan = args
+def _carry_digests(previous: Path, base: ShardPlan, out: Path, plan: ShardPlan) -> None:
+    """The checksums ``previous`` cached for ``base``'s tars, as cache entries of ``plan`` in
+    ``out`` (the same files, hard-linked): the reused tars are not read again to hash them."""
+    try:
+        cache = json.loads(sha_cache_path(previous, base.bucket, base.index).read_bytes())
+    except (OSError, ValueError):
+        return
+    old, new, carried = base.digest(), plan.digest(), {}
+    for m in base.modalities:
+        st = os.stat(tar_path(out, plan.bucket, m, plan.relpath))
+        stat = f"{st.st_size}:{st.st_ino}:{st.st_mtime_ns}"
+        hit = cache.get(m) if isinstance(cache, dict) else None
+        if isinstance(hit, list) and len(hit) == 2 and hit[0] == f"{old}:{stat}":
+            carried[m] = [f"{new}:{stat}", hit[1]]
+    if carried:
+        write_staged_state(sha_cache_path(out, plan.bucket, plan.index), json.dumps(carried).encode())
+
+
+def _write_tars(store: SourceStore, source: str, out: Path, plan: ShardPlan, modalities: tuple[str, ...]) -> None:
+    for m in modalities:
+        members = []
+        for name, s in plan.members(m):
+            f = s.files[m]
+            if f.local_path is not None:
+                members.append(TarMember(name, f.size, path=f.local_path))
+            else:
+                members.append(TarMember(name, f.size, data=store.read(source, f)))
+        write_tar(tar_path(out, plan.bucket, m, plan.relpath), members, durable=False)
+
+
+def _shard_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan, tuple[str, ...] | None]) -> ShardResult:
+    store, source, out, previous, plan, reuse = args
     sizes = {m: plan.tar_bytes(m) for m in plan.modalities}
     result = ShardResult(plan.bucket, plan.index, plan.relpath, len(plan.samples), sizes, False)
     if shard_up_to_date(out, plan):  # written by an earlier, unfinished run of this build
@@ -91,15 +122,16 @@ def _shard_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan]) -> S
             link_atomic(sha, sha_cache_path(out, plan.bucket, plan.index))
         _write_stamp(out, plan)
         return result
-    for m in plan.modalities:
-        members = []
-        for name, s in plan.members(m):
-            f = s.files[m]
-            if f.local_path is not None:
-                members.append(TarMember(name, f.size, path=f.local_path))
-            else:
-                members.append(TarMember(name, f.size, data=store.read(source, f)))
-        write_tar(tar_path(out, plan.bucket, m, plan.relpath), members, durable=False)
+    base = plan.restricted(reuse) if reuse and set(reuse) < set(plan.modalities) else None
+    if previous is not None and base is not None and shard_up_to_date(previous, base):
+        # Modalities added to the committed plan: its tars are the same files (hard links),
+        # only the added modalities' tars are written.
+        for m in base.modalities:
+            link_atomic(tar_path(previous, plan.bucket, m, plan.relpath), tar_path(out, plan.bucket, m, plan.relpath))
+        _carry_digests(previous, base, out, plan)
+        _write_tars(store, source, out, plan, tuple(m for m in plan.modalities if m not in base.modalities))
+    else:
+        _write_tars(store, source, out, plan, plan.modalities)
     _write_stamp(out, plan)
     return ShardResult(plan.bucket, plan.index, plan.relpath, len(plan.samples), sizes, True)
 
@@ -141,6 +173,7 @@ def remove_stale_temp_files_of(out: Path, plans: list[ShardPlan]) -> list[Path]:
 def write_shards(
     store: SourceStore, source: str, out: Path, plans: list[ShardPlan], *, previous: Path | None = None,
     num_workers: int = 1, progress=None, then: AfterShard | None = None, only_own_temp_files: bool = False,
+    reuse: tuple[str, ...] | None = None,
 ) -> list[ShardResult]:
     """Write ``plans`` under ``out`` (a build's staging folder). A shard already up to date in
     ``out`` is kept; one up to date in ``previous`` (the published output) is hard-linked.
@@ -150,6 +183,9 @@ def write_shards(
     steps, shard by shard, while other shards are still being written.
     ``only_own_temp_files``: a write task of some of the shards: clear the leftovers of a crashed
     writer beside ``plans``' files only, not under all of ``out``.
+    ``reuse``: the modalities of ``previous``'s plan when ``plans`` add modalities to it
+    (``plan/add_modality.py``): a shard whose tars of those are up to date there has them
+    hard-linked and only the added modalities' tars written.
     """
     if only_own_temp_files:
         remove_stale_temp_files_of(out, plans)
@@ -161,7 +197,7 @@ def write_shards(
     if num_workers > 1:
         order.sort(key=lambda i: (-plans[i].total_bytes, i))
     results: list[ShardResult | None] = [None] * len(plans)
-    jobs = [(store, source, out, previous, plans[i], then) for i in order]
+    jobs = [(store, source, out, previous, plans[i], reuse, then) for i in order]
     for i, res in zip(order, ordered_map(_write_one, jobs, num_workers, threads=True), strict=True):
         results[i] = res
         if progress is not None:

@@ -1,0 +1,120 @@
+"""Publishing a version that only added modalities: the other tars stay where they were written.
+
+A version of an S3 output lives under ``versions/<id>/``, and a manifest's tars are
+``<root>/<modality>/<path>``. When every tar of the staged version is either one the current
+version lists with the same sha256 or a tar of a modality no current manifest lists (a modality
+added to the committed plan, ``plan/add_modality.py``), the new version's manifests take the
+root of the folder that holds the current tars (``version_pointer.sibling_root``), its new tars
+are uploaded into that folder beside them, and its key indexes, manifests and settings into its
+own folder. Nothing of the reused tars is uploaded or copied; the pointer's ``uses`` keeps the
+cleanup away from the folder they are in.
+
+The folder's own manifests never list the added modality, so its readers see nothing change.
+A tar of a modality it already lists, or an object already there under an added one (another
+version put it there), is never overwritten: the publish then copies as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from loader.formats.version_pointer import (
+    VersionPointer,
+    sibling_root,
+    sibling_version,
+    version_dir,
+)
+from loader.formats.wdinfo import check_wdinfo
+
+# Written into the new version's folder before its first tar goes into another version's: a
+# publish of the same version run again then takes those objects as its own (same id, same bytes).
+MARKER = ".pid-build/in-place.json"
+
+
+@dataclass(frozen=True)
+class InPlace:
+    base: str  # the version whose folder holds the tars
+    reused: frozenset[str]  # tars (relative to a version folder) already there, listed with the same sha256
+    placed: frozenset[str]  # tars of added modalities, written into the base's folder
+    manifests: dict[str, bytes]  # staged manifest -> its bytes as published (root naming the base's folder)
+
+    def home(self, rel: str, vid: str) -> str:
+        """The version whose folder holds ``rel`` of version ``vid``."""
+        return self.base if rel in self.reused or rel in self.placed else vid
+
+    def version_id(self, staged_id: str) -> str:
+        """The id of the version: the staged content's, and the folder its tars are in."""
+        return hashlib.sha256(f"pid-in-place-1\0{staged_id}\0{self.base}".encode()).hexdigest()[:20]
+
+    def marker(self) -> bytes:
+        return json.dumps({"base": self.base, "placed": sorted(self.placed)}, indent=1).encode()
+
+
+def home_of(current: VersionPointer, docs: dict[str, bytes]) -> str | None:
+    """The version whose folder holds the tars of ``current`` (its manifests ``docs``): its own,
+    or the one its roots name; None when they name several, or a root that is neither."""
+    homes = set()
+    for rel, data in docs.items():
+        try:
+            root = check_wdinfo(json.loads(data), rel).root
+        except ValueError:
+            return None
+        homes.add(current.version if root == "." else sibling_version(root))
+    return homes.pop() if len(homes) == 1 and None not in homes else None
+
+
+def _modalities_of(manifests: dict[str, bytes]) -> tuple[dict[str, str], set[str]]:
+    """(tar path relative to the version folder -> its modality, every modality listed)."""
+    modality_of: dict[str, str] = {}
+    listed: set[str] = set()
+    for rel, data in manifests.items():
+        cols = check_wdinfo(json.loads(data), rel)
+        leaf = rel.rpartition("/")[0]
+        listed.update(cols.data_keys)
+        for m in cols.data_keys:
+            for path in cols.data_list:
+                modality_of[os.path.normpath(f"{leaf}/{m}/{path}" if leaf else f"{m}/{path}")] = m
+    return modality_of, listed
+
+
+def _published_manifest(data: bytes, rel: str, base: str) -> bytes:
+    doc = json.loads(data)
+    leaf = rel.rpartition("/")[0]
+    doc = {**doc, "root": sibling_root(base, leaf)}
+    check_wdinfo(doc, rel)
+    return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+
+
+def plan_in_place(
+    staging: Path, manifests: list[str], current: VersionPointer | None, old_docs: dict[str, bytes],
+    old_sha: dict[str, str], new_sha: dict[str, str], staged_id: str,
+    read: Callable[[str], bytes | None], listing: Callable[[str], dict[str, int]],
+) -> InPlace | None:
+    """How to publish ``staging`` leaving its unchanged tars in place, or None (publish as a
+    version of its own). ``read(rel)`` and ``listing(rel_prefix)`` reach the output."""
+    if current is None:
+        return None
+    base = home_of(current, old_docs)
+    if base is None:
+        return None
+    reused = frozenset(rel for rel, sha in new_sha.items() if old_sha.get(rel) == sha)
+    if not reused:
+        return None
+    staged = {m: (staging / m).read_bytes() for m in manifests}
+    modality_of, _ = _modalities_of(staged)
+    _, listed = _modalities_of(old_docs)
+    placed = frozenset(rel for rel in modality_of if rel not in reused)
+    if any(modality_of[rel] in listed for rel in placed):
+        return None  # a changed tar of a modality the base lists: never overwritten under its readers
+    found = InPlace(base, reused, placed, {m: _published_manifest(staged[m], m, base) for m in manifests})
+    vid = found.version_id(staged_id)
+    if placed and read(f"{version_dir(vid)}/{MARKER}") is None:
+        there = listing(version_dir(base))
+        if any(rel in there for rel in placed):
+            return None  # another version put that modality there: its objects are not ours to replace
+    return found

@@ -1,0 +1,159 @@
+"""A modality folder added to a built source: its tars against the committed plan, nothing re-cut.
+
+Twin tars are a column store: when the new intake holds exactly the committed plan's keys, with
+their files of every committed modality unchanged, and a file of the new modality for each, the
+build keeps the committed plan (same shards, same member order) and writes only the new
+modality's tars; every committed tar is reused untouched (``write/tars.py``: the same file
+locally, left in place on S3). The size bound then holds for the modalities the plan was cut
+with, which ``plan_cut.json`` (state) and the manifests (``plan_modalities``) record.
+
+Keys of the committed plan the new folder lacks are the setting
+``new_modality_missing_keys``: ``reshard`` (the default) drops them with a full re-shard, as
+any other change of the samples does; ``keep`` keeps them in the committed plan without a
+member of the new modality (their committed files must be unchanged; index mode skips them,
+zip mode refuses such a shard when it reads the new modality).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from loader.formats.atomic import atomic_write_bytes
+from pid_platform.sharding.errors import ShardingConfigError
+from pid_platform.sharding.intake.file_checks import stem_of
+from pid_platform.sharding.intake.task import Sample
+from pid_platform.sharding.layout import STATE_DIR
+from pid_platform.sharding.plan.shard_plan import KEEP, ShardingConfig, ShardPlan, plan_shards
+from pid_platform.sharding.plan.tables import read_plans
+from pid_platform.sharding.storage import FileEntry, SourceStore
+
+log = logging.getLogger(__name__)
+PLAN_CUT = "plan_cut.json"  # in the state folder, only for a plan that was not cut with all its modalities
+
+
+@dataclass(frozen=True)
+class PlanCut:
+    """How a plan relates to its modalities when some were added after it was cut."""
+
+    plan_modalities: tuple[str, ...]  # the modalities the plan (and its size bound) was cut with
+    added_modalities: tuple[str, ...]  # written against it afterwards, not counted in the bound
+    reused_modalities: tuple[str, ...]  # this build's: whose tars the committed version already holds
+    keys_without: int = 0  # keys kept without a file of an added modality (``keep``)
+
+    def to_json(self) -> dict:
+        return {"plan_modalities": list(self.plan_modalities), "added_modalities": list(self.added_modalities),
+                "reused_modalities": list(self.reused_modalities), "keys_without": self.keys_without}
+
+
+def load_plan_cut(folder: Path) -> PlanCut | None:
+    """The plan cut recorded in ``folder``'s state (None: its plan was cut with every modality)."""
+    try:
+        doc = json.loads((Path(folder) / STATE_DIR / PLAN_CUT).read_bytes())
+        return PlanCut(tuple(doc["plan_modalities"]), tuple(doc["added_modalities"]),
+                       tuple(doc["reused_modalities"]), int(doc.get("keys_without", 0)))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ShardingConfigError(f"{Path(folder) / STATE_DIR / PLAN_CUT}: unreadable ({exc}); delete "
+                                  f"{STATE_DIR}/ of that folder and rebuild") from None
+
+
+def save_plan_cut(folder: Path, cut: PlanCut | None) -> None:
+    path = Path(folder) / STATE_DIR / PLAN_CUT
+    if cut is None:
+        path.unlink(missing_ok=True)  # an earlier, unfinished build of this staging folder may have left one
+    else:
+        atomic_write_bytes(path, json.dumps(cut.to_json(), sort_keys=True, indent=1).encode())
+
+
+def _same_file(a: FileEntry, b: FileEntry) -> bool:
+    return (a.name, a.size, a.fingerprint) == (b.name, b.size, b.fingerprint)
+
+
+def _still_listed(store: SourceStore, source: str, kept: list[Sample], modalities: tuple[str, ...]) -> bool:
+    """Whether each of ``kept`` (committed samples the new intake dropped) still has its committed
+    files, unchanged: a listing of those modalities, nothing read."""
+    for m in modalities:
+        listed = {stem_of(e.name): e for e in store.list_files(source, m).entries}
+        for s in kept:
+            f = s.files.get(m)
+            if f is not None and (listed.get(s.basename) is None or not _same_file(listed[s.basename], f)):
+                return False
+    return True
+
+
+def extend_committed_plan(
+    store: SourceStore, source: str, final: Path, samples: list[Sample], modalities: list[str],
+    config: ShardingConfig,
+) -> tuple[list[ShardPlan], PlanCut] | None:
+    """The committed plan of ``final`` with the added modalities' files, when the new intake
+    (``samples``, ``modalities``) only added modality folders to it; None otherwise (a full plan)."""
+    state = Path(final) / STATE_DIR
+    try:
+        committed_config = ShardingConfig(**json.loads((state / "sharding.json").read_bytes()))
+        if not (state / "plan.parquet").is_file():
+            return None
+    except (OSError, ValueError, TypeError, ShardingConfigError):
+        return None
+    if replace(committed_config, new_modality_missing_keys=config.new_modality_missing_keys) != config:
+        return None  # other settings: the plan is cut again
+    committed = read_plans(state / "plan.parquet", committed_config.part_size)
+    if not committed:
+        return None
+    have = tuple(committed[0].modalities)
+    added = tuple(sorted(set(modalities) - set(have)))
+    previous = load_plan_cut(final)
+    # A plan extended before stays the plan while its samples stay (a repair, other roots), so the
+    # keys it kept are not dropped by a rebuild that adds nothing.
+    if not set(have) <= set(modalities) or not (added or previous):
+        return None
+    by_basename = {s.basename: s for s in samples}
+    kept: list[Sample] = []
+    matched = 0
+    for p in committed:
+        for c in p.samples:
+            n = by_basename.get(c.basename)
+            if n is None:
+                kept.append(c)
+                continue
+            if (n.key, n.width, n.height, n.bucket) != (c.key, c.width, c.height, c.bucket) or not all(
+                    m in c.files and _same_file(n.files[m], c.files[m]) for m in have):
+                return None  # a committed file changed (or a key lacked a modality before): re-cut
+            matched += 1
+    if matched != len(samples):
+        return None  # new samples: they need shards of their own
+    if kept:
+        if config.new_modality_missing_keys != KEEP:
+            log.info("%s: %d keys of the committed plan lack a file of %s: a full re-shard drops them "
+                     "(new_modality_missing_keys: reshard)", source, len(kept), list(added) or "a modality")
+            return None
+        if not _still_listed(store, source, kept, have):
+            return None
+    plan_modalities = previous.plan_modalities if previous else have
+    mods = tuple(sorted(modalities))
+    plans = []
+    for p in committed:
+        group = []
+        for c in p.samples:
+            n = by_basename.get(c.basename)
+            group.append(c if n is None else n)  # the newest listing's entries (same files) where there is one
+        plans.append(ShardPlan(p.bucket, p.index, p.relpath, tuple(group), mods))
+    cut = PlanCut(plan_modalities, tuple(sorted(set(mods) - set(plan_modalities))), have, len(kept))
+    log.info("%s: modalities %s added to the committed plan of %d shards: only their tars are written%s",
+             source, list(added), len(plans), f"; {len(kept)} keys kept without them" if kept else "")
+    return plans, cut
+
+
+def plan_build(
+    store: SourceStore, source: str, final: Path, samples: list[Sample], modalities: list[str],
+    config: ShardingConfig,
+) -> tuple[list[ShardPlan], PlanCut | None]:
+    """The plan of a build: the committed one extended (``extend_committed_plan``) when only
+    modality folders were added, else the plan cut from ``samples``."""
+    extended = extend_committed_plan(store, source, final, samples, modalities, config)
+    if extended is not None:
+        return extended
+    return plan_shards(samples, modalities, config), None
