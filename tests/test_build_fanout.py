@@ -24,6 +24,7 @@ from dagster._core.definitions.reconstruct import ReconstructableRepository
 from pid_platform.defs.groups import BUILD_POOL
 from pid_platform.defs.partitions import SOURCES
 from pid_platform.defs.pools import apply_pool_limits
+from pid_platform.defs.resources import ShardingResource
 from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.intake.task import slice_bounds
 from pid_platform.sharding.pause_points import PAUSE_AT_ENV, PAUSE_DIR_ENV, PAUSE_TIMEOUT_ENV
@@ -246,3 +247,31 @@ def test_reexecute_from_failure_runs_only_the_unfinished_task(
     assert {r["index"]: Path(r["path"]).stat().st_mtime_ns for r in records(src_out, WRITE) if r["index"] in done} == done
     assert sorted(r["index"] for r in records(src_out, WRITE)) == list(range(TASKS))
     assert output_files(src_out) == output_files(reference)
+
+
+def test_the_number_of_write_tasks_is_a_checked_setting() -> None:
+    # Default: at most shards_per_write_task shards a task, one task for a small source.
+    assert [ShardingResource().write_tasks_for(n) for n in (0, 1, 64, 65, 1000)] == [1, 1, 1, 2, 16]
+    assert ShardingResource(shards_per_write_task=4).write_tasks_for(9) == 3
+    # Asked for: that many, but never more tasks than shards.
+    assert ShardingResource(write_tasks=3).write_tasks_for(15) == 3
+    assert ShardingResource(write_tasks=8).write_tasks_for(2) == 2
+    with pytest.raises(ValueError, match="write_tasks=-1: give a number of tasks >= 1, or 0"):
+        ShardingResource(write_tasks=-1)
+    with pytest.raises(ValueError, match="shards_per_write_task=0: a write task holds at least one shard"):
+        ShardingResource(shards_per_write_task=0)
+
+
+def test_a_bad_number_of_tasks_in_the_launchpad_fails_the_run_naming_it(
+    raw_root: Path, out_root: Path, instance: dg.DagsterInstance,
+) -> None:
+    from tests.support.dagster_runs import load_defs
+
+    result = load_defs().resolve_job_def("source_build").execute_in_process(
+        instance=instance, partition_key=SOURCE, raise_on_error=False,
+        run_config={**QUIET, "resources": {"sharding": {"config": {"num_workers": 1, "write_tasks": -2}}}})
+    assert not result.success
+    refused = [e.event_specific_data.error.message for e in result.all_events
+               if e.event_type == dg.DagsterEventType.RESOURCE_INIT_FAILURE]
+    assert len(refused) == 1 and "write_tasks=-2: give a number of tasks >= 1, or 0" in refused[0], refused
+    assert not result.get_step_success_events() and not (out_root / SOURCE).exists()
