@@ -9,11 +9,13 @@ depend on ``N``.
 * ``plan``: the run's sharding settings, then ``plan.parquet`` and ``sharding.json`` cut from the
   samples ``sample_set`` staged (or the committed ones, re-sharded); it emits one write task per
   ``ShardingResource.write_tasks_for(shards)`` (``write_tasks`` / ``shards_per_write_task``).
-* ``write_task[I_of_N]``: task ``I`` of ``N`` (its tars, stamps and digests; the key indexes are
-  still ``key_indexes``' step, after the blocking checks on the tars), in the ``pid_build`` pool (the pool's limit caps
-  how many run at once, across runs), retried by ``TASK_RETRY`` on a transient error. It logs
-  its shards as they are written and finishes with its completion record; a task step that
-  finds its record does nothing, so "re-execute from failure" redoes only unfinished tasks.
+* ``write_task[I_of_N]``: task ``I`` of ``N`` (its tars, stamps and digests; the key indexes
+  stay ``key_indexes``' step, after the blocking checks on the tars), in the ``pid_build`` pool
+  (its limit caps how many run at once, across runs), retried by ``TASK_RETRY`` on a transient
+  error. It logs its shards as they are written and ends with its completion record; a task
+  step that finds its record does nothing, so "re-execute from failure" redoes only unfinished
+  tasks. ``plan`` clears the records of an earlier run: a new run's tasks check every shard
+  again (keeping those still up to date) and report what they wrote themselves.
 * ``collect``: once every task step is done, checks that every shard of the plan lies in a
   finished task (``unfinished_write_tasks``) and records ``twin_tar_shards``' materialization,
   metadata and data version as the one-step asset did. The version is committed later, by
@@ -168,8 +170,8 @@ def plan_write_tasks(
 def write_task(
     context: dg.OpExecutionContext, source_store: SourceStoreResource, sharding: ShardingResource
 ) -> Iterator[dg.Output]:
-    """Write task ``I`` of ``N``: its range of the plan's shards (tars, key indexes, digests),
-    then its completion record; nothing at all when the record is already there."""
+    """Write task ``I`` of ``N``: its range of the plan's shards (tars, stamps, digests), then
+    its completion record; nothing at all when the record is already there."""
     index, of = parse_task_key(context.get_mapping_key() or "")
     source = context.partition_key
     out = source_store.source_out(source)
