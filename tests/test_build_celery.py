@@ -30,7 +30,7 @@ from dagster._core.definitions.reconstruct import ReconstructableRepository
 
 from pid_platform.defs.partitions import SOURCES
 from tests.support.celery_workers import CeleryWorkers, celery_settings, celery_workers  # noqa: F401
-from tests.support.dagster_runs import dagster_instance, load_defs
+from tests.support.dagster_runs import dagster_instance, load_defs, step_node
 from tests.support.postgres import dagster_pg_home, postgres_server  # noqa: F401
 from tests.support.redis_server import RedisServer, redis_server  # noqa: F401
 from tests.support.s3_objects import objects
@@ -144,7 +144,7 @@ def test_celery_workers_build_the_single_process_bytes(
     ok, run_a = _execute(dagster_pg_home, _celery_run_config(redis_server, "pid-a"))
     assert ok
     steps = _step_workers(dagster_pg_home, run_a)
-    assert {"sample_set", "twin_tar_shards", "key_indexes", "wdinfo_manifests"} <= set(steps)
+    assert {"sample_set", "twin_tar_shards", "key_indexes", "wdinfo_manifests"} <= {step_node(s) for s in steps}
     assert {w for ws in steps.values() for w in ws} == {"a"}  # every step ran on worker a
     assert _published(s3_env, bucket, f"celery/{SOURCE}") == reference  # byte for byte
     assert any(a.work_root.rglob("*.tar")) and not any(b.work_root.iterdir())

@@ -80,13 +80,16 @@ def test_every_asset_from_s3_into_s3_matches_the_local_build_and_trains(
     monkeypatch.setenv("PID_OUTPUT_ROOT", "s3://dagster-both-out/built")
     monkeypatch.setenv("PID_WORK_ROOT", str(tmp_path / "work"))
     monkeypatch.chdir(tmp_path)
-    on_s3 = _dagster_build("photos", max_shard_size_mb=0.25)
+    # Three write tasks asked for: an s3:// output stages in one machine's work folder, so one.
+    on_s3 = _dagster_build("photos", max_shard_size_mb=0.25, write_tasks=3)
+    assert on_s3["twin_tar_shards"]["write_tasks"] == 1
     assert on_s3["wdinfo_manifests"]["output"] == "s3://dagster-both-out/built/photos"
     assert on_s3["dataset_catalog"]["catalog"] == "s3://dagster-both-out/built/catalog.json"
     assert not (tmp_path / "s3:").exists()
 
     use_roots(monkeypatch, raw_root, tmp_path / "local")
-    local = _dagster_build("photos", max_shard_size_mb=0.25)
+    local = _dagster_build("photos", max_shard_size_mb=0.25, write_tasks=3)
+    assert local["twin_tar_shards"]["write_tasks"] == 3
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_env.endpoint_url)  # use_roots took it away
     assert local["twin_tar_shards"]["config_version"] == on_s3["twin_tar_shards"]["config_version"]
 

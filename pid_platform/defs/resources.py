@@ -22,7 +22,7 @@ from typing import Any
 
 import dagster as dg
 from dagster_aws.s3 import S3Resource
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from loader.io import urls
 from loader.io.s3_client import S3Settings
@@ -153,6 +153,14 @@ class ShardingResource(dg.ConfigurableResource):
         description="Parallel workers per build step (processes for intake and key indexes, threads for "
         "tar writing and hashing).",
     )
+    write_tasks: int = Field(
+        default=0,
+        description="Write tasks a source's tars are cut into (Dagster steps placed by the run's executor, each "
+        "a contiguous range of shards). 0: enough tasks that none holds more than shards_per_write_task shards "
+        "(one task for a small source). The bytes do not depend on it.",
+    )
+    shards_per_write_task: int = Field(
+        default=64, description="With write_tasks 0: the most shards one write task holds.")
     trust_pickle: bool = Field(default=False,
                                description="Allow embeddings that need pickle to load (trusted data only).")
     datasets: dict[str, Any] = Field(
@@ -168,6 +176,27 @@ class ShardingResource(dg.ConfigurableResource):
         "working), 'absolute' (the source output folder's absolute path, which PiD's reader needs) or the URL "
         "the output root is published at (s3://bucket/prefix; a source's roots go below <URL>/<source>).",
     )
+
+    @field_validator("write_tasks")
+    @classmethod
+    def _tasks_not_negative(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError(f"write_tasks={value}: give a number of tasks >= 1, or 0 to derive it from "
+                             "shards_per_write_task")
+        return value
+
+    @field_validator("shards_per_write_task")
+    @classmethod
+    def _positive_task_size(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"shards_per_write_task={value}: a write task holds at least one shard; give 1 or more")
+        return value
+
+    def write_tasks_for(self, shards: int) -> int:
+        """How many write tasks cut a plan of ``shards`` shards: ``write_tasks``, else one per
+        ``shards_per_write_task`` shards; never more tasks than shards, and at least one."""
+        wanted = self.write_tasks or -(-shards // self.shards_per_write_task)
+        return max(1, min(wanted, shards))
 
     def manifest_root_of(self, source: str) -> str:
         """The manifest-root mode of one source's build: a URL names the output root, so a source's

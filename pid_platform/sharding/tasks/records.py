@@ -79,6 +79,16 @@ def records(folder: Path, stage: str) -> list[dict]:
     return found
 
 
+def clear_records(folder: Path, stage: str) -> int:
+    """Remove every record of ``stage`` in ``folder``: its tasks run again (each keeping what
+    is still up to date) instead of being taken for done. Returns how many were removed."""
+    d = tasks_dir(folder)
+    found = sorted(d.glob(f"{stage}-*.json")) if d.is_dir() else []
+    for p in found:
+        p.unlink(missing_ok=True)
+    return len(found)
+
+
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:

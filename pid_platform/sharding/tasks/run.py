@@ -47,6 +47,7 @@ from pid_platform.sharding.storage import SourceStore
 from pid_platform.sharding.tasks.records import (
     INTAKE,
     WRITE,
+    clear_records,
     file_sha256,
     intake_part_path,
     read_record,
@@ -59,6 +60,11 @@ from pid_platform.sharding.write.tars import ShardResult, shard_up_to_date, writ
 
 # Held (PID_PAUSE_AT) once a write task has put one shard's outputs in place: tests kill it there.
 SHARD_DONE_POINT = "write-task:shard-done"
+
+
+def shard_done_point(index: int, of: int) -> str:
+    """The same point in write task ``index`` of ``of`` only: a test holds (or fails) one task."""
+    return f"write-task-{index}-of-{of}:shard-done"
 
 
 class TaskOrderError(BuildError):
@@ -149,6 +155,12 @@ def run_plan(
         plans = pipeline.load_plans(final_dir(out), pipeline.load_sharding_config(final_dir(out)))
         return PlanOutcome(out, r, len(plans), r.samples, True, r.files_validated, r.outcomes_reused,
                            dict(Counter(p.bucket for p in plans)))
+    plans = _stage_plan(store, source, out, config)
+    return PlanOutcome(out, r, len(plans), r.samples, False, r.files_validated, r.outcomes_reused,
+                       dict(Counter(p.bucket for p in plans)))
+
+
+def _stage_plan(store: SourceStore, source: str, out: Path, config: ShardingConfig) -> list[ShardPlan]:
     staging = versions.begin(out)
     # Read back from the table, as the one-process build does: the plan is cut from the same rows.
     samples, modalities = read_samples(state_dir(staging) / SAMPLES)
@@ -156,8 +168,37 @@ def run_plan(
     save_plan_cut(staging, cut)
     write_plans(state_dir(staging) / pipeline.PLAN, plans, modalities)
     pipeline.save_sharding_config(staging, config)
-    return PlanOutcome(out, r, len(plans), r.samples, False, r.files_validated, r.outcomes_reused,
-                       dict(Counter(p.bucket for p in plans)))
+    return plans
+
+
+@pipeline.build_step
+def stage_plan(store: SourceStore, source: str, out: Path, config: ShardingConfig, *,
+               fresh_tasks: bool = False) -> list[ShardPlan]:
+    """The plan of the samples an intake staged for ``out`` (``samples.parquet``), cut with
+    ``config``: ``plan.parquet`` and ``sharding.json`` into the staging folder; its shards.
+
+    ``run_plan`` without the intake, for a scheduler that ran the intake as a step of its own
+    (the Dagster assets: ``sample_set``, then this). ``fresh_tasks``: forget the write tasks an
+    earlier run finished for this plan, so this run's tasks check their shards again (keeping
+    every one still up to date) and report what they wrote themselves.
+    """
+    out = Path(out)
+    if fresh_tasks:
+        clear_records(versions.staging_dir(out), WRITE)
+    return _stage_plan(store, source, out, config)
+
+
+def staged_results(staging: Path) -> tuple[ShardingConfig, list[ShardPlan], list[ShardResult]]:
+    """The staged plan's shards as the write tasks left them: each shard's planned sizes, and
+    ``written`` where a write task's record for this plan says it wrote the shard (rather than
+    kept or hard-linked it)."""
+    config = pipeline.load_sharding_config(staging)
+    plans = pipeline.load_plans(staging, config)
+    plan_sha = file_sha256(state_dir(staging) / pipeline.PLAN)
+    written = {i for r in records(staging, WRITE) if r.get("plan_sha256") == plan_sha for i in r.get("written", [])}
+    return config, plans, [ShardResult(p.bucket, p.index, p.relpath, len(p.samples),
+                                       {m: p.tar_bytes(m) for m in p.modalities}, i in written)
+                           for i, p in enumerate(plans)]
 
 
 def _staged_plan(out: Path, what: str) -> tuple[Path, Path] | None:
@@ -176,9 +217,12 @@ def _staged_plan(out: Path, what: str) -> tuple[Path, Path] | None:
 
 def run_write_task(
     store: SourceStore, source: str, out: Path, index: int, of: int, *, num_workers: int = 1,
-    progress: Callable[[ShardResult], None] | None = None,
+    progress: Callable[[int, int], None] | None = None, key_indexes: bool = True,
 ) -> TaskOutcome:
     """Write task ``index`` of ``of``: its range of the staged plan's shards, then its record.
+    ``progress(done, total)`` after each of its shards is in place. ``key_indexes``: also each
+    shard's key index (the Dagster assets leave them to ``key_indexes``, after the blocking
+    checks on the tars).
 
     Takes no build lock: the write tasks of one plan run side by side, each writing only its own
     shards' files (and clearing only their temporary leftovers). Start them after the plan and
@@ -201,15 +245,18 @@ def run_write_task(
     plans = pipeline.load_plans(staging, config)
     first, stop = slice_bounds(len(plans), index, of)
     mine = plans[first:stop]
-    after = pipeline.after_shard(staging, key_indexes=True)
+    after = pipeline.after_shard(staging, key_indexes=key_indexes)
 
     def then(plan: ShardPlan, result: ShardResult) -> None:
         after(plan, result)
         pause_point(SHARD_DONE_POINT)
+        pause_point(shard_done_point(index, of))
 
     cut = load_plan_cut(staging)
+    done = iter(range(1, len(mine) + 1))
+    step = (lambda _result: progress(next(done), len(mine))) if progress else None
     results = write_shards(store, source, staging, mine, previous=final_dir(out), num_workers=num_workers,
-                           progress=progress, then=then, only_own_temp_files=True,
+                           progress=step, then=then, only_own_temp_files=True,
                            reuse=cut.reused_modalities if cut else None)
     written = [first + i for i, r in enumerate(results) if r.written]
     # Last: the record says every output of these shards is in place.
@@ -219,9 +266,9 @@ def run_write_task(
     return TaskOutcome(WRITE, index, of, path, False, len(mine), first, len(written), len(mine) - len(written))
 
 
-def _shard_complete(staging: Path, plan: ShardPlan) -> bool:
+def _shard_complete(staging: Path, plan: ShardPlan, key_indexes: bool) -> bool:
     key_index = bucket_dir(staging, plan.bucket) / key_index_relpath(plan.relpath)
-    return shard_up_to_date(staging, plan) and key_index.is_file()
+    return shard_up_to_date(staging, plan) and (not key_indexes or key_index.is_file())
 
 
 def _ranges(positions: list[int]) -> str:
@@ -235,11 +282,11 @@ def _ranges(positions: list[int]) -> str:
     return ", ".join(spans)
 
 
-def unfinished_write_tasks(out: Path) -> str | None:
+def unfinished_write_tasks(out: Path, *, key_indexes: bool = True) -> str | None:
     """Why the staged plan of ``out`` cannot be committed yet (None: every write task is done).
 
     Done means: every shard of the plan lies in the range of a write task's record for this plan,
-    and its tars match their stamps and its key index exists. A record whose shards are not all
+    and its tars match their stamps and (``key_indexes``) its key index exists. A record whose shards are not all
     complete (a tar deleted since, or lost in a power cut after the record) is removed, so the
     task runs again when started.
     """
@@ -256,7 +303,7 @@ def unfinished_write_tasks(out: Path) -> str | None:
             continue
         if r.get("shards") != [start, stop]:
             continue
-        if all(_shard_complete(staging, p) for p in plans[start:stop]):
+        if all(_shard_complete(staging, p, key_indexes) for p in plans[start:stop]):
             covered[start:stop] = [True] * (stop - start)
         else:
             damaged.append(r)
@@ -329,13 +376,9 @@ def run_commit(out: Path, *, num_workers: int = 1, manifest_root: str = "relativ
     if problem is not None:
         raise TasksUnfinishedError(f"commit of {out}: {problem}")
     report = report_from_json(json.loads((state_dir(staging) / REPORT).read_bytes()))
-    plan_sha = file_sha256(state_dir(staging) / pipeline.PLAN)
-    written = {i for r in records(staging, WRITE) if r.get("plan_sha256") == plan_sha for i in r.get("written", [])}
+    _config, _plans, results = staged_results(staging)
     validate = _validate_of(staging)
-    config, manifests, removed = pipeline.run_manifests(out, report.source, num_workers=num_workers,
-                                                        manifest_root=manifest_root)
-    plans = pipeline.load_plans(final_dir(out), config)
-    results = [ShardResult(p.bucket, p.index, p.relpath, len(p.samples), {m: p.tar_bytes(m) for m in p.modalities},
-                           i in written) for i, p in enumerate(plans)]
+    _, manifests, removed = pipeline.run_manifests(out, report.source, num_workers=num_workers,
+                                                   manifest_root=manifest_root)
     return pipeline.BuildSummary(report.source, out, report, pipeline.summarize(results),
                                  [m.path for m in manifests], removed, validate)

@@ -1,0 +1,257 @@
+"""The steps ``twin_tar_shards`` runs as: plan -> one write task per range of shards -> collect.
+
+A source's tars are written by ``N`` write-task steps (``DynamicOut``, one mapped step per task),
+so the run's executor places them: processes on this machine (``multiprocess``), Celery workers,
+ECS tasks (``defs/executors.py``). Each step is ``pid_platform.sharding.tasks.run``'s task of the
+same name, which ``pid-shard plan | task --index I --of N`` runs without Dagster; the bytes do not
+depend on ``N``.
+
+* ``plan``: the run's sharding settings, then ``plan.parquet`` and ``sharding.json`` cut from the
+  samples ``sample_set`` staged (or the committed ones, re-sharded); it emits one write task per
+  ``ShardingResource.write_tasks_for(shards)`` (``write_tasks`` / ``shards_per_write_task``).
+* ``write_task[I_of_N]``: task ``I`` of ``N`` (its tars, stamps and digests; the key indexes
+  stay ``key_indexes``' step, after the blocking checks on the tars), in the ``pid_build`` pool
+  (its limit caps how many run at once, across runs), retried by ``TASK_RETRY`` on a transient
+  error. It logs its shards as they are written and ends with its completion record; a task
+  step that finds its record does nothing, so "re-execute from failure" redoes only unfinished
+  tasks. ``plan`` clears the records of an earlier run: a new run's tasks check every shard
+  again (keeping those still up to date) and report what they wrote themselves.
+* ``collect``: once every task step is done, checks that every shard of the plan lies in a
+  finished task (``unfinished_write_tasks``) and records ``twin_tar_shards``' materialization,
+  metadata and data version as the one-step asset did. The version is committed later, by
+  ``wdinfo_manifests``.
+
+The steps meet in the source's staging folder (and pass one small value, the plan's summary,
+from ``plan`` to ``collect`` through the run's IO manager). For an ``s3://`` output that folder
+is the work folder of the machine a step runs on (``PID_WORK_ROOT``), so such a build is cut
+into one write task: every step of it must run where its staging is, as the other steps of an
+s3 build do today. A local output on storage every worker mounts fans out.
+"""
+
+
+import hashlib
+import shutil
+import warnings
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import dagster as dg
+
+from pid_platform.defs.automation.fingerprint import FINGERPRINT_NAME
+from pid_platform.defs.groups import BUILD_POOL
+from pid_platform.defs.intake.assets import ratio_label
+from pid_platform.defs.metadata import bucket_label, human_bytes, row_count, table
+from pid_platform.defs.plots import png_markdown, shard_sizes_png
+from pid_platform.defs.resources import ShardingResource, SourceStoreResource
+from pid_platform.defs.retries import IO_RETRY, retry_only_transient
+from pid_platform.defs.settings import RunSettings, settings_for_run, settings_metadata
+from pid_platform.sharding.commit import versions
+from pid_platform.sharding.commit.state import INTAKE_SETTINGS, REPORT, SAMPLES, state_dir
+from pid_platform.sharding.intake.cache import CACHE_NAME
+from pid_platform.sharding.layout import final_dir
+from pid_platform.sharding.output_lock import build_lock
+from pid_platform.sharding.pipeline import summarize
+from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
+from pid_platform.sharding.tasks.run import (
+    TasksUnfinishedError,
+    run_write_task,
+    stage_plan,
+    staged_results,
+    unfinished_write_tasks,
+)
+from pid_platform.sharding.write.tars import ShardResult
+
+# What intake leaves beside a build, and a re-shard of the committed samples carries over.
+INTAKE_STATE = (SAMPLES, REPORT, INTAKE_SETTINGS, CACHE_NAME, FINGERPRINT_NAME)
+
+
+def sample_set_to_cut(out: Path, source: str) -> str:
+    """Where this step's samples come from: ``staged`` (this build's intake), or ``committed``
+    (nothing staged: the committed build's sample set is copied into a new staging folder and
+    re-sharded with the source's current settings). Refuses at once when there is neither."""
+    if (state_dir(versions.staging_dir(out)) / SAMPLES).is_file():
+        return "staged"
+    committed = state_dir(final_dir(out))
+    if not (committed / SAMPLES).is_file():
+        raise dg.Failure(
+            description=(
+                f"twin_tar_shards of {source} has no sample set to cut: no build of it is staged or committed. "
+                "Select sample_set with it (sample_set, twin_tar_shards and what follows them), or launch the "
+                f"source_build job for partition {source!r}"
+            ),
+            allow_retries=False,
+        )
+    with build_lock(out):
+        staged = state_dir(versions.begin(out))
+        staged.mkdir(exist_ok=True)
+        for name in INTAKE_STATE:
+            if (committed / name).is_file():
+                shutil.copy2(committed / name, staged / name)
+    return "committed"
+
+
+# A write task redoes only its unfinished shards (finished ones are kept), so a retry is cheap.
+TASK_RETRY = IO_RETRY
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What ``plan`` hands ``collect``: where the samples came from, the run's settings, the
+    plan's digest (the asset's data version) and how many write tasks were emitted."""
+
+    samples_from: str  # "staged" or "committed" (``sample_set_to_cut``)
+    run_settings: RunSettings
+    data_version: str
+    shards: int
+    tasks: int
+
+
+def task_key(index: int, of: int) -> str:
+    """The mapping key of write task ``index`` of ``of`` (the UI shows ``write_task[2_of_8]``)."""
+    return f"{index}_of_{of}"
+
+
+def parse_task_key(key: str) -> tuple[int, int]:
+    index, sep, of = key.partition("_of_")
+    if not (sep and index.isdigit() and of.isdigit()):
+        raise ValueError(f"write task mapping key {key!r}: expected '<index>_of_<tasks>', e.g. {task_key(0, 1)!r}")
+    return int(index), int(of)
+
+
+def plans_digest(config_version: str, plans: list[ShardPlan]) -> str:
+    # A plan's digest covers its keys, files and place; together they name the bytes on disk.
+    h = hashlib.sha256(config_version.encode())
+    for p in plans:
+        h.update(p.digest().encode())
+    return h.hexdigest()[:16]
+
+
+@dg.op(
+    name="plan",
+    ins={"after": dg.In(dg.Nothing)},
+    out={"tasks": dg.DynamicOut(dg.Nothing), "planned": dg.Out(Planned)},
+    retry_policy=IO_RETRY,
+)
+def plan_write_tasks(
+    context: dg.OpExecutionContext, source_store: SourceStoreResource, sharding: ShardingResource
+) -> Iterator[dg.Output | dg.DynamicOutput]:
+    """Cut the staged samples into shards with the run's settings; one write task per range."""
+    source = context.partition_key
+    out = source_store.source_out(source)
+    with retry_only_transient():
+        run_settings = settings_for_run(context, source_store, sharding, source)
+        samples_from = sample_set_to_cut(out, source)
+        # A new run's tasks check their shards again (retries and re-execution keep the records).
+        plans = stage_plan(source_store.open(), source, out, run_settings.config, fresh_tasks=True)
+    if samples_from == "committed":
+        context.log.info(f"{source}: no intake staged; re-sharding the committed sample set of {source} (key "
+                         "indexes and manifests follow once materialized; the published version stays until then)")
+    on_s3 = source_store.source_target(source) is not None
+    tasks = 1 if on_s3 else sharding.write_tasks_for(len(plans))
+    context.log.info(
+        f"{source}: {len(plans)} shards in {tasks} write task{'s' if tasks != 1 else ''}"
+        + (" (an s3:// output stages in one machine's work folder: one task)" if on_s3 else ""))
+    yield dg.Output(
+        Planned(samples_from, run_settings, plans_digest(run_settings.config.version(), plans), len(plans), tasks),
+        output_name="planned", metadata={"shards": len(plans), "write_tasks": tasks},
+    )
+    for index in range(tasks):
+        yield dg.DynamicOutput(None, mapping_key=task_key(index, tasks), output_name="tasks")
+
+
+@dg.op(
+    name="write_task",
+    ins={"after": dg.In(dg.Nothing)},
+    out=dg.Out(dg.Nothing),
+    pool=BUILD_POOL,
+    retry_policy=TASK_RETRY,
+)
+def write_task(
+    context: dg.OpExecutionContext, source_store: SourceStoreResource, sharding: ShardingResource
+) -> Iterator[dg.Output]:
+    """Write task ``I`` of ``N``: its range of the plan's shards (tars, stamps, digests), then
+    its completion record; nothing at all when the record is already there."""
+    index, of = parse_task_key(context.get_mapping_key() or "")
+    source = context.partition_key
+    out = source_store.source_out(source)
+    name = f"{source}: write task {index} of {of}"
+
+    def progress(done: int, total: int) -> None:
+        if done == total or done % max(1, total // 10) == 0:
+            context.log.info(f"{name}: {done}/{total} shards")
+
+    with retry_only_transient():
+        # Key indexes stay key_indexes' job, after the blocking checks on these tars.
+        outcome = run_write_task(source_store.open(), source, out, index, of, num_workers=sharding.num_workers,
+                                 progress=progress, key_indexes=False)
+    if outcome.already_done:
+        context.log.info(f"{name}: already done ({outcome.record} is there); nothing written")
+    yield dg.Output(None, metadata={
+        "task": index, "of": of, "shards": outcome.items, "first_shard": outcome.first,
+        "written": outcome.done, "reused": outcome.reused, "already_done": outcome.already_done,
+        "record": dg.MetadataValue.path(str(outcome.record)),
+    })
+
+
+def shards_metadata(source: str, output: str, config: ShardingConfig, planned: Planned,
+                    results: list[ShardResult]) -> dict:
+    """The metadata of a ``twin_tar_shards`` materialization: its shards by bucket, sizes against the bound."""
+    buckets = summarize(results)
+    written = sum(int(r.written) for r in results)
+    by_bucket = table(
+        (("bucket", "string"), ("shards", "int"), ("samples", "int"), ("bytes", "int"), ("size", "string"),
+         ("written", "int"), ("reused", "int")),
+        [(bucket_label(b.bucket), b.shards, b.samples, b.bytes, human_bytes(b.bytes), b.written, b.shards - b.written)
+         for b in buckets.values()],
+    )
+    # MB as the bound counts them (max_shard_size_mb), so the line and the bars share one unit.
+    mb = config.max_shard_bytes / config.max_shard_size_mb
+    ordered = sorted(results, key=lambda r: (r.bucket, r.index))
+    plot = shard_sizes_png(
+        [sum(r.bytes.values()) / mb for r in ordered], [ratio_label(r.bucket) for r in ordered],
+        None if config.shard_size > 0 else config.max_shard_size_mb,
+        title=f"{source}: shard sizes" + (f" ({config.shard_size} samples each)" if config.shard_size > 0 else ""),
+    )
+    return {
+        "shards": len(results),
+        "samples": sum(b.samples for b in buckets.values()),
+        "bytes": sum(b.bytes for b in buckets.values()),
+        "size": human_bytes(sum(b.bytes for b in buckets.values())),
+        "buckets": len(buckets),
+        "written": written,
+        "reused": len(results) - written,
+        "write_tasks": planned.tasks,
+        "config_version": config.version(),
+        "sharding": dg.MetadataValue.json(asdict(config)),
+        "sample_set": planned.samples_from,
+        **settings_metadata(planned.run_settings),
+        "shards_by_bucket": by_bucket,
+        **row_count(sum(b.samples for b in buckets.values())),
+        "shard_sizes_plot": png_markdown(plot, f"shard sizes of {source} against the bound"),
+        # Staged until wdinfo_manifests commits them; this is where they are from then on.
+        "output": dg.MetadataValue.path(output),
+    }
+
+
+@dg.op(name="collect", ins={"planned": dg.In(Planned), "tasks": dg.In(dg.Nothing)}, out=dg.Out(dg.Nothing),
+       retry_policy=IO_RETRY)
+def collect_write_tasks(
+    context: dg.OpExecutionContext, source_store: SourceStoreResource, planned: Planned
+) -> Iterator[dg.Output]:
+    """Every write task done: ``twin_tar_shards``' materialization, from the staged shards."""
+    source = context.partition_key
+    out = source_store.source_out(source)
+    with retry_only_transient():
+        problem = unfinished_write_tasks(out, key_indexes=False)
+        if problem is not None:
+            raise TasksUnfinishedError(f"twin_tar_shards of {source}: {problem}")
+        config, _plans, results = staged_results(versions.staging_dir(out))
+    metadata = shards_metadata(source, source_store.output_location(source), config, planned, results)
+    with warnings.catch_warnings():
+        # An op's data_version is "beta" in 1.13; the one-op asset set the same version through
+        # MaterializeResult, and the UI's staleness depends on it.
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        out = dg.Output(None, metadata=metadata, tags=planned.run_settings.tags,
+                        data_version=dg.DataVersion(planned.data_version))
+    yield out
