@@ -51,34 +51,53 @@ class PlannedBatch:
         """(tasks, in order): one task per run of consecutive members of one shard, in the order
         the batch first needs them; ``in order`` when reading them one after another yields the
         batch's own order (each shard's members one run, ascending by one, no shard twice)."""
-        s, m, p = self.shards, self.members, self.pads
+        tasks, perm = self.reading()
+        return tasks, perm is None
+
+    def reading(self) -> tuple[list[Task], np.ndarray | None]:
+        """(tasks, where): the tasks of ``runs`` and, unless reading them yields the batch's own
+        order (``None``), for each of the batch's samples its place in what the tasks read.
+
+        A mixture's batch switches shards every sample or two, so the grouping (each (shard,
+        pad) read once, its members ascending, the groups in the order the batch first needs
+        them) is worked out with numpy, not a loop per sample."""
+        s, m, p = self.shards, self.members, np.asarray(self.pads, bool)
         n = len(s)
-        if n:
-            cut = np.flatnonzero((s[1:] != s[:-1]) | (p[1:] != p[:-1]) | (m[1:] != m[:-1] + 1)) + 1
-            first = np.concatenate(([0], cut)).tolist()
-            last = np.concatenate((cut - 1, [n - 1])).tolist()
-            sl, ml, pl = s.tolist(), m.tolist(), p.tolist()
-            if len({(sl[i], pl[i]) for i in first}) == len(first):
-                return [Task(sl[i], ((ml[i], ml[j] + 1),), pl[i]) for i, j in zip(first, last, strict=True)], True
-        seen: dict[tuple[int, bool], list[int]] = {}
-        for sh, mm, pp in zip(s.tolist(), m.tolist(), p.tolist(), strict=True):
-            seen.setdefault((sh, pp), []).append(mm)
-        out = []
-        for (shard, pad), members in seen.items():
-            ms = sorted(set(members))
-            start = prev = ms[0]
-            for mm in ms[1:]:
-                if mm != prev + 1:
-                    out.append(Task(shard, ((start, prev + 1),), pad))
-                    start = mm
-                prev = mm
-            out.append(Task(shard, ((start, prev + 1),), pad))
-        return out, False
+        if not n:
+            return [], np.zeros(0, np.int64)
+        code = np.asarray(s, np.int64) * 2 + p  # one number per (shard, pad)
+        cut = np.flatnonzero((code[1:] != code[:-1]) | (m[1:] != m[:-1] + 1)) + 1
+        first = np.concatenate(([0], cut))
+        if len(np.unique(code[first])) == len(first):
+            last = np.concatenate((cut - 1, [n - 1]))
+            return _tasks(s[first], m[first], m[last] + 1, p[first]), None
+        _, seen_at, group = np.unique(code, return_index=True, return_inverse=True)
+        rank = np.empty(len(seen_at), np.int64)
+        rank[np.argsort(seen_at, kind="stable")] = np.arange(len(seen_at))
+        group = rank[group.reshape(-1)]
+        o = np.lexsort((m, group))
+        gs, ms = group[o], m[o]
+        new = np.ones(n, bool)  # the first of equal (group, member): a duplicate is read once
+        new[1:] = (gs[1:] != gs[:-1]) | (ms[1:] != ms[:-1])
+        where = np.empty(n, np.int64)
+        where[o] = np.cumsum(new) - 1
+        ug, um, uo = gs[new], ms[new], o[new]
+        k = len(ug)
+        starts = np.ones(k, bool)
+        starts[1:] = (ug[1:] != ug[:-1]) | (um[1:] != um[:-1] + 1)
+        fi = np.flatnonzero(starts)
+        la = np.concatenate((fi[1:] - 1, [k - 1]))
+        return _tasks(s[uo[fi]], um[fi], um[la] + 1, p[uo[fi]]), where
 
     def tasks(self) -> list[Task]:
         """What to read: one task per run of consecutive members of one shard, in the order the
         batch first needs them (a reader starts each run at its member's offset)."""
         return self.runs()[0]
+
+
+def _tasks(shards: np.ndarray, starts: np.ndarray, stops: np.ndarray, pads: np.ndarray) -> list[Task]:
+    return [Task(sh, ((a, b),), pd) for sh, a, b, pd in
+            zip(shards.tolist(), starts.tolist(), stops.tolist(), pads.tolist(), strict=True)]
 
 
 class ShardlistBasic:
