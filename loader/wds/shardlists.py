@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -51,26 +51,36 @@ class PlannedBatch:
         """(tasks, in order): one task per run of consecutive members of one shard, in the order
         the batch first needs them; ``in order`` when reading them one after another yields the
         batch's own order (each shard's members one run, ascending by one, no shard twice)."""
-        tasks, perm = self.reading()
-        return tasks, perm is None
+        tasks, where = replace(self, sources=None).reading()
+        return tasks, where is None
 
     def reading(self) -> tuple[list[Task], np.ndarray | None]:
         """(tasks, where): the tasks of ``runs`` and, unless reading them yields the batch's own
         order (``None``), for each of the batch's samples its place in what the tasks read.
 
-        A mixture's batch switches shards every sample or two, so the grouping (each (shard,
-        pad) read once, its members ascending, the groups in the order the batch first needs
-        them) is worked out with numpy, not a loop per sample."""
+        A mixture's batch switches shards every sample or two: read source by source when that
+        reads each source's shards in order (the tasks then go source by source, not in the
+        order the batch first needs them); else each (shard, pad) is read once, its members
+        ascending, the groups in the order the batch first needs them (as ``runs``). Worked out
+        with numpy, not a loop per sample."""
         s, m, p = self.shards, self.members, np.asarray(self.pads, bool)
         n = len(s)
         if not n:
             return [], np.zeros(0, np.int64)
         code = np.asarray(s, np.int64) * 2 + p  # one number per (shard, pad)
-        cut = np.flatnonzero((code[1:] != code[:-1]) | (m[1:] != m[:-1] + 1)) + 1
-        first = np.concatenate(([0], cut))
-        if len(np.unique(code[first])) == len(first):
-            last = np.concatenate((cut - 1, [n - 1]))
-            return _tasks(s[first], m[first], m[last] + 1, p[first]), None
+        if self.sources is not None:
+            # A mixture's batch interleaves its sources, but each source's samples come in that
+            # source's own order, which reads in order as one source's batch does: source by source.
+            o = np.argsort(self.sources, kind="stable")
+            tasks = _in_order(s[o], m[o], p[o], code[o])
+            if tasks is not None:
+                where = np.empty(n, np.int64)
+                where[o] = np.arange(n)
+                return tasks, where
+        else:
+            tasks = _in_order(s, m, p, code)
+            if tasks is not None:
+                return tasks, None
         _, seen_at, group = np.unique(code, return_index=True, return_inverse=True)
         rank = np.empty(len(seen_at), np.int64)
         rank[np.argsort(seen_at, kind="stable")] = np.arange(len(seen_at))
@@ -98,6 +108,19 @@ class PlannedBatch:
 def _tasks(shards: np.ndarray, starts: np.ndarray, stops: np.ndarray, pads: np.ndarray) -> list[Task]:
     return [Task(sh, ((a, b),), pd) for sh, a, b, pd in
             zip(shards.tolist(), starts.tolist(), stops.tolist(), pads.tolist(), strict=True)]
+
+
+def _in_order(s: np.ndarray, m: np.ndarray, p: np.ndarray, code: np.ndarray) -> list[Task] | None:
+    """One task per run of consecutive members of one (shard, pad) (``code``), if no (shard,
+    pad) has two runs: then reading the tasks one after another yields this order."""
+    cut = np.flatnonzero((code[1:] != code[:-1]) | (m[1:] != m[:-1] + 1)) + 1
+    first = np.concatenate(([0], cut))
+    if len(first) > 1:
+        seen = np.sort(code[first])
+        if not (seen[1:] != seen[:-1]).all():
+            return None
+    last = np.concatenate((cut - 1, [len(s) - 1]))
+    return _tasks(s[first], m[first], m[last] + 1, p[first])
 
 
 class ShardlistBasic:
