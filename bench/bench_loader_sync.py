@@ -2,7 +2,7 @@
 
     python bench/bench_loader_sync.py [--samples 4000] [--shard-mb 24] [--repeat 5] [--work-dir DIR]
                                       [--no-stages] [--pipeline-samples 600] [--pipeline-repeat 3]
-                                      [--batch-size 16] [--profile {zip,index,wds}]
+                                      [--batch-size 16] [--mixture-repeat 15] [--profile {zip,index,wds}]
 
 Data: scikit-image's photographs (``pid_platform.demo.sample_data``; JPEG and PNG, ~110 KB on average),
 a JSON caption and a float16 ``.npy`` embedding each, replicated under new names up to
@@ -43,10 +43,12 @@ targets are judged on CPU time; both ratios are printed. Manifest parsing and ``
 are outside the timed region (``bench_manifest_parse.py`` measures them). ``--profile`` prints a
 cProfile of one contender instead.
 
-Mixture row: the same shards as a 3-source weighted mixture (``loader.mixture``: the bucket
+Mixture row (``--mixture-repeat`` rounds, default 15): the same shards as a 3-source weighted mixture (``loader.mixture``: the bucket
 manifests dealt round-robin to three sources, weights their sizes, so an epoch holds every sample
-once) against the one source, both ``mode="zip"``, unshuffled, iterated in-process: what the
-interleave (a source switch every sample or two) costs.
+once) against the one source, both ``mode="zip"``, unshuffled, undecoded, unbatched, iterated
+in-process: what the interleave (a source switch every sample or two) costs, nothing else to hide
+it. Checked once, untimed: the same samples (keys and bytes, each once), every one with its
+``__source__``. Printed: the ratio of the best runs and the median of each round's own ratio.
 
 Targets: ours zip >= 2x webdataset; ours zip >= 0.5x cat; ours index >= 0.95x ours zip; full
 pipeline, ours >= 1.0x webdataset; 3-source mixture >= 0.95x one source (samples/s, CPU time). A miss prints MISS; the exit status does
@@ -122,14 +124,14 @@ def full_ours(mode):
     return make
 
 
-def one_source(urls, out):
-    ds = build_dataset(str(out), mode="zip", decode=None, shuffle=False)
-    return lambda: _count(ds)
+def _one_source_dataset(out):
+    return build_dataset(str(out), mode="zip", decode=None, shuffle=False)
 
 
-def three_source_mixture(urls, out):
+def _mixture_dataset(out):
     """The same manifests as three sources (bucket manifests dealt round-robin), weighted by
-    their sizes: one epoch reads every sample once, interleaved."""
+    their sizes: one epoch reads every sample once, interleaved. The same options as
+    ``_one_source_dataset``: the two differ only in the order (and ``__source__``/``__repeat__``)."""
     from loader.mixture import Mixture, Source
 
     manifests = find_manifests(str(out))
@@ -137,7 +139,16 @@ def three_source_mixture(urls, out):
     sizes = [parse_manifests(g).tar_files.total_samples for g in groups]
     mix = Mixture([Source(g, name=f"part{i}", weight=n) for i, (g, n) in enumerate(zip(groups, sizes, strict=True))],
                   samples_per_epoch=sum(sizes), name="bench")
-    ds = build_dataset(mix, mode="zip", decode=None, shuffle=False)
+    return build_dataset(mix, mode="zip", decode=None, shuffle=False)
+
+
+def one_source(urls, out):
+    ds = _one_source_dataset(out)
+    return lambda: _count(ds)
+
+
+def three_source_mixture(urls, out):
+    ds = _mixture_dataset(out)
     return lambda: _count(ds)
 
 
@@ -326,6 +337,28 @@ def check_same(urls, out) -> bool:
     return ok
 
 
+def check_mixture_same(out) -> bool:
+    """The mixture row compares like with like: the same samples (keys and bytes, in another
+    order), each once, and every one marked with its source."""
+    def content(ds):
+        per = []
+        for s in ds:
+            h = hashlib.sha256()
+            for k in sorted(k for k in s if not k.startswith("__")):
+                h.update(k.encode())
+                h.update(s[k])
+            per.append((s["__key__"], h.hexdigest(), s.get("__source__")))
+        return per
+
+    one, mix = content(_one_source_dataset(out)), content(_mixture_dataset(out))
+    same = sorted(x[:2] for x in one) == sorted(x[:2] for x in mix) and len({k for k, _, _ in mix}) == len(mix)
+    marked = all(src is not None for _, _, src in mix)
+    print(f"  3-source mixture vs one source: {len(mix)} vs {len(one)} samples, "
+          f"{'same keys and bytes, each once' if same else 'DIFFERENT'}"
+          f"{'' if marked else ', __source__ MISSING'}")
+    return same and marked
+
+
 def _children_cpu() -> float:
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)  # DataLoader workers, once joined
     return ru.ru_utime + ru.ru_stime
@@ -339,16 +372,19 @@ def _time(fn: Callable[[], int]) -> tuple[float, float, int]:
 
 
 def bench(groups: dict[str, dict[str, Callable]], urls, out, repeat: int):
-    """Round-robin runs; per contender the wall and CPU seconds of each run, and its item count."""
+    """Round-robin runs (each group's order reversed every other round); per contender the wall
+    and CPU seconds of each run, and its item count."""
     runners = {g: {name: make(urls, out) for name, make in cs.items()} for g, cs in groups.items()}
     times: dict[str, dict[str, list[tuple[float, float]]]] = {g: {n: [] for n in cs} for g, cs in runners.items()}
     counts: dict[tuple[str, str], int] = {}
     for cs in runners.values():
         for fn in cs.values():
             fn()  # warm-up (imports, first open)
-    for _ in range(repeat):
+    for r in range(repeat):
         for g, cs in runners.items():
-            for name, fn in cs.items():
+            # Every other round runs the group backwards: no contender always comes first
+            # (after another group) or always follows the same one.
+            for name, fn in (list(cs.items()) if r % 2 == 0 else list(cs.items())[::-1]):
                 dt, cpu, n = _time(fn)
                 times[g][name].append((dt, cpu))
                 counts[g, name] = n
@@ -389,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="samples (whole aspect buckets) through the decode pipeline; 0 skips it (default 600)")
     ap.add_argument("--pipeline-repeat", type=int, default=3, help="timed runs of each decode pipeline (default 3)")
     ap.add_argument("--batch-size", type=int, default=16, help="decode pipeline batch size (default 16)")
+    ap.add_argument("--mixture-repeat", type=int, default=15,
+                    help="timed runs of the mixture row's two contenders (default 15: a run is short, "
+                         "and the row's 5%% margin needs more runs than the others on a busy machine)")
     ap.add_argument("--profile", choices=("zip", "index", "wds"), help="cProfile one run of a contender and exit")
     args = ap.parse_args(argv)
 
@@ -425,18 +464,22 @@ def main(argv: list[str] | None = None) -> int:
 
     print("check (untimed):")
     same = check_same(urls, out)
+    same &= check_mixture_same(out)
 
     groups: dict[str, dict[str, Callable]] = {
         "samples": {"webdataset": full_wds, "ours zip": full_ours("zip"), "ours index": full_ours("index"),
                     "floor": floor_members, "cat": cat_tars},
     }
-    groups["mixture"] = {"one source": one_source, "3-source mixture": three_source_mixture}
     if not args.no_stages:
         groups["raw tar members"] = {"webdataset": raw_wds, "wds on twins": raw_twins_wds,
                                      "ours on twins": raw_twins_ours}
         groups["expander members"] = {"webdataset": expand_wds, "ours zip": expand_ours}
     times, counts = bench(groups, urls, out, args.repeat)
-    print(f"\n(best of {args.repeat} round-robin runs; x = relative to the first line of the group; "
+    mtimes, mcounts = bench({"mixture": {"one source": one_source, "3-source mixture": three_source_mixture}},
+                            urls, out, args.mixture_repeat)
+    times.update(mtimes)
+    counts.update(mcounts)
+    print(f"\n(best of {args.repeat} round-robin runs, the mixture's of {args.mixture_repeat}; x = relative to the first line of the group; "
           f"MB/s = {comb_bytes / 1e6:.0f} MB of tar bytes per run; cat = those bytes read into a buffer)")
     rates, cpu_rates = report(times, counts, comb_bytes)
 
@@ -461,7 +504,12 @@ def main(argv: list[str] | None = None) -> int:
     r_mix = rates["mixture"]["3-source mixture"] / rates["mixture"]["one source"]
     if counts["mixture", "3-source mixture"] != counts["mixture", "one source"]:
         print("WARNING: the mixture and the one source yielded different sample counts")
-    print(f"mixture: 3-source mixture / one source = {c_mix:.3f}x CPU, {r_mix:.3f}x wall")
+    mt = times["mixture"]
+    paired = [(o[1] / m[1], o[0] / m[0]) for o, m in zip(mt["one source"], mt["3-source mixture"], strict=True)]
+    print(f"mixture: 3-source mixture / one source = {c_mix:.3f}x CPU, {r_mix:.3f}x wall (best runs); "
+          f"median of the {len(paired)} rounds' own ratios {statistics.median(c for c, _ in paired):.3f}x CPU, "
+          f"{statistics.median(w for _, w in paired):.3f}x wall; samples/s "
+          f"{rates['mixture']['3-source mixture']:,.0f} vs {rates['mixture']['one source']:,.0f}")
 
     c_pipe = r_pipe = None
     if args.pipeline_samples > 0:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from torch.utils.data import IterableDataset
 
 from loader.wds.collate import collate_samples
@@ -81,16 +82,18 @@ class TwinTarDataset(IterableDataset):
         own = reader is None
         reader = reader or self.reader()
         try:
-            tasks, in_order = pb.runs()
+            tasks, where = pb.reading()
             read: list[dict] = []
             for task in tasks:
                 reader.read(pb.epoch, task, read)
         finally:
             if own:
                 reader.close()
-        if in_order and len(read) == len(pb):  # the usual case: nothing to reorder
+        if len(read) == len(pb):  # the usual case: nothing dropped, no sample twice
+            if where is not None:  # read shard by shard (a mixture's batch): into the batch's order
+                read = [read[i] for i in where.tolist()]
             slots = list(range(pb.skip, pb.skip + len(read)))
-            self._mark(pb, slots, read)
+            self._mark(pb, slots, read, whole=True)
             return slots, read
         got = {(s["__shard__"], s["__index__"], s["__pad__"]): s for s in read}
         slots, out, used = [], [], set()
@@ -108,19 +111,24 @@ class TwinTarDataset(IterableDataset):
         self._mark(pb, slots, out)
         return slots, out
 
-    def _mark(self, pb: PlannedBatch, slots: list[int], samples: list[dict]) -> None:
+    def _mark(self, pb: PlannedBatch, slots: list[int], samples: list[dict], *, whole: bool = False) -> None:
         """A mixture's samples carry their source (``__source__``) and how many times they
-        already came this epoch (``__repeat__``: 0 the first time); counted per source."""
+        already came this epoch (``__repeat__``: 0 the first time); counted per source.
+        ``whole``: ``samples`` are the batch's, every one in its place."""
         if pb.sources is None or pb.repeats is None:
             return
-        names, per_source = pb.source_names, self.stats.samples_per_source
-        sources, repeats = pb.sources.tolist(), pb.repeats.tolist()
-        for slot, s in zip(slots, samples, strict=True):
-            j = slot - pb.skip
-            name = names[sources[j]]
+        sources, repeats = pb.sources, pb.repeats
+        if not whole:
+            at = np.asarray(slots, np.int64) - pb.skip
+            sources, repeats = sources[at], repeats[at]
+        names = pb.source_names
+        for s, name, r in zip(samples, [names[i] for i in sources.tolist()], repeats.tolist(), strict=True):
             s["__source__"] = name
-            s["__repeat__"] = repeats[j]
-            per_source[name] += 1
+            s["__repeat__"] = r
+        per_source = self.stats.samples_per_source
+        for name, c in zip(names, np.bincount(sources, minlength=len(names)).tolist(), strict=True):
+            if c:
+                per_source[name] += c
 
     def reader(self) -> TwinReader:
         """A sample reader for this process (it holds open files: close it)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -51,34 +51,76 @@ class PlannedBatch:
         """(tasks, in order): one task per run of consecutive members of one shard, in the order
         the batch first needs them; ``in order`` when reading them one after another yields the
         batch's own order (each shard's members one run, ascending by one, no shard twice)."""
-        s, m, p = self.shards, self.members, self.pads
+        tasks, where = replace(self, sources=None).reading()
+        return tasks, where is None
+
+    def reading(self) -> tuple[list[Task], np.ndarray | None]:
+        """(tasks, where): the tasks of ``runs`` and, unless reading them yields the batch's own
+        order (``None``), for each of the batch's samples its place in what the tasks read.
+
+        A mixture's batch switches shards every sample or two: read source by source when that
+        reads each source's shards in order (the tasks then go source by source, not in the
+        order the batch first needs them); else each (shard, pad) is read once, its members
+        ascending, the groups in the order the batch first needs them (as ``runs``). Worked out
+        with numpy, not a loop per sample."""
+        s, m, p = self.shards, self.members, np.asarray(self.pads, bool)
         n = len(s)
-        if n:
-            cut = np.flatnonzero((s[1:] != s[:-1]) | (p[1:] != p[:-1]) | (m[1:] != m[:-1] + 1)) + 1
-            first = np.concatenate(([0], cut)).tolist()
-            last = np.concatenate((cut - 1, [n - 1])).tolist()
-            sl, ml, pl = s.tolist(), m.tolist(), p.tolist()
-            if len({(sl[i], pl[i]) for i in first}) == len(first):
-                return [Task(sl[i], ((ml[i], ml[j] + 1),), pl[i]) for i, j in zip(first, last, strict=True)], True
-        seen: dict[tuple[int, bool], list[int]] = {}
-        for sh, mm, pp in zip(s.tolist(), m.tolist(), p.tolist(), strict=True):
-            seen.setdefault((sh, pp), []).append(mm)
-        out = []
-        for (shard, pad), members in seen.items():
-            ms = sorted(set(members))
-            start = prev = ms[0]
-            for mm in ms[1:]:
-                if mm != prev + 1:
-                    out.append(Task(shard, ((start, prev + 1),), pad))
-                    start = mm
-                prev = mm
-            out.append(Task(shard, ((start, prev + 1),), pad))
-        return out, False
+        if not n:
+            return [], np.zeros(0, np.int64)
+        code = np.asarray(s, np.int64) * 2 + p  # one number per (shard, pad)
+        if self.sources is not None:
+            # A mixture's batch interleaves its sources, but each source's samples come in that
+            # source's own order, which reads in order as one source's batch does: source by source.
+            o = np.argsort(self.sources, kind="stable")
+            tasks = _in_order(s[o], m[o], p[o], code[o])
+            if tasks is not None:
+                where = np.empty(n, np.int64)
+                where[o] = np.arange(n)
+                return tasks, where
+        else:
+            tasks = _in_order(s, m, p, code)
+            if tasks is not None:
+                return tasks, None
+        _, seen_at, group = np.unique(code, return_index=True, return_inverse=True)
+        rank = np.empty(len(seen_at), np.int64)
+        rank[np.argsort(seen_at, kind="stable")] = np.arange(len(seen_at))
+        group = rank[group.reshape(-1)]
+        o = np.lexsort((m, group))
+        gs, ms = group[o], m[o]
+        new = np.ones(n, bool)  # the first of equal (group, member): a duplicate is read once
+        new[1:] = (gs[1:] != gs[:-1]) | (ms[1:] != ms[:-1])
+        where = np.empty(n, np.int64)
+        where[o] = np.cumsum(new) - 1
+        ug, um, uo = gs[new], ms[new], o[new]
+        k = len(ug)
+        starts = np.ones(k, bool)
+        starts[1:] = (ug[1:] != ug[:-1]) | (um[1:] != um[:-1] + 1)
+        fi = np.flatnonzero(starts)
+        la = np.concatenate((fi[1:] - 1, [k - 1]))
+        return _tasks(s[uo[fi]], um[fi], um[la] + 1, p[uo[fi]]), where
 
     def tasks(self) -> list[Task]:
         """What to read: one task per run of consecutive members of one shard, in the order the
         batch first needs them (a reader starts each run at its member's offset)."""
         return self.runs()[0]
+
+
+def _tasks(shards: np.ndarray, starts: np.ndarray, stops: np.ndarray, pads: np.ndarray) -> list[Task]:
+    return [Task(sh, ((a, b),), pd) for sh, a, b, pd in
+            zip(shards.tolist(), starts.tolist(), stops.tolist(), pads.tolist(), strict=True)]
+
+
+def _in_order(s: np.ndarray, m: np.ndarray, p: np.ndarray, code: np.ndarray) -> list[Task] | None:
+    """One task per run of consecutive members of one (shard, pad) (``code``), if no (shard,
+    pad) has two runs: then reading the tasks one after another yields this order."""
+    cut = np.flatnonzero((code[1:] != code[:-1]) | (m[1:] != m[:-1] + 1)) + 1
+    first = np.concatenate(([0], cut))
+    if len(first) > 1:
+        seen = np.sort(code[first])
+        if not (seen[1:] != seen[:-1]).all():
+            return None
+    last = np.concatenate((cut - 1, [len(s) - 1]))
+    return _tasks(s[first], m[first], m[last] + 1, p[first])
 
 
 class ShardlistBasic:

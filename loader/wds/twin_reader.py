@@ -222,6 +222,16 @@ class TwinReader:
         self.shards, self.modalities, self.options, self.stats = shards, modalities, options, stats
         keep_heap_for_batches()
         self._open: OrderedDict[tuple[int, str], _Tars] = OrderedDict()
+        self._fields: dict[tuple[str, ...], list[_Fields]] = {}
+
+    def _fields_of(self, mods: tuple[str, ...]) -> list[_Fields]:
+        """The field names of these modalities, made once per reader: a mixture's batch is a
+        task per source or more, and each would make them again."""
+        key = tuple(mods)
+        fields = self._fields.get(key)
+        if fields is None:
+            fields = self._fields[key] = [_Fields(m) for m in key]
+        return fields
 
     def close(self) -> None:
         while self._open:
@@ -337,7 +347,7 @@ class TwinReader:
         verify = tars.verify
         nexts, split = tars.nexts, tars.split
         plain = split is split_key  # PiD's rule re-joins dots: no shortcut
-        fields = [_Fields(m) for m in mods]
+        fields = self._fields_of(mods)
         rest = tuple(zip(mods[1:], nexts[1:], fields[1:], strict=True))
         nxt0, mod0, fields0 = nexts[0], mods[0], fields[0]
         sid = shard_id << SID_SHIFT
@@ -453,7 +463,7 @@ class TwinReader:
             tars.known = dict(zip(keys, range(len(keys))))  # noqa: B905 - the same length
             tars.lookahead = [_Lookahead(nx, tars.known, opts.lookahead, stats) for nx in tars.nexts]
         takes = [r.take for r in tars.lookahead]
-        fields = [_Fields(m) for m in mods]
+        fields = self._fields_of(mods)
         sid = shard_id << SID_SHIFT
         try:
             for i in wanted:
