@@ -14,8 +14,10 @@ Sections (``--sections``, default all); each prints its table and its ``PASS``/`
   fingerprints (``size:etag``, no local path; ``--files local``: ``size:mtime:ctime:inode`` and a
   path per file, the largest rows a build reads). Generated once and cached in the work folder.
   **Timed, in a fresh child process:** *plan* - ``columnar.write_plan_file``: samples.parquet ->
-  plan.parquet (the shard plan and every sample in plan order); *commit* - the shards read back
-  from plan.parquet in batches (``columnar.read_shard_refs``: counts, tar sizes, plan digests),
+  plan.parquet (the shard plan and every sample in plan order, row groups of 128 Ki rows) and
+  shards.parquet (one row per shard: count, tar sizes, plan digest, computed from each row group
+  as it is written); *commit* - the shards read back from shards.parquet
+  (``columnar.read_shards_file``),
   ``remove_unplanned``, ``write_manifests`` (one wdinfo.json per bucket) and ``save_outputs``.
   No tar exists: the commit takes each tar's sha256 from the plan (a stand-in, the shard's plan
   digest, through the ``tar_sha256`` seam of ``write_manifests``) instead of reading the
@@ -185,9 +187,10 @@ def coordinator_child(samples_path: Path, out: Path, shard_mb: float, *, row_gro
     state = state_dir(out)
     state.mkdir(parents=True, exist_ok=True)
     plan = state / "plan.parquet"
+    shards_file = state / "shards.parquet"
     t0 = time.perf_counter()
-    layout = write_plan_file(samples_path, plan, config, **({} if row_group_rows is None else
-                                                            {"row_group_rows": row_group_rows}))
+    layout = write_plan_file(samples_path, plan, config, shards_path=shards_file,
+                             **({} if row_group_rows is None else {"row_group_rows": row_group_rows}))
     t_plan = time.perf_counter() - t0
     plan_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     # Stand-ins for the write tasks' key indexes (untimed): the commit checks each one is there.
@@ -196,7 +199,8 @@ def coordinator_child(samples_path: Path, out: Path, shard_mb: float, *, row_gro
         p.parent.mkdir(parents=True, exist_ok=True)
         p.touch()
     t1 = time.perf_counter()
-    shards, manifests = write_manifests_from_plan(out, SOURCE, plan, config.part_size, tar_sha256=plan_digest_sha)
+    shards, manifests = write_manifests_from_plan(out, SOURCE, plan, config.part_size, tar_sha256=plan_digest_sha,
+                                                  shards_path=shards_file)
     remove_unplanned(out, shards)
     save_outputs(out, shards)
     t_commit = time.perf_counter() - t1
