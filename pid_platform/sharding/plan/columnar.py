@@ -280,25 +280,36 @@ def write_plan_table(path: str | os.PathLike[str], table: pa.Table, row_group_ro
     return Path(path)
 
 
+def _batches(pf: pq.ParquetFile, batch_rows: int, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """``pf.iter_batches`` one row group at a time: one reader over a whole file of many row
+    groups keeps growing (about 100 MB per 1 Mi-row group of samples read), one per row group
+    holds only that group."""
+    for g in range(pf.num_row_groups):
+        yield from pf.iter_batches(batch_size=batch_rows, row_groups=[g], columns=columns)
+
+
 def _read_plan_inputs(pf: pq.ParquetFile, mods: list[str], batch_rows: int
-                      ) -> tuple[pa.ChunkedArray, list[np.ndarray], bool]:
-    """Buckets and sizes of every sample, and whether the keys are in order, from one pass over
-    those columns (keys are looked at batch by batch, never held)."""
+                      ) -> tuple[pa.ChunkedArray, np.ndarray, bool]:
+    """Buckets and byte spans (:func:`spans`) of every sample, and whether the keys are in order,
+    from one pass over those columns (keys are looked at batch by batch, never held; sizes are
+    summed into one span per sample as they come, 8 bytes a sample whatever the modalities)."""
     size_cols = [f"size.{m}" for m in sorted(mods)]
-    buckets, sizes = [], [[] for _ in size_cols]
+    buckets = []
+    sample_spans = np.empty(pf.metadata.num_rows, dtype=np.int64)
+    at = 0
     in_order, last = True, None
-    for batch in pf.iter_batches(batch_size=batch_rows, columns=["key", "bucket", *size_cols]):
+    for batch in _batches(pf, batch_rows, ["key", "bucket", *size_cols]):
         keys = batch.column(0)
         if in_order and len(keys):
             behind = last is not None and pc.less(keys[0], last).as_py()
             in_order = not behind and (len(keys) < 2 or pc.all(pc.less_equal(keys[:-1], keys[1:])).as_py())
             last = keys[len(keys) - 1]
         buckets.append(pc.dictionary_encode(batch.column(1)))
-        for i, c in enumerate(size_cols):
-            sizes[i].append(batch.column(c).to_numpy())
+        sample_spans[at : at + batch.num_rows] = spans([batch.column(c).to_numpy() for c in size_cols])
+        at += batch.num_rows
     bucket_type = pa.dictionary(pa.int32(), pa.string())
     chunked = pa.chunked_array(buckets, type=bucket_type) if buckets else pa.chunked_array([], pa.string())
-    return chunked, [np.concatenate(s) if s else np.zeros(0, np.int64) for s in sizes], in_order
+    return chunked, sample_spans[:at], in_order
 
 
 def write_plan_file(samples_path: str | os.PathLike[str], plan_path: str | os.PathLike[str],
@@ -319,10 +330,13 @@ def write_plan_file(samples_path: str | os.PathLike[str], plan_path: str | os.Pa
     pf = pq.ParquetFile(samples_path)
     schema_in = pf.schema_arrow.remove_metadata()
     mods = _modalities(schema_in)
-    buckets, sizes, in_order = _read_plan_inputs(pf, mods, batch_rows)
+    buckets, sample_spans, in_order = _read_plan_inputs(pf, mods, batch_rows)
     keys = None if in_order else pq.read_table(samples_path, columns=["key"]).column("key")
-    layout = plan_layout(buckets, sizes, config, keys)
-    del buckets, sizes, keys
+    layout = layout_shards(buckets, sample_spans, config, modalities=len(mods), keys=keys)
+    del buckets, sample_spans, keys
+    # Arrow's allocator keeps freed pages for reuse; the scatter below allocates differently
+    # (whole batches), so hand those back rather than hold both high-water marks.
+    pa.default_memory_pool().release_unused()
     schema = plan_schema(schema_in)
     digests = _ShardDigests(tuple(sorted(mods)), config.part_size) if shards_path is not None else None
     refs: list[ShardRef] = []
@@ -346,7 +360,7 @@ def write_plan_file(samples_path: str | os.PathLike[str], plan_path: str | os.Pa
         writers = [ipc.new_file(p, scatter_schema) for p in paths]
         try:
             start = 0
-            for batch in pf.iter_batches(batch_size=batch_rows):
+            for batch in _batches(pf, batch_rows):
                 p = pos[start : start + batch.num_rows]
                 start += batch.num_rows
                 batch = pa.RecordBatch.from_arrays([*batch.columns, pa.array(p)], schema=scatter_schema)
@@ -503,7 +517,7 @@ def iter_shard_refs(plan_path: str | os.PathLike[str], part_size: int, *,
     for m in mods:
         columns += [f"name.{m}", f"size.{m}", f"fingerprint.{m}"]
     digests = _ShardDigests(mods, part_size)
-    for batch in pf.iter_batches(batch_size=batch_rows, columns=columns):
+    for batch in _batches(pf, batch_rows, columns):
         yield from digests.feed(batch)
     yield from digests.finish()
 
