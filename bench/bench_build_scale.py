@@ -1,7 +1,7 @@
 """Builds that outgrow one machine: what the coordinator costs at scale (issue 18).
 
     python bench/bench_build_scale.py [--sections coordinator workers] [--samples 10000000] [--files s3|local]
-                                      [--shard-mb 500] [--worker-samples 3000] [--worker-shard-mb 8]
+                                      [--shard-mb 500] [--worker-samples 4000] [--worker-shard-mb 8]
                                       [--overhead-tasks 5] [--work-dir DIR] [--keep]
 
 Sections (``--sections``, default all); each prints its table and its ``PASS``/``MISS`` lines:
@@ -429,6 +429,8 @@ def run_workers(args: argparse.Namespace) -> None:
               f"{r['commit']:>8.1f}")
     print(f"speed-up 2 vs 1 workers: {ratio:.2f}x (CPU time 1: {runs[1]['cpu']:.1f} s, 2: {runs[2]['cpu']:.1f} s; "
           f"load average now {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores)")
+    busy = ", ".join(f"{w} worker{'s' if w > 1 else ''} {r['cpu'] / r['wall']:.2f}" for w, r in runs.items())
+    print(f"cores used (CPU s per wall s): {busy} (2 workers can use 2.00 only where 2 cores are free)")
     print(f"output files of the two builds: {'identical' if same else 'DIFFERENT'} ({len(digests[1])} files)")
     gaps_sorted = sorted(gaps)
     median = gaps_sorted[len(gaps_sorted) // 2]
@@ -459,7 +461,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="listing the samples come from: s3 (size:etag) or local (fingerprint and path)")
     ap.add_argument("--shard-mb", type=float, default=500.0, help="shard bound (default 500, the build's)")
     ap.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "pid-bench-scale")
-    ap.add_argument("--worker-samples", type=int, default=3000, help="samples of the workers' source")
+    ap.add_argument("--worker-samples", type=int, default=4000, help="samples of the workers' source")
     ap.add_argument("--worker-shard-mb", type=float, default=8.0, help="shard bound of the workers' builds")
     ap.add_argument("--overhead-tasks", type=int, default=5, help="write tasks timed for the per-task overhead")
     ap.add_argument("--keep", action="store_true", help="keep the output folders")
