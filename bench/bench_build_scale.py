@@ -201,22 +201,29 @@ def coordinator_child(samples_path: Path, out: Path, shard_mb: float, *, row_gro
     plan = state / "plan.parquet"
     shards_file = state / "shards.parquet"
     t0 = time.perf_counter()
+    start = resource.getrusage(resource.RUSAGE_SELF)
+    cpu0 = start.ru_utime + start.ru_stime
     layout = write_plan_file(samples_path, plan, config, shards_path=shards_file,
                              **({} if row_group_rows is None else {"row_group_rows": row_group_rows}))
     t_plan = time.perf_counter() - t0
     plan_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    mid = resource.getrusage(resource.RUSAGE_SELF)
     # Stand-ins for the write tasks' key indexes (untimed): the commit checks each one is there.
     for b, i in zip(layout.shard_bucket.tolist(), layout.shard_index.tolist(), strict=True):
         p = bucket_dir(out, layout.bucket_names[b]) / key_index_relpath(shard_relpath(i, config.part_size))
         p.parent.mkdir(parents=True, exist_ok=True)
         p.touch()
+    untimed = resource.getrusage(resource.RUSAGE_SELF)
+    cpu0 += (untimed.ru_utime + untimed.ru_stime) - (mid.ru_utime + mid.ru_stime)
     t1 = time.perf_counter()
     shards, manifests = write_manifests_from_plan(out, SOURCE, plan, config.part_size, tar_sha256=plan_digest_sha,
                                                   shards_path=shards_file)
     remove_unplanned(out, shards)
     save_outputs(out, shards)
     t_commit = time.perf_counter() - t1
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     return {
+        "cpu_s": usage.ru_utime + usage.ru_stime - cpu0,
         "samples": int(layout.counts.sum()), "shards": layout.num_shards, "buckets": len(manifests),
         "plan_s": t_plan, "commit_s": t_commit, "base_rss": base_rss, "plan_rss": plan_rss,
         "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -254,6 +261,8 @@ def run_coordinator(args: argparse.Namespace) -> None:
     print(f"{'plan (write_plan_file)':<28}{r['plan_s']:>10.1f}{r['plan_rss'] / 1e9:>10.2f} GB")
     print(f"{'commit (manifests, outputs)':<28}{r['commit_s']:>10.1f}{r['peak_rss'] / 1e9:>10.2f} GB")
     print(f"{'plan + commit':<28}{total:>10.1f}{r['peak_rss'] / 1e9:>10.2f} GB   (child wall {wall:.1f} s)")
+    print(f"CPU time of plan + commit: {r['cpu_s']:.1f} s ({r['cpu_s'] / total:.2f} cores busy on average; load "
+          f"average now {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores)")
     n = f"{r['samples']:,} samples"
     print(f"{'PASS' if total <= TARGET_S else 'MISS'}: coordinator plan + commit of {n} <= {TARGET_S:g} s "
           f"({total:.1f} s)")
@@ -402,23 +411,30 @@ def task_overhead(raw: Path, out: Path, tasks: int, shard_mb: float) -> list[flo
     return gaps
 
 
+def _remove_output(out: Path) -> None:
+    """``out`` and what a build keeps beside it (staging and old folders): the next build is a first one."""
+    from pid_platform.sharding.commit import versions
+
+    for d in (out, versions.staging_dir(out), versions.old_dir(out)):
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def run_workers(args: argparse.Namespace) -> None:
     raw = raw_drop(args.work_dir, args.worker_samples)
     runs, digests = {}, {}
     for workers in (1, 2):
         out = args.work_dir / f"out-w{workers}"
-        shutil.rmtree(out, ignore_errors=True)
-        shutil.rmtree(out.parent / f".{out.name}.staging", ignore_errors=True)
+        _remove_output(out)
         runs[workers] = tasked_build(raw, out, workers, args.worker_shard_mb)
         digests[workers] = output_digests(out)
     same = digests[1] == digests[2] and len(digests[1]) > 0
     over_out = args.work_dir / "out-overhead"
-    shutil.rmtree(over_out, ignore_errors=True)
+    _remove_output(over_out)
     gaps = task_overhead(raw, over_out, args.overhead_tasks, args.worker_shard_mb)
     if not args.keep:
         for w in (1, 2):
-            shutil.rmtree(args.work_dir / f"out-w{w}", ignore_errors=True)
-        shutil.rmtree(over_out, ignore_errors=True)
+            _remove_output(args.work_dir / f"out-w{w}")
+        _remove_output(over_out)
     ratio = runs[1]["wall"] / runs[2]["wall"]
     tars = sum(1 for k in digests[1] if k.endswith(".tar"))
     print(f"\n## workers: first build of {args.worker_samples:,} samples (photographs, --validate full, "
