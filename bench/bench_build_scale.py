@@ -1,7 +1,8 @@
 """Builds that outgrow one machine: what the coordinator costs at scale (issue 18).
 
-    python bench/bench_build_scale.py [--sections coordinator] [--samples 10000000] [--files s3|local]
-                                      [--shard-mb 500] [--work-dir DIR] [--keep]
+    python bench/bench_build_scale.py [--sections coordinator workers] [--samples 10000000] [--files s3|local]
+                                      [--shard-mb 500] [--worker-samples 4000] [--worker-shard-mb 8]
+                                      [--overhead-tasks 5] [--work-dir DIR] [--keep]
 
 Sections (``--sections``, default all); each prints its table and its ``PASS``/``MISS`` lines:
 
@@ -14,8 +15,10 @@ Sections (``--sections``, default all); each prints its table and its ``PASS``/`
   fingerprints (``size:etag``, no local path; ``--files local``: ``size:mtime:ctime:inode`` and a
   path per file, the largest rows a build reads). Generated once and cached in the work folder.
   **Timed, in a fresh child process:** *plan* - ``columnar.write_plan_file``: samples.parquet ->
-  plan.parquet (the shard plan and every sample in plan order); *commit* - the shards read back
-  from plan.parquet in batches (``columnar.read_shard_refs``: counts, tar sizes, plan digests),
+  plan.parquet (the shard plan and every sample in plan order, row groups of 128 Ki rows) and
+  shards.parquet (one row per shard: count, tar sizes, plan digest, computed from each row group
+  as it is written); *commit* - the shards read back from shards.parquet
+  (``columnar.read_shards_file``),
   ``remove_unplanned``, ``write_manifests`` (one wdinfo.json per bucket) and ``save_outputs``.
   No tar exists: the commit takes each tar's sha256 from the plan (a stand-in, the shard's plan
   digest, through the ``tar_sha256`` seam of ``write_manifests``) instead of reading the
@@ -24,13 +27,24 @@ Sections (``--sections``, default all); each prints its table and its ``PASS``/`
   ``ru_maxrss``. **Targets:** plan + commit <= 60 s and peak RSS <= 1.5 GB (at 10,000,000 samples;
   a smaller ``--samples`` prints the same lines for what it measured).
 
-A later section (``workers``: one source's first build with 1 and 2 workers) is added beside
-``coordinator`` in ``SECTIONS``.
+* ``workers`` - one source's first build (``--validate full``: every image decoded) by 1 and by 2
+  workers on the same raw drop. **Data:** ``--worker-samples`` samples made from scikit-image's
+  photographs (``pid_platform.demo.sample_data``, as ``bench/_data.py`` makes them) replicated
+  under new names (hard links); cached in the work folder. **Timed:** the build as the tasks a
+  scheduler places (``pid-shard task --stage intake --index I --of N`` x N at once, ``pid-shard
+  plan``, ``pid-shard task --index I --of N`` x N at once, ``pid-shard commit``), each task a
+  process of its own with ``--num-workers 1``: what N single-core workers (Celery, ECS, a Slurm
+  array) do. Wall time, the children's CPU time, and the output's files compared byte for byte
+  between N = 1 and N = 2. **Per-task overhead:** a write task of one shard, from its process
+  start to the first byte of a tar in the staging folder (polled every millisecond), median
+  of ``--overhead-tasks``. **Target:** 2 workers >= 1.7x as fast as 1 (on a 2-core machine
+  that other work shares, the ratio is capped by what is free: the CPU times say how busy).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -185,22 +199,31 @@ def coordinator_child(samples_path: Path, out: Path, shard_mb: float, *, row_gro
     state = state_dir(out)
     state.mkdir(parents=True, exist_ok=True)
     plan = state / "plan.parquet"
+    shards_file = state / "shards.parquet"
     t0 = time.perf_counter()
-    layout = write_plan_file(samples_path, plan, config, **({} if row_group_rows is None else
-                                                            {"row_group_rows": row_group_rows}))
+    start = resource.getrusage(resource.RUSAGE_SELF)
+    cpu0 = start.ru_utime + start.ru_stime
+    layout = write_plan_file(samples_path, plan, config, shards_path=shards_file,
+                             **({} if row_group_rows is None else {"row_group_rows": row_group_rows}))
     t_plan = time.perf_counter() - t0
     plan_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    mid = resource.getrusage(resource.RUSAGE_SELF)
     # Stand-ins for the write tasks' key indexes (untimed): the commit checks each one is there.
     for b, i in zip(layout.shard_bucket.tolist(), layout.shard_index.tolist(), strict=True):
         p = bucket_dir(out, layout.bucket_names[b]) / key_index_relpath(shard_relpath(i, config.part_size))
         p.parent.mkdir(parents=True, exist_ok=True)
         p.touch()
+    untimed = resource.getrusage(resource.RUSAGE_SELF)
+    cpu0 += (untimed.ru_utime + untimed.ru_stime) - (mid.ru_utime + mid.ru_stime)
     t1 = time.perf_counter()
-    shards, manifests = write_manifests_from_plan(out, SOURCE, plan, config.part_size, tar_sha256=plan_digest_sha)
+    shards, manifests = write_manifests_from_plan(out, SOURCE, plan, config.part_size, tar_sha256=plan_digest_sha,
+                                                  shards_path=shards_file)
     remove_unplanned(out, shards)
     save_outputs(out, shards)
     t_commit = time.perf_counter() - t1
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     return {
+        "cpu_s": usage.ru_utime + usage.ru_stime - cpu0,
         "samples": int(layout.counts.sum()), "shards": layout.num_shards, "buckets": len(manifests),
         "plan_s": t_plan, "commit_s": t_commit, "base_rss": base_rss, "plan_rss": plan_rss,
         "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -238,6 +261,8 @@ def run_coordinator(args: argparse.Namespace) -> None:
     print(f"{'plan (write_plan_file)':<28}{r['plan_s']:>10.1f}{r['plan_rss'] / 1e9:>10.2f} GB")
     print(f"{'commit (manifests, outputs)':<28}{r['commit_s']:>10.1f}{r['peak_rss'] / 1e9:>10.2f} GB")
     print(f"{'plan + commit':<28}{total:>10.1f}{r['peak_rss'] / 1e9:>10.2f} GB   (child wall {wall:.1f} s)")
+    print(f"CPU time of plan + commit: {r['cpu_s']:.1f} s ({r['cpu_s'] / total:.2f} cores busy on average; load "
+          f"average now {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores)")
     n = f"{r['samples']:,} samples"
     print(f"{'PASS' if total <= TARGET_S else 'MISS'}: coordinator plan + commit of {n} <= {TARGET_S:g} s "
           f"({total:.1f} s)")
@@ -245,7 +270,195 @@ def run_coordinator(args: argparse.Namespace) -> None:
           f"{TARGET_RSS / 1e9:g} GB ({r['peak_rss'] / 1e9:.2f} GB)")
 
 
-SECTIONS = {"coordinator": run_coordinator}
+# --- workers: one source's first build by 1 and 2 workers ---------------------------------------
+
+TARGET_RATIO = 1.7
+WORKER_SOURCE = "photos"
+
+
+def raw_drop(work: Path, samples: int, log=print) -> Path:
+    """``<root>/photos/{image,caption,umt5}``: ``samples`` samples of the sample photographs under
+    new names (hard links to one copy each); returns the root (cached)."""
+    from pid_platform.demo.sample_data import make_sample_source
+
+    root = work / f"raw-n{samples}"
+    done = root / ".bench-done.json"
+    stamp = {"v": DATA_VERSION, "samples": samples}
+    if done.is_file() and json.loads(done.read_text()) == stamp:
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    base = root / "base"
+    log(f"[data] generating the photographs (scikit-image) under {base}")
+    make_sample_source(base, with_problems=False)
+    stems = sorted(p.stem for p in (base / "caption").iterdir())
+    image_ext = {p.stem: p.suffix for p in (base / "image").iterdir()}
+    raw = root / WORKER_SOURCE
+    for m in ("image", "caption", "umt5"):
+        (raw / m).mkdir(parents=True)
+    for n in range(samples):
+        stem, r = stems[n % len(stems)], n // len(stems)
+        for m, ext in (("image", image_ext[stem]), ("caption", ".json"), ("umt5", ".npy")):
+            os.link(base / m / f"{stem}{ext}", raw / m / f"{stem}-r{r:04d}{ext}")
+    done.write_text(json.dumps(stamp))
+    return root
+
+
+def _pid_shard(*args: str) -> list[str]:
+    return [sys.executable, "-c", "import sys; from pid_platform.cli import shard_main; sys.exit(shard_main())", *args]
+
+
+def _build_options(raw: Path, out: Path, shard_mb: float) -> list[str]:
+    return ["--input-dir", str(raw / WORKER_SOURCE), "--output-dir", str(out), "--max-shard-size-mb", f"{shard_mb:g}",
+            "--num-workers", "1", "--validate", "full"]
+
+
+def _run_all(cmds: list[list[str]]) -> None:
+    """Run ``cmds`` at once (one process each); fail naming the first that fails."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    procs = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in cmds]
+    outs = [p.communicate()[0] for p in procs]
+    for c, p, o in zip(cmds, procs, outs, strict=True):
+        if p.returncode:
+            raise SystemExit(f"{' '.join(c[3:])} failed (exit {p.returncode}):\n{o}")
+
+
+def tasked_build(raw: Path, out: Path, workers: int, shard_mb: float) -> dict:
+    """A first build into ``out`` by ``workers`` task processes per stage; wall and CPU seconds."""
+    opts = _build_options(raw, out, shard_mb)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    stages = {}
+    _run_all([_pid_shard("task", "--stage", "intake", "--index", str(i), "--of", str(workers), *opts)
+              for i in range(workers)])
+    stages["intake"] = time.perf_counter() - t0
+    _run_all([_pid_shard("plan", *opts)])
+    stages["plan"] = time.perf_counter() - t0 - stages["intake"]
+    t1 = time.perf_counter()
+    _run_all([_pid_shard("task", "--index", str(i), "--of", str(workers), *opts) for i in range(workers)])
+    stages["write"] = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    _run_all([_pid_shard("commit", "--output-dir", str(out), "--num-workers", "1")])
+    stages["commit"] = time.perf_counter() - t2
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall": wall, "cpu": cpu, **stages}
+
+
+def output_digests(out: Path) -> dict[str, str]:
+    """sha256 of every file of the published output but its build state (which records the tasks)."""
+    import hashlib
+
+    from pid_platform.sharding.layout import STATE_DIR
+
+    final = out.resolve()
+    found = {}
+    for dirpath, dirs, files in os.walk(final):
+        if Path(dirpath) == final:
+            dirs[:] = [d for d in dirs if d != STATE_DIR]
+        for name in files:
+            f = Path(dirpath) / name
+            found[f.relative_to(final).as_posix()] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return found
+
+
+def _files_in(folder: Path) -> dict[str, int]:
+    from pid_platform.sharding.layout import STATE_DIR
+
+    seen = {}
+    for dirpath, dirs, files in os.walk(folder):
+        if Path(dirpath) == folder:
+            dirs[:] = [d for d in dirs if d != STATE_DIR]
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):  # renamed between the listing and the stat
+                seen[os.path.join(dirpath, name)] = os.stat(os.path.join(dirpath, name)).st_size
+    return seen
+
+
+def task_overhead(raw: Path, out: Path, tasks: int, shard_mb: float) -> list[float]:
+    """Seconds from a write task's process start to the first byte it writes, for ``tasks`` tasks
+    of one shard each, run one after another on one plan."""
+    from pid_platform.sharding.commit import versions
+
+    opts = _build_options(raw, out, shard_mb)
+    _run_all([_pid_shard("task", "--stage", "intake", "--index", "0", "--of", "1", *opts)])
+    _run_all([_pid_shard("plan", *opts)])
+    staging = versions.staging_dir(out)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    from pid_platform.sharding.commit.state import state_dir
+
+    planned = pq.read_table(state_dir(staging) / "plan.parquet", columns=["shard_bucket", "shard_index"])
+    count = len(set(zip(*planned.to_pydict().values(), strict=True)))
+    gaps = []
+    for i in range(min(tasks, count)):
+        before = _files_in(staging)
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(_pid_shard("task", "--index", str(i), "--of", str(count), *opts), env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        first = None
+        while first is None and proc.poll() is None:
+            now = _files_in(staging)
+            if any(size > before.get(f, -1) or (f not in before and size > 0) for f, size in now.items()):
+                first = time.perf_counter() - t0
+                break
+            time.sleep(0.001)
+        out_text = proc.communicate()[0]
+        if proc.returncode:
+            raise SystemExit(f"write task {i} of {count} failed (exit {proc.returncode}):\n{out_text}")
+        if first is None:
+            raise SystemExit(f"write task {i} of {count} ended before a byte of it was seen: {out_text}")
+        gaps.append(first)
+    return gaps
+
+
+def _remove_output(out: Path) -> None:
+    """``out`` and what a build keeps beside it (staging and old folders): the next build is a first one."""
+    from pid_platform.sharding.commit import versions
+
+    for d in (out, versions.staging_dir(out), versions.old_dir(out)):
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def run_workers(args: argparse.Namespace) -> None:
+    raw = raw_drop(args.work_dir, args.worker_samples)
+    runs, digests = {}, {}
+    for workers in (1, 2):
+        out = args.work_dir / f"out-w{workers}"
+        _remove_output(out)
+        runs[workers] = tasked_build(raw, out, workers, args.worker_shard_mb)
+        digests[workers] = output_digests(out)
+    same = digests[1] == digests[2] and len(digests[1]) > 0
+    over_out = args.work_dir / "out-overhead"
+    _remove_output(over_out)
+    gaps = task_overhead(raw, over_out, args.overhead_tasks, args.worker_shard_mb)
+    if not args.keep:
+        for w in (1, 2):
+            _remove_output(args.work_dir / f"out-w{w}")
+        _remove_output(over_out)
+    ratio = runs[1]["wall"] / runs[2]["wall"]
+    tars = sum(1 for k in digests[1] if k.endswith(".tar"))
+    print(f"\n## workers: first build of {args.worker_samples:,} samples (photographs, --validate full, "
+          f"{args.worker_shard_mb:g} MB shards: {tars} tars) by 1 and 2 task processes per stage\n")
+    print(f"{'workers':<9}{'wall s':>9}{'cpu s':>9}{'intake':>9}{'plan':>8}{'write':>8}{'commit':>8}")
+    for w, r in runs.items():
+        print(f"{w:<9}{r['wall']:>9.1f}{r['cpu']:>9.1f}{r['intake']:>9.1f}{r['plan']:>8.1f}{r['write']:>8.1f}"
+              f"{r['commit']:>8.1f}")
+    print(f"speed-up 2 vs 1 workers: {ratio:.2f}x (CPU time 1: {runs[1]['cpu']:.1f} s, 2: {runs[2]['cpu']:.1f} s; "
+          f"load average now {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores)")
+    busy = ", ".join(f"{w} worker{'s' if w > 1 else ''} {r['cpu'] / r['wall']:.2f}" for w, r in runs.items())
+    print(f"cores used (CPU s per wall s): {busy} (2 workers can use 2.00 only where 2 cores are free)")
+    print(f"output files of the two builds: {'identical' if same else 'DIFFERENT'} ({len(digests[1])} files)")
+    gaps_sorted = sorted(gaps)
+    median = gaps_sorted[len(gaps_sorted) // 2]
+    print(f"per-task overhead (write task process start -> first byte of a tar), {len(gaps)} tasks: "
+          f"median {median * 1000:.0f} ms, min {gaps_sorted[0] * 1000:.0f} ms, max {gaps_sorted[-1] * 1000:.0f} ms")
+    if not same:
+        raise SystemExit("the builds by 1 and 2 workers differ")
+    print(f"{'PASS' if ratio >= TARGET_RATIO else 'MISS'}: first build by 2 workers >= {TARGET_RATIO:g}x as fast as "
+          f"by 1 ({ratio:.2f}x)")
+
+
+SECTIONS = {"coordinator": run_coordinator, "workers": run_workers}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -264,7 +477,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="listing the samples come from: s3 (size:etag) or local (fingerprint and path)")
     ap.add_argument("--shard-mb", type=float, default=500.0, help="shard bound (default 500, the build's)")
     ap.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "pid-bench-scale")
-    ap.add_argument("--keep", action="store_true", help="keep the coordinator's output folder")
+    ap.add_argument("--worker-samples", type=int, default=4000, help="samples of the workers' source")
+    ap.add_argument("--worker-shard-mb", type=float, default=8.0, help="shard bound of the workers' builds")
+    ap.add_argument("--overhead-tasks", type=int, default=5, help="write tasks timed for the per-task overhead")
+    ap.add_argument("--keep", action="store_true", help="keep the output folders")
     args = ap.parse_args(argv)
     for name in args.sections:
         SECTIONS[name](args)

@@ -32,6 +32,7 @@ from pid_platform.sharding.layout import bucket_dir
 from pid_platform.sharding.plan.columnar import (
     plan_table,
     read_shard_refs,
+    read_shards_file,
     write_plan_file,
     write_plan_table,
 )
@@ -260,3 +261,25 @@ print(json.dumps(r))
     assert grown < table_bytes / 2, (grown, table_bytes)
     manifests = sorted((tmp_path / "out").glob("*/wdinfo.json"))
     assert sum(read_wdinfo(m).total_key_count for m in manifests) == n
+
+
+@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[1], CONFIGS[8]], ids=["bytes", "parts", "flat-shuffle"])
+@pytest.mark.parametrize("row_group_rows", [64, 128 * 1024], ids=["scattered", "one-group"])
+def test_shards_file_written_with_the_plan_holds_the_object_plans_shards(
+        tmp_path: Path, config: ShardingConfig, row_group_rows: int) -> None:
+    samples = make_samples(600, 10)
+    plans = reference_plan(samples, MODS, config)
+    write_samples(tmp_path / "samples.parquet", samples, MODS)
+    write_plan_file(tmp_path / "samples.parquet", tmp_path / "plan.parquet", config, row_group_rows=row_group_rows,
+                    batch_rows=50, shards_path=tmp_path / "shards.parquet")
+    refs = read_shards_file(tmp_path / "shards.parquet", tmp_path / "plan.parquet", config.part_size)
+    assert refs == read_shard_refs(tmp_path / "plan.parquet", config.part_size)
+    assert [(r.bucket, r.index, r.relpath, r.count, r.sizes, r.digest()) for r in refs] == [
+        (p.bucket, p.index, p.relpath, len(p.samples), tuple(p.tar_bytes(m) for m in p.modalities), p.digest())
+        for p in plans]
+    # Made for another plan (other part size, or a plan of other rows): refused, naming both files.
+    with pytest.raises(ValueError, match="shards.parquet was written for another plan than .*plan.parquet"):
+        read_shards_file(tmp_path / "shards.parquet", tmp_path / "plan.parquet", config.part_size + 1)
+    write_plans(tmp_path / "plan.parquet", plans[:-1], MODS)
+    with pytest.raises(ValueError, match="delete it and plan again"):
+        read_shards_file(tmp_path / "shards.parquet", tmp_path / "plan.parquet", config.part_size)

@@ -32,7 +32,7 @@ from loader.formats.wdinfo import (
 )
 from pid_platform.sharding.layout import STATE_DIR, bucket_dir
 from pid_platform.sharding.parallel import ordered_map
-from pid_platform.sharding.plan.columnar import ShardRef, read_shard_refs
+from pid_platform.sharding.plan.columnar import ShardRef, read_shard_refs, read_shards_file
 from pid_platform.sharding.plan.shard_plan import ShardPlan
 from pid_platform.sharding.write.tar_digests import tar_digests
 
@@ -145,11 +145,14 @@ def write_manifests(out: Path, source: str, plans: Sequence[Shard], num_workers:
 
 
 def write_manifests_from_plan(out: Path, source: str, plan_path: Path, part_size: int, num_workers: int = 1,
-                              root_base: str | None = None, *,
-                              tar_sha256: TarSha256 | None = None) -> tuple[list[ShardRef], list[BucketManifest]]:
+                              root_base: str | None = None, *, tar_sha256: TarSha256 | None = None,
+                              shards_path: Path | None = None) -> tuple[list[ShardRef], list[BucketManifest]]:
     """:func:`write_manifests` for the shards of a plan.parquet, read in batches (no sample is
-    ever one Python object); returns the shards too, for ``remove_unplanned`` and ``save_outputs``."""
-    shards = read_shard_refs(plan_path, part_size)
+    ever one Python object); returns the shards too, for ``remove_unplanned`` and ``save_outputs``.
+    ``shards_path``: the shards.parquet written with the plan (``columnar.write_plan_file``), one
+    row per shard, read instead of every sample of the plan."""
+    shards = (read_shard_refs(plan_path, part_size) if shards_path is None
+              else read_shards_file(shards_path, plan_path, part_size))
     return shards, write_manifests(out, source, shards, num_workers, root_base, tar_sha256=tar_sha256)
 
 
@@ -169,23 +172,32 @@ def remove_unplanned(out: Path, plans: Sequence[Shard]) -> list[Path]:
     Only files of the layout this build writes (tars, key indexes, manifests) are ever removed,
     and only folders those removals left empty.
     """
-    keep: set[Path] = set()
-    buckets = {p.bucket for p in plans}
+    # Strings, not Paths: a source of millions of samples has a few hundred thousand outputs, and
+    # a Path per output costs more than the walk.
+    root = os.fspath(Path(out))
+    keep: set[str] = set()
+    base: dict[str, str] = {}
     for p in plans:
+        b = base.get(p.bucket)
+        if b is None:
+            b = base[p.bucket] = os.fspath(bucket_dir(Path(root), p.bucket))
+            keep.add(f"{b}/{WDINFO_NAME}")
         for m in p.modalities:
-            keep.add(tar_path(out, p.bucket, m, p.relpath))
-        keep.add(bucket_dir(out, p.bucket) / key_index_relpath(p.relpath))
-    keep |= {bucket_dir(out, b) / WDINFO_NAME for b in buckets}
+            keep.add(f"{b}/{m}/{p.relpath}")
+        keep.add(f"{b}/{key_index_relpath(p.relpath)}")
     removed = []
-    for dirpath, dirs, files in os.walk(out):
-        d = Path(dirpath)
-        if d == out:
+    for dirpath, dirs, files in os.walk(root):
+        if dirpath == root:
             dirs[:] = [x for x in dirs if x != STATE_DIR]
+        rel_dir = os.path.relpath(dirpath, root)
         for name in sorted(files):
-            f = d / name
-            if f not in keep and is_build_output(out, f):
-                f.unlink()
-                removed.append(f)
+            f = os.path.join(dirpath, name)
+            if f in keep:
+                continue
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}".replace(os.sep, "/")
+            if BUILD_OUTPUT_PATH.match(rel) is not None:
+                os.unlink(f)
+                removed.append(Path(f))
     # Deepest first, so a part folder goes before the modality folder that held it.
     emptied = {p for f in removed for p in f.parents if p != out and p.is_relative_to(out)}
     for d in sorted(emptied, key=lambda p: -len(p.parts)):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from loader.formats.wdinfo import WDINFO_NAME
 from pid_platform.sharding.errors import ShardingConfigError
 from pid_platform.sharding.intake.cache import RULES_VERSION
 from pid_platform.sharding.intake.task import IntakeReport, Sample
-from pid_platform.sharding.layout import STATE_DIR, bucket_dir
+from pid_platform.sharding.layout import STATE_DIR
 from pid_platform.sharding.plan.add_modality import load_plan_cut
 from pid_platform.sharding.plan.columnar import ShardRef
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan, plan_shards
@@ -57,22 +58,26 @@ def load_intake_settings(folder: Path) -> dict | None:
         return None
 
 
-def _file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _file_sha256(path: str | Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
 
 
 def _outputs_of(plans: Sequence[ShardPlan | ShardRef]) -> list[str]:
     """Key indexes and manifests of ``plans``, relative to the output folder (tars have stamps)."""
-    rels = []
-    for p in plans:
-        rels.append((bucket_dir(Path(), p.bucket) / key_index_relpath(p.relpath)).as_posix())
-    rels += [(bucket_dir(Path(), b) / WDINFO_NAME).as_posix() for b in sorted({p.bucket for p in plans})]
+    # Strings joined as bucket_dir joins them (no Path per shard: a big source has ~100,000 shards).
+    def under(bucket: str, rel: str) -> str:
+        return f"{bucket}/{rel}" if bucket else rel
+
+    rels = [under(p.bucket, key_index_relpath(p.relpath)) for p in plans]
+    rels += [under(b, WDINFO_NAME) for b in sorted({p.bucket for p in plans})]
     return sorted(rels)
 
 
 def save_outputs(folder: Path, plans: Sequence[ShardPlan | ShardRef]) -> Path:
     """Record the checksums of the key indexes and manifests in ``folder`` (just before its commit)."""
-    doc = {rel: _file_sha256(folder / rel) for rel in _outputs_of(plans)}
+    root = os.fspath(folder)
+    doc = {rel: _file_sha256(os.path.join(root, rel)) for rel in _outputs_of(plans)}
     path = state_dir(folder) / OUTPUTS
     atomic_write_bytes(path, json.dumps(doc, sort_keys=True, indent=0).encode())
     return path

@@ -9,7 +9,9 @@ seeded shuffle within a bucket) cut into shards, so it is held as arrays:
 * :func:`write_plan_file` - ``samples.parquet`` to ``plan.parquet`` in bounded memory (a few
   columns of every sample, plus one row group of the output at a time);
 * :func:`read_shard_refs` - what the commit needs of each shard (count, tar sizes, digest),
-  streamed from ``plan.parquet`` in batches.
+  streamed from ``plan.parquet`` in batches;
+* :func:`write_shards_file` / :func:`read_shards_file` - the same, one row per shard, written
+  beside the plan by :func:`write_plan_file` so the commit need not read every sample again.
 
 Everything here gives exactly what the object plan (:func:`shard_plan.plan_shards`, which
 wraps :func:`layout_shards`) gives: the same shards, the same order, the same digests.
@@ -18,6 +20,7 @@ wraps :func:`layout_shards`) gives: the same shards, the same order, the same di
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import tempfile
@@ -36,12 +39,19 @@ from loader.formats.atomic import atomic_writer
 from loader.formats.twin_tar import BLOCK, END_OF_ARCHIVE, RECORD, shard_relpath
 from pid_platform.sharding.plan.shard_plan import FLAT, PLAN_VERSION, ShardingConfig
 
-# pyarrow's default row group (pq.write_table): plan.parquet keeps the row groups it always had,
-# so a plan written here has the bytes the object path (tables.write_plans) writes.
-ROW_GROUP_ROWS = 1024 * 1024
+# Rows per row group of plan.parquet (both writers: this module and ``tables.write_plans``, so the
+# bytes are the same whichever wrote them). 128 Ki rows keep one row group - what the writer and
+# a reader hold at once - to a few tens of MB at any source size (pyarrow's default, 1 Mi rows,
+# is a few hundred MB of 4K-class sample rows).
+ROW_GROUP_ROWS = 128 * 1024
 BATCH_ROWS = 64 * 1024  # rows per streamed batch: a few MB of each column at a time
 SHARD_BUCKET, SHARD_INDEX = "shard_bucket", "shard_index"
+# Columns with a handful of values (the aspect buckets) are dictionary-encoded; the others (keys,
+# names, fingerprints, sizes) are nearly all distinct, where trying a dictionary first only costs
+# time before the writer falls back to plain pages.
+DICTIONARY_COLUMNS = ("bucket", SHARD_BUCKET)
 _POS = "__plan_row"  # column of the scatter files: the row's place in the plan
+SHARDS_VERSION = 1  # of shards.parquet's columns
 
 
 def spans(sizes: Sequence[np.ndarray]) -> np.ndarray:
@@ -256,58 +266,88 @@ def plan_table(samples: pa.Table, config: ShardingConfig, *,
     return _with_shard_columns(rows, layout, 0, schema), layout
 
 
+def plan_writer(where, schema: pa.Schema) -> pq.ParquetWriter:
+    """The ParquetWriter every plan.parquet is written with (its bytes depend on these settings)."""
+    return pq.ParquetWriter(where, schema, compression="zstd",
+                            use_dictionary=[c for c in DICTIONARY_COLUMNS if c in schema.names])
+
+
 def write_plan_table(path: str | os.PathLike[str], table: pa.Table, row_group_rows: int = ROW_GROUP_ROWS) -> Path:
-    """Write plan.parquet (as ``tables.write_table`` does, one call per row group)."""
-    with atomic_writer(path) as fh, pq.ParquetWriter(fh, table.schema, compression="zstd") as w:
+    """Write plan.parquet from a table in memory, one call per row group."""
+    with atomic_writer(path) as fh, plan_writer(fh, table.schema) as w:
         for start in range(0, max(table.num_rows, 1), row_group_rows):
             w.write_table(table.slice(start, row_group_rows).combine_chunks(), row_group_size=row_group_rows)
     return Path(path)
 
 
+def _batches(pf: pq.ParquetFile, batch_rows: int, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """``pf.iter_batches`` one row group at a time: one reader over a whole file of many row
+    groups keeps growing (about 100 MB per 1 Mi-row group of samples read), one per row group
+    holds only that group."""
+    for g in range(pf.num_row_groups):
+        yield from pf.iter_batches(batch_size=batch_rows, row_groups=[g], columns=columns)
+
+
 def _read_plan_inputs(pf: pq.ParquetFile, mods: list[str], batch_rows: int
-                      ) -> tuple[pa.ChunkedArray, list[np.ndarray], bool]:
-    """Buckets and sizes of every sample, and whether the keys are in order, from one pass over
-    those columns (keys are looked at batch by batch, never held)."""
+                      ) -> tuple[pa.ChunkedArray, np.ndarray, bool]:
+    """Buckets and byte spans (:func:`spans`) of every sample, and whether the keys are in order,
+    from one pass over those columns (keys are looked at batch by batch, never held; sizes are
+    summed into one span per sample as they come, 8 bytes a sample whatever the modalities)."""
     size_cols = [f"size.{m}" for m in sorted(mods)]
-    buckets, sizes = [], [[] for _ in size_cols]
+    buckets = []
+    sample_spans = np.empty(pf.metadata.num_rows, dtype=np.int64)
+    at = 0
     in_order, last = True, None
-    for batch in pf.iter_batches(batch_size=batch_rows, columns=["key", "bucket", *size_cols]):
+    for batch in _batches(pf, batch_rows, ["key", "bucket", *size_cols]):
         keys = batch.column(0)
         if in_order and len(keys):
             behind = last is not None and pc.less(keys[0], last).as_py()
             in_order = not behind and (len(keys) < 2 or pc.all(pc.less_equal(keys[:-1], keys[1:])).as_py())
             last = keys[len(keys) - 1]
         buckets.append(pc.dictionary_encode(batch.column(1)))
-        for i, c in enumerate(size_cols):
-            sizes[i].append(batch.column(c).to_numpy())
+        sample_spans[at : at + batch.num_rows] = spans([batch.column(c).to_numpy() for c in size_cols])
+        at += batch.num_rows
     bucket_type = pa.dictionary(pa.int32(), pa.string())
     chunked = pa.chunked_array(buckets, type=bucket_type) if buckets else pa.chunked_array([], pa.string())
-    return chunked, [np.concatenate(s) if s else np.zeros(0, np.int64) for s in sizes], in_order
+    return chunked, sample_spans[:at], in_order
 
 
 def write_plan_file(samples_path: str | os.PathLike[str], plan_path: str | os.PathLike[str],
                     config: ShardingConfig, *, row_group_rows: int = ROW_GROUP_ROWS,
-                    batch_rows: int = BATCH_ROWS, work_dir: str | os.PathLike[str] | None = None) -> ShardLayout:
+                    batch_rows: int = BATCH_ROWS, work_dir: str | os.PathLike[str] | None = None,
+                    shards_path: str | os.PathLike[str] | None = None) -> ShardLayout:
     """Plan the samples of ``samples_path`` (samples.parquet) and write ``plan_path`` (plan.parquet).
 
     Memory stays bounded at any source size: the plan itself needs each sample's bucket and
     sizes only; the rows are then scattered, batch by batch, into one temporary Arrow file per
     output row group (``work_dir``, default beside ``plan_path``) and each row group is put in
     plan order and written from its file alone. The content is that of :func:`plan_table`.
+
+    ``shards_path``: also write shards.parquet there (:func:`write_shards_file`), one row per shard
+    with its count, tar sizes and plan digest, computed from each row group as it is written, so
+    the commit reads a row per shard instead of every sample again.
     """
     pf = pq.ParquetFile(samples_path)
     schema_in = pf.schema_arrow.remove_metadata()
     mods = _modalities(schema_in)
-    buckets, sizes, in_order = _read_plan_inputs(pf, mods, batch_rows)
+    buckets, sample_spans, in_order = _read_plan_inputs(pf, mods, batch_rows)
     keys = None if in_order else pq.read_table(samples_path, columns=["key"]).column("key")
-    layout = plan_layout(buckets, sizes, config, keys)
-    del buckets, sizes, keys
+    layout = layout_shards(buckets, sample_spans, config, modalities=len(mods), keys=keys)
+    del buckets, sample_spans, keys
+    # Arrow's allocator keeps freed pages for reuse; the scatter below allocates differently
+    # (whole batches), so hand those back rather than hold both high-water marks.
+    pa.default_memory_pool().release_unused()
     schema = plan_schema(schema_in)
+    digests = _ShardDigests(tuple(sorted(mods)), config.part_size) if shards_path is not None else None
+    refs: list[ShardRef] = []
     n = len(layout.order)
     if n <= row_group_rows:  # one row group: no scatter needed
         table, _ = plan_table(pq.read_table(samples_path).replace_schema_metadata(None), config,
                               keys_in_order=in_order)
         write_plan_table(plan_path, table, row_group_rows)
+        if digests is not None:
+            refs = [*digests.feed(table), *digests.finish()]
+            write_shards_file(shards_path, refs, config.part_size, n)
         return layout
     pos = np.empty(n, dtype=np.int64)
     pos[layout.order] = np.arange(n, dtype=np.int64)
@@ -320,7 +360,7 @@ def write_plan_file(samples_path: str | os.PathLike[str], plan_path: str | os.Pa
         writers = [ipc.new_file(p, scatter_schema) for p in paths]
         try:
             start = 0
-            for batch in pf.iter_batches(batch_size=batch_rows):
+            for batch in _batches(pf, batch_rows):
                 p = pos[start : start + batch.num_rows]
                 start += batch.num_rows
                 batch = pa.RecordBatch.from_arrays([*batch.columns, pa.array(p)], schema=scatter_schema)
@@ -338,18 +378,27 @@ def write_plan_file(samples_path: str | os.PathLike[str], plan_path: str | os.Pa
             for w in writers:
                 w.close()
         del pos
-        with atomic_writer(plan_path) as fh, pq.ParquetWriter(fh, schema, compression="zstd") as out:
+        with atomic_writer(plan_path) as fh, plan_writer(fh, schema) as out:
             for g, path in enumerate(paths):
                 with pa.memory_map(str(path)) as src:
                     rows = ipc.open_file(src).read_all()
                     first = g * row_group_rows
                     local = rows.column(_POS).to_numpy() - first
-                    back = np.empty(len(local), dtype=np.int64)
-                    back[local] = np.arange(len(local), dtype=np.int64)
-                    rows = rows.take(pa.array(back))
-                    out.write_table(_with_shard_columns(rows, layout, first, schema), row_group_size=row_group_rows)
+                    # Without a shuffle a row group is a run of one or two buckets in key order,
+                    # which is the order its rows were scattered in: nothing to move.
+                    if len(local) > 1 and not bool(np.all(local[1:] > local[:-1])):
+                        back = np.empty(len(local), dtype=np.int64)
+                        back[local] = np.arange(len(local), dtype=np.int64)
+                        rows = rows.take(pa.array(back))
+                    rows = _with_shard_columns(rows, layout, first, schema)
+                    out.write_table(rows, row_group_size=row_group_rows)
+                    if digests is not None:
+                        refs += digests.feed(rows)
                     del rows
                 path.unlink()
+    if digests is not None:
+        refs += digests.finish()
+        write_shards_file(shards_path, refs, config.part_size, n)
     return layout
 
 
@@ -403,28 +452,29 @@ class _OpenShard:
         self.hash = hashlib.sha256(head.encode())
 
 
-def iter_shard_refs(plan_path: str | os.PathLike[str], part_size: int, *,
-                    batch_rows: int = BATCH_ROWS) -> Iterator[ShardRef]:
-    """Every shard of plan.parquet, in plan order, from one pass in batches (memory: one batch)."""
-    pf = pq.ParquetFile(plan_path)
-    mods = tuple(sorted(_modalities(pf.schema_arrow)))
-    columns = [SHARD_BUCKET, SHARD_INDEX, "key"]
-    for m in mods:
-        columns += [f"name.{m}", f"size.{m}", f"fingerprint.{m}"]
-    cur: _OpenShard | None = None
+class _ShardDigests:
+    """Shards of plan rows fed in plan order, batch by batch (a shard may span batches): each
+    one's count, tar sizes and plan digest, with one Python object per shard, none per sample."""
 
-    def done(s: _OpenShard) -> ShardRef:
+    def __init__(self, mods: tuple[str, ...], part_size: int) -> None:
+        self.mods, self.part_size = mods, part_size
+        self.cur: _OpenShard | None = None
+
+    def _done(self, s: _OpenShard) -> ShardRef:
         sizes = tuple(-(-(span + END_OF_ARCHIVE) // RECORD) * RECORD for span in s.spans)
-        return ShardRef(s.bucket, s.index, shard_relpath(s.index, part_size), mods, s.count, sizes,
+        return ShardRef(s.bucket, s.index, shard_relpath(s.index, self.part_size), self.mods, s.count, sizes,
                         s.hash.hexdigest())
 
-    for batch in pf.iter_batches(batch_size=batch_rows, columns=columns):
+    def feed(self, batch: pa.RecordBatch | pa.Table) -> list[ShardRef]:
+        """The shards that end before the last row of ``batch`` (the last one may go on)."""
         n = batch.num_rows
         if n == 0:
-            continue
-        bucket = batch.column(SHARD_BUCKET)
+            return []
+        if isinstance(batch, pa.Table):
+            batch = batch.combine_chunks().to_batches()[0]
+        mods = self.mods
         index = batch.column(SHARD_INDEX).to_numpy()
-        codes = pc.dictionary_encode(bucket)
+        codes = pc.dictionary_encode(batch.column(SHARD_BUCKET))
         bcode = codes.indices.to_numpy()
         bnames = codes.dictionary.to_pylist()
         change = np.flatnonzero((index[1:] != index[:-1]) | (bcode[1:] != bcode[:-1])) + 1
@@ -437,21 +487,90 @@ def iter_shard_refs(plan_path: str | os.PathLike[str], part_size: int, *,
         for m in mods:
             s = batch.column(f"size.{m}").to_numpy()
             member = BLOCK + (s + (BLOCK - 1)) // BLOCK * BLOCK
-            seg_spans.append(np.add.reduceat(member, starts))
+            seg_spans.append(np.add.reduceat(member, starts).tolist())
+        finished = []
+        cur = self.cur
         for k, (a, b) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
             name, idx = bnames[bcode[a]], int(index[a])
             if cur is None or (cur.bucket, cur.index) != (name, idx):
                 if cur is not None:
-                    yield done(cur)
-                cur = _OpenShard(name, idx, mods, part_size)
+                    finished.append(self._done(cur))
+                cur = _OpenShard(name, idx, mods, self.part_size)
             cur.count += b - a
             for i in range(len(mods)):
-                cur.spans[i] += int(seg_spans[i][k])
+                cur.spans[i] += seg_spans[i][k]
             cur.hash.update(data[roff[a] : roff[b]])
-    if cur is not None:
-        yield done(cur)
+        self.cur = cur
+        return finished
+
+    def finish(self) -> list[ShardRef]:
+        cur, self.cur = self.cur, None
+        return [] if cur is None else [self._done(cur)]
+
+
+def iter_shard_refs(plan_path: str | os.PathLike[str], part_size: int, *,
+                    batch_rows: int = BATCH_ROWS) -> Iterator[ShardRef]:
+    """Every shard of plan.parquet, in plan order, from one pass in batches (memory: one batch)."""
+    pf = pq.ParquetFile(plan_path)
+    mods = tuple(sorted(_modalities(pf.schema_arrow)))
+    columns = [SHARD_BUCKET, SHARD_INDEX, "key"]
+    for m in mods:
+        columns += [f"name.{m}", f"size.{m}", f"fingerprint.{m}"]
+    digests = _ShardDigests(mods, part_size)
+    for batch in _batches(pf, batch_rows, columns):
+        yield from digests.feed(batch)
+    yield from digests.finish()
 
 
 def read_shard_refs(plan_path: str | os.PathLike[str], part_size: int, *,
                     batch_rows: int = BATCH_ROWS) -> list[ShardRef]:
     return list(iter_shard_refs(plan_path, part_size, batch_rows=batch_rows))
+
+
+# ---------------------------------------------------------------- shards.parquet
+
+_SHARDS_META = b"pid.shards"
+
+
+def write_shards_file(path: str | os.PathLike[str], refs: Sequence[ShardRef], part_size: int,
+                      plan_rows: int) -> Path:
+    """shards.parquet: one row per shard of a plan (bucket, index, count, tar bytes per modality,
+    plan digest), with the part size and the plan's row count it was made for."""
+    mods = refs[0].modalities if refs else ()
+    cols: dict[str, pa.Array] = {
+        SHARD_BUCKET: pa.array([r.bucket for r in refs], pa.string()),
+        SHARD_INDEX: pa.array([r.index for r in refs], pa.int32()),
+        "count": pa.array([r.count for r in refs], pa.int64()),
+    }
+    for i, m in enumerate(mods):
+        cols[f"tar_bytes.{m}"] = pa.array([r.sizes[i] for r in refs], pa.int64())
+    cols["digest"] = pa.array([r.plan_digest for r in refs], pa.string())
+    meta = {"version": SHARDS_VERSION, "part_size": part_size, "plan_rows": plan_rows}
+    table = pa.table(cols).replace_schema_metadata({_SHARDS_META: json.dumps(meta).encode()})
+    with atomic_writer(path) as fh:
+        pq.write_table(table, fh, compression="zstd")
+    return Path(path)
+
+
+def read_shards_file(path: str | os.PathLike[str], plan_path: str | os.PathLike[str], part_size: int) -> list[ShardRef]:
+    """The shards of ``plan_path`` from the shards.parquet written with it (:func:`write_plan_file`).
+
+    Refused, naming both files, when it was made for another part size or a plan of another
+    number of rows (a plan written again without it): :func:`read_shard_refs` reads the plan itself.
+    """
+    table = pq.read_table(path)
+    try:
+        meta = json.loads((table.schema.metadata or {})[_SHARDS_META])
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"{path}: not a shards.parquet (no {_SHARDS_META.decode()} metadata); "
+                         f"delete it and plan again") from exc
+    rows = pq.ParquetFile(plan_path).metadata.num_rows
+    if (meta.get("version"), meta.get("part_size"), meta.get("plan_rows")) != (SHARDS_VERSION, part_size, rows):
+        raise ValueError(f"{path} was written for another plan than {plan_path} (version {meta.get('version')}, "
+                         f"part_size {meta.get('part_size')}, {meta.get('plan_rows')} rows; the plan has {rows} "
+                         f"rows, part_size {part_size}); delete it and plan again")
+    mods = tuple(c.split(".", 1)[1] for c in table.column_names if c.startswith("tar_bytes."))
+    d = table.to_pydict()
+    sizes = list(zip(*(d[f"tar_bytes.{m}"] for m in mods), strict=True)) if mods else [()] * table.num_rows
+    return [ShardRef(b, i, shard_relpath(i, part_size), mods, c, tuple(sz), dg)
+            for b, i, c, sz, dg in zip(d[SHARD_BUCKET], d[SHARD_INDEX], d["count"], sizes, d["digest"], strict=True)]

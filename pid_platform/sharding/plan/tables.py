@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 from loader.formats.atomic import atomic_writer
 from loader.formats.twin_tar import shard_relpath
 from pid_platform.sharding.intake.task import Sample
+from pid_platform.sharding.plan.columnar import write_plan_table
 from pid_platform.sharding.plan.shard_plan import ShardPlan
 from pid_platform.sharding.storage import FileEntry
 
@@ -85,7 +86,8 @@ def read_samples(path: Path) -> tuple[list[Sample], list[str]]:
 def write_plans(path: Path, plans: list[ShardPlan], modalities: list[str]) -> Path:
     samples = [s for p in plans for s in p.samples]
     shard_of = [(p.bucket, p.index) for p in plans for _ in p.samples]
-    return write_table(path, samples_table(samples, modalities, shard_of))
+    # Written as columnar.write_plan_file writes it (row groups, encodings): the same bytes.
+    return write_plan_table(path, samples_table(samples, modalities, shard_of))
 
 
 def read_plans(path: Path, part_size: int) -> list[ShardPlan]:
