@@ -37,7 +37,9 @@ time), CPU-ms per camera frame (user + system of the process and its DataLoader 
 the first batch (from constructing the dataset; ours with its sidecar cached), peak PSS of the
 process tree (sampled every 100 ms). ``float32 floor``: a DataLoader whose workers decode nothing
 and only build and hand over batches of float32 (and uint8) frames of these shapes: the CPU that
-hand-over alone costs, and the rate it caps a 2-core machine at.
+hand-over alone costs, and the rate it caps a 2-core machine at. The floor allocates a fresh
+shared-memory batch each time (what a plain DataLoader does); ours' workers recycle their batch
+buffers (``collate.BufferPool``), so ours can hand over below that floor.
 
 Checked once per size (untimed): ours' items equal lerobot's ``LeRobotDataset`` items on a sample
 of frames (``tests.support.lerobot_oracle.assert_item_equal``: frames equal as uint8).

@@ -198,3 +198,62 @@ def test_batch_wait_and_refill_percentiles(lerobot_v3_root: Path, workers: int) 
     assert all(isinstance(v, float) for v in waits + refill)
     assert 0 <= waits[0] <= waits[1] <= waits[2] < 60
     assert 0 <= refill[0] <= refill[1] <= refill[2] <= 1
+
+
+# -- recycled batch buffers ---------------------------------------------------------------------------
+
+def test_worker_buffers_are_reused_only_once_released() -> None:
+    from loader.lerobot.streaming.collate import BufferLender, BufferPool
+
+    lender = BufferLender(workers=1, slots=2)
+    pool = BufferPool(lender.flags, 0)
+    a, slot_a = pool.take(100)
+    b, slot_b = pool.take(50)
+    assert (slot_a, slot_b) == (0, 1) and lender.flags.tolist() == [[1, 1]]
+    c, slot_c = pool.take(10)                       # every slot lent: a buffer of its own
+    assert slot_c is None and c.untyped_storage().data_ptr() not in (
+        a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr())
+    # What the main process holds is its own mapping of the buffer (here: another tensor).
+    received = torch.empty(100, dtype=torch.uint8)
+    lender.lend(PackedBatch(received, [], (0, slot_a)))
+    view = received[10:20]
+    del received
+    lender.reclaim()
+    assert lender.flags.tolist() == [[1, 1]]        # a view of it is still held
+    del view
+    lender.reclaim()
+    assert lender.flags.tolist() == [[0, 1]]
+    again, slot = pool.take(80)                     # fits the released slot: the same memory
+    assert slot == slot_a and lender.flags.tolist() == [[1, 1]]
+    assert again.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
+    lender.lend(PackedBatch(b, [], (0, slot_b), pinned=True))   # a pinned copy frees it at once
+    assert lender.flags.tolist() == [[1, 0]]
+
+
+@pytest.mark.parametrize("pin", [False, True])
+def test_batches_kept_by_the_training_loop_are_never_overwritten(lerobot_v3_root: Path, pin: bool) -> None:
+    # Keeping every batch lends out every slot: later batches must get buffers of their own.
+    loader = make_loader(stream(lerobot_v3_root), batch_size=2, num_workers=2, pin_memory=pin)
+    kept, copies = [], []
+    for batch in loader:
+        kept.append(batch)
+        copies.append({k: v.clone() for k, v in batch.items() if isinstance(v, torch.Tensor)})
+    assert len(kept) > 2 * (2 + 3)                  # more batches than the two workers' slots
+    for batch, copy in zip(kept, copies, strict=True):
+        for k, v in copy.items():
+            assert torch.equal(batch[k], v), k
+    # Dropping each batch: the slots are reused and the batches are the same.
+    again = []
+    for batch in loader:
+        again.append({k: v.clone() for k, v in batch.items() if isinstance(v, torch.Tensor)})
+    loader2 = make_loader(stream(lerobot_v3_root), batch_size=2, num_workers=0)
+    want = [{k: v.clone() for k, v in b.items() if isinstance(v, torch.Tensor)} for b in loader2]
+    want2 = [{k: v.clone() for k, v in b.items() if isinstance(v, torch.Tensor)} for b in loader2]
+    assert sorted(batch_indices(again)) == sorted(batch_indices(want2))
+    by_index = {int(b["index"][i]): (b, i) for b in want2 for i in range(len(b["index"]))}
+    for b in again:
+        for i, idx in enumerate(b["index"].tolist()):
+            w, j = by_index[idx]
+            for k in CAMERAS:
+                assert torch.equal(b[k][i], w[k][j]), (idx, k)
+    assert want

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from loader.workers import worker_init
 
-from .collate import PackedBatch
+from .collate import BufferLender, PackedBatch
 from .control import control_block, write_control
 from .dataset import STAT_FIELDS, StreamingLeRobotDataset, _all_gather_ints
 from .monitor import refill_percentiles, wait_percentiles
@@ -45,6 +45,7 @@ class _CountingLoader:
     _persistent: bool
     _dataloader: DataLoader | None
     _waits: list[float]
+    _lender: BufferLender | None = None
 
     def _hand_out(self, ds: Any) -> Iterator[Any]:
         kwargs = dict(self.dataloader_kwargs)
@@ -55,12 +56,23 @@ class _CountingLoader:
         try:
             loader = self._dataloader if self._persistent else None
             if loader is None:
+                # The workers' recycled batch buffers: a lender per set of workers (they take
+                # the flags when they start); slots for the batches in flight, the one the
+                # training loop holds and the one it has just dropped.
+                lender = None
+                if self._batches_in_dataset and self.num_workers:
+                    lender = BufferLender(self.num_workers, int(kwargs.get("prefetch_factor") or 2) + 3)
+                self._lender = lender
+                ds._buffer_flags = None if lender is None else lender.flags
                 loader = DataLoader(ds, batch_size=None if self._batches_in_dataset else self.batch_size,
                                     num_workers=self.num_workers, **kwargs)
                 if self._persistent:
                     self._dataloader = loader   # its workers (and their caches) live across epochs
             it = iter(loader)
+            lender = self._lender
             while True:
+                if lender is not None:
+                    lender.reclaim()
                 t0 = time.perf_counter()
                 try:
                     batch = next(it)
@@ -68,6 +80,8 @@ class _CountingLoader:
                     break
                 self._waits.append(time.perf_counter() - t0)
                 if isinstance(batch, PackedBatch):
+                    if lender is not None:
+                        lender.lend(batch)
                     batch = batch.unpack()
                 self.samples += _batch_len(batch) if self.batch_size is not None else 1
                 self.batches += 1
