@@ -78,7 +78,8 @@ def test_a_holder_killed_with_kill_9_blocks_only_until_its_lease_expires(
 ) -> None:
     client, bucket = s3_env.client(), s3_env.make_bucket("lease-killed")
     url = f"s3://{bucket}/photos"
-    short = {TTL_ENV: "4", RENEW_ENV: "1"}
+    # Long enough that the refused build (a fresh process, slow on a loaded machine) runs before it expires.
+    short = {TTL_ENV: "12", RENEW_ENV: "2"}
     a = procs(build(raw_root, url), tmp_path / "a", "publish:start", machine(tmp_path, "ma", **short))
     a.wait_reached("publish:start")
     a.proc.send_signal(signal.SIGKILL)
@@ -101,8 +102,8 @@ def test_a_holder_killed_with_kill_9_blocks_only_until_its_lease_expires(
 def test_a_renewed_lease_outlives_its_ttl(s3_env: SeaweedS3, raw_root: Path, tmp_path: Path, procs) -> None:
     client, bucket = s3_env.client(), s3_env.make_bucket("lease-renewed")
     url = f"s3://{bucket}/photos"
-    ttl = 2.0
-    short = {TTL_ENV: str(ttl), RENEW_ENV: "0.5"}
+    ttl = 4.0  # renewed every second: a loaded machine may stall the renewing thread a moment
+    short = {TTL_ENV: str(ttl), RENEW_ENV: "1"}
     a = procs(build(raw_root, url), tmp_path / "a", "publish:start", machine(tmp_path, "ma", **short))
     a.wait_reached("publish:start")
     first = lease_doc(client, bucket)

@@ -123,8 +123,9 @@ def test_a_build_killed_before_the_pointer_switch_leaves_the_previous_version_se
     before = pointer(client, "s3out-kill", "photos")
     served = sample_keys(url)
 
-    # A short build lease: the killed build's lease blocks the next build until it expires.
-    env = {**os.environ, "PYTHONPATH": str(REPO), TTL_ENV: "2", RENEW_ENV: "0.5"}
+    # A short build lease: the killed build's lease blocks the next build until it expires. Not
+    # shorter: on a loaded machine a renewal may come seconds late, and the build then stops.
+    env = {**os.environ, "PYTHONPATH": str(REPO), TTL_ENV: "8", RENEW_ENV: "1"}
     proc = subprocess.run([sys.executable, "-c", KILL_BEFORE_SWITCH, str(raw_root), str(tmp_path / "work"), url],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -9, proc.stderr
