@@ -563,6 +563,18 @@ class LocalObjects(ObjectStore):
         finally:
             os.close(fd)
 
+    def _require_etag(self, target: Path, etag: str, doing: str) -> None:
+        """``PreconditionFailedError`` unless the file at ``target`` has ETag ``etag`` (taken under
+        its folder lock, so the check and the change after it are one step to other writers)."""
+        try:
+            now = self._etag(target.stat())
+        except FileNotFoundError:
+            raise PreconditionFailedError(f"{doing} {target}: refused, there is no object to match "
+                                          f"ETag {etag} (it was deleted)") from None
+        if now != etag:
+            raise PreconditionFailedError(f"{doing} {target}: refused, its ETag is {now}, not {etag} "
+                                          "(another writer replaced it)")
+
     def put_if_absent(self, key: str, data: bytes, *, content_type: str | None = None) -> str | None:
         target = self.path(key)
         tmp = self._write_temp(target, data)
@@ -581,14 +593,7 @@ class LocalObjects(ObjectStore):
         tmp = self._write_temp(target, data)
         try:
             with self._folder_lock(target):
-                try:
-                    now = self._etag(target.stat())
-                except FileNotFoundError:
-                    raise PreconditionFailedError(f"writing {target}: refused, there is no object to match "
-                                                  f"ETag {etag} (it was deleted)") from None
-                if now != etag:
-                    raise PreconditionFailedError(f"writing {target}: refused, its ETag is {now}, not {etag} "
-                                                  "(another writer replaced it)")
+                self._require_etag(target, etag, "writing")
                 os.replace(tmp, target)
                 return self._etag(target.stat())
         finally:
@@ -606,13 +611,7 @@ class LocalObjects(ObjectStore):
             target.unlink(missing_ok=True)
             return
         with self._folder_lock(target):
-            try:
-                now = self._etag(target.stat())
-            except FileNotFoundError:
-                raise PreconditionFailedError(f"deleting {target}: refused, there is no object to match "
-                                              f"ETag {if_match} (it was deleted)") from None
-            if now != if_match:
-                raise PreconditionFailedError(f"deleting {target}: refused, its ETag is {now}, not {if_match}")
+            self._require_etag(target, if_match, "deleting")
             target.unlink()
 
     def check_bucket(self) -> None:
