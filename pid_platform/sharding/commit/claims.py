@@ -30,13 +30,13 @@ import contextlib
 import json
 import os
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from pid_platform.sharding.commit.held import HeldInBackground
 from pid_platform.sharding.errors import BuildError
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ def claims_on(output: S3Output, subject: str | None = None) -> list[Claim]:
     return sorted(found, key=lambda c: c.key)
 
 
-class HeldClaim:
+class HeldClaim(HeldInBackground):
     """A claim written on enter, renewed in the background, deleted on exit.
 
     ``check()`` raises when renewals have failed for so long that the claim may have expired
@@ -114,8 +114,7 @@ class HeldClaim:
         self.ttl_s, self.now = ttl_s, now
         self.rel = _rel(subject, purpose, uuid.uuid4().hex[:16])
         self.expires = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread_name = f"claim-{purpose}"
 
     def _put(self) -> None:
         expires = self.now() + self.ttl_s
@@ -124,32 +123,25 @@ class HeldClaim:
         self.output.store().put(self.output.key(self.rel), json.dumps(doc).encode(), content_type="application/json")
         self.expires = expires
 
-    def _renew(self) -> None:
-        while not self._stop.wait(self.ttl_s / 3):
-            # A missed renewal is retried next time; check() stops the holder before it matters.
-            with contextlib.suppress(Exception):
-                self._put()
+    def _take(self) -> None:
+        self._put()
+
+    def _renew_every_s(self) -> float:
+        return self.ttl_s / 3
+
+    def _renew_once(self) -> bool:
+        # A missed renewal is retried next time; check() stops the holder before it matters.
+        with contextlib.suppress(Exception):
+            self._put()
+        return True
+
+    def _let_go(self) -> None:
+        self.output.store().delete(self.output.key(self.rel))
 
     def check(self) -> None:
         if self.now() >= self.expires - self.ttl_s / 6:
             raise BuildError(f"{self.output}: the {self.purpose} claim on {self.subject} could not be renewed "
                              "(S3 unreachable?); other processes may no longer honour it, so this one stops")
-
-    def __enter__(self) -> HeldClaim:
-        self._put()
-        self._thread = threading.Thread(target=self._renew, name=f"claim-{self.purpose}", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        try:
-            self.output.store().delete(self.output.key(self.rel))
-        except Exception:  # noqa: BLE001 - a claim left behind only lasts until it expires
-            if exc[0] is None:
-                raise
 
 
 def wait_until_unclaimed(output: S3Output, subject: str, purpose: str, *,

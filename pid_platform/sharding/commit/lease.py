@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from loader.io.errors import (
     ObjectNotFoundError,
@@ -45,6 +45,7 @@ from loader.io.errors import (
     StorageError,
     UnsupportedRequestError,
 )
+from pid_platform.sharding.commit.held import HeldInBackground
 from pid_platform.sharding.errors import BuildError
 
 if TYPE_CHECKING:
@@ -204,7 +205,7 @@ def _utc(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
 
 
-class BuildLease:
+class BuildLease(HeldInBackground):
     """The lease on one S3 output: taken on enter, renewed in the background, released on exit.
 
     ``check()`` raises ``BuildLeaseLostError`` once the lease is no longer this build's; the
@@ -222,8 +223,6 @@ class BuildLease:
         self.etag: str | None = None
         self.lost: str | None = None
         self._lock = threading.Lock()  # one request at a time changes record/etag
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     # Taking it.
     def _fresh(self, started: float | None = None, version: str | None = None) -> LeaseRecord:
@@ -327,16 +326,21 @@ class BuildLease:
         except StorageError as exc:
             raise BuildLeaseError(f"{exc} (renewing the build lease {self.where}; the pointer was not changed)") from None
 
-    def _renew_loop(self) -> None:
-        while not self._stop.wait(self.settings.renew_every_s):
-            try:
-                self.renew()
-            except BuildLeaseLostError as exc:
-                log.error("%s", exc)
-                return
-            except Exception as exc:  # noqa: BLE001 - a failed renewal is retried; check() stops the build in time
-                log.warning("%s: renewing the build lease failed (%s); trying again in %.0f s", self.output,
-                            exc, self.settings.renew_every_s)
+    _thread_name = "build-lease"
+
+    def _renew_every_s(self) -> float:
+        return self.settings.renew_every_s
+
+    def _renew_once(self) -> bool:
+        try:
+            self.renew()
+        except BuildLeaseLostError as exc:
+            log.error("%s", exc)
+            return False
+        except Exception as exc:  # noqa: BLE001 - a failed renewal is retried; check() stops the build in time
+            log.warning("%s: renewing the build lease failed (%s); trying again in %.0f s", self.output,
+                        exc, self.settings.renew_every_s)
+        return True
 
     # Letting it go.
     def release(self) -> None:
@@ -354,24 +358,14 @@ class BuildLease:
             finally:
                 self.etag = None
 
-    def __enter__(self) -> BuildLease:
+    def _take(self) -> None:
         try:
             self.acquire()
         except StorageError as exc:
             raise BuildLeaseError(f"{exc} (taking the build lease {self.where}; nothing was built)") from None
-        self._thread = threading.Thread(target=self._renew_loop, name="build-lease", daemon=True)
-        self._thread.start()
-        return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        try:
-            self.release()
-        except Exception:  # noqa: BLE001 - a lease left behind only lasts until it expires
-            if exc[0] is None:
-                raise
+    def _let_go(self) -> None:
+        self.release()
 
 
 # Steps nest (build_source calls every run_* step): the process holds one lease per output.
