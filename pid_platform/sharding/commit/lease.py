@@ -63,20 +63,15 @@ MAX_LEASE_BYTES = 4096  # a lease is one short JSON line; anything larger is not
 
 # --- The S3 requests (the only ones in this module) -------------------------------------------
 
-# The storage layer's refusals, under the names this module's callers read.
-_Precondition = PreconditionFailedError
-_Unsupported = UnsupportedRequestError
-
-
 def _put_if_absent(output: S3Output, key: str, body: bytes) -> str | None:
-    """Create ``key``; its ETag. ``_Precondition`` when it exists, ``_Unsupported`` when the
-    server does not implement ``If-None-Match``."""
+    """Create ``key``; its ETag. ``PreconditionFailedError`` when it exists,
+    ``UnsupportedRequestError`` when the server does not implement ``If-None-Match``."""
     return output.store().put_if_absent(key, body, content_type="application/json")
 
 
 def _put_if_match(output: S3Output, key: str, body: bytes, etag: str | None) -> str | None:
     """Replace ``key`` only if its ETag is still ``etag`` (``None``: unconditionally, the
-    fallback take); the new ETag. ``_Precondition`` when it changed or is gone."""
+    fallback take); the new ETag. ``PreconditionFailedError`` when it changed or is gone."""
     store = output.store()
     if etag is None:
         return store.put(key, body, content_type="application/json")
@@ -92,8 +87,8 @@ def _get(output: S3Output, key: str) -> tuple[bytes, str | None] | None:
 
 
 def _delete(output: S3Output, key: str, etag: str | None) -> None:
-    """Delete ``key`` if its ETag is still ``etag`` (``None``: unconditionally); ``_Precondition``
-    when it changed or is gone, ``_Unsupported`` when the server has no conditional delete."""
+    """Delete ``key`` if its ETag is still ``etag`` (``None``: unconditionally); ``PreconditionFailedError``
+    when it changed or is gone, ``UnsupportedRequestError`` when the server has no conditional delete."""
     output.store().delete(key, if_match=etag)
 
 
@@ -245,11 +240,11 @@ class BuildLease(HeldInBackground):
             try:
                 self.etag, self.record = _put_if_absent(self.output, self.key, rec.to_bytes()), rec
                 return
-            except _Unsupported:
+            except UnsupportedRequestError:
                 if self._take_without_if_none_match(rec):
                     return
                 continue
-            except _Precondition:
+            except PreconditionFailedError:
                 pass
             got = _get(self.output, self.key)
             if got is None:
@@ -259,7 +254,7 @@ class BuildLease(HeldInBackground):
                 raise self._refuse(held)
             try:
                 self.etag, self.record = _put_if_match(self.output, self.key, rec.to_bytes(), got[1]), rec
-            except _Precondition:
+            except PreconditionFailedError:
                 continue  # another build took the stale lease first: read whose it is now
             log.warning("%s: took over the lease of %s, which expired at %s (that build stopped without "
                         "releasing it)", self.output, held.holder(), _utc(held.expires))
@@ -280,7 +275,7 @@ class BuildLease(HeldInBackground):
             etag = None
         try:
             _put_if_match(self.output, self.key, rec.to_bytes(), etag)
-        except _Precondition:
+        except PreconditionFailedError:
             return False
         back = _get(self.output, self.key)
         if back is None or parse_lease(back[0], self.where).token != rec.token:
@@ -298,7 +293,7 @@ class BuildLease(HeldInBackground):
             rec = self._fresh(self.record.started, version or self.record.version)
             try:
                 self.etag = _put_if_match(self.output, self.key, rec.to_bytes(), self.etag)
-            except _Precondition:
+            except PreconditionFailedError:
                 self.lost = self._lost_message("another build took it over or it was deleted")
                 raise BuildLeaseLostError(self.lost) from None
             self.record = rec
@@ -349,9 +344,9 @@ class BuildLease(HeldInBackground):
                 return  # not ours any more: someone else's lease stays
             try:
                 _delete(self.output, self.key, self.etag)
-            except _Precondition:
+            except PreconditionFailedError:
                 return  # taken over meanwhile
-            except _Unsupported:
+            except UnsupportedRequestError:
                 got = _get(self.output, self.key)
                 if got is not None and got[1] == self.etag:
                     _delete(self.output, self.key, None)
