@@ -23,15 +23,33 @@ from pid_platform.sharding.commit.s3_output import (
     S3Output,
     check_writable,
     is_s3_url,
+    read_pointer,
     refuse_other_urls,
     work_dir,
 )
 from pid_platform.sharding.errors import BuildError, OutputNotWritableError
 from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, VALIDATE_LEVELS
-from pid_platform.sharding.pipeline import BuildSummary, build_source, forget_damaged_shards
+from pid_platform.sharding.pipeline import (
+    BuildSummary,
+    build_source,
+    forget_damaged_shards,
+    refuse_roots_on_s3,
+)
 from pid_platform.sharding.plan.shard_plan import MISSING_KEYS_CHOICES, RESHARD, ShardingConfig
 from pid_platform.sharding.storage import SourceStore, open_source_store
-from pid_platform.sharding.tasks.run import run_commit, run_intake_task, run_plan, run_write_task
+from pid_platform.sharding.tasks.run import (
+    TaskOutcome,
+    run_commit,
+    run_intake_task,
+    run_plan,
+    run_write_task,
+)
+from pid_platform.sharding.tasks.s3_tasks import (
+    run_s3_commit,
+    run_s3_intake_task,
+    run_s3_plan,
+    run_s3_write_task,
+)
 
 EXIT_BUILD_ERROR = 2  # argparse also exits 2 on bad arguments: "your input is wrong"
 MAX_EXAMPLES_SHOWN = 3
@@ -315,18 +333,63 @@ def _run_task_command(command: str, args: argparse.Namespace, root: str | None, 
         res = run_intake_task(store, source, out, args.index, args.of, trust_pickle=args.trust_pickle,
                               num_workers=args.num_workers, validate=args.validate, revalidate=args.revalidate,
                               force=args.force)
+    else:
+        res = run_write_task(store, source, out, args.index, args.of, num_workers=args.num_workers)
+    return _task_outcome_text(res, str(out))
+
+
+def _task_outcome_text(res: TaskOutcome, out: str) -> str:
+    if res.stage == "intake":
         what = f"samples {res.first} .. {res.first + res.items - 1}" if res.items else "no samples"
         did = f"files validated: {res.done}  outcomes reused: {res.reused}"
     else:
-        res = run_write_task(store, source, out, args.index, args.of, num_workers=args.num_workers)
         what = f"shards {res.first} .. {res.first + res.items - 1}" if res.items else "no shards"
         did = f"shards written: {res.done}  already up to date: {res.reused}"
+        if res.copied:
+            did += f"  tars copied inside the bucket: {res.copied}"
     head = f"pid-shard task: {res.stage} task {res.index} of {res.of} of {out}"
     if res.nothing_staged:
         return f"{head}: nothing staged (the plan found the committed build up to date); nothing to do"
     if res.already_done:
         return f"{head}: {what}: already done (completion record {res.record}); nothing to do"
     return f"{head}: {what}: {did}; completion record {res.record}"
+
+
+def _run_s3_task_command(command: str, args: argparse.Namespace, root: str | None, source: str | None) -> str:
+    """One stage of the tasked build of an ``s3://`` output (``tasks/s3_tasks.py``): the tasks
+    meet in the bucket, each in a work folder of its own machine."""
+    output = S3Output(args.output_dir, S3Settings(endpoint_url=args.s3_endpoint_url))
+    check_writable(output)  # an unreachable or refused bucket stops before any work
+    if command == "commit":
+        summary = run_s3_commit(output, work_root=args.work_dir, num_workers=args.num_workers)
+        if summary is None:
+            pointer = read_pointer(output)
+            return (f"pid-shard commit: {output}: nothing staged (the plan found version "
+                    f"{pointer.version if pointer else '(none)'} up to date); nothing to do")
+        return format_summary(summary)
+    assert root is not None and source is not None
+    check_output_apart(root, source, args.output_dir)
+    store = open_source_store(root, endpoint_url=args.s3_endpoint_url)
+    if command == "plan":
+        plan, vid = run_s3_plan(store, source, output, _config_of(args), work_root=args.work_dir,
+                                trust_pickle=args.trust_pickle, num_workers=args.num_workers, force=args.force,
+                                validate=args.validate, revalidate=args.revalidate)
+        head = (f"pid-shard plan: source {source!r} -> {output}: {plan.samples} samples, {plan.shards} shards "
+                f"in {len(plan.buckets)} buckets (files validated: {plan.files_validated}  "
+                f"outcomes reused: {plan.outcomes_reused})")
+        if vid is None:
+            return f"{head}\n  up to date: {output} already serves the version this plan builds; nothing staged"
+        return (f"{head}\n  staged as version {vid} in the bucket; next: `pid-shard task --index I --of N ...` for "
+                f"I = 0 .. N-1 (any N up to {plan.shards}, on any machines), then `pid-shard commit --output-dir "
+                f"{output}`")
+    if args.stage == "intake":
+        res = run_s3_intake_task(store, source, output, args.index, args.of, work_root=args.work_dir,
+                                 trust_pickle=args.trust_pickle, num_workers=args.num_workers,
+                                 validate=args.validate, revalidate=args.revalidate, force=args.force)
+    else:
+        res = run_s3_write_task(store, source, output, args.index, args.of, work_root=args.work_dir,
+                                num_workers=args.num_workers)
+    return _task_outcome_text(res, str(output))
 
 
 def task_main(command: str, argv: Sequence[str]) -> int:
@@ -338,20 +401,24 @@ def task_main(command: str, argv: Sequence[str]) -> int:
         if args.input_dir is not None:
             root, source = split_input_dir(args.input_dir)
         refuse_other_urls(args.output_dir, "--output-dir")
-        if is_s3_url(args.output_dir):
-            raise ValueError(
-                f"--output-dir {args.output_dir}: `pid-shard {command}` builds a local output folder (shared by "
-                "the machines running the tasks); for an s3:// output run `pid-shard` without a subcommand"
-            )
-        if args.work_dir is not None:
+        on_s3 = is_s3_url(args.output_dir)
+        if on_s3:
+            S3Output(args.output_dir)  # a malformed s3:// URL is an argument error
+            refuse_roots_on_s3(args.manifest_root, S3Output(args.output_dir))
+            if command == "plan" and args.repair:
+                raise ValueError("--repair: for an s3:// output run `pid-shard --repair` without a subcommand")
+        elif args.work_dir is not None:
             raise ValueError("--work-dir is for an s3:// --output-dir; a local output stages beside itself")
+        if args.work_dir is not None:
+            local_path("--work-dir", kind="folder")(args.work_dir)  # a URL is never a local folder
         root_base(args.manifest_root, "out")
         if command == "task" and args.index >= args.of:
             raise ValueError(f"argument --index: must be below --of (tasks are 0 .. {args.of - 1}), "
                              f"got --index {args.index} --of {args.of}")
     except ValueError as exc:
         parser.error(str(exc))
-    return run_and_print(f"pid-shard {command}", "the task", lambda: _run_task_command(command, args, root, source))
+    run = _run_s3_task_command if on_s3 else _run_task_command
+    return run_and_print(f"pid-shard {command}", "the task", lambda: run(command, args, root, source))
 
 
 def shard_main(argv: Sequence[str] | None = None) -> int:

@@ -209,7 +209,8 @@ def test_task_argument_errors_are_clear(raw_root: Path, tmp_path: Path) -> None:
         (["task", "--index", "-1", "--of", "3", *_io(raw_root, out)], "--index: must be >= 0"),
         (["task", "--of", "3", *_io(raw_root, out)], "required: --index"),
         (["task", "--index", "0", "--of", "2", "--stage", "merge", *_io(raw_root, out)], "invalid choice"),
-        (["commit", "--output-dir", "s3://bucket/x"], "for an s3:// output run `pid-shard` without"),
+        (["commit", "--output-dir", "s3://bucket/x", "--manifest-root", "absolute"], "keep relative roots"),
+        (["commit", "--output-dir", "s3://Bucket/x"], "not an s3://bucket/prefix URL"),
         (["plan", "--output-dir", str(out)], "required: --input-dir"),
     ]
     for argv, expected in cases:

@@ -234,13 +234,21 @@ def _version_files(staging: Path) -> tuple[list[str], list[str], list[str]]:
     return sorted(data), sorted(manifests), state
 
 
-def version_id(staging: Path, manifests: list[str], state: list[str], key_indexes: list[str]) -> str:
-    """A digest naming the version: its manifests (which hold every tar's checksum), key indexes
-    and settings. Same build, same id."""
-    h = hashlib.sha256(b"pid-version-1")
-    for rel in [*manifests, *key_indexes, *state]:
-        h.update(f"\0{rel}\0".encode())
-        h.update(hashlib.sha256((staging / rel).read_bytes()).digest())
+# What fixes every byte of a version before a tar is written: the plan (each sample's files,
+# sizes and fingerprints, in shard order), the settings it was cut with, how its modalities were
+# added (``plan/add_modality.py``) and the intake report (the source's name the manifests carry).
+VERSION_INPUTS = ("plan.parquet", "sharding.json", "plan_cut.json", "intake_report.json")
+
+
+def version_id(staging: Path) -> str:
+    """A digest naming the version of the build staged in ``staging``, from its plan: known
+    before any tar is written, so write tasks on other machines put their tars straight into
+    ``versions/<id>/`` (``tasks/s3_tasks.py``). Same plan, same id, same bytes."""
+    h = hashlib.sha256(b"pid-version-2")
+    for name in VERSION_INPUTS:
+        path = staging / STATE_DIR / name
+        h.update(f"\0{name}\0".encode())
+        h.update(hashlib.sha256(path.read_bytes()).digest() if path.is_file() else b"-")
     return h.hexdigest()[:20]
 
 
@@ -391,8 +399,7 @@ def publish_version(
     data, manifests, state = _version_files(staging)
     if not manifests:
         raise BuildError(f"{staging}: no {WDINFO_NAME} staged; nothing to publish to {output}")
-    key_indexes = [r for r in data if r.endswith(".parquet")]
-    vid = version_id(staging, manifests, state, key_indexes)
+    vid = version_id(staging)
     expected = expected_objects(staging)
     holder = (holder or this_process())
     current, etag = read_pointer_tagged(output)

@@ -87,6 +87,7 @@ class TaskOutcome:
     done: int = 0  # files validated (intake) or shards written (write)
     reused: int = 0  # outcomes reused (intake) or shards kept / hard-linked (write)
     nothing_staged: bool = False  # no plan staged, over a committed build: the plan found it up to date
+    copied: int = 0  # tars an s3 write task copied inside the bucket from the current version
 
 
 @dataclass
@@ -271,7 +272,7 @@ def _shard_complete(staging: Path, plan: ShardPlan, key_indexes: bool) -> bool:
     return shard_up_to_date(staging, plan) and (not key_indexes or key_index.is_file())
 
 
-def _ranges(positions: list[int]) -> str:
+def spans_text(positions: list[int]) -> str:
     spans, start = [], None
     for i, p in enumerate(positions):
         if start is None:
@@ -329,7 +330,7 @@ def unfinished_write_tasks(out: Path, *, key_indexes: bool = True) -> str | None
             "nothing was published"
         )
     return (
-        f"shards {_ranges(missing)} of {len(plans)} lie in no finished write task (records for --of "
+        f"shards {spans_text(missing)} of {len(plans)} lie in no finished write task (records for --of "
         f"{', '.join(map(str, ofs))} in {where}): run the missing tasks of one N, then commit again; "
         "nothing was published"
     )
