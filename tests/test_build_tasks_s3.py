@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from pid_platform.sharding.tasks.run import SHARD_DONE_POINT
-from pid_platform.sharding.tasks.s3_tasks import STAGED
+from pid_platform.sharding.tasks.s3_staging import STAGED
 from tests.conftest import SOURCE
 from tests.support.s3_objects import current_version, keys, objects, pointer
 from tests.support.seaweedfs import SeaweedS3, upload_tree

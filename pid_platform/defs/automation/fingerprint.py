@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 from loader.formats.atomic import atomic_write_bytes
-from pid_platform.sharding.commit.state import state_dir
+from pid_platform.sharding.commit.state import FINGERPRINT, state_dir
 from pid_platform.sharding.storage import SourceStore
 
-FINGERPRINT_NAME = "input_fingerprint.json"
+FINGERPRINT_NAME = FINGERPRINT
 
 
 def source_fingerprint(store: SourceStore, source: str) -> tuple[str, int]:

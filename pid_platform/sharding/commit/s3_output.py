@@ -263,7 +263,7 @@ def _tar_checksums(manifest_dir: str, doc: dict[str, Any], origin: str) -> dict[
     return out
 
 
-def _checksums_of(manifests: dict[str, bytes]) -> dict[str, str]:
+def checksums_of(manifests: dict[str, bytes]) -> dict[str, str]:
     found: dict[str, str] = {}
     for rel, data in manifests.items():
         manifest_dir = rel.rpartition("/")[0] or "."
@@ -304,7 +304,7 @@ def damaged_objects(output: S3Output, version: str, expected: dict[str, int]) ->
     return [rel for rel, size in sorted(expected.items()) if there.get(rel) != size]
 
 
-def _verify_before_switch(output: S3Output, version: str, expected: dict[str, int]) -> None:
+def verify_before_switch(output: S3Output, version: str, expected: dict[str, int]) -> None:
     try:
         bad = damaged_objects(output, version, expected)
     except S3AccessError as exc:
@@ -333,7 +333,7 @@ def put_pointer(output: S3Output, pointer: VersionPointer, etag: str | None) -> 
     return True
 
 
-def _switch(output: S3Output, vid: str, manifests: list[str], started: VersionPointer | None,
+def switch_pointer(output: S3Output, vid: str, manifests: list[str], started: VersionPointer | None,
             etag: str | None, holder: str, now: Callable[[], float], uses: list[str] | None = None) -> None:
     """Point ``output`` at ``vid``, conditional on the pointer being the one the build started
     from. A pointer that changed only in its ``retired`` record (the cleanup forgetting versions
@@ -412,10 +412,10 @@ def publish_version(
     if current is not None and (current.version != vid or current.uses):  # else: published as it is
         old_docs = {m: get_bytes(output, f"{current.version_dir()}/{m}") or b"{}" for m in current.manifests}
         try:
-            old_sha = _checksums_of(old_docs)
+            old_sha = checksums_of(old_docs)
         except (FormatError, json.JSONDecodeError):
             old_sha = {}  # an unreadable old manifest only costs the copies
-    new_sha = _checksums_of({m: (staging / m).read_bytes() for m in manifests})
+    new_sha = checksums_of({m: (staging / m).read_bytes() for m in manifests})
     old_home = (home_of(current, old_docs) or current.version) if current is not None else None
     in_place = plan_in_place(staging, manifests, current, old_docs, old_sha, new_sha, vid,
                              lambda rel: get_bytes(output, rel), lambda rel: list_sizes(output, rel))
@@ -479,10 +479,10 @@ def publish_version(
             return result
         pause_point("publish:before-verify")
         if in_place is None:
-            _verify_before_switch(output, vid, expected)
+            verify_before_switch(output, vid, expected)
         else:  # each object where it lives: this version's folder, or the one its tars are in
             for home in {vid, in_place.base}:
-                _verify_before_switch(output, home, {r: n for r, n in expected.items() if in_place.home(r, vid) == home})
+                verify_before_switch(output, home, {r: n for r, n in expected.items() if in_place.home(r, vid) == home})
         if republish:
             result.unchanged = True  # the pointer already names it: nothing to switch
             return result
@@ -491,7 +491,7 @@ def publish_version(
         pause_point("publish:before-switch")
         claim.check()
         check_held(output, vid)  # a build whose lease another build took stops here, pointer untouched
-        _switch(output, vid, manifests, current, etag, holder, now,
+        switch_pointer(output, vid, manifests, current, etag, holder, now,
                 uses=[in_place.base] if in_place is not None and in_place.base != vid else [])
     return result
 

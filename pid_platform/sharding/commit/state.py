@@ -32,6 +32,7 @@ INTAKE_SETTINGS = "intake.json"  # how the samples were validated
 OUTPUTS = "outputs.json"  # sha256 of every key index and manifest, as committed
 SAMPLES = "samples.parquet"
 REPORT = "intake_report.json"
+FINGERPRINT = "input_fingerprint.json"  # the raw listing a staged build was made from (defs/automation)
 SHARDING = "sharding.json"
 PLAN = "plan.parquet"
 

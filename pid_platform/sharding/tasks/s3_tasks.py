@@ -2,22 +2,22 @@
 
 Each task runs on any machine that reaches the source and the bucket, in a work folder of its
 own (``PID_WORK_ROOT``) that nothing else reads; the staged build lives under
-``<output>/.pid-build/staged/``:
+``<output>/.pid-build/staged/`` (``s3_staging.py``):
 
 * ``pid-shard plan``: the intake and the plan in this machine's work folder (as the one-process
-  build: ``tasks.run.run_plan``, reusing what intake tasks uploaded), then the state the other
-  tasks need (``SHARED_STATE``) under ``staged/state/`` and, last, ``staged/staged.json``
-  naming the version (``s3_output.version_id``: a digest of the plan, known before any tar is
-  written) and each state file's sha256.
-* intake task ``I`` of ``N``: its slice's file outcomes as ``staged/tasks/intake-I-of-N.parquet``,
-  then its record; the plan downloads every finished one.
+  build: ``tasks.run.run_plan``, reusing what intake tasks uploaded), then the plan's state and,
+  last, ``staged.json`` naming the version (``s3_output.version_id``: a digest of the plan,
+  known before any tar is written). The Dagster ``plan`` step does the same from the samples
+  ``sample_set`` staged in the bucket (``stage_plan_from_intake``).
+* intake task ``I`` of ``N``: its slice's file outcomes and record into ``staged/tasks/``; the
+  plan downloads every finished one.
 * write task ``I`` of ``N``: shard range ``slice_bounds(shards, I, N)`` of the plan, one shard at
-  a time: its tars are written into a scratch folder, hashed, sent to ``versions/<id>/``
-  (copied inside the bucket instead when the current version holds the same bytes) with the
-  key index, then a per-shard marker (``staged/shards/...``: the tars' sha256), and the scratch
-  files are deleted: the task holds only the shard in flight. A killed task run again keeps
-  every shard whose marker and objects are there; its record (``staged/tasks/write-I-of-N.json``,
-  every shard's digests) comes last.
+  a time: its tars are written into a scratch folder, hashed, checked (twin keys, size bound,
+  key index: the checks run where the bytes are), sent to ``versions/<id>/`` (copied inside
+  the bucket instead when the current version holds the same bytes) with the key index, then a
+  per-shard marker, and the scratch files are deleted: the task holds only the shards in flight.
+  A killed task run again keeps every shard whose marker and objects are there; its record
+  (every shard's digests and check findings) comes last.
 * ``pid-shard commit``: the manifests, from the plan and the records' digests (no tar is read),
   sent after every object is checked in one listing, then the pointer switch, as
   ``s3_output.publish_version`` does; then ``staged/`` is deleted.
@@ -28,7 +28,6 @@ of the same source and settings, whatever ``N`` and however many machines.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import time
@@ -50,18 +49,17 @@ from pid_platform.sharding.commit.claims import (
     wait_until_unclaimed,
 )
 from pid_platform.sharding.commit.lease import build_lease, check_held
-from pid_platform.sharding.commit.manifests import write_key_index_of, write_manifests
-from pid_platform.sharding.commit.s3_output import (
-    CARRIED_STATE,
-    VERSION_INPUTS,
-    PublishedVersion,
-    S3Output,
+from pid_platform.sharding.commit.manifests import (
+    BucketManifest,
+    write_key_index_of,
+    write_manifests,
 )
-from pid_platform.sharding.commit.state import (
-    INTAKE_SETTINGS,
-    REPORT,
-    load_intake_settings,
-    state_dir,
+from pid_platform.sharding.commit.s3_output import CARRIED_STATE, PublishedVersion, S3Output
+from pid_platform.sharding.commit.state import REPORT, load_intake_settings, state_dir
+from pid_platform.sharding.commit.verify_output import (
+    planned_key_index_mismatches,
+    size_bound_violations,
+    twin_key_mismatches,
 )
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.intake.file_checks import VALIDATE_FULL
@@ -72,6 +70,7 @@ from pid_platform.sharding.plan.add_modality import load_plan_cut
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
 from pid_platform.sharding.storage import SourceStore
 from pid_platform.sharding.tasks import records as local_records
+from pid_platform.sharding.tasks import s3_staging as staging
 from pid_platform.sharding.tasks.records import INTAKE, RECORD_FORMAT, WRITE
 from pid_platform.sharding.tasks.run import (
     SHARD_DONE_POINT,
@@ -84,70 +83,15 @@ from pid_platform.sharding.tasks.run import (
     run_plan,
     shard_done_point,
     spans_text,
+    stage_plan,
 )
+from pid_platform.sharding.tasks.s3_staging import STAGED_NAME, Staged
 from pid_platform.sharding.write.tar_digests import tar_digests
 from pid_platform.sharding.write.tars import ShardResult, shard_files, write_shards
 
-STAGED = ".pid-build/staged"
-STAGED_NAME = "staged.json"
-STAGED_FORMAT = 1
-# What the write tasks and the commit read of the plan's state (VERSION_INPUTS, and how the
-# samples were validated, for the summary).
-SHARED_STATE = (*VERSION_INPUTS, INTAKE_SETTINGS)
-
-
-@dataclass(frozen=True)
-class Staged:
-    """What ``staged.json`` says: the version the staged plan builds, and its state files."""
-
-    version: str
-    plan_sha256: str
-    source: str
-    state: dict[str, str]  # state file -> sha256
-
-    def to_bytes(self) -> bytes:
-        return json.dumps({"format": STAGED_FORMAT, "version": self.version, "plan_sha256": self.plan_sha256,
-                           "source": self.source, "state": self.state}, sort_keys=True, indent=1).encode()
-
-
-def _rel(*parts: str) -> str:
-    return "/".join((STAGED, *parts))
-
-
-def _record_rel(stage: str, index: int, of: int) -> str:
-    return _rel("tasks", local_records.record_path(Path(), stage, index, of).name)
-
-
-def _shard_marker_rel(plan: ShardPlan) -> str:
-    return _rel("shards", plan.bucket or "_flat", f"{plan.index:06d}.json")
-
-
-def _get_json(output: S3Output, rel: str) -> dict | None:
-    data = s3_output.get_bytes(output, rel)
-    if data is None:
-        return None
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def _put(output: S3Output, rel: str, data: bytes | Path, what: str) -> None:
-    try:
-        output.store().put(output.key(rel), data)
-    except S3AccessError as exc:
-        raise BuildError(f"{exc} ({what}; nothing was published)") from None
-
-
-def read_staged(output: S3Output) -> Staged | None:
-    doc = _get_json(output, _rel(STAGED_NAME))
-    if doc is None or doc.get("format") != STAGED_FORMAT:
-        return None
-    try:
-        return Staged(str(doc["version"]), str(doc["plan_sha256"]), str(doc["source"]), dict(doc["state"]))
-    except (KeyError, TypeError, ValueError):
-        return None
+# The checks a write task runs on each shard's tars before it sends them (``verify_output``).
+TWIN_KEYS, SIZE_BOUND, KEY_INDEX = "twin_keys", "size_bound", "key_index"
+SHARD_CHECKS = (TWIN_KEYS, SIZE_BOUND, KEY_INDEX)
 
 
 def scratch_dir(output: S3Output, work_root: str | Path | None, name: str) -> Path:
@@ -156,33 +100,16 @@ def scratch_dir(output: S3Output, work_root: str | Path | None, name: str) -> Pa
     return work.parent / f"{work.name}.tasks" / name
 
 
-def _pull_state(output: S3Output, staged: Staged, folder: Path) -> Path:
-    """The staged plan's state files into ``folder``'s state folder, each checked against its sha256."""
-    state = state_dir(folder)
-    state.mkdir(parents=True, exist_ok=True)
-    for name, sha in sorted(staged.state.items()):
-        path = state / name
-        if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == sha:
-            continue
-        data = s3_output.get_bytes(output, _rel("state", name))
-        if data is None or hashlib.sha256(data).hexdigest() != sha:
-            raise TaskOrderError(
-                f"{output}/{_rel('state', name)}: missing or not the file {output}/{_rel(STAGED_NAME)} names (another "
-                "`pid-shard plan` of this output is staging a new plan?); run `pid-shard plan` again, then the tasks")
-        path.write_bytes(data)
-    return folder
-
-
-def _staged_or_refuse(output: S3Output, what: str) -> Staged | None:
+def staged_or_refuse(output: S3Output, what: str) -> Staged | None:
     """The staged plan; None when nothing is staged over a published version (the plan found it
     up to date); a ``TaskOrderError`` when nothing was ever planned."""
-    staged = read_staged(output)
+    staged = staging.read_staged(output)
     if staged is not None:
         return staged
     if s3_output.read_pointer(output) is not None:
         return None
-    raise TaskOrderError(f"{what} of {output}: no plan is staged ({output}/{_rel(STAGED_NAME)} is missing); run "
-                         "`pid-shard plan` (the same --input-dir, --output-dir and settings) first")
+    raise TaskOrderError(f"{what} of {output}: no plan is staged ({output}/{staging.rel(STAGED_NAME)} is missing); "
+                         "run `pid-shard plan` (the same --input-dir, --output-dir and settings) first")
 
 
 def run_s3_intake_task(
@@ -195,35 +122,37 @@ def run_s3_intake_task(
     scratch = scratch_dir(output, work_root, f"intake-{index}-of-{of}")
     shutil.rmtree(scratch, ignore_errors=True)
     settings = {"validate": validate, "trust_pickle": trust_pickle}
-    rel = _record_rel(INTAKE, index, of)
-    rec = _get_json(output, rel)
+    rel = staging.record_rel(INTAKE, index, of)
+    rec = staging.get_json(output, rel)
     if rec is not None and rec.get("format") == RECORD_FORMAT and rec.get("settings") == settings:
         return TaskOutcome(INTAKE, index, of, Path(rel), True, rec.get("samples", 0), rec.get("first", 0))
     res = run_intake_task(store, source, scratch, index, of, trust_pickle=trust_pickle, num_workers=num_workers,
                           validate=validate, revalidate=revalidate, force=force)
     staged = versions.staging_dir(scratch)
     part = local_records.intake_part_path(staged, index, of)
-    _put(output, _rel("tasks", part.name), part, f"intake task {index} of {of}")
-    _put(output, rel, local_records.record_path(staged, INTAKE, index, of).read_bytes(),
-         f"intake task {index} of {of}")
+    what = f"intake task {index} of {of}"
+    staging.put(output, staging.rel("tasks", part.name), part, what)
+    staging.put(output, rel, local_records.record_path(staged, INTAKE, index, of).read_bytes(), what)
     shutil.rmtree(scratch, ignore_errors=True)
     return TaskOutcome(INTAKE, index, of, Path(rel), False, res.items, res.first, res.done, res.reused)
 
 
 def _pull_intake_parts(output: S3Output, work: Path) -> None:
     """Every finished intake task's outcomes, beside this machine's staging of the build."""
-    tasks = local_records.tasks_dir(versions.staging_dir(work))
-    prefix = output.key(_rel("tasks")) + "/"
-    names = {o.key[len(prefix):] for o in output.store().list(prefix)}
+    names = set(staging.names_under(output, staging.rel("tasks")))
     for name in sorted(n for n in names if n.startswith(f"{INTAKE}-") and n.endswith(".json")):
         part = name[: -len(".json")] + ".parquet"
-        data = s3_output.get_bytes(output, _rel("tasks", part)) if part in names else None
+        data = s3_output.get_bytes(output, staging.rel("tasks", part)) if part in names else None
         if data is None:
             continue
-        if not versions.staging_dir(work).exists():
-            versions.begin(work, first_step=True)
+        tasks = local_records.tasks_dir(versions.begin(work, first_step=True))
         tasks.mkdir(parents=True, exist_ok=True)
         (tasks / part).write_bytes(data)
+
+
+def _already_served(output: S3Output, folder: Path) -> bool:
+    pointer = s3_output.read_pointer(output)
+    return pointer is not None and pointer.version == s3_output.version_id(folder) and not pointer.uses
 
 
 def run_s3_plan(
@@ -239,21 +168,23 @@ def run_s3_plan(
         plan = run_plan(store, source, work, config, trust_pickle=trust_pickle, num_workers=num_workers, force=force,
                         validate=validate, revalidate=revalidate)
         folder = final_dir(work) if plan.up_to_date else versions.staging_dir(work)
-        vid = s3_output.version_id(folder)
-        state = state_dir(folder)
-        pointer = s3_output.read_pointer(output)
-        if pointer is not None and pointer.version == vid and not pointer.uses:
+        if _already_served(output, folder):
             _delete_staged(output)
             return plan, None
-        shared = {name: hashlib.sha256((state / name).read_bytes()).hexdigest()
-                  for name in SHARED_STATE if (state / name).is_file()}
-        # A staged plan being replaced: its marker goes first, so no task takes the new files for it.
-        output.store().delete(output.key(_rel(STAGED_NAME)))
-        for name in sorted(shared):
-            _put(output, _rel("state", name), state / name, "staging the plan")
-        staged = Staged(vid, shared[pipeline.PLAN], source, shared)
-        _put(output, _rel(STAGED_NAME), staged.to_bytes(), "staging the plan")
-        return plan, vid
+        staging.clear_write_records(output)
+        return plan, staging.stage_plan_state(output, folder, source).version
+
+
+def stage_plan_from_intake(store: SourceStore, source: str, output: S3Output, work: Path,
+                           config: ShardingConfig) -> tuple[list[ShardPlan], str]:
+    """The Dagster ``plan`` step of an s3 output: the samples ``sample_set`` staged in the bucket
+    (or, when it staged none, in this machine's work folder), cut with ``config`` and staged in
+    the bucket for the write tasks; ``(shards, version)``. Earlier write records are forgotten,
+    so this run's tasks report what they did themselves (every shard still there is kept)."""
+    staging.pull_intake(output, versions.begin(work))
+    plans = stage_plan(store, source, work, config, fresh_tasks=True)
+    staging.clear_write_records(output)
+    return plans, staging.stage_plan_state(output, versions.staging_dir(work), source).version
 
 
 class _CurrentTars:
@@ -267,9 +198,19 @@ class _CurrentTars:
         if pointer is not None and not pointer.uses:
             docs = {m: s3_output.get_bytes(output, f"{pointer.version_dir()}/{m}") or b"{}" for m in pointer.manifests}
             try:
-                self.sha = s3_output._checksums_of(docs)
+                self.sha = s3_output.checksums_of(docs)
             except ValueError:
                 self.sha = {}  # an unreadable manifest only costs the copies
+
+
+def _shard_problems(folder: Path, plan: ShardPlan, config: ShardingConfig,
+                    plan_modalities: tuple[str, ...] | None) -> dict[str, list[str]]:
+    """What the checks on ``twin_tar_shards`` and ``key_indexes`` find in one shard's files."""
+    return {
+        TWIN_KEYS: twin_key_mismatches(folder, [plan]),
+        SIZE_BOUND: size_bound_violations(folder, [plan], config, plan_modalities),
+        KEY_INDEX: planned_key_index_mismatches(folder, [plan]),
+    }
 
 
 def run_s3_write_task(
@@ -279,16 +220,18 @@ def run_s3_write_task(
     """Write task ``index`` of ``of`` of the plan staged in the bucket: its shards' tars and key
     indexes into ``versions/<id>/``, shard by shard, then its record."""
     slice_bounds(0, index, of)  # raises ValueError naming the range
-    rel = _record_rel(WRITE, index, of)
-    staged = _staged_or_refuse(output, f"write task {index} of {of}")
+    rel = staging.record_rel(WRITE, index, of)
+    staged = staged_or_refuse(output, f"write task {index} of {of}")
     if staged is None:
         return TaskOutcome(WRITE, index, of, Path(rel), True, nothing_staged=True)
-    rec = _get_json(output, rel)
+    rec = staging.get_json(output, rel)
     if rec is not None and rec.get("plan_sha256") == staged.plan_sha256:
         first, stop = rec["shards"]
         return TaskOutcome(WRITE, index, of, Path(rel), True, stop - first, first)
-    scratch = _pull_state(output, staged, scratch_dir(output, work_root, f"write-{index}-of-{of}"))
-    plans = pipeline.load_plans(scratch, pipeline.load_sharding_config(scratch))
+    scratch = staging.pull_plan_state(output, staged, scratch_dir(output, work_root, f"write-{index}-of-{of}"))
+    config = pipeline.load_sharding_config(scratch)
+    plans = pipeline.load_plans(scratch, config)
+    cut = load_plan_cut(scratch)
     first, stop = slice_bounds(len(plans), index, of)
     mine = plans[first:stop]
     vdir = version_dir(staged.version)
@@ -296,14 +239,13 @@ def run_s3_write_task(
     current = _CurrentTars(output)
     bucket = output.store()
     counts: Counter[str] = Counter()
-    digests: dict[int, dict[str, str]] = {}
-    key_index_bytes: dict[int, int] = {}
+    found: dict[int, dict] = {}  # shard position -> its marker
     todo = []
     for i, plan in enumerate(mine, start=first):
-        marker = _get_json(output, _shard_marker_rel(plan))
+        marker = staging.get_json(output, staging.shard_marker_rel(plan))
         if (marker is not None and marker.get("digest") == plan.digest() and all(
-                there.get(r) == n for r, n in _objects_of(plan, marker.get("key_index_bytes")).items())):
-            digests[i], key_index_bytes[i] = marker["tars"], marker["key_index_bytes"]
+                there.get(r) == n for r, n in shard_objects(plan, marker.get("key_index_bytes")).items())):
+            found[i] = marker
             counts["kept"] += 1  # sent by an earlier run of this task
         else:
             todo.append((i, plan))
@@ -314,8 +256,9 @@ def run_s3_write_task(
         i = position[id(plan)]
         shas = tar_digests(scratch, plan)
         write_key_index_of(scratch, plan)
-        index_rel = (bucket_dir(Path(), plan.bucket) / key_index_relpath(plan.relpath)).as_posix()
-        index_size = (scratch / index_rel).stat().st_size
+        index_rel = key_index_rel(plan)
+        marker = {"digest": plan.digest(), "tars": shas, "key_index_bytes": (scratch / index_rel).stat().st_size,
+                  "problems": _shard_problems(scratch, plan, config, cut.plan_modalities if cut else None)}
         try:
             for m in plan.modalities:
                 tar_rel = tar_path(Path(), plan.bucket, m, plan.relpath).as_posix()
@@ -324,14 +267,12 @@ def run_s3_write_task(
                     counts["copied"] += 1
                 else:
                     bucket.put(output.key(vdir, tar_rel), scratch / tar_rel)
-                    counts["uploaded"] += 1
             bucket.put(output.key(vdir, index_rel), scratch / index_rel)
             # Last: the marker vouches for the shard's objects (a rerun keeps them).
-            bucket.put(output.key(_shard_marker_rel(plan)), json.dumps(
-                {"digest": plan.digest(), "tars": shas, "key_index_bytes": index_size}, sort_keys=True).encode())
+            bucket.put(output.key(staging.shard_marker_rel(plan)), json.dumps(marker, sort_keys=True).encode())
         except S3AccessError as exc:
             raise BuildError(f"{exc} (write task {index} of {of}, shard {plan.relpath}; nothing was published)") from None
-        digests[i], key_index_bytes[i] = shas, index_size
+        found[i] = marker
         for f in shard_files(scratch, plan):
             f.unlink(missing_ok=True)
         pause_point(SHARD_DONE_POINT)
@@ -341,96 +282,133 @@ def run_s3_write_task(
     write_shards(store, source, scratch, [p for _, p in todo], num_workers=num_workers, progress=step, then=send,
                  only_own_temp_files=True)
     # Last: the record says every shard of the range is in the bucket, with each tar's sha256.
-    _put(output, rel, json.dumps({
+    staging.put(output, rel, json.dumps({
         "format": RECORD_FORMAT, "stage": WRITE, "index": index, "of": of, "plan_sha256": staged.plan_sha256,
         "version": staged.version, "shards": [first, stop], "written": sorted(i for i, _ in todo),
-        "digests": {str(i): d for i, d in sorted(digests.items())},
-        "key_index_bytes": {str(i): n for i, n in sorted(key_index_bytes.items())},
+        "digests": {str(i): m["tars"] for i, m in sorted(found.items())},
+        "key_index_bytes": {str(i): m["key_index_bytes"] for i, m in sorted(found.items())},
+        "problems": {str(i): m.get("problems", {}) for i, m in sorted(found.items())},
     }, sort_keys=True, indent=1).encode(), f"write task {index} of {of}")
     shutil.rmtree(scratch, ignore_errors=True)
     return TaskOutcome(WRITE, index, of, Path(rel), False, len(mine), first, len(todo), counts["kept"],
                        copied=counts["copied"])
 
 
-def _objects_of(plan: ShardPlan, key_index_bytes: object) -> dict[str, int]:
+def key_index_rel(plan: ShardPlan) -> str:
+    return (bucket_dir(Path(), plan.bucket) / key_index_relpath(plan.relpath)).as_posix()
+
+
+def shard_objects(plan: ShardPlan, key_index_bytes: object) -> dict[str, int]:
     """Each object of ``plan``'s shard in its version folder -> its size."""
     found = {tar_path(Path(), plan.bucket, m, plan.relpath).as_posix(): plan.tar_bytes(m) for m in plan.modalities}
-    index_rel = (bucket_dir(Path(), plan.bucket) / key_index_relpath(plan.relpath)).as_posix()
-    found[index_rel] = key_index_bytes if isinstance(key_index_bytes, int) else -1
+    found[key_index_rel(plan)] = key_index_bytes if isinstance(key_index_bytes, int) else -1
     return found
 
 
-def _write_records(output: S3Output, plan_sha256: str) -> list[dict]:
-    prefix = output.key(_rel("tasks")) + "/"
-    found = []
-    for obj in output.store().list(prefix):
-        name = obj.key[len(prefix):]
-        if name.startswith(f"{WRITE}-") and name.endswith(".json"):
-            doc = _get_json(output, _rel("tasks", name))
-            if doc is not None and doc.get("format") == RECORD_FORMAT and doc.get("plan_sha256") == plan_sha256:
-                found.append(doc)
-    return found
+@dataclass
+class StagedShards:
+    """The plan staged in the bucket, as its write tasks left it (read into ``folder``)."""
 
+    staged: Staged
+    folder: Path  # a scratch folder holding the plan's state
+    config: ShardingConfig
+    plans: list[ShardPlan]
+    cov: staging.Coverage
 
-def _covered(plans: list[ShardPlan], recs: list[dict]) -> tuple[dict[int, dict[str, str]], dict[int, int], list[int]]:
-    """Each shard's tar digests and key index size from the records whose range is theirs;
-    the shards no record covers."""
-    digests: dict[int, dict[str, str]] = {}
-    sizes: dict[int, int] = {}
-    for r in recs:
-        try:
-            start, stop = slice_bounds(len(plans), r["index"], r["of"])
-            if r.get("shards") != [start, stop]:
+    def results(self) -> list[ShardResult]:
+        return [ShardResult(p.bucket, p.index, p.relpath, len(p.samples), {m: p.tar_bytes(m) for m in p.modalities},
+                            i in self.cov.written) for i, p in enumerate(self.plans)]
+
+    def unfinished(self, output: S3Output) -> str | None:
+        if not self.cov.missing:
+            return None
+        return (f"shards {spans_text(self.cov.missing)} of {len(self.plans)} lie in no finished write task (no "
+                f"completion record under {output}/{staging.rel('tasks')}/): run `pid-shard task --index I --of N` "
+                "for each unfinished I of one N, then commit again; nothing was published")
+
+    def problems(self, output: S3Output, check: str) -> list[str]:
+        """What the write tasks' ``check`` found in their shards, and every shard object the
+        bucket does not hold with the size the task sent (one listing)."""
+        found = [p for i in range(len(self.plans)) for p in self.cov.problems.get(i, {}).get(check, [])]
+        there = s3_output.list_sizes(output, version_dir(self.staged.version))
+        for i, plan in enumerate(self.plans):
+            if i in self.cov.missing:
                 continue
-            for i in range(start, stop):
-                digests[i], sizes[i] = dict(r["digests"][str(i)]), int(r["key_index_bytes"][str(i)])
-        except (KeyError, TypeError, ValueError):
-            continue
-    return digests, sizes, [i for i in range(len(plans)) if i not in digests]
+            for r, n in shard_objects(plan, self.cov.key_index_bytes[i]).items():
+                if check == KEY_INDEX and not r.endswith(".parquet") or check != KEY_INDEX and r.endswith(".parquet"):
+                    continue
+                if there.get(r) != n:
+                    found.append(f"{output}/{version_dir(self.staged.version)}/{r}: {there.get(r, 'missing')} in the "
+                                 f"bucket, {n} bytes sent")
+        return found
 
 
-def run_s3_commit(output: S3Output, *, work_root: str | Path | None = None, num_workers: int = 1,
-                  now: Callable[[], float] = time.time) -> pipeline.BuildSummary | None:
+def staged_shards(output: S3Output, work_root: str | Path | None, what: str) -> StagedShards | None:
+    """The staged plan and its write records; None when nothing is staged over a published version."""
+    staged = staged_or_refuse(output, what)
+    if staged is None:
+        return None
+    folder = scratch_dir(output, work_root, what.replace(" ", "-"))
+    shutil.rmtree(folder, ignore_errors=True)
+    staging.pull_plan_state(output, staged, folder)
+    config = pipeline.load_sharding_config(folder)
+    plans = pipeline.load_plans(folder, config)
+    return StagedShards(staged, folder, config, plans,
+                        staging.coverage(plans, staging.write_records(output, staged.plan_sha256)))
+
+
+@dataclass
+class S3Commit:
+    shards: StagedShards
+    manifests: list[BucketManifest]  # written in ``shards.folder``
+    published: PublishedVersion
+
+
+def commit_staged(output: S3Output, *, work_root: str | Path | None = None, num_workers: int = 1,
+                  now: Callable[[], float] = time.time) -> S3Commit | None:
     """Commit the plan staged in the bucket once every write task's record is there: manifests,
     one listing that checks every object, the pointer switch; then ``staged/`` goes. None when
     nothing is staged over a published version (the plan found it up to date)."""
     with build_lease(output):
-        staged = _staged_or_refuse(output, "commit")
-        if staged is None:
+        shards = staged_shards(output, work_root, "commit")
+        if shards is None:
             return None
-        scratch = scratch_dir(output, work_root, "commit")
-        shutil.rmtree(scratch, ignore_errors=True)
-        _pull_state(output, staged, scratch)
-        plans = pipeline.load_plans(scratch, pipeline.load_sharding_config(scratch))
-        digests, index_sizes, missing = _covered(plans, _write_records(output, staged.plan_sha256))
-        if missing:
-            raise TasksUnfinishedError(
-                f"commit of {output}: shards {spans_text(missing)} of {len(plans)} lie in no finished write task (no "
-                f"completion record under {output}/{_rel('tasks')}/): run `pid-shard task --index I --of N` for "
-                "each unfinished I of one N, then commit again; nothing was published")
-        cut = load_plan_cut(scratch)
+        problem = shards.unfinished(output)
+        if problem is not None:
+            raise TasksUnfinishedError(f"commit of {output}: {problem}")
+        folder, plans, cov = shards.folder, shards.plans, shards.cov
+        cut = load_plan_cut(folder)
         position = {(p.bucket, p.index): i for i, p in enumerate(plans)}
         manifests = write_manifests(
-            scratch, staged.source, plans, num_workers=num_workers,
-            tar_sha256=lambda _out, p: digests[position[(p.bucket, p.index)]],
+            folder, shards.staged.source, plans, num_workers=num_workers,
+            tar_sha256=lambda _out, p: cov.digests[position[(p.bucket, p.index)]],
             plan_modalities=cut.plan_modalities if cut else None, key_index_present=lambda _path: True)
         expected: dict[str, int] = {}
         for i, p in enumerate(plans):
-            expected.update(_objects_of(p, index_sizes[i]))
-        manifest_rels = sorted(m.path.relative_to(scratch).as_posix() for m in manifests)
-        state_rels = [f"{STATE_DIR}/{n}" for n in CARRIED_STATE if (scratch / STATE_DIR / n).is_file()]
+            expected.update(shard_objects(p, cov.key_index_bytes[i]))
+        manifest_rels = sorted(m.path.relative_to(folder).as_posix() for m in manifests)
+        state_rels = [f"{STATE_DIR}/{n}" for n in CARRIED_STATE if (folder / STATE_DIR / n).is_file()]
         for r in manifest_rels + state_rels:
-            expected[r] = (scratch / r).stat().st_size
-        published = _publish(output, staged.version, scratch, manifest_rels, state_rels, expected, now)
+            expected[r] = (folder / r).stat().st_size
+        published = _publish(output, shards.staged.version, folder, manifest_rels, state_rels, expected, now)
         _delete_staged(output)
-        report = report_from_json(json.loads((state_dir(scratch) / REPORT).read_bytes()))
-        validate = (load_intake_settings(scratch) or {}).get("validate", VALIDATE_FULL)
-        results = [ShardResult(p.bucket, p.index, p.relpath, len(p.samples), {m: p.tar_bytes(m) for m in p.modalities},
-                               True) for p in plans]
-        shutil.rmtree(scratch, ignore_errors=True)
-        return pipeline.BuildSummary(staged.source, scratch, report, pipeline.summarize(results),
-                                     [scratch / r for r in manifest_rels],
-                                     [], validate, up_to_date=published.unchanged, published=published.url)
+        return S3Commit(shards, manifests, published)
+
+
+def run_s3_commit(output: S3Output, *, work_root: str | Path | None = None, num_workers: int = 1,
+                  now: Callable[[], float] = time.time) -> pipeline.BuildSummary | None:
+    """``pid-shard commit`` of an s3 output (``commit_staged``), summed up as the build's summary."""
+    done = commit_staged(output, work_root=work_root, num_workers=num_workers, now=now)
+    if done is None:
+        return None
+    folder = done.shards.folder
+    report = report_from_json(json.loads((state_dir(folder) / REPORT).read_bytes()))
+    validate = (load_intake_settings(folder) or {}).get("validate", VALIDATE_FULL)
+    summary = pipeline.BuildSummary(done.shards.staged.source, folder, report, pipeline.summarize(done.shards.results()),
+                                    [m.path for m in done.manifests], [], validate,
+                                    up_to_date=done.published.unchanged, published=done.published.url)
+    shutil.rmtree(folder, ignore_errors=True)
+    return summary
 
 
 def _publish(output: S3Output, vid: str, folder: Path, manifest_rels: list[str], state_rels: list[str],
@@ -444,24 +422,20 @@ def _publish(output: S3Output, vid: str, folder: Path, manifest_rels: list[str],
     with HeldClaim(output, vid, PUBLISH, holder=holder, now=now) as claim:
         wait_until_unclaimed(output, vid, DELETE, now=now)
         for r in manifest_rels + state_rels:
-            _put(output, f"{version_dir(vid)}/{r}", folder / r, "the commit")
+            staging.put(output, f"{version_dir(vid)}/{r}", folder / r, "the commit")
             result.uploaded += 1
         pause_point("publish:before-verify")
-        s3_output._verify_before_switch(output, vid, expected)
+        s3_output.verify_before_switch(output, vid, expected)
         if current is not None and current.version == vid and not current.uses:
             result.unchanged = True
             return result
         pause_point("publish:before-switch")
         claim.check()
         check_held(output, vid)
-        s3_output._switch(output, vid, manifest_rels, current, etag, holder, now)
+        s3_output.switch_pointer(output, vid, manifest_rels, current, etag, holder, now)
     return result
 
 
 def _delete_staged(output: S3Output) -> None:
-    store = output.store()
-    prefix = output.key(STAGED) + "/"
-    store.delete(output.key(_rel(STAGED_NAME)))  # first: no task takes what is left for a staged plan
-    store.delete_many(o.key for o in store.list(prefix))
-
-
+    staging.delete(output, staging.rel(STAGED_NAME), staging.rel(staging.INTAKE_NAME))  # first: no task takes the rest
+    staging.delete_under(output, staging.STAGED)

@@ -1,0 +1,225 @@
+"""Where the tasks of an ``s3://`` output's build meet: ``<output>/.pid-build/staged/``.
+
+A task of such a build runs on any machine in a work folder of its own; what one task hands
+the next goes through the bucket (``docs/formats.md`` section 9b):
+
+* ``staged/intake/<file>`` and ``staged/intake.json``: the samples an intake staged (the
+  Dagster ``sample_set`` step), for a plan on another machine;
+* ``staged/state/<file>`` and, last, ``staged/staged.json``: the plan (``Staged``);
+* ``staged/tasks/``: task records (intake parts, write records with every shard's digests);
+* ``staged/shards/<bucket>/<index>.json``: one marker per shard a write task has sent.
+
+Each set of files is named, with each file's sha256, by one small document written after the
+files and deleted before them, so a reader never takes a half-replaced set for a whole one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from loader.io.s3_client import S3AccessError
+from pid_platform.sharding.commit import s3_output
+from pid_platform.sharding.commit.s3_output import VERSION_INPUTS, S3Output
+from pid_platform.sharding.commit.state import FINGERPRINT, INTAKE_SETTINGS, state_dir
+from pid_platform.sharding.errors import BuildError
+from pid_platform.sharding.intake.task import slice_bounds
+from pid_platform.sharding.plan.shard_plan import ShardPlan
+from pid_platform.sharding.tasks import records as local_records
+from pid_platform.sharding.tasks.records import RECORD_FORMAT, WRITE
+
+STAGED = ".pid-build/staged"
+STAGED_NAME = "staged.json"
+INTAKE_NAME = "intake.json"
+STAGED_FORMAT = 1
+# What the write tasks and the commit read of the plan's state (VERSION_INPUTS, how the samples
+# were validated, and the listing's fingerprint the committed build reports).
+SHARED_STATE = (*VERSION_INPUTS, INTAKE_SETTINGS, FINGERPRINT)
+
+
+class StagedStateError(BuildError):
+    """A staged file is missing or is not the one its set names (a new plan or intake replaced it)."""
+
+
+@dataclass(frozen=True)
+class Staged:
+    """What ``staged.json`` says: the version the staged plan builds, and its state files."""
+
+    version: str
+    plan_sha256: str
+    source: str
+    state: dict[str, str]  # state file -> sha256
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"format": STAGED_FORMAT, "version": self.version, "plan_sha256": self.plan_sha256,
+                           "source": self.source, "state": self.state}, sort_keys=True, indent=1).encode()
+
+
+def rel(*parts: str) -> str:
+    """A path under the staged build, relative to the output."""
+    return "/".join((STAGED, *parts))
+
+
+def record_rel(stage: str, index: int, of: int) -> str:
+    return rel("tasks", local_records.record_path(Path(), stage, index, of).name)
+
+
+def shard_marker_rel(plan: ShardPlan) -> str:
+    return rel("shards", plan.bucket or "_flat", f"{plan.index:06d}.json")
+
+
+def get_json(output: S3Output, path: str) -> dict | None:
+    data = s3_output.get_bytes(output, path)
+    if data is None:
+        return None
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def put(output: S3Output, path: str, data: bytes | Path, what: str) -> None:
+    try:
+        output.store().put(output.key(path), data)
+    except S3AccessError as exc:
+        raise BuildError(f"{exc} ({what}; nothing was published)") from None
+
+
+def delete(output: S3Output, *paths: str) -> None:
+    store = output.store()
+    for p in paths:
+        store.delete(output.key(p))
+
+
+def delete_under(output: S3Output, path: str) -> int:
+    store = output.store()
+    return store.delete_many(o.key for o in store.list(output.key(path) + "/"))
+
+
+def names_under(output: S3Output, path: str) -> list[str]:
+    prefix = output.key(path) + "/"
+    return sorted(o.key[len(prefix):] for o in output.store().list(prefix))
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def push_files(output: S3Output, folder: Path, names: tuple[str, ...], under: str, what: str) -> dict[str, str]:
+    """``folder``'s files among ``names`` to ``staged/<under>/``; name -> sha256 of each sent."""
+    sent = {n: _sha(folder / n) for n in names if (folder / n).is_file()}
+    for n in sorted(sent):
+        put(output, rel(under, n), folder / n, what)
+    return sent
+
+
+def pull_files(output: S3Output, files: dict[str, str], under: str, folder: Path, named_by: str) -> None:
+    """``staged/<under>/<name>`` into ``folder`` for each of ``files`` (name -> sha256) that
+    ``folder`` does not already hold with that sha256, each checked against it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, sha in sorted(files.items()):
+        path = folder / name
+        if path.is_file() and _sha(path) == sha:
+            continue
+        data = s3_output.get_bytes(output, rel(under, name))
+        if data is None or hashlib.sha256(data).hexdigest() != sha:
+            raise StagedStateError(
+                f"{output}/{rel(under, name)}: missing, or not the file {output}/{rel(named_by)} names (another "
+                "build of this output is staging anew?); run the build (or `pid-shard plan`) again")
+        path.write_bytes(data)
+
+
+def read_staged(output: S3Output) -> Staged | None:
+    doc = get_json(output, rel(STAGED_NAME))
+    if doc is None or doc.get("format") != STAGED_FORMAT:
+        return None
+    try:
+        return Staged(str(doc["version"]), str(doc["plan_sha256"]), str(doc["source"]), dict(doc["state"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def stage_plan_state(output: S3Output, folder: Path, source: str) -> Staged:
+    """The plan staged in ``folder`` (a local staging or committed folder) into the bucket, for
+    the write tasks and the commit on other machines; ``staged.json`` last."""
+    # A staged plan being replaced: its marker goes first, so no task takes the new files for it.
+    delete(output, rel(STAGED_NAME))
+    state = push_files(output, state_dir(folder), SHARED_STATE, "state", "staging the plan")
+    staged = Staged(s3_output.version_id(folder), state["plan.parquet"], source, state)
+    put(output, rel(STAGED_NAME), staged.to_bytes(), "staging the plan")
+    return staged
+
+
+def pull_plan_state(output: S3Output, staged: Staged, folder: Path) -> Path:
+    """The staged plan's state files into ``folder``'s state folder."""
+    pull_files(output, staged.state, "state", state_dir(folder), STAGED_NAME)
+    return folder
+
+
+def push_intake(output: S3Output, staging: Path, names: tuple[str, ...]) -> None:
+    """The samples an intake staged in ``staging`` (its state files ``names``), for a plan on
+    another machine; any plan staged before is stale now and goes first."""
+    delete(output, rel(STAGED_NAME), rel(INTAKE_NAME))
+    sent = push_files(output, state_dir(staging), names, "intake", "staging the intake")
+    put(output, rel(INTAKE_NAME), json.dumps({"format": STAGED_FORMAT, "files": sent}, sort_keys=True).encode(),
+        "staging the intake")
+
+
+def pull_intake(output: S3Output, staging: Path) -> bool:
+    """The intake staged in the bucket into ``staging``'s state folder; False when none is."""
+    doc = get_json(output, rel(INTAKE_NAME))
+    if doc is None or doc.get("format") != STAGED_FORMAT or not isinstance(doc.get("files"), dict):
+        return False
+    pull_files(output, doc["files"], "intake", state_dir(staging), INTAKE_NAME)
+    return True
+
+
+def write_records(output: S3Output, plan_sha256: str) -> list[dict]:
+    """Every write record in the bucket for the plan with ``plan_sha256``."""
+    found = []
+    for name in names_under(output, rel("tasks")):
+        if name.startswith(f"{WRITE}-") and name.endswith(".json"):
+            doc = get_json(output, rel("tasks", name))
+            if doc is not None and doc.get("format") == RECORD_FORMAT and doc.get("plan_sha256") == plan_sha256:
+                found.append(doc)
+    return found
+
+
+def clear_write_records(output: S3Output) -> int:
+    """Forget every write record: the next tasks check their shards again (keeping those whose
+    marker and objects are there) and report what they did themselves."""
+    names = [n for n in names_under(output, rel("tasks")) if n.startswith(f"{WRITE}-")]
+    delete(output, *(rel("tasks", n) for n in names))
+    return len(names)
+
+
+@dataclass
+class Coverage:
+    """Per shard position, from the write records whose range is theirs."""
+
+    digests: dict[int, dict[str, str]]  # tar sha256 per modality
+    key_index_bytes: dict[int, int]
+    written: set[int]  # written by the task (not kept from an earlier run)
+    problems: dict[int, dict[str, list[str]]]  # check name -> problems the task found in its tars
+    missing: list[int]  # shards no record covers
+
+
+def coverage(plans: list[ShardPlan], recs: list[dict]) -> Coverage:
+    cov = Coverage({}, {}, set(), {}, [])
+    for r in recs:
+        try:
+            start, stop = slice_bounds(len(plans), r["index"], r["of"])
+            if r.get("shards") != [start, stop]:
+                continue
+            for i in range(start, stop):
+                cov.digests[i] = dict(r["digests"][str(i)])
+                cov.key_index_bytes[i] = int(r["key_index_bytes"][str(i)])
+                cov.problems[i] = dict(r.get("problems", {}).get(str(i), {}))
+            cov.written |= {int(i) for i in r.get("written", [])}
+        except (KeyError, TypeError, ValueError):
+            continue
+    cov.missing = [i for i in range(len(plans)) if i not in cov.digests]
+    return cov
