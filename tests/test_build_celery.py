@@ -6,13 +6,13 @@ each in its own empty folder with its own ``HOME``, ``DAGSTER_HOME`` and ``PID_W
 nothing but Postgres, Redis and the bucket. The run's orchestration (``dagster.execute_job``)
 runs in the test process, as it would in a run worker.
 
-Today's build steps (``sample_set`` -> ``twin_tar_shards`` -> ``key_indexes`` ->
-``wdinfo_manifests``) stage an ``s3://`` output in the *local* work folder of the machine that runs
-them and publish it at the last step; a step on another machine would not see that staging. So a
-run's steps are routed to one worker's queue (``task_default_queue`` in the executor's settings,
-i.e. run configuration). Any worker builds the same bytes; a worker killed with ``kill -9`` in the
-middle of the publish leaves the step to Celery, which delivers it again, and the run ends with the
-same bytes; a reader never sees a version that is not complete.
+The steps of an ``s3://`` output's build (``sample_set`` -> ``twin_tar_shards``: plan, write
+tasks, collect -> ``key_indexes`` -> ``wdinfo_manifests``, and the checks between them) meet in the
+bucket, not on a disk (``sharding/tasks/s3_tasks.py``), so two workers on one queue share the run's
+steps, write tasks side by side: the run builds the single-process bytes. A worker killed with
+``kill -9`` in the middle of a write task leaves the step unacknowledged; the broker delivers it
+again to the other worker, which keeps the shards the killed one had sent, and the run ends with
+the same bytes; a reader never sees a version that is not complete.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import pytest
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 
 from pid_platform.defs.partitions import SOURCES
+from pid_platform.sharding.tasks.run import SHARD_DONE_POINT
 from tests.support.celery_workers import CeleryWorkers, celery_settings, celery_workers  # noqa: F401
 from tests.support.dagster_runs import dagster_instance, load_defs, step_node
 from tests.support.postgres import dagster_pg_home, postgres_server  # noqa: F401
@@ -40,8 +41,9 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = "photos"
 SHARDING = {"num_workers": 1, "max_shard_size_mb": 0.25}
+TASKS = {**SHARDING, "write_tasks": 3}  # the bytes do not depend on it
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-PAUSE = "publish:before-switch"  # every object of the version is up and checked; the pointer not moved yet
+QUEUE = "pid-build"  # both workers consume it
 
 
 def _setup_bucket(s3: SeaweedS3, template: Path) -> str:
@@ -90,7 +92,7 @@ def _worker_env(s3: SeaweedS3, bucket: str, **extra: str) -> dict[str, str]:
 
 def _celery_run_config(redis: RedisServer, queue: str, **settings: Any) -> dict:
     return {**QUIET, "execution": {"config": {"celery": celery_settings(redis, queue, **settings)}},
-            "resources": {"sharding": {"config": SHARDING}}}
+            "resources": {"sharding": {"config": TASKS}}}
 
 
 def _source_build_job() -> Any:
@@ -130,30 +132,51 @@ def _use_worker_roots(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> N
     monkeypatch.setenv("PID_WORK_ROOT", "/nonexistent/the-orchestrator-builds-nothing")
 
 
-def test_celery_workers_build_the_single_process_bytes(
+def test_two_celery_workers_sharing_only_the_servers_build_the_single_process_bytes(
     s3_env: SeaweedS3, photo_drop_template: Path, redis_server: RedisServer,  # noqa: F811
     celery_workers: CeleryWorkers, dagster_pg_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
 ) -> None:
     bucket = _setup_bucket(s3_env, photo_drop_template)
     reference = _single_process_build(monkeypatch, s3_env, bucket, tmp_path)
     env = _worker_env(s3_env, bucket)
-    a = celery_workers.start("a", ["pid-a"], env)
-    b = celery_workers.start("b", ["pid-b"], env)
+    # Each worker holds its first write task once a shard is sent, until both are inside one: a
+    # worker runs one step at a time, so the second task must go to the other worker.
+    pauses = {name: tmp_path / f"pause-{name}" for name in ("a", "b")}
+    workers = {}
+    for name, folder in pauses.items():
+        folder.mkdir()
+        workers[name] = celery_workers.start(
+            name, [QUEUE], {**env, "PID_PAUSE_AT": SHARD_DONE_POINT, "PID_PAUSE_DIR": str(folder)})
     _use_worker_roots(monkeypatch, env)
 
-    ok, run_a = _execute(dagster_pg_home, _celery_run_config(redis_server, "pid-a"))
-    assert ok
-    steps = _step_workers(dagster_pg_home, run_a)
-    assert {"sample_set", "twin_tar_shards", "key_indexes", "wdinfo_manifests"} <= {step_node(s) for s in steps}
-    assert {w for ws in steps.values() for w in ws} == {"a"}  # every step ran on worker a
-    assert _published(s3_env, bucket, f"celery/{SOURCE}") == reference  # byte for byte
-    assert any(a.work_root.rglob("*.tar")) and not any(b.work_root.iterdir())
+    outcome: dict[str, Any] = {}
 
-    # The other worker, with nothing local, builds the same version: the pointer stays.
-    ok, run_b = _execute(dagster_pg_home, _celery_run_config(redis_server, "pid-b"))
-    assert ok
-    assert {w for ws in _step_workers(dagster_pg_home, run_b).values() for w in ws} == {"b"}
-    assert _published(s3_env, bucket, f"celery/{SOURCE}") == reference
+    def orchestrate() -> None:
+        try:
+            outcome["ok"], outcome["run_id"] = _execute(dagster_pg_home, _celery_run_config(redis_server, QUEUE))
+        except BaseException as e:  # reported by the assertions below
+            outcome["error"] = repr(e)
+
+    run = threading.Thread(target=orchestrate, daemon=True)
+    run.start()
+    stem = SHARD_DONE_POINT.replace(":", "-")
+    deadline = time.monotonic() + 300
+    while not all((f / f"{stem}.reached").exists() for f in pauses.values()):
+        assert run.is_alive() and time.monotonic() < deadline, f"both workers never wrote at once: {outcome}"
+        time.sleep(0.1)
+    for folder in pauses.values():
+        (folder / f"{stem}.go").write_text("")
+    run.join(timeout=300)
+    assert not run.is_alive() and outcome.get("ok"), outcome
+    steps = _step_workers(dagster_pg_home, outcome["run_id"])
+    assert {"sample_set", "twin_tar_shards", "key_indexes", "wdinfo_manifests"} <= {step_node(s) for s in steps}
+    writers = {w for key, ws in steps.items() if "write_task" in key for w in ws}
+    assert len([k for k in steps if "write_task" in k]) == 3
+    # So some write task ran where the plan did not, from the bucket alone.
+    assert writers == {"a", "b"}, steps
+    assert _published(s3_env, bucket, f"celery/{SOURCE}") == reference  # byte for byte
+    for worker in workers.values():  # no tar left on either worker's disk: they went to the bucket
+        assert not any(worker.work_root.rglob("*.tar"))
 
 
 def _poll_reader(s3: SeaweedS3, bucket: str, prefix: str, stop: threading.Event, seen: list[str]) -> None:
@@ -173,7 +196,7 @@ def _poll_reader(s3: SeaweedS3, bucket: str, prefix: str, stop: threading.Event,
         time.sleep(0.2)
 
 
-def test_kill_9_of_the_worker_mid_publish_ends_with_the_same_bytes(
+def test_kill_9_of_a_worker_mid_write_task_ends_with_the_same_bytes(
     s3_env: SeaweedS3, photo_drop_template: Path, redis_server: RedisServer,  # noqa: F811
     celery_workers: CeleryWorkers, dagster_pg_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
 ) -> None:
@@ -182,16 +205,15 @@ def test_kill_9_of_the_worker_mid_publish_ends_with_the_same_bytes(
     samples = sum(json.loads(v)["total_key_count"] for k, v in reference.items() if k.endswith("wdinfo.json"))
     pause_dir = tmp_path / "pause"
     pause_dir.mkdir()
-    # The killed worker leaves its build lease on the output (commit/lease.py), which blocks the
-    # step's redelivery until it expires: a TTL shorter than the visibility timeout, as deployed
-    # (600 s against 3600 s in deploy/celery/executor.yaml).
-    env = _worker_env(s3_env, bucket, PID_LEASE_TTL_S="10", PID_LEASE_RENEW_S="2")
+    env = _worker_env(s3_env, bucket)
     # Redelivery of a step whose worker vanished: after the broker's visibility timeout, which
     # must exceed the longest step (a step still running past it would be delivered twice).
-    config = _celery_run_config(redis_server, "pid-a", visibility_timeout_s=30)
+    config = _celery_run_config(redis_server, QUEUE, visibility_timeout_s=30)
     worker_settings = config["execution"]["config"]["celery"]
-    a = celery_workers.start("a", ["pid-a"], {**env, "PID_PAUSE_AT": PAUSE, "PID_PAUSE_DIR": str(pause_dir)},
+    # Worker a stops in its write task once one shard is in the bucket; b does all else.
+    a = celery_workers.start("a", [QUEUE], {**env, "PID_PAUSE_AT": SHARD_DONE_POINT, "PID_PAUSE_DIR": str(pause_dir)},
                              worker_settings)
+    celery_workers.start("b", [QUEUE], env, worker_settings)
     _use_worker_roots(monkeypatch, env)
 
     stop, seen = threading.Event(), []
@@ -207,24 +229,21 @@ def test_kill_9_of_the_worker_mid_publish_ends_with_the_same_bytes(
     run = threading.Thread(target=orchestrate, daemon=True)
     reader.start()
     run.start()
-    reached = pause_dir / f"{PAUSE.replace(':', '-')}.reached"
+    reached = pause_dir / f"{SHARD_DONE_POINT.replace(':', '-')}.reached"
     deadline = time.monotonic() + 300
     while not reached.exists():
-        assert run.is_alive() and time.monotonic() < deadline, f"never reached {PAUSE}: {outcome}"
+        assert run.is_alive() and time.monotonic() < deadline, f"never reached {SHARD_DONE_POINT}: {outcome}"
         time.sleep(0.1)
-    a.kill()  # kill -9 of the worker, its pool process with it, in the middle of the publish step
+    a.kill()  # kill -9 of the worker, its pool process with it, one shard of its write task sent
 
-    # The same machine's worker comes back (its disk, its staging) without the pause; the broker
-    # delivers the unacknowledged step again and the run goes on.
-    a2 = celery_workers.start("a", ["pid-a"], {**env, "PID_WORK_ROOT": str(a.work_root)}, worker_settings)
+    # The broker delivers the unacknowledged step again, to b, which keeps what a had sent.
     run.join(timeout=300)
     stop.set()
     reader.join(timeout=30)
     assert not run.is_alive() and outcome["ok"], outcome
     assert _published(s3_env, bucket, f"celery/{SOURCE}") == reference
     steps = _step_workers(dagster_pg_home, outcome["run_id"])
-    assert steps["wdinfo_manifests"] == ["a", "a"]  # delivered twice: the killed worker, then its successor
-    assert a2.process.poll() is None
+    assert ["a", "b"] in [ws for key, ws in steps.items() if "write_task" in key]  # a's task, then b's
     # The reader saw no version until the switch, then only the complete one.
     assert seen and set(seen) <= {"none", f"{reference['pid-current.json']['version']}:{samples}"}
     assert seen[-1] != "none"

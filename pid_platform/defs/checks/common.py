@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -10,9 +11,11 @@ import dagster as dg
 
 from pid_platform.defs.metadata import first
 from pid_platform.defs.partitions import sources_partitions
+from pid_platform.defs.resources import SourceStoreResource
 from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.pipeline import load_plans, load_sharding_config, state_dir
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
+from pid_platform.sharding.tasks.s3_tasks import published_problems, staged_shards
 
 
 def blocking_source_check(asset: str, description: str) -> Callable[[Callable], dg.AssetChecksDefinition]:
@@ -48,3 +51,25 @@ def result(problems: list[str], **metadata: object) -> dg.AssetCheckResult:
         severity=dg.AssetCheckSeverity.ERROR,
         metadata={"problems_count": len(problems), "problems": dg.MetadataValue.json(first(problems)), **metadata},
     )
+
+
+def s3_result(source_store: SourceStoreResource, source: str, check: str,
+              **metadata: Callable[[ShardingConfig, list[ShardPlan]], object]) -> dg.AssetCheckResult | None:
+    """``check`` of an ``s3://`` output's build (None for a local output): on the staged build,
+    what each write task's check found in its shards' tars before sending them (``s3_tasks``)
+    and every shard object the bucket does not hold as sent; with nothing staged, the published
+    version's objects against its manifests. ``metadata``: more of it, from the staged plan."""
+    target = source_store.source_target(source)
+    if target is None:
+        return None
+    shards = staged_shards(target, source_store.work_root or None, f"check {check}")
+    if shards is None:
+        problems = published_problems(target)
+        return result(problems, checked=dg.MetadataValue.text("the published version (nothing is staged)"))
+    try:
+        problems = shards.problems(target, check)
+    finally:
+        shutil.rmtree(shards.folder, ignore_errors=True)
+    return result(problems, shards_checked=len(shards.plans),
+                  checked=dg.MetadataValue.text("each shard's tars by its write task, then the bucket's objects"),
+                  **{k: fn(shards.config, shards.plans) for k, fn in metadata.items()})

@@ -13,10 +13,12 @@ from pid_platform.defs.checks.common import (
     blocking_source_check,
     built_plans,
     result,
+    s3_result,
     staged_or_committed,
 )
 from pid_platform.defs.resources import SourceStoreResource
 from pid_platform.sharding.commit.verify_output import planned_key_index_mismatches
+from pid_platform.sharding.tasks.s3_tasks import KEY_INDEX
 
 
 def key_indexes_result(folder: Path) -> dg.AssetCheckResult:
@@ -31,4 +33,6 @@ def key_indexes_result(folder: Path) -> dg.AssetCheckResult:
 )
 def key_indexes_match_tars(context: dg.AssetCheckExecutionContext,
                            source_store: SourceStoreResource) -> dg.AssetCheckResult:
-    return key_indexes_result(staged_or_committed(source_store.source_out(context.partition_key)))
+    source = context.partition_key
+    found = s3_result(source_store, source, KEY_INDEX)
+    return found if found is not None else key_indexes_result(staged_or_committed(source_store.source_out(source)))

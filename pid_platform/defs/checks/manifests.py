@@ -8,6 +8,7 @@ import dagster as dg
 from pid_platform.defs.checks.common import blocking_source_check, built_plans, result
 from pid_platform.defs.resources import SourceStoreResource
 from pid_platform.sharding.commit.verify_output import manifest_mismatches
+from pid_platform.sharding.tasks.s3_tasks import published_problems
 
 
 def manifest_counts_result(out: Path) -> dg.AssetCheckResult:
@@ -23,4 +24,8 @@ def manifest_counts_result(out: Path) -> dg.AssetCheckResult:
 def manifest_counts_match_tars(
     context: dg.AssetCheckExecutionContext, source_store: SourceStoreResource
 ) -> dg.AssetCheckResult:
-    return manifest_counts_result(source_store.source_out(context.partition_key))
+    source = context.partition_key
+    target = source_store.source_target(source)
+    if target is not None:  # after the commit: the published version's objects against its manifests
+        return result(published_problems(target), checked=dg.MetadataValue.text(f"{target} (its pointer's version)"))
+    return manifest_counts_result(source_store.source_out(source))

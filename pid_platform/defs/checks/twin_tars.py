@@ -9,11 +9,12 @@ from pathlib import Path
 
 import dagster as dg
 
-from pid_platform.defs.checks.common import blocking_source_check, built_plans, result
+from pid_platform.defs.checks.common import blocking_source_check, built_plans, result, s3_result
 from pid_platform.defs.resources import SourceStoreResource
 from pid_platform.sharding.commit.verify_output import size_bound_violations, twin_key_mismatches
 from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.plan.shard_plan import is_oversize_singleton
+from pid_platform.sharding.tasks.s3_tasks import SIZE_BOUND, TWIN_KEYS
 
 
 def twin_keys_result(folder: Path) -> dg.AssetCheckResult:
@@ -36,7 +37,9 @@ def size_bound_result(folder: Path) -> dg.AssetCheckResult:
     "Every modality tar of a shard holds the same sample keys in the same order.",
 )
 def twin_tar_keys_match(context: dg.AssetCheckExecutionContext, source_store: SourceStoreResource) -> dg.AssetCheckResult:
-    return twin_keys_result(staging_dir(source_store.source_out(context.partition_key)))
+    source = context.partition_key
+    found = s3_result(source_store, source, TWIN_KEYS)
+    return found if found is not None else twin_keys_result(staging_dir(source_store.source_out(source)))
 
 
 @blocking_source_check(
@@ -45,4 +48,8 @@ def twin_tar_keys_match(context: dg.AssetCheckExecutionContext, source_store: So
     "that is larger than the bound on its own.",
 )
 def shards_within_size_bound(context: dg.AssetCheckExecutionContext, source_store: SourceStoreResource) -> dg.AssetCheckResult:
-    return size_bound_result(staging_dir(source_store.source_out(context.partition_key)))
+    source = context.partition_key
+    found = s3_result(source_store, source, SIZE_BOUND, bound_bytes=lambda config, _plans: config.max_shard_bytes,
+                      oversize_single_sample_shards=lambda config, plans: sum(
+                          is_oversize_singleton(p, config) for p in plans))
+    return found if found is not None else size_bound_result(staging_dir(source_store.source_out(source)))

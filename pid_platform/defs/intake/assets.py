@@ -22,6 +22,7 @@ from pid_platform.sharding.intake.task import IntakeReport, Sample
 from pid_platform.sharding.layout import final_dir
 from pid_platform.sharding.pipeline import run_intake
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
+from pid_platform.sharding.tasks.s3_staging import push_intake
 
 INTAKE_VERSION = "intake-v1"
 # classify_aspect_ratio decides every sample's bucket; the default is part of the code version,
@@ -126,6 +127,8 @@ def sample_set(
                 publish_version(final_dir(out), target, num_workers=sharding.num_workers)
         if not result.up_to_date:
             save_fingerprint(staging_dir(out), fingerprint)  # committed with the build it describes
+            if target is not None:
+                push_intake(target, staging_dir(out))  # for the plan step, on whichever machine it runs
     samples, report, path = result.samples, result.report, result.path
     counts = {"files_validated": report.files_validated, "outcomes_reused": report.outcomes_reused,
               "validate": result.validate}

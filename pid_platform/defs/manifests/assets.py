@@ -1,5 +1,6 @@
 """Key indexes and ``wdinfo.json`` manifests of one source, and the catalog of all sources."""
 
+import shutil
 from pathlib import Path
 
 import dagster as dg
@@ -20,12 +21,25 @@ from pid_platform.defs.resources import SHARDING_CODE_VERSION, ShardingResource,
 from pid_platform.defs.retries import IO_RETRY, retry_only_transient
 from pid_platform.sharding.catalog import build_catalog, build_s3_catalog
 from pid_platform.sharding.commit.manifests import BucketManifest
-from pid_platform.sharding.commit.s3_output import read_pointer
+from pid_platform.sharding.commit.s3_output import S3Output, read_pointer
 from pid_platform.sharding.commit.verify_output import key_index_mismatches, manifest_mismatches
 from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.layout import bucket_dir
-from pid_platform.sharding.pipeline import run_key_indexes, run_manifests, state_dir
+from pid_platform.sharding.pipeline import (
+    refuse_roots_on_s3,
+    run_key_indexes,
+    run_manifests,
+    state_dir,
+)
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
+from pid_platform.sharding.tasks.run import TasksUnfinishedError
+from pid_platform.sharding.tasks.s3_tasks import (
+    commit_staged,
+    published_config,
+    published_manifests,
+    published_problems,
+    staged_shards,
+)
 
 
 def committed_only(out: Path) -> bool:
@@ -93,7 +107,10 @@ def key_indexes(
     """
     source = context.partition_key
     out = source_store.source_out(source)
+    target = source_store.source_target(source)
     with retry_only_transient():
+        if target is not None:
+            return _s3_key_indexes(source_store, source, target)
         nothing_to_finish(out, source, "key_indexes")
         if committed_only(out):
             config, plans, written = _committed_key_indexes(out, source)
@@ -105,17 +122,44 @@ def key_indexes(
     per_bucket: dict[str, int] = {}
     for p in plans:
         per_bucket[p.bucket] = per_bucket.get(p.bucket, 0) + 1
+    return _key_indexes_result(len(written), sum(len(p.samples) for p in plans), state, config, per_bucket)
+
+
+def _key_indexes_result(count: int, rows: int, state: str, config: ShardingConfig,
+                        per_bucket: dict[str, int]) -> dg.MaterializeResult:
     return dg.MaterializeResult(
         metadata={
-            "key_indexes": len(written),
-            "rows": sum(len(p.samples) for p in plans),
+            "key_indexes": count,
+            "rows": rows,
             "state": state,
             "config_version": config.version(),
             "indexes_by_bucket": table((("bucket", "string"), ("key_indexes", "int")),
                                        [(bucket_label(b), n) for b, n in sorted(per_bucket.items())]),
-            **row_count(sum(len(p.samples) for p in plans)),
+            **row_count(rows),
         }
     )
+
+
+def _s3_key_indexes(source_store: SourceStoreResource, source: str, target: S3Output) -> dg.MaterializeResult:
+    """An s3 output's key indexes: the write tasks sent each with its shard (after its header
+    check), so this step confirms they are all done; with nothing staged, it verifies the
+    published version (its objects against its manifests)."""
+    shards = staged_shards(target, source_store.work_root or None, "key indexes")
+    if shards is None:
+        _verified_or_fail(published_problems(target), "key indexes", source)
+        manifests = published_manifests(target)
+        per_bucket = {m.bucket or "": len(m.tars) for _, m in manifests}
+        return _key_indexes_result(sum(per_bucket.values()), sum(m.total_key_count for _, m in manifests),
+                                   "committed", published_config(target), per_bucket)
+    shutil.rmtree(shards.folder, ignore_errors=True)
+    problem = shards.unfinished(target)
+    if problem is not None:
+        raise TasksUnfinishedError(f"key_indexes of {source}: {problem}")
+    per_bucket: dict[str, int] = {}
+    for p in shards.plans:
+        per_bucket[p.bucket] = per_bucket.get(p.bucket, 0) + 1
+    return _key_indexes_result(len(shards.plans), sum(len(p.samples) for p in shards.plans),
+                               "staged (sent by the write tasks)", shards.config, per_bucket)
 
 
 @dg.asset(
@@ -149,18 +193,21 @@ def wdinfo_manifests(
     out = source_store.source_out(source)
     target = source_store.source_target(source)
     with retry_only_transient():
-        nothing_to_finish(out, source, "wdinfo_manifests")
-        if committed_only(out):
-            config, manifests, removed = _committed_manifests(out, source)
-            state = "committed"
+        if target is not None:
+            config, manifests, state, fingerprint, out = _s3_manifests(source_store, sharding, source, target)
+            removed: list[Path] = []
         else:
-            config, manifests, removed = run_manifests(out, source, num_workers=sharding.num_workers,
-                                                       manifest_root=sharding.manifest_root_of(source),
-                                                       publish_to=target)
-            state = "committed now"
+            nothing_to_finish(out, source, "wdinfo_manifests")
+            if committed_only(out):
+                config, manifests, removed = _committed_manifests(out, source)
+                state = "committed"
+            else:
+                config, manifests, removed = run_manifests(out, source, num_workers=sharding.num_workers,
+                                                           manifest_root=sharding.manifest_root_of(source))
+                state = "committed now"
+            # What the committed build was made from: the sensor and the schedule compare against it.
+            fingerprint = load_fingerprint(out)
         pointer = read_pointer(target) if target is not None else None
-    # What the committed build was made from: the sensor and the schedule compare against it.
-    fingerprint = load_fingerprint(out)
     listed = ([f"{target}/{p}" for p in pointer.manifest_paths()] if pointer is not None
               else [str(m.path) for m in manifests])
     rows = [
@@ -190,6 +237,24 @@ def wdinfo_manifests(
             "output": dg.MetadataValue.path(source_store.output_location(source)),
         }
     )
+
+
+def _s3_manifests(source_store: SourceStoreResource, sharding: ShardingResource, source: str, target: S3Output
+                  ) -> tuple[ShardingConfig, list[BucketManifest], str, str | None, Path]:
+    """An s3 output's commit (``s3_tasks.commit_staged``): the manifests from the plan and the
+    write tasks' records, every object checked, the pointer switched; or, with nothing staged,
+    the published version verified. Returns what the asset's metadata needs, and the folder its
+    manifests' paths are relative to."""
+    refuse_roots_on_s3(sharding.manifest_root_of(source), target)
+    done = commit_staged(target, work_root=source_store.work_root or None, num_workers=sharding.num_workers)
+    if done is None:
+        _verified_or_fail(published_problems(target), "manifests", source)
+        manifests = [BucketManifest(m.bucket or "", Path(rel), m) for rel, m in published_manifests(target)]
+        return published_config(target), manifests, "committed", None, Path()
+    folder = done.shards.folder
+    fingerprint = load_fingerprint(folder)  # the listing the build was made from, as sample_set staged it
+    shutil.rmtree(folder, ignore_errors=True)
+    return done.shards.config, done.manifests, "committed now", fingerprint, folder
 
 
 @dg.asset(

@@ -22,10 +22,12 @@ depend on ``N``.
   ``wdinfo_manifests``.
 
 The steps meet in the source's staging folder (and pass one small value, the plan's summary,
-from ``plan`` to ``collect`` through the run's IO manager). For an ``s3://`` output that folder
-is the work folder of the machine a step runs on (``PID_WORK_ROOT``), so such a build is cut
-into one write task: every step of it must run where its staging is, as the other steps of an
-s3 build do today. A local output on storage every worker mounts fans out.
+from ``plan`` to ``collect`` through the run's IO manager); a local output on storage every
+worker mounts fans out. For an ``s3://`` output they meet in the bucket instead
+(``sharding/tasks/s3_tasks.py``): ``plan`` takes the samples ``sample_set`` staged there and
+stages the plan there, each write task sends its shards into the version's folder from the
+work folder of whichever machine runs it, and ``collect`` reads the tasks' records: no step
+needs another's disk.
 """
 
 
@@ -38,7 +40,6 @@ from pathlib import Path
 
 import dagster as dg
 
-from pid_platform.defs.automation.fingerprint import FINGERPRINT_NAME
 from pid_platform.defs.groups import BUILD_POOL
 from pid_platform.defs.intake.assets import ratio_label
 from pid_platform.defs.metadata import bucket_label, human_bytes, row_count, table
@@ -47,8 +48,7 @@ from pid_platform.defs.resources import ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, retry_only_transient
 from pid_platform.defs.settings import RunSettings, settings_for_run, settings_metadata
 from pid_platform.sharding.commit import versions
-from pid_platform.sharding.commit.state import INTAKE_SETTINGS, REPORT, SAMPLES, state_dir
-from pid_platform.sharding.intake.cache import CACHE_NAME
+from pid_platform.sharding.commit.state import SAMPLES, state_dir
 from pid_platform.sharding.layout import final_dir
 from pid_platform.sharding.output_lock import build_lock
 from pid_platform.sharding.pipeline import summarize
@@ -60,10 +60,14 @@ from pid_platform.sharding.tasks.run import (
     staged_results,
     unfinished_write_tasks,
 )
+from pid_platform.sharding.tasks.s3_staging import INTAKE_STATE
+from pid_platform.sharding.tasks.s3_tasks import (
+    pull_staged_intake,
+    run_s3_write_task,
+    stage_plan_in_bucket,
+    staged_shards,
+)
 from pid_platform.sharding.write.tars import ShardResult
-
-# What intake leaves beside a build, and a re-shard of the committed samples carries over.
-INTAKE_STATE = (SAMPLES, REPORT, INTAKE_SETTINGS, CACHE_NAME, FINGERPRINT_NAME)
 
 
 def sample_set_to_cut(out: Path, source: str) -> str:
@@ -139,19 +143,24 @@ def plan_write_tasks(
     """Cut the staged samples into shards with the run's settings; one write task per range."""
     source = context.partition_key
     out = source_store.source_out(source)
+    target = source_store.source_target(source)
     with retry_only_transient():
         run_settings = settings_for_run(context, source_store, sharding, source)
+        if target is not None:
+            pull_staged_intake(target, out)  # sample_set may have run on another machine
         samples_from = sample_set_to_cut(out, source)
         # A new run's tasks check their shards again (retries and re-execution keep the records).
-        plans = stage_plan(source_store.open(), source, out, run_settings.config, fresh_tasks=True)
+        if target is not None:
+            plans, version = stage_plan_in_bucket(source_store.open(), source, target, out, run_settings.config)
+            context.log.info(f"{source}: the plan of version {version} is staged in {target}; the write tasks "
+                             "send their shards there from any machine")
+        else:
+            plans = stage_plan(source_store.open(), source, out, run_settings.config, fresh_tasks=True)
     if samples_from == "committed":
         context.log.info(f"{source}: no intake staged; re-sharding the committed sample set of {source} (key "
                          "indexes and manifests follow once materialized; the published version stays until then)")
-    on_s3 = source_store.source_target(source) is not None
-    tasks = 1 if on_s3 else sharding.write_tasks_for(len(plans))
-    context.log.info(
-        f"{source}: {len(plans)} shards in {tasks} write task{'s' if tasks != 1 else ''}"
-        + (" (an s3:// output stages in one machine's work folder: one task)" if on_s3 else ""))
+    tasks = sharding.write_tasks_for(len(plans))
+    context.log.info(f"{source}: {len(plans)} shards in {tasks} write task{'s' if tasks != 1 else ''}")
     yield dg.Output(
         Planned(samples_from, run_settings, plans_digest(run_settings.config.version(), plans), len(plans), tasks),
         output_name="planned", metadata={"shards": len(plans), "write_tasks": tasks},
@@ -181,10 +190,18 @@ def write_task(
         if done == total or done % max(1, total // 10) == 0:
             context.log.info(f"{name}: {done}/{total} shards")
 
+    target = source_store.source_target(source)
     with retry_only_transient():
-        # Key indexes stay key_indexes' job, after the blocking checks on these tars.
-        outcome = run_write_task(source_store.open(), source, out, index, of, num_workers=sharding.num_workers,
-                                 progress=progress, key_indexes=False)
+        if target is not None:
+            # Into the bucket, shard by shard; each shard's checks and key index are done here,
+            # where its bytes are (the later steps read what this task recorded).
+            outcome = run_s3_write_task(source_store.open(), source, target, index, of,
+                                        work_root=source_store.work_root or None, num_workers=sharding.num_workers,
+                                        progress=progress)
+        else:
+            # Key indexes stay key_indexes' job, after the blocking checks on these tars.
+            outcome = run_write_task(source_store.open(), source, out, index, of, num_workers=sharding.num_workers,
+                                     progress=progress, key_indexes=False)
     if outcome.already_done:
         context.log.info(f"{name}: already done ({outcome.record} is there); nothing written")
     yield dg.Output(None, metadata={
@@ -242,11 +259,20 @@ def collect_write_tasks(
     """Every write task done: ``twin_tar_shards``' materialization, from the staged shards."""
     source = context.partition_key
     out = source_store.source_out(source)
+    target = source_store.source_target(source)
     with retry_only_transient():
-        problem = unfinished_write_tasks(out, key_indexes=False)
+        if target is not None:
+            shards = staged_shards(target, source_store.work_root or None, "collect")
+            problem = "no plan is staged in the bucket" if shards is None else shards.unfinished(target)
+        else:
+            problem = unfinished_write_tasks(out, key_indexes=False)
         if problem is not None:
             raise TasksUnfinishedError(f"twin_tar_shards of {source}: {problem}")
-        config, _plans, results = staged_results(versions.staging_dir(out))
+        if target is not None:
+            config, results = shards.config, shards.results()
+            shutil.rmtree(shards.folder, ignore_errors=True)
+        else:
+            config, _plans, results = staged_results(versions.staging_dir(out))
     metadata = shards_metadata(source, source_store.output_location(source), config, planned, results)
     with warnings.catch_warnings():
         # An op's data_version is "beta" in 1.13; the one-op asset set the same version through

@@ -23,8 +23,15 @@ from pathlib import Path
 from loader.io.s3_client import S3AccessError
 from pid_platform.sharding.commit import s3_output
 from pid_platform.sharding.commit.s3_output import VERSION_INPUTS, S3Output
-from pid_platform.sharding.commit.state import FINGERPRINT, INTAKE_SETTINGS, state_dir
+from pid_platform.sharding.commit.state import (
+    FINGERPRINT,
+    INTAKE_SETTINGS,
+    REPORT,
+    SAMPLES,
+    state_dir,
+)
 from pid_platform.sharding.errors import BuildError
+from pid_platform.sharding.intake.cache import CACHE_NAME
 from pid_platform.sharding.intake.task import slice_bounds
 from pid_platform.sharding.plan.shard_plan import ShardPlan
 from pid_platform.sharding.tasks import records as local_records
@@ -37,6 +44,8 @@ STAGED_FORMAT = 1
 # What the write tasks and the commit read of the plan's state (VERSION_INPUTS, how the samples
 # were validated, and the listing's fingerprint the committed build reports).
 SHARED_STATE = (*VERSION_INPUTS, INTAKE_SETTINGS, FINGERPRINT)
+# What an intake leaves beside a build: a plan on another machine cuts the samples from it.
+INTAKE_STATE = (SAMPLES, REPORT, INTAKE_SETTINGS, CACHE_NAME, FINGERPRINT)
 
 
 class StagedStateError(BuildError):
@@ -159,22 +168,26 @@ def pull_plan_state(output: S3Output, staged: Staged, folder: Path) -> Path:
     return folder
 
 
-def push_intake(output: S3Output, staging: Path, names: tuple[str, ...]) -> None:
-    """The samples an intake staged in ``staging`` (its state files ``names``), for a plan on
-    another machine; any plan staged before is stale now and goes first."""
+def push_intake(output: S3Output, staging: Path) -> None:
+    """The samples an intake staged in ``staging`` (its ``INTAKE_STATE``), for a plan on another
+    machine; any plan staged before is stale now and goes first."""
     delete(output, rel(STAGED_NAME), rel(INTAKE_NAME))
-    sent = push_files(output, state_dir(staging), names, "intake", "staging the intake")
+    sent = push_files(output, state_dir(staging), INTAKE_STATE, "intake", "staging the intake")
     put(output, rel(INTAKE_NAME), json.dumps({"format": STAGED_FORMAT, "files": sent}, sort_keys=True).encode(),
         "staging the intake")
 
 
-def pull_intake(output: S3Output, staging: Path) -> bool:
-    """The intake staged in the bucket into ``staging``'s state folder; False when none is."""
+def staged_intake(output: S3Output) -> dict[str, str] | None:
+    """The files of the intake staged in the bucket (name -> sha256); None when none is."""
     doc = get_json(output, rel(INTAKE_NAME))
     if doc is None or doc.get("format") != STAGED_FORMAT or not isinstance(doc.get("files"), dict):
-        return False
-    pull_files(output, doc["files"], "intake", state_dir(staging), INTAKE_NAME)
-    return True
+        return None
+    return dict(doc["files"])
+
+
+def pull_intake(output: S3Output, files: dict[str, str], staging: Path) -> None:
+    """The intake staged in the bucket (``staged_intake``) into ``staging``'s state folder."""
+    pull_files(output, files, "intake", state_dir(staging), INTAKE_NAME)
 
 
 def write_records(output: S3Output, plan_sha256: str) -> list[dict]:

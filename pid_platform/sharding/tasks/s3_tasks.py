@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loader.formats.twin_tar import key_index_relpath, tar_path
-from loader.formats.version_pointer import version_dir
+from loader.formats.version_pointer import POINTER_NAME, sibling_version, version_dir
+from loader.formats.wdinfo import WdinfoManifest, parse_wdinfo
 from loader.io.s3_client import S3AccessError
 from pid_platform.sharding import pipeline
 from pid_platform.sharding.commit import s3_output, versions
@@ -175,13 +176,23 @@ def run_s3_plan(
         return plan, staging.stage_plan_state(output, folder, source).version
 
 
-def stage_plan_from_intake(store: SourceStore, source: str, output: S3Output, work: Path,
-                           config: ShardingConfig) -> tuple[list[ShardPlan], str]:
-    """The Dagster ``plan`` step of an s3 output: the samples ``sample_set`` staged in the bucket
-    (or, when it staged none, in this machine's work folder), cut with ``config`` and staged in
-    the bucket for the write tasks; ``(shards, version)``. Earlier write records are forgotten,
-    so this run's tasks report what they did themselves (every shard still there is kept)."""
-    staging.pull_intake(output, versions.begin(work))
+def pull_staged_intake(output: S3Output, work: Path) -> bool:
+    """The samples ``sample_set`` staged in the bucket, into this machine's staging of the build
+    (so the Dagster ``plan`` step cuts them wherever it runs); False when none are staged."""
+    files = staging.staged_intake(output)
+    if files is None:
+        return False
+    staging.pull_intake(output, files, versions.begin(work, first_step=True))
+    return True
+
+
+def stage_plan_in_bucket(store: SourceStore, source: str, output: S3Output, work: Path,
+                         config: ShardingConfig) -> tuple[list[ShardPlan], str]:
+    """The Dagster ``plan`` step of an s3 output: the samples staged in this machine's work
+    folder (``pull_staged_intake``, or the committed ones copied there), cut with ``config``
+    and staged in the bucket for the write tasks; ``(shards, version)``. Earlier write records
+    are forgotten, so this run's tasks report what they did themselves (every shard still in
+    the bucket is kept)."""
     plans = stage_plan(store, source, work, config, fresh_tasks=True)
     staging.clear_write_records(output)
     return plans, staging.stage_plan_state(output, versions.staging_dir(work), source).version
@@ -439,3 +450,55 @@ def _publish(output: S3Output, vid: str, folder: Path, manifest_rels: list[str],
 def _delete_staged(output: S3Output) -> None:
     staging.delete(output, staging.rel(STAGED_NAME), staging.rel(staging.INTAKE_NAME))  # first: no task takes the rest
     staging.delete_under(output, staging.STAGED)
+
+
+def published_manifests(output: S3Output) -> list[tuple[str, WdinfoManifest]]:
+    """The manifests of the version ``output``'s pointer names (path in its folder, manifest); []
+    when there is no pointer."""
+    pointer = s3_output.read_pointer(output)
+    if pointer is None:
+        return []
+    found = []
+    for rel in pointer.manifests:
+        origin = f"{output}/{pointer.version_dir()}/{rel}"
+        data = s3_output.get_bytes(output, f"{pointer.version_dir()}/{rel}")
+        if data is None:
+            raise BuildError(f"{origin}: listed by {output}/{POINTER_NAME} but missing; rebuild the source")
+        found.append((rel, parse_wdinfo(json.loads(data), rel.rpartition("/")[0] or ".", origin)))
+    return found
+
+
+def published_problems(output: S3Output) -> list[str]:
+    """What the published version's objects lack against its manifests (a listing per version
+    folder): each tar the manifests list, with its size, and each key index they name."""
+    pointer = s3_output.read_pointer(output)
+    if pointer is None:
+        return [f"{output}/{POINTER_NAME}: missing (nothing is published)"]
+    listings: dict[str, dict[str, int]] = {}
+    problems = []
+    for rel, man in published_manifests(output):
+        leaf = rel.rpartition("/")[0]
+        # A sibling root (section 9c): the tars are at the same paths in that version's folder.
+        home = pointer.version if man.root == "." else sibling_version(man.root) or pointer.version
+        for vid in {home, pointer.version}:
+            if vid not in listings:
+                listings[vid] = s3_output.list_sizes(output, version_dir(vid))
+        for t in man.tars:
+            for m in man.data_keys:
+                tar = "/".join(p for p in (leaf, m, t.path) if p)
+                if listings[home].get(tar) != t.bytes.get(m):
+                    problems.append(f"{output}/{version_dir(home)}/{tar}: {listings[home].get(tar, 'missing')} in the "
+                                    f"bucket, {rel} lists {t.bytes.get(m)} bytes")
+            index = "/".join(p for p in (leaf, t.key_index or "") if p)
+            if t.key_index is None or index not in listings[pointer.version]:
+                problems.append(f"{output}/{pointer.version_dir()}/{rel}: the key index of {t.path} is missing")
+    return problems
+
+
+def published_config(output: S3Output) -> ShardingConfig:
+    """The settings the published version was cut with (its ``.pid-build/sharding.json``)."""
+    pointer = s3_output.read_pointer(output)
+    data = s3_output.get_bytes(output, f"{pointer.version_dir()}/{STATE_DIR}/sharding.json") if pointer else None
+    if data is None:
+        raise BuildError(f"{output}: no published version with its settings (.pid-build/sharding.json); rebuild it")
+    return ShardingConfig(**json.loads(data))
