@@ -121,6 +121,7 @@ def test_tasks_on_three_machines_equal_the_one_process_build(s3: Buckets, tmp_pa
     # A plan of the same build again: already served, nothing staged, the tasks have nothing to do.
     plan = _pid_shard(tmp_path, "planner-2", "plan", *_io(s3.source, url), *SETTINGS)
     assert "already serves the version" in plan.stdout
+    assert "files validated: 0 " in plan.stdout  # a fresh machine: the version's outcomes were reused
     task = _pid_shard(tmp_path, "late", "task", "--index", "0", "--of", "2", *_io(s3.source, url))
     assert "nothing staged" in task.stdout
     assert "nothing staged" in _pid_shard(tmp_path, "committer", "commit", *_io(None, url)).stdout

@@ -8,11 +8,14 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import dagster as dg
 import pytest
 
 from loader.wds.pipeline import build_dataset
+from pid_platform.defs.partitions import SOURCES
 from pid_platform.defs.resources import S3SourceStoreResource
 from tests.support.dagster_runs import (
     apply_partition_requests,
@@ -24,15 +27,24 @@ from tests.support.dagster_runs import (
     load_defs,
     manifests,
     materialized,
+    observed,
+    run_config,
+    skipped_steps,
     tars,
     use_roots,
 )
-from tests.support.s3_objects import current_version
+from tests.support.s3_objects import current_version, pointer
 from tests.support.seaweedfs import SeaweedS3, upload_tree
 
 REPO = Path(__file__).resolve().parents[1]
 
 BUCKET = "dagster-raw"
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    with dagster_instance() as found:
+        yield found
 
 
 def test_s3_raw_root_is_sensed_and_built(
@@ -117,3 +129,48 @@ def test_every_asset_from_s3_into_s3_matches_the_local_build_and_trains(
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "done: 8 steps, 1 epochs, 32 samples per rank" in proc.stdout
+
+
+def test_any_machine_finds_an_s3_build_up_to_date_and_reshards_it_from_the_bucket(
+    s3_env: SeaweedS3, photo_drop_template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    instance: dg.DagsterInstance,
+) -> None:
+    """Each run below has an empty work folder of its own, as a fresh worker would: what a
+    build needs of the last one (its samples, every file's outcome, its settings) comes from the
+    version the bucket serves."""
+    client = s3_env.client()
+    s3_env.make_bucket("dagster-fresh-raw")
+    s3_env.make_bucket("dagster-fresh-out")
+    upload_tree(client, photo_drop_template, "dagster-fresh-raw", "drops")
+    monkeypatch.setenv("PID_RAW_ROOT", "s3://dagster-fresh-raw/drops")
+    monkeypatch.setenv("PID_OUTPUT_ROOT", "s3://dagster-fresh-out/built")
+    instance.add_dynamic_partitions(SOURCES, ["photos"])  # one instance: the machines share it
+
+    def run(machine: str, **kwargs):
+        monkeypatch.setenv("PID_WORK_ROOT", str(tmp_path / machine))
+        return load_defs().resolve_job_def("source_build").execute_in_process(
+            instance=instance, partition_key="photos", raise_on_error=False, **kwargs)
+
+    first = run("machine-1", run_config=run_config(max_shard_size_mb=0.25, write_tasks=2))
+    assert first.success and all(check_outcomes(first).values()), check_outcomes(first)
+    version = pointer(client, "dagster-fresh-out", "built/photos")["version"]
+
+    # A rebuild elsewhere: the published outcomes are reused (nothing decoded), the samples and
+    # settings are those the version was cut from, so nothing is built and its checks hold.
+    again = run("machine-2", run_config=run_config(max_shard_size_mb=0.25, write_tasks=2))
+    assert again.success
+    seen = observed(again)["sample_set"]
+    assert seen["up_to_date"] is True and seen["files_validated"] == 0
+    assert {"twin_tar_shards", "key_indexes", "wdinfo_manifests"} <= skipped_steps(again)
+    assert check_outcomes(again) and all(check_outcomes(again).values())
+    assert pointer(client, "dagster-fresh-out", "built/photos")["version"] == version
+    assert not (tmp_path / "machine-2").exists() or not any((tmp_path / "machine-2").rglob("*.parquet"))
+
+    # A re-shard alone (no sample_set in the run) on a third machine cuts the published samples.
+    reshard = run("machine-3", run_config=run_config(max_shard_size_mb=0.5),
+                  asset_selection=[dg.AssetKey(a) for a in ("twin_tar_shards", "key_indexes", "wdinfo_manifests")])
+    assert reshard.success and all(check_outcomes(reshard).values())
+    assert materialized(reshard)["twin_tar_shards"]["sample_set"] == "committed"
+    resharded = current_version(client, "dagster-fresh-out", "built/photos")
+    assert pointer(client, "dagster-fresh-out", "built/photos")["version"] != version
+    assert sum(json.loads(v)["total_key_count"] for k, v in resharded.items() if k.endswith("wdinfo.json")) == 32

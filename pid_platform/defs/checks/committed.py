@@ -17,10 +17,13 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )
 
+from pid_platform.defs.checks.common import result
 from pid_platform.defs.checks.intake import dropped_fraction_result, latest_metadata
 from pid_platform.defs.checks.key_indexes import key_indexes_result
 from pid_platform.defs.checks.manifests import manifest_counts_result
 from pid_platform.defs.checks.twin_tars import size_bound_result, twin_keys_result
+from pid_platform.sharding.commit.s3_output import S3Output
+from pid_platform.sharding.tasks.s3_tasks import published_problems
 
 # (asset, check, result on the committed output folder); sample_set's warning is read from the
 # instance instead (the drop counts of the build that made the committed version).
@@ -41,10 +44,14 @@ def _target(instance: dg.DagsterInstance, asset: str, partition: str) -> AssetCh
     return AssetCheckEvaluationTargetMaterializationData(storage_id=r.storage_id, run_id=r.run_id, timestamp=r.timestamp)
 
 
-def committed_check_evaluations(instance: dg.DagsterInstance, source: str, out: Path) -> list[dg.AssetCheckEvaluation]:
-    """Every check of ``source``'s assets, evaluated on its committed version ``out``."""
+def committed_check_evaluations(instance: dg.DagsterInstance, source: str, out: Path,
+                                target: S3Output | None = None) -> list[dg.AssetCheckEvaluation]:
+    """Every check of ``source``'s assets, evaluated on its committed version ``out``, or, given
+    ``target``, on the version its pointer names (its objects against its manifests)."""
+    if target is not None:
+        published = result(published_problems(target), checked=dg.MetadataValue.text(f"{target} (its pointer's version)"))
     found: list[tuple[str, str, dg.AssetCheckResult, bool]] = [
-        (asset, name, fn(out), True) for asset, name, fn in FOLDER_CHECKS]
+        (asset, name, published if target is not None else fn(out), True) for asset, name, fn in FOLDER_CHECKS]
     found.append(("sample_set", "dropped_fraction_within_bound",
                   dropped_fraction_result(latest_metadata(instance, "sample_set", source)), False))
     return [
@@ -57,9 +64,10 @@ def committed_check_evaluations(instance: dg.DagsterInstance, source: str, out: 
     ]
 
 
-def reassert_committed_checks(context: dg.AssetExecutionContext, source: str, out: Path) -> None:
-    """Record the checks of ``source`` on its committed version ``out`` in this run."""
-    evaluations = committed_check_evaluations(context.instance, source, out)
+def reassert_committed_checks(context: dg.AssetExecutionContext, source: str, out: Path,
+                              target: S3Output | None = None) -> None:
+    """Record the checks of ``source`` on its committed version (``out``, or ``target``'s) in this run."""
+    evaluations = committed_check_evaluations(context.instance, source, out, target)
     for evaluation in evaluations:
         context.log_event(evaluation)
     failed = [e.check_name for e in evaluations if not e.passed]

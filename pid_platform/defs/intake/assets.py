@@ -2,6 +2,7 @@
 
 import hashlib
 from contextlib import nullcontext
+from dataclasses import replace
 
 import dagster as dg
 
@@ -16,13 +17,18 @@ from pid_platform.defs.resources import ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, retry_only_transient
 from pid_platform.defs.settings import SETTINGS_ASSET, settings_for_run, settings_metadata
 from pid_platform.sharding.commit.lease import build_lease
-from pid_platform.sharding.commit.s3_output import check_writable, publish_version
+from pid_platform.sharding.commit.s3_output import check_writable, publish_version, read_pointer
 from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.intake.task import IntakeReport, Sample
 from pid_platform.sharding.layout import final_dir
 from pid_platform.sharding.pipeline import run_intake
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.tasks.s3_staging import push_intake
+from pid_platform.sharding.tasks.s3_tasks import (
+    discard_staging,
+    published_intake_matches,
+    seed_intake_cache,
+)
 
 INTAKE_VERSION = "intake-v1"
 # classify_aspect_ratio decides every sample's bucket; the default is part of the code version,
@@ -117,7 +123,10 @@ def sample_set(
             check_writable(target)  # an S3 output that refuses stops the run before any work
         # Listed before the intake reads: a file changed meanwhile makes the next tick build again.
         fingerprint, _ = source_fingerprint(store, source)
+        samples_where = None
         with build_lease(target) if target is not None else nullcontext():
+            if target is not None:
+                seed_intake_cache(target, out)  # the published outcomes: validate only what changed since
             result = run_intake(
                 store, source, out, settings.config,
                 trust_pickle=sharding.trust_pickle, num_workers=sharding.num_workers, stop_if_up_to_date=True,
@@ -125,6 +134,11 @@ def sample_set(
             if result.up_to_date and target is not None:
                 # Nothing to build here; make sure the bucket serves this version too (a no-op when it does).
                 publish_version(final_dir(out), target, num_workers=sharding.num_workers)
+            elif target is not None and published_intake_matches(target, staging_dir(out), settings.config):
+                # The bucket serves what this build would publish: nothing to build, on any machine.
+                samples_where = f"{target}/{read_pointer(target).version_dir()}/.pid-build/samples.parquet"
+                discard_staging(out)
+                result = replace(result, up_to_date=True)
         if not result.up_to_date:
             save_fingerprint(staging_dir(out), fingerprint)  # committed with the build it describes
             if target is not None:
@@ -134,14 +148,15 @@ def sample_set(
               "validate": result.validate}
     if result.up_to_date:
         context.log.info(f"{source}: up to date ({report.samples} samples); nothing to build")
-        reassert_committed_checks(context, source, final_dir(out))  # the skipped checks' verdict, on what is served
+        # The skipped checks' verdict, on what is served.
+        reassert_committed_checks(context, source, final_dir(out), target if samples_where else None)
         context.log_event(dg.AssetObservation(
             asset_key=context.asset_key, partition=source,
             # What the committed build is made from, confirmed: the sensor compares against it.
             metadata={"up_to_date": True, "samples": report.samples, **counts,
                       "settings_version": settings.version, "input_fingerprint": fingerprint,
                       "data_version": _samples_digest(samples, settings.config.classify_aspect_ratio),
-                      "samples_table": dg.MetadataValue.path(str(path))},
+                      "samples_table": dg.MetadataValue.path(samples_where or str(path))},
         ))
         return
     context.log.info(f"{source}: {report.samples} samples kept, {report.dropped_total} dropped")

@@ -48,6 +48,7 @@ from pid_platform.defs.resources import ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, retry_only_transient
 from pid_platform.defs.settings import RunSettings, settings_for_run, settings_metadata
 from pid_platform.sharding.commit import versions
+from pid_platform.sharding.commit.s3_output import S3Output
 from pid_platform.sharding.commit.state import SAMPLES, state_dir
 from pid_platform.sharding.layout import final_dir
 from pid_platform.sharding.output_lock import build_lock
@@ -62,12 +63,35 @@ from pid_platform.sharding.tasks.run import (
 )
 from pid_platform.sharding.tasks.s3_staging import INTAKE_STATE
 from pid_platform.sharding.tasks.s3_tasks import (
+    pull_committed_intake,
     pull_staged_intake,
     run_s3_write_task,
     stage_plan_in_bucket,
     staged_shards,
 )
 from pid_platform.sharding.write.tars import ShardResult
+
+
+def _no_sample_set(source: str) -> dg.Failure:
+    return dg.Failure(
+        description=(
+            f"twin_tar_shards of {source} has no sample set to cut: no build of it is staged or committed. "
+            "Select sample_set with it (sample_set, twin_tar_shards and what follows them), or launch the "
+            f"source_build job for partition {source!r}"
+        ),
+        allow_retries=False,
+    )
+
+
+def s3_sample_set_to_cut(target: S3Output, out: Path, source: str) -> str:
+    """``sample_set_to_cut`` for an s3 output, from the bucket alone (whichever machine this
+    step runs on): the samples ``sample_set`` staged there, else those the published version
+    carries, into this machine's staging folder."""
+    if pull_staged_intake(target, out):
+        return "staged"
+    if pull_committed_intake(target, out):
+        return "committed"
+    raise _no_sample_set(source)
 
 
 def sample_set_to_cut(out: Path, source: str) -> str:
@@ -78,14 +102,7 @@ def sample_set_to_cut(out: Path, source: str) -> str:
         return "staged"
     committed = state_dir(final_dir(out))
     if not (committed / SAMPLES).is_file():
-        raise dg.Failure(
-            description=(
-                f"twin_tar_shards of {source} has no sample set to cut: no build of it is staged or committed. "
-                "Select sample_set with it (sample_set, twin_tar_shards and what follows them), or launch the "
-                f"source_build job for partition {source!r}"
-            ),
-            allow_retries=False,
-        )
+        raise _no_sample_set(source)
     with build_lock(out):
         staged = state_dir(versions.begin(out))
         staged.mkdir(exist_ok=True)
@@ -146,9 +163,8 @@ def plan_write_tasks(
     target = source_store.source_target(source)
     with retry_only_transient():
         run_settings = settings_for_run(context, source_store, sharding, source)
-        if target is not None:
-            pull_staged_intake(target, out)  # sample_set may have run on another machine
-        samples_from = sample_set_to_cut(out, source)
+        # sample_set may have run on another machine: an s3 output's samples come from the bucket.
+        samples_from = sample_set_to_cut(out, source) if target is None else s3_sample_set_to_cut(target, out, source)
         # A new run's tasks check their shards again (retries and re-execution keep the records).
         if target is not None:
             plans, version = stage_plan_in_bucket(source_store.open(), source, target, out, run_settings.config)

@@ -43,9 +43,12 @@ INTAKE_NAME = "intake.json"
 STAGED_FORMAT = 1
 # What the write tasks and the commit read of the plan's state (VERSION_INPUTS, how the samples
 # were validated, and the listing's fingerprint the committed build reports).
-SHARED_STATE = (*VERSION_INPUTS, INTAKE_SETTINGS, FINGERPRINT)
 # What an intake leaves beside a build: a plan on another machine cuts the samples from it.
 INTAKE_STATE = (SAMPLES, REPORT, INTAKE_SETTINGS, CACHE_NAME, FINGERPRINT)
+# What the commit carries into the version (``s3_output.CARRIED_STATE``) or reports, beside the plan.
+SHARED_STATE = tuple(dict.fromkeys((*VERSION_INPUTS, *INTAKE_STATE)))
+# What a write task reads of it.
+PLAN_STATE = ("plan.parquet", "sharding.json", "plan_cut.json")
 
 
 class StagedStateError(BuildError):
@@ -162,9 +165,10 @@ def stage_plan_state(output: S3Output, folder: Path, source: str) -> Staged:
     return staged
 
 
-def pull_plan_state(output: S3Output, staged: Staged, folder: Path) -> Path:
-    """The staged plan's state files into ``folder``'s state folder."""
-    pull_files(output, staged.state, "state", state_dir(folder), STAGED_NAME)
+def pull_plan_state(output: S3Output, staged: Staged, folder: Path, names: tuple[str, ...] | None = None) -> Path:
+    """The staged plan's state files (those among ``names``) into ``folder``'s state folder."""
+    files = {n: sha for n, sha in staged.state.items() if names is None or n in names}
+    pull_files(output, files, "state", state_dir(folder), STAGED_NAME)
     return folder
 
 

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from loader.formats.atomic import atomic_write_bytes
 from loader.formats.twin_tar import key_index_relpath, tar_path
 from loader.formats.version_pointer import POINTER_NAME, sibling_version, version_dir
 from loader.formats.wdinfo import WdinfoManifest, parse_wdinfo
@@ -56,16 +57,25 @@ from pid_platform.sharding.commit.manifests import (
     write_manifests,
 )
 from pid_platform.sharding.commit.s3_output import CARRIED_STATE, PublishedVersion, S3Output
-from pid_platform.sharding.commit.state import REPORT, load_intake_settings, state_dir
+from pid_platform.sharding.commit.state import (
+    FINGERPRINT,
+    INTAKE_SETTINGS,
+    REPORT,
+    SAMPLES,
+    load_intake_settings,
+    state_dir,
+)
 from pid_platform.sharding.commit.verify_output import (
     planned_key_index_mismatches,
     size_bound_violations,
     twin_key_mismatches,
 )
 from pid_platform.sharding.errors import BuildError
+from pid_platform.sharding.intake.cache import CACHE_NAME
 from pid_platform.sharding.intake.file_checks import VALIDATE_FULL
 from pid_platform.sharding.intake.task import slice_bounds
 from pid_platform.sharding.layout import STATE_DIR, bucket_dir, final_dir
+from pid_platform.sharding.output_lock import build_lock
 from pid_platform.sharding.pause_points import pause_point
 from pid_platform.sharding.plan.add_modality import load_plan_cut
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
@@ -166,6 +176,7 @@ def run_s3_plan(
     work = s3_output.work_dir(output, work_root)
     with build_lease(output):
         _pull_intake_parts(output, work)
+        seed_intake_cache(output, work)  # the published outcomes: validate only what changed since
         plan = run_plan(store, source, work, config, trust_pickle=trust_pickle, num_workers=num_workers, force=force,
                         validate=validate, revalidate=revalidate)
         folder = final_dir(work) if plan.up_to_date else versions.staging_dir(work)
@@ -239,7 +250,8 @@ def run_s3_write_task(
     if rec is not None and rec.get("plan_sha256") == staged.plan_sha256:
         first, stop = rec["shards"]
         return TaskOutcome(WRITE, index, of, Path(rel), True, stop - first, first)
-    scratch = staging.pull_plan_state(output, staged, scratch_dir(output, work_root, f"write-{index}-of-{of}"))
+    scratch = staging.pull_plan_state(output, staged, scratch_dir(output, work_root, f"write-{index}-of-{of}"),
+                                      staging.PLAN_STATE)
     config = pipeline.load_sharding_config(scratch)
     plans = pipeline.load_plans(scratch, config)
     cut = load_plan_cut(scratch)
@@ -354,14 +366,16 @@ class StagedShards:
         return found
 
 
-def staged_shards(output: S3Output, work_root: str | Path | None, what: str) -> StagedShards | None:
-    """The staged plan and its write records; None when nothing is staged over a published version."""
+def staged_shards(output: S3Output, work_root: str | Path | None, what: str,
+                  state: tuple[str, ...] | None = staging.PLAN_STATE) -> StagedShards | None:
+    """The staged plan (its ``state`` files; None: all) and its write records; None when
+    nothing is staged over a published version."""
     staged = staged_or_refuse(output, what)
     if staged is None:
         return None
     folder = scratch_dir(output, work_root, what.replace(" ", "-"))
     shutil.rmtree(folder, ignore_errors=True)
-    staging.pull_plan_state(output, staged, folder)
+    staging.pull_plan_state(output, staged, folder, state)
     config = pipeline.load_sharding_config(folder)
     plans = pipeline.load_plans(folder, config)
     return StagedShards(staged, folder, config, plans,
@@ -381,7 +395,7 @@ def commit_staged(output: S3Output, *, work_root: str | Path | None = None, num_
     one listing that checks every object, the pointer switch; then ``staged/`` goes. None when
     nothing is staged over a published version (the plan found it up to date)."""
     with build_lease(output):
-        shards = staged_shards(output, work_root, "commit")
+        shards = staged_shards(output, work_root, "commit", state=None)
         if shards is None:
             return None
         problem = shards.unfinished(output)
@@ -502,3 +516,65 @@ def published_config(output: S3Output) -> ShardingConfig:
     if data is None:
         raise BuildError(f"{output}: no published version with its settings (.pid-build/sharding.json); rebuild it")
     return ShardingConfig(**json.loads(data))
+
+
+def _published_state(output: S3Output, name: str) -> bytes | None:
+    pointer = s3_output.read_pointer(output)
+    return s3_output.get_bytes(output, f"{pointer.version_dir()}/{STATE_DIR}/{name}") if pointer else None
+
+
+def pull_committed_intake(output: S3Output, work: Path) -> bool:
+    """The intake the published version carries (samples, report, validation level, outcomes)
+    as this machine's staged samples, replacing any it had: a re-shard of the published samples
+    on any machine. False when nothing is published, or its version carries no samples."""
+    found = {n: _published_state(output, n) for n in staging.INTAKE_STATE if n != FINGERPRINT}
+    if found.get(SAMPLES) is None:
+        return False
+    with build_lock(work):
+        state = state_dir(versions.begin(work, first_step=True))
+        state.mkdir(parents=True, exist_ok=True)
+        for name in staging.INTAKE_STATE:
+            (state / name).unlink(missing_ok=True)  # a stale intake of this machine's goes
+        for name, data in found.items():
+            if data is not None:
+                atomic_write_bytes(state / name, data)
+    return True
+
+
+def seed_intake_cache(output: S3Output, work: Path) -> bool:
+    """The published version's file outcomes as this machine's staged intake cache, unless it
+    has one: an intake here validates only the files changed since, on a fresh machine too."""
+    with build_lock(work):
+        cache = state_dir(versions.staging_dir(work)) / CACHE_NAME
+        if cache.is_file():
+            return False
+        data = _published_state(output, CACHE_NAME)
+        if data is None:
+            return False
+        state = state_dir(versions.begin(work, first_step=True))
+        state.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(cache, data)
+    return True
+
+
+def published_intake_matches(output: S3Output, staging_folder: Path, config: ShardingConfig) -> bool:
+    """Whether the version the pointer names was cut with ``config`` from exactly the samples
+    staged in ``staging_folder`` (the same samples, report and validation level), and every
+    object its manifests list is there: a rebuild would publish that version again."""
+    state = state_dir(staging_folder)
+    for name in (SAMPLES, REPORT, INTAKE_SETTINGS):
+        published = _published_state(output, name)
+        if published is None or not (state / name).is_file() or (state / name).read_bytes() != published:
+            return False
+    try:
+        if published_config(output) != config:
+            return False
+    except BuildError:
+        return False
+    return not published_problems(output)
+
+
+def discard_staging(work: Path) -> None:
+    """Remove this machine's staging of the build (the bucket serves what it would publish)."""
+    with build_lock(work):
+        shutil.rmtree(versions.staging_dir(work), ignore_errors=True)
