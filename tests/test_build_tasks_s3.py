@@ -7,10 +7,7 @@ keeps what it had sent; the commit refuses while a task is unfinished and publis
 from __future__ import annotations
 
 import itertools
-import os
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,28 +17,12 @@ import pytest
 from pid_platform.sharding.tasks.run import SHARD_DONE_POINT
 from pid_platform.sharding.tasks.s3_staging import STAGED
 from tests.conftest import SOURCE
+from tests.support.machines import pid_shard, write_tasks
 from tests.support.s3_objects import current_version, keys, objects, pointer
 from tests.support.seaweedfs import SeaweedS3, upload_tree
 
 _TEST_NUMBER = itertools.count()
-PID_SHARD = str(Path(sys.executable).parent / "pid-shard")
 SETTINGS = ["--max-shard-size-mb", "0.25", "--part-size", "2", "--shuffle", "--seed", "3"]
-
-
-def _pid_shard(tmp_path: Path, machine: str, *args: str, env: dict | None = None, check: bool = True,
-               popen: bool = False):
-    """``pid-shard`` as another machine would run it: its own HOME, working folder and work root."""
-    home = tmp_path / "machines" / machine
-    home.mkdir(parents=True, exist_ok=True)
-    full_env = {**os.environ, "HOME": str(home), "PID_WORK_ROOT": str(home / "work"), **(env or {})}
-    cmd = [PID_SHARD, *args]
-    if popen:
-        return subprocess.Popen(cmd, cwd=home, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-    res = subprocess.run(cmd, cwd=home, env=full_env, capture_output=True, text=True, timeout=240)
-    if check:
-        assert res.returncode == 0, res.stderr
-    return res
 
 
 @dataclass(frozen=True)
@@ -77,19 +58,12 @@ def _io(source: str | None, url: str) -> list[str]:
 
 
 def _write_tasks(tmp_path: Path, source: str, url: str, n: int) -> list[str]:
-    procs = [_pid_shard(tmp_path, f"task-{i}", "task", "--index", str(i), "--of", str(n), *_io(source, url),
-                        "--num-workers", "1", popen=True) for i in range(n)]
-    outs = []
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=240)
-        assert p.returncode == 0, stderr
-        outs.append(stdout)
-    return outs
+    return write_tasks(tmp_path, n, *_io(source, url))
 
 
 def _reference(tmp_path: Path, s3: Buckets, name: str = "reference", *settings: str) -> tuple[str, dict[str, bytes]]:
     """The one-process build of the source into a prefix of its own: its version id and objects."""
-    _pid_shard(tmp_path, name, *_io(s3.source, s3.url(name)), *(settings or SETTINGS), "--num-workers", "2")
+    pid_shard(tmp_path, name, *_io(s3.source, s3.url(name)), *(settings or SETTINGS), "--num-workers", "2")
     return s3.version(name)
 
 
@@ -97,34 +71,34 @@ def test_tasks_on_three_machines_equal_the_one_process_build(s3: Buckets, tmp_pa
     ref_version, ref = _reference(tmp_path, s3)
     url = s3.url("tasked")
     for i in range(2):  # intake tasks spread the validation; the plan then validates nothing itself
-        res = _pid_shard(tmp_path, f"intake-{i}", "task", "--stage", "intake", "--index", str(i), "--of", "2",
+        res = pid_shard(tmp_path, f"intake-{i}", "task", "--stage", "intake", "--index", str(i), "--of", "2",
                          *_io(s3.source, url))
         assert "files validated: 48" in res.stdout
-    plan = _pid_shard(tmp_path, "planner", "plan", *_io(s3.source, url), *SETTINGS)
+    plan = pid_shard(tmp_path, "planner", "plan", *_io(s3.source, url), *SETTINGS)
     assert "files validated: 0  outcomes reused: 96" in plan.stdout
     assert f"staged as version {ref_version}" in plan.stdout  # the id comes from the plan
     assert "pid-current.json" not in s3.keys("tasked")  # nothing published before the commit
 
     outs = _write_tasks(tmp_path, s3.source, url, 3)
     assert all("shards written: " in o and "completion record" in o for o in outs)
-    again = _pid_shard(tmp_path, "task-1", "task", "--index", "1", "--of", "3", *_io(s3.source, url))
+    again = pid_shard(tmp_path, "task-1", "task", "--index", "1", "--of", "3", *_io(s3.source, url))
     assert "already done" in again.stdout
     for i in range(3):  # a write task keeps no tar once it is in the bucket
         assert not list((tmp_path / "machines" / f"task-{i}").rglob("*.tar"))
 
-    commit = _pid_shard(tmp_path, "committer", "commit", *_io(None, url))
+    commit = pid_shard(tmp_path, "committer", "commit", *_io(None, url))
     assert f"-> {url}/versions/{ref_version}" in commit.stdout and "manifests: 8 wdinfo.json" in commit.stdout
     assert s3.version("tasked") == (ref_version, ref)
     assert any(k.endswith(".tar") for k in ref) and any(k.endswith("wdinfo.json") for k in ref)
     assert not [k for k in s3.keys("tasked") if k.startswith(STAGED)]  # the staging is gone
 
     # A plan of the same build again: already served, nothing staged, the tasks have nothing to do.
-    plan = _pid_shard(tmp_path, "planner-2", "plan", *_io(s3.source, url), *SETTINGS)
+    plan = pid_shard(tmp_path, "planner-2", "plan", *_io(s3.source, url), *SETTINGS)
     assert "already serves the version" in plan.stdout
     assert "files validated: 0 " in plan.stdout  # a fresh machine: the version's outcomes were reused
-    task = _pid_shard(tmp_path, "late", "task", "--index", "0", "--of", "2", *_io(s3.source, url))
+    task = pid_shard(tmp_path, "late", "task", "--index", "0", "--of", "2", *_io(s3.source, url))
     assert "nothing staged" in task.stdout
-    assert "nothing staged" in _pid_shard(tmp_path, "committer", "commit", *_io(None, url)).stdout
+    assert "nothing staged" in pid_shard(tmp_path, "committer", "commit", *_io(None, url)).stdout
 
 
 def test_a_killed_write_task_rerun_gives_the_same_bytes_and_the_commit_waits_for_it(
@@ -132,11 +106,11 @@ def test_a_killed_write_task_rerun_gives_the_same_bytes_and_the_commit_waits_for
 ) -> None:
     ref_version, ref = _reference(tmp_path, s3)
     url = s3.url("killed")
-    _pid_shard(tmp_path, "planner", "plan", *_io(s3.source, url), *SETTINGS)
+    pid_shard(tmp_path, "planner", "plan", *_io(s3.source, url), *SETTINGS)
     pause = tmp_path / "pause"
     pause.mkdir()
     env = {"PID_PAUSE_AT": SHARD_DONE_POINT, "PID_PAUSE_DIR": str(pause)}
-    proc = _pid_shard(tmp_path, "doomed", "task", "--index", "0", "--of", "2", *_io(s3.source, url),
+    proc = pid_shard(tmp_path, "doomed", "task", "--index", "0", "--of", "2", *_io(s3.source, url),
                       "--num-workers", "1", env=env, popen=True)
     reached = pause / f"{SHARD_DONE_POINT.replace(':', '-')}.reached"
     try:
@@ -150,16 +124,16 @@ def test_a_killed_write_task_rerun_gives_the_same_bytes_and_the_commit_waits_for
         proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
 
-    _pid_shard(tmp_path, "other", "task", "--index", "1", "--of", "2", *_io(s3.source, url))
-    refused = _pid_shard(tmp_path, "committer", "commit", *_io(None, url), check=False)
+    pid_shard(tmp_path, "other", "task", "--index", "1", "--of", "2", *_io(s3.source, url))
+    refused = pid_shard(tmp_path, "committer", "commit", *_io(None, url), check=False)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "lie in no finished write task" in refused.stderr and "nothing was published" in refused.stderr
     assert "pid-current.json" not in s3.keys("killed")
 
-    rerun = _pid_shard(tmp_path, "rerun", "task", "--index", "0", "--of", "2", *_io(s3.source, url))
+    rerun = pid_shard(tmp_path, "rerun", "task", "--index", "0", "--of", "2", *_io(s3.source, url))
     kept = int(rerun.stdout.split("already up to date: ")[1].split(";")[0].split()[0])
     assert kept >= 1  # the shard sent before the kill was kept, not written again
-    _pid_shard(tmp_path, "committer", "commit", *_io(None, url))
+    pid_shard(tmp_path, "committer", "commit", *_io(None, url))
     assert s3.version("killed") == (ref_version, ref)
 
 
@@ -168,9 +142,9 @@ def test_a_rebuild_by_tasks_copies_unchanged_tars_inside_the_bucket(s3: Buckets,
     settings = ["--max-shard-size-mb", "0.25", "--part-size", "2"]  # no shuffle: shards follow the keys
 
     def tasked_build(machine: str) -> list[str]:
-        _pid_shard(tmp_path, f"{machine}-plan", "plan", *_io(s3.source, url), *settings)
+        pid_shard(tmp_path, f"{machine}-plan", "plan", *_io(s3.source, url), *settings)
         outs = _write_tasks(tmp_path, s3.source, url, 2)
-        _pid_shard(tmp_path, f"{machine}-commit", "commit", *_io(None, url))
+        pid_shard(tmp_path, f"{machine}-commit", "commit", *_io(None, url))
         return outs
 
     tasked_build("first")

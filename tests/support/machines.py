@@ -1,0 +1,43 @@
+"""``pid-shard`` as separate machines run it, for the tests of the tasked build (no tests here).
+
+Each call is a real process with its own working folder, ``HOME`` and ``PID_WORK_ROOT`` under
+``tmp_path/machines/<name>``: it shares nothing with the others but what the test hands them
+(the source, the output folder or bucket).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+PID_SHARD = str(Path(sys.executable).parent / "pid-shard")
+
+
+def pid_shard(tmp_path: Path, machine: str, *args: str, env: dict | None = None, check: bool = True,
+              popen: bool = False, timeout: float = 240):
+    """Run ``pid-shard args`` as machine ``machine``; the finished process, or the running one (``popen``)."""
+    home = tmp_path / "machines" / machine
+    home.mkdir(parents=True, exist_ok=True)
+    full_env = {**os.environ, "HOME": str(home), "PID_WORK_ROOT": str(home / "work"), **(env or {})}
+    cmd = [PID_SHARD, *args]
+    if popen:
+        return subprocess.Popen(cmd, cwd=home, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    res = subprocess.run(cmd, cwd=home, env=full_env, capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert res.returncode == 0, res.stderr
+    return res
+
+
+def write_tasks(tmp_path: Path, n: int, *args: str, timeout: float = 240) -> list[str]:
+    """Write tasks 0 .. n-1 at once, each as a machine of its own (``task-I``); their outputs."""
+    procs = [pid_shard(tmp_path, f"task-{i}", "task", "--index", str(i), "--of", str(n), *args, "--num-workers", "1",
+                       popen=True) for i in range(n)]
+    outs = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=timeout)
+        assert p.returncode == 0, stderr
+        outs.append(stdout)
+    return outs
