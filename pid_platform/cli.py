@@ -91,7 +91,7 @@ _TASK_HELP = {
     "`pid-shard commit`",
     "task": "one task of the staged build: --stage write (default) writes shard range I of N of the plan "
     "(tars, key indexes, digests, then a completion record); --stage intake validates slice I of N of the "
-    "listing, before `pid-shard plan`. A task that finds its record does nothing",
+    "listing (balanced by file bytes), before `pid-shard plan`. A task that finds its record does nothing",
     "commit": "once every write task has its completion record: the manifests, then the swap that publishes "
     "the staged build as --output-dir",
 }
@@ -315,7 +315,8 @@ def _run_task_command(command: str, args: argparse.Namespace, root: str | None, 
         res = run_intake_task(store, source, out, args.index, args.of, trust_pickle=args.trust_pickle,
                               num_workers=args.num_workers, validate=args.validate, revalidate=args.revalidate,
                               force=args.force)
-        what = f"samples {res.first} .. {res.first + res.items - 1}" if res.items else "no samples"
+        # Not a range: the slices are balanced by bytes over the listing (``balanced_slices``).
+        what = f"{res.items} samples ({res.nbytes / 1e6:.1f} MB of files)" if res.items else "no samples"
         did = f"files validated: {res.done}  outcomes reused: {res.reused}"
     else:
         res = run_write_task(store, source, out, args.index, args.of, num_workers=args.num_workers)

@@ -3,8 +3,8 @@
 Each runs in any process on any machine that sees the output folder (and the source); they
 meet only in the staging folder beside the output (``versions.staging_dir``):
 
-* intake task ``I`` of ``N``: validates slice ``I`` of the source's complete samples (in
-  basename order) and writes their file outcomes as ``tasks/intake-I-of-N.parquet``, then its
+* intake task ``I`` of ``N``: validates slice ``I`` of the source's complete samples (cut from
+  the basename order, balanced by file bytes: ``intake.task.balanced_slices``) and writes their file outcomes as ``tasks/intake-I-of-N.parquet``, then its
   record. Optional: the plan validates whatever no intake task covered.
 * plan: the intake over the whole source (every outcome an intake task found is reused, so it
   reads only files no task covered), ``samples.parquet``, the report, then ``plan.parquet``
@@ -37,7 +37,7 @@ from pid_platform.sharding.commit.state import REPORT, SAMPLES, load_intake_sett
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.intake.cache import CACHE_NAME, IntakeCache
 from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, check_validate_level
-from pid_platform.sharding.intake.task import IntakeReport, intake_slice, slice_bounds
+from pid_platform.sharding.intake.task import SLICING, IntakeReport, intake_slice, slice_bounds
 from pid_platform.sharding.layout import bucket_dir, final_dir
 from pid_platform.sharding.pause_points import pause_point
 from pid_platform.sharding.plan.add_modality import load_plan_cut, plan_build, save_plan_cut
@@ -83,10 +83,11 @@ class TaskOutcome:
     record: Path
     already_done: bool  # the record was there: nothing was read or written
     items: int = 0  # samples (intake) or shards (write) in the task's slice
-    first: int = 0  # position of its first item
+    first: int = 0  # position of its first shard (write; an intake slice is not contiguous)
     done: int = 0  # files validated (intake) or shards written (write)
     reused: int = 0  # outcomes reused (intake) or shards kept / hard-linked (write)
     nothing_staged: bool = False  # no plan staged, over a committed build: the plan found it up to date
+    nbytes: int = 0  # bytes of the intake slice's files
 
 
 @dataclass
@@ -116,9 +117,9 @@ def run_intake_task(
     staged = versions.staging_dir(out)
     settings = {"validate": validate, "trust_pickle": trust_pickle}
     rec = read_record(staged, INTAKE, index, of)
-    if rec is not None and rec.get("settings") == settings:
+    if rec is not None and rec.get("settings") == settings and rec.get("slicing") == SLICING:
         return TaskOutcome(INTAKE, index, of, record_path(staged, INTAKE, index, of), True,
-                           rec.get("samples", 0), rec.get("first", 0))
+                           rec.get("samples", 0), nbytes=rec.get("bytes", 0))
     staging = versions.begin(out, first_step=True, force=force)
     final = final_dir(out)
     caches = [state_dir(final) / CACHE_NAME, state_dir(staging) / CACHE_NAME]
@@ -127,11 +128,12 @@ def run_intake_task(
                         validate=validate, cache=cache, progress=progress)
     part.outcomes.save(intake_part_path(staging, index, of))
     path = write_record(staging, INTAKE, index, of, {
-        "settings": settings, "first": part.first, "samples": part.samples, "files_validated": part.files_validated,
-        "outcomes_reused": part.outcomes_reused, "part": intake_part_path(staging, index, of).name,
+        "settings": settings, "slicing": SLICING, "samples": part.samples, "bytes": part.nbytes,
+        "files_validated": part.files_validated, "outcomes_reused": part.outcomes_reused,
+        "part": intake_part_path(staging, index, of).name,
     })
-    return TaskOutcome(INTAKE, index, of, path, False, part.samples, part.first, part.files_validated,
-                       part.outcomes_reused)
+    return TaskOutcome(INTAKE, index, of, path, False, part.samples, 0, part.files_validated,
+                       part.outcomes_reused, nbytes=part.nbytes)
 
 
 @pipeline.build_step
