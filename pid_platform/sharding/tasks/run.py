@@ -190,12 +190,14 @@ def stage_plan(store: SourceStore, source: str, out: Path, config: ShardingConfi
     return _stage_plan(store, source, out, config)
 
 
-def staged_results(staging: Path) -> tuple[ShardingConfig, list[ShardPlan], list[ShardResult]]:
+def staged_results(staging: Path, *, plans: list[ShardPlan] | None = None,
+                   ) -> tuple[ShardingConfig, list[ShardPlan], list[ShardResult]]:
     """The staged plan's shards as the write tasks left them: each shard's planned sizes, and
     ``written`` where a write task's record for this plan says it wrote the shard (rather than
-    kept or hard-linked it)."""
+    kept or hard-linked it). ``plans``: the staged plan, when the caller has read it already."""
     config = pipeline.load_sharding_config(staging)
-    plans = pipeline.load_plans(staging, config)
+    if plans is None:
+        plans = pipeline.load_plans(staging, config)
     plan_sha = file_sha256(state_dir(staging) / pipeline.PLAN)
     written = {i for r in records(staging, WRITE) if r.get("plan_sha256") == plan_sha for i in r.get("written", [])}
     return config, plans, [ShardResult(p.bucket, p.index, p.relpath, len(p.samples),
@@ -284,17 +286,19 @@ def _ranges(positions: list[int]) -> str:
     return ", ".join(spans)
 
 
-def unfinished_write_tasks(out: Path, *, key_indexes: bool = True) -> str | None:
+def unfinished_write_tasks(out: Path, *, key_indexes: bool = True, plans: list[ShardPlan] | None = None,
+                           ) -> str | None:
     """Why the staged plan of ``out`` cannot be committed yet (None: every write task is done).
 
     Done means: every shard of the plan lies in the range of a write task's record for this plan,
     and its tars match their stamps and (``key_indexes``) its key index exists. A record whose shards are not all
     complete (a tar deleted since, or lost in a power cut after the record) is removed, so the
-    task runs again when started.
+    task runs again when started. ``plans``: the staged plan, when the caller has read it already.
     """
     staging = versions.staging_dir(out)
     plan_sha = file_sha256(state_dir(staging) / pipeline.PLAN)
-    plans = pipeline.load_plans(staging, pipeline.load_sharding_config(staging))
+    if plans is None:
+        plans = pipeline.load_plans(staging, pipeline.load_sharding_config(staging))
     recs = [r for r in records(staging, WRITE) if r.get("plan_sha256") == plan_sha]
     covered = [False] * len(plans)
     damaged: list[dict] = []
@@ -374,11 +378,13 @@ def run_commit(out: Path, *, num_workers: int = 1, manifest_root: str = "relativ
         return pipeline.BuildSummary(report.source, out, report, pipeline.summarize(results), manifests, [],
                                      _validate_of(final), up_to_date=True)
     staging, _plan = found
-    problem = unfinished_write_tasks(out)
+    # Read once for both checks (a plan of millions of samples takes seconds to read).
+    plans = pipeline.load_plans(staging, pipeline.load_sharding_config(staging))
+    problem = unfinished_write_tasks(out, plans=plans)
     if problem is not None:
         raise TasksUnfinishedError(f"commit of {out}: {problem}")
     report = report_from_json(json.loads((state_dir(staging) / REPORT).read_bytes()))
-    _config, _plans, results = staged_results(staging)
+    _config, _plans, results = staged_results(staging, plans=plans)
     validate = _validate_of(staging)
     _, manifests, removed = pipeline.run_manifests(out, report.source, num_workers=num_workers,
                                                    manifest_root=manifest_root)
