@@ -52,6 +52,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -312,14 +313,28 @@ def _build_options(raw: Path, out: Path, shard_mb: float) -> list[str]:
             "--num-workers", "1", "--validate", "full"]
 
 
-def _run_all(cmds: list[list[str]]) -> None:
-    """Run ``cmds`` at once (one process each); fail naming the first that fails."""
+def _run_all(cmds: list[list[str]]) -> list[float]:
+    """Run ``cmds`` at once (one process each); each one's seconds from the start to its exit.
+    Fails naming the first that fails."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    t0 = time.perf_counter()
     procs = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in cmds]
-    outs = [p.communicate()[0] for p in procs]
+    outs: list[str] = [""] * len(procs)
+    ended: list[float] = [0.0] * len(procs)
+
+    def wait(i: int) -> None:  # a thread each: every process's own end, not the order they are read in
+        outs[i] = procs[i].communicate()[0]
+        ended[i] = time.perf_counter() - t0
+
+    threads = [threading.Thread(target=wait, args=(i,)) for i in range(len(procs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     for c, p, o in zip(cmds, procs, outs, strict=True):
         if p.returncode:
             raise SystemExit(f"{' '.join(c[3:])} failed (exit {p.returncode}):\n{o}")
+    return ended
 
 
 def tasked_build(raw: Path, out: Path, workers: int, shard_mb: float) -> dict:
@@ -327,14 +342,16 @@ def tasked_build(raw: Path, out: Path, workers: int, shard_mb: float) -> dict:
     opts = _build_options(raw, out, shard_mb)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    stages = {}
-    _run_all([_pid_shard("task", "--stage", "intake", "--index", str(i), "--of", str(workers), *opts)
-              for i in range(workers)])
+    stages: dict = {}
+    tasks = _run_all([_pid_shard("task", "--stage", "intake", "--index", str(i), "--of", str(workers), *opts)
+                      for i in range(workers)])
     stages["intake"] = time.perf_counter() - t0
+    stages["intake_tasks"] = tasks
     _run_all([_pid_shard("plan", *opts)])
     stages["plan"] = time.perf_counter() - t0 - stages["intake"]
     t1 = time.perf_counter()
-    _run_all([_pid_shard("task", "--index", str(i), "--of", str(workers), *opts) for i in range(workers)])
+    stages["write_tasks"] = _run_all([_pid_shard("task", "--index", str(i), "--of", str(workers), *opts)
+                                      for i in range(workers)])
     stages["write"] = time.perf_counter() - t1
     t2 = time.perf_counter()
     _run_all([_pid_shard("commit", "--output-dir", str(out), "--num-workers", "1")])
@@ -445,6 +462,9 @@ def run_workers(args: argparse.Namespace) -> None:
               f"{r['commit']:>8.1f}")
     print(f"speed-up 2 vs 1 workers: {ratio:.2f}x (CPU time 1: {runs[1]['cpu']:.1f} s, 2: {runs[2]['cpu']:.1f} s; "
           f"load average now {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores)")
+    for w, r in runs.items():
+        print(f"tasks of {w} worker{'s' if w > 1 else ''}, seconds each (start to exit): intake "
+              f"{' '.join(f'{x:.1f}' for x in r['intake_tasks'])}, write {' '.join(f'{x:.1f}' for x in r['write_tasks'])}")
     busy = ", ".join(f"{w} worker{'s' if w > 1 else ''} {r['cpu'] / r['wall']:.2f}" for w, r in runs.items())
     print(f"cores used (CPU s per wall s): {busy} (2 workers can use 2.00 only where 2 cores are free)")
     print(f"output files of the two builds: {'identical' if same else 'DIFFERENT'} ({len(digests[1])} files)")

@@ -109,7 +109,7 @@ _TASK_HELP = {
     "`pid-shard commit`",
     "task": "one task of the staged build: --stage write (default) writes shard range I of N of the plan "
     "(tars, key indexes, digests, then a completion record); --stage intake validates slice I of N of the "
-    "listing, before `pid-shard plan`. A task that finds its record does nothing",
+    "listing (balanced by file bytes), before `pid-shard plan`. A task that finds its record does nothing",
     "commit": "once every write task has its completion record: the manifests, then the swap that publishes "
     "the staged build as --output-dir",
 }
@@ -340,7 +340,8 @@ def _run_task_command(command: str, args: argparse.Namespace, root: str | None, 
 
 def _task_outcome_text(res: TaskOutcome, out: str) -> str:
     if res.stage == "intake":
-        what = f"samples {res.first} .. {res.first + res.items - 1}" if res.items else "no samples"
+        # Not a range: the slices are balanced by bytes over the listing (``balanced_slices``).
+        what = f"{res.items} samples ({res.nbytes / 1e6:.1f} MB of files)" if res.items else "no samples"
         did = f"files validated: {res.done}  outcomes reused: {res.reused}"
     else:
         what = f"shards {res.first} .. {res.first + res.items - 1}" if res.items else "no shards"

@@ -5,7 +5,9 @@ Every file looked at ends up either in a sample or in the report with a reason.
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from loader.formats.twin_tar import disambiguate_key, nearest_bucket, sanitize_key
@@ -257,7 +259,7 @@ def _check_all(
 class Listing:
     """What the listing of a source decides before any file is read: the modalities, the
     report's listing part, and the complete samples (basename and files) in basename order,
-    the stable order intake tasks slice."""
+    the stable order intake tasks are cut from (``balanced_slices``)."""
 
     report: IntakeReport
     complete: list[tuple[str, dict[str, FileEntry]]]
@@ -324,13 +326,50 @@ def slice_bounds(total: int, index: int, of: int) -> tuple[int, int]:
     return total * index // of, total * (index + 1) // of
 
 
+# What a file costs an intake task beyond its bytes (an open, a stat, a read call), in bytes of
+# reading: it keeps a slicing of many small files (or zero-byte ones) balanced by count.
+FILE_COST_BYTES = 16 * 1024
+SLICING = "bytes-greedy-v1"  # in each intake record: a record of another slicing is not this task's
+
+
+def sample_weight(files: dict[str, FileEntry]) -> int:
+    """What validating a sample costs, in bytes read: its files' sizes plus a fixed cost per file.
+
+    Bytes stand for the decode cost (a full decode of a photograph is about linear in its file
+    size, far more than in its count), and are known from the listing before anything is read.
+    """
+    return sum(e.size for e in files.values()) + FILE_COST_BYTES * len(files)
+
+
+def balanced_slices(weights: Sequence[int], of: int) -> list[int]:
+    """The intake task (0 .. ``of`` - 1) of each item: in the items' order, each goes to the task
+    with the least weight so far (the lowest index among equals).
+
+    Deterministic for the same weights and ``of``; every item in exactly one task; the tasks'
+    weights differ by at most the largest item's. Contiguous ranges are not: the cost of a listing
+    in name order is not uniform along it (a crawl's large images under one prefix), and with
+    equal weights this is the stride ``i mod of``.
+    """
+    if of < 1:
+        raise ValueError(f"{of} intake tasks: there must be at least one")
+    if of == 1:
+        return [0] * len(weights)
+    heap = [(0, t) for t in range(of)]  # (weight so far, task): a valid heap as it stands
+    owner = []
+    for w in weights:
+        load, task = heap[0]
+        owner.append(task)
+        heapq.heapreplace(heap, (load + w, task))
+    return owner
+
+
 @dataclass
 class IntakeSlice:
     """What intake task ``index`` of ``of`` found: the outcome of every file of its samples."""
 
     outcomes: IntakeCache
-    first: int  # position of the slice's first sample among the complete ones
     samples: int  # complete samples in the slice
+    nbytes: int  # the bytes of the slice's files
     files_validated: int
     outcomes_reused: int
 
@@ -340,23 +379,27 @@ def intake_slice(
     validate: str = VALIDATE_FULL, cache: IntakeCache | None = None, progress=None,
 ) -> IntakeSlice:
     """Validate the files of slice ``index`` of ``of`` of the source's complete samples (in
-    basename order, ``slice_bounds``), reading only those ``cache`` does not vouch for.
+    basename order, balanced by bytes: ``balanced_slices``), reading only those ``cache`` does
+    not vouch for.
 
     The outcomes are an ``IntakeCache``: the plan's intake reads them as such, so the samples and
     the report it makes are those of one ``intake`` over the whole source, whatever the slicing.
     """
     check_validate_level(validate)
+    slice_bounds(0, index, of)  # raises ValueError naming the range
     if cache is None or cache.level != validate:
         cache = IntakeCache(validate)
     listing = list_source(store, source)
-    start, stop = slice_bounds(len(listing.complete), index, of)
-    part = listing.complete[start:stop]
+    weights = [sample_weight(files) for _, files in listing.complete]
+    owner = balanced_slices(weights, of)
+    mine = [i for i, t in enumerate(owner) if t == index]
     report = listing.report
     _checked, used = _check_all(
-        store, source, [files for _, files in part], report.image_modality, trust_pickle=trust_pickle,
+        store, source, [listing.complete[i][1] for i in mine], report.image_modality, trust_pickle=trust_pickle,
         level=validate, cache=cache, num_workers=num_workers, progress=progress, report=report,
     )
-    return IntakeSlice(used, start, len(part), report.files_validated, report.outcomes_reused)
+    nbytes = sum(e.size for i in mine for e in listing.complete[i][1].values())
+    return IntakeSlice(used, len(mine), nbytes, report.files_validated, report.outcomes_reused)
 
 
 def intake(

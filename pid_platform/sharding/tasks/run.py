@@ -3,8 +3,8 @@
 Each runs in any process on any machine that sees the output folder (and the source); they
 meet only in the staging folder beside the output (``versions.staging_dir``):
 
-* intake task ``I`` of ``N``: validates slice ``I`` of the source's complete samples (in
-  basename order) and writes their file outcomes as ``tasks/intake-I-of-N.parquet``, then its
+* intake task ``I`` of ``N``: validates slice ``I`` of the source's complete samples (cut from
+  the basename order, balanced by file bytes: ``intake.task.balanced_slices``) and writes their file outcomes as ``tasks/intake-I-of-N.parquet``, then its
   record. Optional: the plan validates whatever no intake task covered.
 * plan: the intake over the whole source (every outcome an intake task found is reused, so it
   reads only files no task covered), ``samples.parquet``, the report, then ``plan.parquet``
@@ -37,7 +37,7 @@ from pid_platform.sharding.commit.state import REPORT, SAMPLES, load_intake_sett
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.intake.cache import CACHE_NAME, IntakeCache
 from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, check_validate_level
-from pid_platform.sharding.intake.task import IntakeReport, intake_slice, slice_bounds
+from pid_platform.sharding.intake.task import SLICING, IntakeReport, intake_slice, slice_bounds
 from pid_platform.sharding.layout import bucket_dir, final_dir
 from pid_platform.sharding.pause_points import pause_point
 from pid_platform.sharding.plan.add_modality import load_plan_cut, plan_build, save_plan_cut
@@ -83,11 +83,12 @@ class TaskOutcome:
     record: Path
     already_done: bool  # the record was there: nothing was read or written
     items: int = 0  # samples (intake) or shards (write) in the task's slice
-    first: int = 0  # position of its first item
+    first: int = 0  # position of its first shard (write; an intake slice is not contiguous)
     done: int = 0  # files validated (intake) or shards written (write)
     reused: int = 0  # outcomes reused (intake) or shards kept / hard-linked (write)
     nothing_staged: bool = False  # no plan staged, over a committed build: the plan found it up to date
     copied: int = 0  # tars an s3 write task copied inside the bucket from the current version
+    nbytes: int = 0  # bytes of the intake slice's files
 
 
 @dataclass
@@ -117,9 +118,9 @@ def run_intake_task(
     staged = versions.staging_dir(out)
     settings = {"validate": validate, "trust_pickle": trust_pickle}
     rec = read_record(staged, INTAKE, index, of)
-    if rec is not None and rec.get("settings") == settings:
+    if rec is not None and rec.get("settings") == settings and rec.get("slicing") == SLICING:
         return TaskOutcome(INTAKE, index, of, record_path(staged, INTAKE, index, of), True,
-                           rec.get("samples", 0), rec.get("first", 0))
+                           rec.get("samples", 0), nbytes=rec.get("bytes", 0))
     staging = versions.begin(out, first_step=True, force=force)
     final = final_dir(out)
     caches = [state_dir(final) / CACHE_NAME, state_dir(staging) / CACHE_NAME]
@@ -128,11 +129,12 @@ def run_intake_task(
                         validate=validate, cache=cache, progress=progress)
     part.outcomes.save(intake_part_path(staging, index, of))
     path = write_record(staging, INTAKE, index, of, {
-        "settings": settings, "first": part.first, "samples": part.samples, "files_validated": part.files_validated,
-        "outcomes_reused": part.outcomes_reused, "part": intake_part_path(staging, index, of).name,
+        "settings": settings, "slicing": SLICING, "samples": part.samples, "bytes": part.nbytes,
+        "files_validated": part.files_validated, "outcomes_reused": part.outcomes_reused,
+        "part": intake_part_path(staging, index, of).name,
     })
-    return TaskOutcome(INTAKE, index, of, path, False, part.samples, part.first, part.files_validated,
-                       part.outcomes_reused)
+    return TaskOutcome(INTAKE, index, of, path, False, part.samples, 0, part.files_validated,
+                       part.outcomes_reused, nbytes=part.nbytes)
 
 
 @pipeline.build_step
@@ -189,12 +191,14 @@ def stage_plan(store: SourceStore, source: str, out: Path, config: ShardingConfi
     return _stage_plan(store, source, out, config)
 
 
-def staged_results(staging: Path) -> tuple[ShardingConfig, list[ShardPlan], list[ShardResult]]:
+def staged_results(staging: Path, *, plans: list[ShardPlan] | None = None,
+                   ) -> tuple[ShardingConfig, list[ShardPlan], list[ShardResult]]:
     """The staged plan's shards as the write tasks left them: each shard's planned sizes, and
     ``written`` where a write task's record for this plan says it wrote the shard (rather than
-    kept or hard-linked it)."""
+    kept or hard-linked it). ``plans``: the staged plan, when the caller has read it already."""
     config = pipeline.load_sharding_config(staging)
-    plans = pipeline.load_plans(staging, config)
+    if plans is None:
+        plans = pipeline.load_plans(staging, config)
     plan_sha = file_sha256(state_dir(staging) / pipeline.PLAN)
     written = {i for r in records(staging, WRITE) if r.get("plan_sha256") == plan_sha for i in r.get("written", [])}
     return config, plans, [ShardResult(p.bucket, p.index, p.relpath, len(p.samples),
@@ -283,17 +287,19 @@ def spans_text(positions: list[int]) -> str:
     return ", ".join(spans)
 
 
-def unfinished_write_tasks(out: Path, *, key_indexes: bool = True) -> str | None:
+def unfinished_write_tasks(out: Path, *, key_indexes: bool = True, plans: list[ShardPlan] | None = None,
+                           ) -> str | None:
     """Why the staged plan of ``out`` cannot be committed yet (None: every write task is done).
 
     Done means: every shard of the plan lies in the range of a write task's record for this plan,
     and its tars match their stamps and (``key_indexes``) its key index exists. A record whose shards are not all
     complete (a tar deleted since, or lost in a power cut after the record) is removed, so the
-    task runs again when started.
+    task runs again when started. ``plans``: the staged plan, when the caller has read it already.
     """
     staging = versions.staging_dir(out)
     plan_sha = file_sha256(state_dir(staging) / pipeline.PLAN)
-    plans = pipeline.load_plans(staging, pipeline.load_sharding_config(staging))
+    if plans is None:
+        plans = pipeline.load_plans(staging, pipeline.load_sharding_config(staging))
     recs = [r for r in records(staging, WRITE) if r.get("plan_sha256") == plan_sha]
     covered = [False] * len(plans)
     damaged: list[dict] = []
@@ -373,11 +379,13 @@ def run_commit(out: Path, *, num_workers: int = 1, manifest_root: str = "relativ
         return pipeline.BuildSummary(report.source, out, report, pipeline.summarize(results), manifests, [],
                                      _validate_of(final), up_to_date=True)
     staging, _plan = found
-    problem = unfinished_write_tasks(out)
+    # Read once for both checks (a plan of millions of samples takes seconds to read).
+    plans = pipeline.load_plans(staging, pipeline.load_sharding_config(staging))
+    problem = unfinished_write_tasks(out, plans=plans)
     if problem is not None:
         raise TasksUnfinishedError(f"commit of {out}: {problem}")
     report = report_from_json(json.loads((state_dir(staging) / REPORT).read_bytes()))
-    _config, _plans, results = staged_results(staging)
+    _config, _plans, results = staged_results(staging, plans=plans)
     validate = _validate_of(staging)
     _, manifests, removed = pipeline.run_manifests(out, report.source, num_workers=num_workers,
                                                    manifest_root=manifest_root)

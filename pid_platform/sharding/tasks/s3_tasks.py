@@ -73,7 +73,7 @@ from pid_platform.sharding.commit.verify_output import (
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.intake.cache import CACHE_NAME
 from pid_platform.sharding.intake.file_checks import VALIDATE_FULL
-from pid_platform.sharding.intake.task import slice_bounds
+from pid_platform.sharding.intake.task import SLICING, slice_bounds
 from pid_platform.sharding.layout import STATE_DIR, bucket_dir, final_dir
 from pid_platform.sharding.output_lock import build_lock
 from pid_platform.sharding.pause_points import pause_point
@@ -135,8 +135,9 @@ def run_s3_intake_task(
     settings = {"validate": validate, "trust_pickle": trust_pickle}
     rel = staging.record_rel(INTAKE, index, of)
     rec = staging.get_json(output, rel)
-    if rec is not None and rec.get("format") == RECORD_FORMAT and rec.get("settings") == settings:
-        return TaskOutcome(INTAKE, index, of, Path(rel), True, rec.get("samples", 0), rec.get("first", 0))
+    if (rec is not None and rec.get("format") == RECORD_FORMAT and rec.get("settings") == settings
+            and rec.get("slicing") == SLICING):
+        return TaskOutcome(INTAKE, index, of, Path(rel), True, rec.get("samples", 0), nbytes=rec.get("bytes", 0))
     res = run_intake_task(store, source, scratch, index, of, trust_pickle=trust_pickle, num_workers=num_workers,
                           validate=validate, revalidate=revalidate, force=force)
     staged = versions.staging_dir(scratch)
@@ -145,7 +146,7 @@ def run_s3_intake_task(
     staging.put(output, staging.rel("tasks", part.name), part, what)
     staging.put(output, rel, local_records.record_path(staged, INTAKE, index, of).read_bytes(), what)
     shutil.rmtree(scratch, ignore_errors=True)
-    return TaskOutcome(INTAKE, index, of, Path(rel), False, res.items, res.first, res.done, res.reused)
+    return TaskOutcome(INTAKE, index, of, Path(rel), False, res.items, 0, res.done, res.reused, nbytes=res.nbytes)
 
 
 def _pull_intake_parts(output: S3Output, work: Path) -> None:
