@@ -6,11 +6,8 @@ commit refuses, naming them, while tasks are unfinished."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,28 +16,12 @@ from pid_platform.sharding.layout import STATE_DIR
 from pid_platform.sharding.tasks.records import WRITE, record_path, tasks_dir
 from pid_platform.sharding.tasks.run import SHARD_DONE_POINT
 from tests.support.build_data import SOURCE, output_files, snapshot
+from tests.support.machines import pid_shard, write_tasks
 
-PID_SHARD = str(Path(sys.executable).parent / "pid-shard")
 SETTINGS = ["--max-shard-size-mb", "0.25", "--part-size", "2", "--shuffle", "--seed", "3"]
 # What the plan stages besides the tars: the same rows and settings as the one-process build.
 STATE_COMPARED = ("intake_report.json", "samples.parquet", "plan.parquet", "sharding.json", "intake.json",
                   "intake_cache.parquet")
-
-
-def _pid_shard(tmp_path: Path, name: str, *args: str, env: dict | None = None, check: bool = True,
-               popen: bool = False):
-    """``pid-shard`` as a process of its own: its own working folder and HOME, as on another machine."""
-    home = tmp_path / "machines" / name
-    home.mkdir(parents=True, exist_ok=True)
-    full_env = {**os.environ, "HOME": str(home), **(env or {})}
-    cmd = [PID_SHARD, *args]
-    if popen:
-        return subprocess.Popen(cmd, cwd=home, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-    res = subprocess.run(cmd, cwd=home, env=full_env, capture_output=True, text=True, timeout=180)
-    if check:
-        assert res.returncode == 0, res.stderr
-    return res
 
 
 def _io(raw_root: Path, out: Path, source: bool = True) -> list[str]:
@@ -53,23 +34,13 @@ def _state(out: Path) -> dict[str, bytes]:
 
 def _reference(raw_root: Path, tmp_path: Path, *extra: str) -> Path:
     ref = tmp_path / "reference"
-    _pid_shard(tmp_path, "reference", *_io(raw_root, ref), *SETTINGS, *extra, "--num-workers", "2")
+    pid_shard(tmp_path, "reference", *_io(raw_root, ref), *SETTINGS, *extra, "--num-workers", "2")
     return ref
 
 
 def _write_tasks(raw_root: Path, out: Path, tmp_path: Path, n: int, *extra: str) -> list[str]:
     """Write tasks 0 .. n-1 at once, each in its own process and folder; their outputs."""
-    procs = [
-        _pid_shard(tmp_path, f"task-{i}", "task", "--index", str(i), "--of", str(n), *_io(raw_root, out),
-                   "--num-workers", "1", *extra, popen=True)
-        for i in range(n)
-    ]
-    outs = []
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=180)
-        assert p.returncode == 0, stderr
-        outs.append(stdout)
-    return outs
+    return write_tasks(tmp_path, n, *_io(raw_root, out), *extra)
 
 
 def test_plan_tasks_commit_equal_one_process_build(raw_root: Path, tmp_path: Path) -> None:
@@ -78,18 +49,18 @@ def test_plan_tasks_commit_equal_one_process_build(raw_root: Path, tmp_path: Pat
     # Intake tasks first (two slices in two processes): the plan then validates nothing itself.
     validated = []
     for i in range(2):
-        res = _pid_shard(tmp_path, f"intake-{i}", "task", "--stage", "intake", "--index", str(i), "--of", "2",
+        res = pid_shard(tmp_path, f"intake-{i}", "task", "--stage", "intake", "--index", str(i), "--of", "2",
                          *_io(raw_root, out), "--num-workers", "1")
         validated.append(int(re.search(r"files validated: (\d+)", res.stdout).group(1)))
     # The slices are balanced by bytes, not count: together they are the 32 samples x 3 files.
     assert sum(validated) == 96 and all(v > 0 for v in validated)
-    plan = _pid_shard(tmp_path, "plan", "plan", *_io(raw_root, out), *SETTINGS)
+    plan = pid_shard(tmp_path, "plan", "plan", *_io(raw_root, out), *SETTINGS)
     assert "files validated: 0  outcomes reused: 96" in plan.stdout
     assert not out.exists()  # nothing published before the commit
 
     outs = _write_tasks(raw_root, out, tmp_path, 3)
     assert all("shards written: " in o and "completion record" in o for o in outs)
-    commit = _pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False))
+    commit = pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False))
     assert f"source 'photos' -> {out}" in commit.stdout
     assert "manifests: 8 wdinfo.json" in commit.stdout
 
@@ -107,37 +78,37 @@ def test_bytes_do_not_depend_on_the_number_of_tasks(raw_root: Path, tmp_path: Pa
     ref = _reference(raw_root, tmp_path)
     for n in (1, 5):
         out = tmp_path / f"out-{n}"
-        _pid_shard(tmp_path, "plan", "plan", *_io(raw_root, out), *SETTINGS)
+        pid_shard(tmp_path, "plan", "plan", *_io(raw_root, out), *SETTINGS)
         _write_tasks(raw_root, out, tmp_path, n)
-        _pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False))
+        pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False))
         assert output_files(out) == output_files(ref), n
 
 
 def test_a_finished_task_run_again_touches_nothing(raw_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     intake = ["task", "--stage", "intake", "--index", "0", "--of", "1", *_io(raw_root, out)]
-    _pid_shard(tmp_path, "intake", *intake)
-    _pid_shard(tmp_path, "plan", "plan", *_io(raw_root, out), *SETTINGS)
+    pid_shard(tmp_path, "intake", *intake)
+    pid_shard(tmp_path, "plan", "plan", *_io(raw_root, out), *SETTINGS)
     _write_tasks(raw_root, out, tmp_path, 3)
     staged = staging_dir(out)
     before = snapshot(staged)
-    again = _pid_shard(tmp_path, "again", "task", "--index", "1", "--of", "3", *_io(raw_root, out))
+    again = pid_shard(tmp_path, "again", "task", "--index", "1", "--of", "3", *_io(raw_root, out))
     assert "already done" in again.stdout and "nothing to do" in again.stdout
-    again = _pid_shard(tmp_path, "again", *intake)
+    again = pid_shard(tmp_path, "again", *intake)
     assert "already done" in again.stdout
     assert snapshot(staged) == before  # bytes, mtime and inode of every staged file, state included
-    _pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False))
+    pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False))
     assert output_files(out) == output_files(_reference(raw_root, tmp_path))
 
 
 def test_write_task_killed_half_way_and_rerun_gives_the_same_bytes(raw_root: Path, tmp_path: Path) -> None:
     ref = _reference(raw_root, tmp_path)
     out = tmp_path / "out"
-    _pid_shard(tmp_path, "plan", "plan", *_io(raw_root, out), *SETTINGS)
+    pid_shard(tmp_path, "plan", "plan", *_io(raw_root, out), *SETTINGS)
     pause = tmp_path / "pause"
     pause.mkdir()
     env = {"PID_PAUSE_AT": SHARD_DONE_POINT, "PID_PAUSE_DIR": str(pause)}
-    proc = _pid_shard(tmp_path, "doomed", "task", "--index", "0", "--of", "2", *_io(raw_root, out),
+    proc = pid_shard(tmp_path, "doomed", "task", "--index", "0", "--of", "2", *_io(raw_root, out),
                       "--num-workers", "1", env=env, popen=True)
     reached = pause / f"{SHARD_DONE_POINT.replace(':', '-')}.reached"
     try:
@@ -153,53 +124,53 @@ def test_write_task_killed_half_way_and_rerun_gives_the_same_bytes(raw_root: Pat
     staged = staging_dir(out)
     assert not record_path(staged, WRITE, 0, 2).exists()  # no record: the task is not done
 
-    refused = _pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False), check=False)
+    refused = pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False), check=False)
     assert refused.returncode == 2 and "no write task has finished" in refused.stderr
 
-    rerun = _pid_shard(tmp_path, "rerun", "task", "--index", "0", "--of", "2", *_io(raw_root, out))
+    rerun = pid_shard(tmp_path, "rerun", "task", "--index", "0", "--of", "2", *_io(raw_root, out))
     kept = int(rerun.stdout.split("already up to date: ")[1].split(";")[0])
     assert kept >= 1  # the shard finished before the kill was kept, not written again
-    _pid_shard(tmp_path, "other", "task", "--index", "1", "--of", "2", *_io(raw_root, out))
-    _pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False))
+    pid_shard(tmp_path, "other", "task", "--index", "1", "--of", "2", *_io(raw_root, out))
+    pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False))
     assert output_files(out) == output_files(ref)
     assert not [p for p in out.rglob("*.tmp-*")]
 
 
 def test_commit_refuses_naming_the_unfinished_tasks(raw_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    _pid_shard(tmp_path, "plan", "plan", *_io(raw_root, out), *SETTINGS)
-    none = _pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False), check=False)
+    pid_shard(tmp_path, "plan", "plan", *_io(raw_root, out), *SETTINGS)
+    none = pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False), check=False)
     assert none.returncode == 2 and "Traceback" not in none.stderr
     assert "no write task has finished" in none.stderr
     for i in (0, 3):
-        _pid_shard(tmp_path, f"task-{i}", "task", "--index", str(i), "--of", "4", *_io(raw_root, out))
-    res = _pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False), check=False)
+        pid_shard(tmp_path, f"task-{i}", "task", "--index", str(i), "--of", "4", *_io(raw_root, out))
+    res = pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False), check=False)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.startswith("pid-shard commit: error: ")
     assert "write tasks 1, 2 of 4 have not finished" in res.stderr and "nothing was published" in res.stderr
     assert not out.exists()
     _write_tasks(raw_root, out, tmp_path, 4)  # 0 and 3 find their records; 1 and 2 write
-    _pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False))
+    pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False))
     assert output_files(out) == output_files(_reference(raw_root, tmp_path))
 
 
 def test_rebuild_through_tasks_reuses_every_unchanged_tar(raw_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    _pid_shard(tmp_path, "first", *_io(raw_root, out), *SETTINGS)  # the one-process build first
+    pid_shard(tmp_path, "first", *_io(raw_root, out), *SETTINGS)  # the one-process build first
     inodes = {p: (out / p).stat().st_ino for p in output_files(out) if p.endswith(".tar")}
-    plan = _pid_shard(tmp_path, "plan", "plan", *_io(raw_root, out), *SETTINGS)
+    plan = pid_shard(tmp_path, "plan", "plan", *_io(raw_root, out), *SETTINGS)
     assert "up to date" in plan.stdout and not staging_dir(out).exists()
     # Another sharding of the same samples: the plan decodes nothing, the tasks write only new shards.
-    plan = _pid_shard(tmp_path, "plan", "plan", *_io(raw_root, out), *SETTINGS[:-1], "4")
+    plan = pid_shard(tmp_path, "plan", "plan", *_io(raw_root, out), *SETTINGS[:-1], "4")
     assert "files validated: 0 " in plan.stdout
     _write_tasks(raw_root, out, tmp_path, 2)
-    task = _pid_shard(tmp_path, "again", "task", "--index", "0", "--of", "2", *_io(raw_root, out))
+    task = pid_shard(tmp_path, "again", "task", "--index", "0", "--of", "2", *_io(raw_root, out))
     assert "already done" in task.stdout
-    _pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False))
+    pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False))
     # Back to the first seed: every tar of the first build is unchanged, so each is hard-linked.
-    _pid_shard(tmp_path, "plan", "plan", *_io(raw_root, out), *SETTINGS)
+    pid_shard(tmp_path, "plan", "plan", *_io(raw_root, out), *SETTINGS)
     outs = _write_tasks(raw_root, out, tmp_path, 2)
-    _pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False))
+    pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False))
     assert all("shards written: " in o for o in outs)
     assert output_files(out) == output_files(_reference(raw_root, tmp_path))
     assert json.loads((out / STATE_DIR / "sharding.json").read_bytes())["seed"] == 3
@@ -218,30 +189,30 @@ def test_task_argument_errors_are_clear(raw_root: Path, tmp_path: Path) -> None:
         (["plan", "--output-dir", str(out)], "required: --input-dir"),
     ]
     for argv, expected in cases:
-        res = _pid_shard(tmp_path, "args", *argv, check=False)
+        res = pid_shard(tmp_path, "args", *argv, check=False)
         assert res.returncode == 2, argv
         assert "Traceback" not in res.stderr and expected in res.stderr, (argv, res.stderr)
     # A write task before any plan: a build error naming the step to run first.
-    res = _pid_shard(tmp_path, "args", "task", "--index", "0", "--of", "2", *_io(raw_root, out), check=False)
+    res = pid_shard(tmp_path, "args", "task", "--index", "0", "--of", "2", *_io(raw_root, out), check=False)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "run `pid-shard plan`" in res.stderr
 
 
 def test_commit_sends_back_a_task_whose_shard_was_damaged_after_its_record(raw_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    _pid_shard(tmp_path, "plan", "plan", *_io(raw_root, out), *SETTINGS)
+    pid_shard(tmp_path, "plan", "plan", *_io(raw_root, out), *SETTINGS)
     _write_tasks(raw_root, out, tmp_path, 2)
     staged = staging_dir(out)
     rec = json.loads(record_path(staged, WRITE, 1, 2).read_bytes())
     assert rec["plan_sha256"] and rec["shards"][1] > rec["shards"][0] and rec["written"]
     victim = sorted(p for p in staged.rglob("*.tar"))[-1]  # the last shard: write task 1's
     victim.unlink()
-    res = _pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False), check=False)
+    res = pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False), check=False)
     assert res.returncode == 2 and "write task 1 of 2 has not finished" in res.stderr
     assert "must run again" in res.stderr and not record_path(staged, WRITE, 1, 2).exists()
-    again = _pid_shard(tmp_path, "again", "task", "--index", "1", "--of", "2", *_io(raw_root, out))
+    again = pid_shard(tmp_path, "again", "task", "--index", "1", "--of", "2", *_io(raw_root, out))
     assert "shards written: 1 " in again.stdout  # only the damaged shard; the others are kept
-    _pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False))
+    pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False))
     assert output_files(out) == output_files(_reference(raw_root, tmp_path))
 
 
