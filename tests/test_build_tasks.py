@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import json
 import re
-import signal
-import time
 from pathlib import Path
 
 from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.layout import STATE_DIR
 from pid_platform.sharding.tasks.records import WRITE, record_path, tasks_dir
-from pid_platform.sharding.tasks.run import SHARD_DONE_POINT
 from tests.support.build_data import SOURCE, output_files, snapshot
-from tests.support.machines import pid_shard, write_tasks
+from tests.support.machines import kill_write_task_half_way, pid_shard, write_tasks
 
 SETTINGS = ["--max-shard-size-mb", "0.25", "--part-size", "2", "--shuffle", "--seed", "3"]
 # What the plan stages besides the tars: the same rows and settings as the one-process build.
@@ -105,22 +102,7 @@ def test_write_task_killed_half_way_and_rerun_gives_the_same_bytes(raw_root: Pat
     ref = _reference(raw_root, tmp_path)
     out = tmp_path / "out"
     pid_shard(tmp_path, "plan", "plan", *_io(raw_root, out), *SETTINGS)
-    pause = tmp_path / "pause"
-    pause.mkdir()
-    env = {"PID_PAUSE_AT": SHARD_DONE_POINT, "PID_PAUSE_DIR": str(pause)}
-    proc = pid_shard(tmp_path, "doomed", "task", "--index", "0", "--of", "2", *_io(raw_root, out),
-                      "--num-workers", "1", env=env, popen=True)
-    reached = pause / f"{SHARD_DONE_POINT.replace(':', '-')}.reached"
-    try:
-        deadline = time.monotonic() + 120
-        while not reached.exists():
-            assert proc.poll() is None, f"the task ended before its first shard: {proc.stderr.read()!r}"
-            assert time.monotonic() < deadline, "the task never finished a shard"
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGKILL)  # one shard in place, the others not yet: half way
-    finally:
-        proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    kill_write_task_half_way(tmp_path, "doomed", *_io(raw_root, out))  # one shard in place, the others not yet
     staged = staging_dir(out)
     assert not record_path(staged, WRITE, 0, 2).exists()  # no record: the task is not done
 

@@ -7,17 +7,14 @@ keeps what it had sent; the commit refuses while a task is unfinished and publis
 from __future__ import annotations
 
 import itertools
-import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from pid_platform.sharding.tasks.run import SHARD_DONE_POINT
 from pid_platform.sharding.tasks.s3_staging import STAGED
 from tests.conftest import SOURCE
-from tests.support.machines import pid_shard, write_tasks
+from tests.support.machines import kill_write_task_half_way, pid_shard, write_tasks
 from tests.support.s3_objects import current_version, keys, objects, pointer
 from tests.support.seaweedfs import SeaweedS3, upload_tree
 
@@ -109,22 +106,7 @@ def test_a_killed_write_task_rerun_gives_the_same_bytes_and_the_commit_waits_for
     ref_version, ref = _reference(tmp_path, s3)
     url = s3.url("killed")
     pid_shard(tmp_path, "planner", "plan", *_io(s3.source, url), *SETTINGS)
-    pause = tmp_path / "pause"
-    pause.mkdir()
-    env = {"PID_PAUSE_AT": SHARD_DONE_POINT, "PID_PAUSE_DIR": str(pause)}
-    proc = pid_shard(tmp_path, "doomed", "task", "--index", "0", "--of", "2", *_io(s3.source, url),
-                      "--num-workers", "1", env=env, popen=True)
-    reached = pause / f"{SHARD_DONE_POINT.replace(':', '-')}.reached"
-    try:
-        deadline = time.monotonic() + 120
-        while not reached.exists():
-            assert proc.poll() is None, f"the task ended before its first shard: {proc.stderr.read()!r}"
-            assert time.monotonic() < deadline, "the task never finished a shard"
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGKILL)  # one shard sent, the others not yet: half way
-    finally:
-        proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    kill_write_task_half_way(tmp_path, "doomed", *_io(s3.source, url))  # one shard in place, the others not yet
 
     pid_shard(tmp_path, "other", "task", "--index", "1", "--of", "2", *_io(s3.source, url))
     refused = pid_shard(tmp_path, "committer", "commit", *_io(None, url), check=False)

@@ -8,8 +8,10 @@ Each call is a real process with its own working folder, ``HOME`` and ``PID_WORK
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 PID_SHARD = str(Path(sys.executable).parent / "pid-shard")
@@ -41,3 +43,26 @@ def write_tasks(tmp_path: Path, n: int, *args: str, timeout: float = 240) -> lis
         assert p.returncode == 0, stderr
         outs.append(stdout)
     return outs
+
+
+def kill_write_task_half_way(tmp_path: Path, machine: str, *args: str) -> None:
+    """Write task ``0 of 2`` as machine ``machine``, killed with SIGKILL once its first shard is
+    in place (``SHARD_DONE_POINT``) and before the next: a task that died half way."""
+    from pid_platform.sharding.tasks.run import SHARD_DONE_POINT
+
+    pause = tmp_path / f"pause-{machine}"
+    pause.mkdir()
+    env = {"PID_PAUSE_AT": SHARD_DONE_POINT, "PID_PAUSE_DIR": str(pause)}
+    proc = pid_shard(tmp_path, machine, "task", "--index", "0", "--of", "2", *args, "--num-workers", "1", env=env,
+                     popen=True)
+    reached = pause / f"{SHARD_DONE_POINT.replace(':', '-')}.reached"
+    try:
+        deadline = time.monotonic() + 120
+        while not reached.exists():
+            assert proc.poll() is None, f"the task ended before its first shard: {proc.stderr.read()!r}"
+            assert time.monotonic() < deadline, "the task never finished a shard"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
