@@ -21,6 +21,7 @@ from loader.lerobot.streaming.video import (
     EpisodeVideo,
     VideoFrameError,
     VideoSpan,
+    frames_held,
     plan_video_span,
 )
 from tests.support.lerobot_data import write_v3_dataset
@@ -207,6 +208,29 @@ def test_frame_is_thread_safe(built) -> None:
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_frames_held_keeps_rgb_frames_only_for_windows() -> None:
+    assert frames_held(0, 2) == (0, 3)      # no camera window: nothing is asked twice
+    assert frames_held(3, 2) == (9, 9)      # windows overlap, asked out of order by 2 threads
+
+
+@pytest.mark.parametrize("name", ["av1-faststart", "h264-bframes-multi"])
+def test_keeping_no_frames_still_decodes_every_order(name: str, built) -> None:
+    b = built(name)
+    ep = 0 if name.startswith("h264") else 1
+    rel, _, length = b.episode(ep)
+    want = b.oracle(rel, episode_times(b, ep))
+    video = b.open(b.plan(ep), keep_frames=0, pending_frames=3)
+    forward = list(range(length))
+    for k in forward + [length - 1] + forward[::-1]:   # a repeat (padding), then backwards
+        assert np.array_equal(video.frame(video.span.frame_samples[k]), want[k]), f"frame {k}"
+        assert len(video._kept) == 0 and len(video._pending) <= 3
+    assert video.restarts > 1     # nothing kept: a repeat decodes again
+    with pytest.raises(ValueError, match="keep_frames must be >= 0 and pending_frames >= 1"):
+        b.open(b.plan(ep), keep_frames=-1)
+    with pytest.raises(ValueError, match="pending_frames >= 1"):
+        b.open(b.plan(ep), keep_frames=0, pending_frames=0)
 
 
 # -- errors ---------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ from .state import (
     worker_steps,
 )
 from .tabular import EpisodeTableReader
-from .video import DecoderCache, EpisodeVideo, VideoSpan, plan_video_span
+from .video import DecoderCache, EpisodeVideo, VideoSpan, frames_held, plan_video_span
 
 log = logging.getLogger(__name__)
 
@@ -426,12 +426,12 @@ class StreamingLeRobotDataset(IterableDataset):
         fetcher.counters = self.fetch_counters
         self._decoders = decoders = DecoderCache(share.decoder_cache)
         decoders_lock = threading.Lock()
-        # Decoded frames kept per open decoder: a camera window reaches over frames already handed
-        # out, and the decode threads may ask for neighbouring frames out of order. Nothing more:
-        # at 640x480 each kept frame is 0.9 MB, times every open decoder of the worker.
+        # Decoded frames held per open decoder (frames_held): what windows and the decode threads'
+        # out-of-order requests read again. Nothing more: at 640x480 each frame is 0.9 MB, times
+        # every open decoder of the worker.
         reach = [abs(d) for key, ds in (self.delta_indices or {}).items() if key in self.video_keys for d in ds]
         decode_threads = self.options.decode_threads(num_workers)
-        keep_frames = 2 * max(reach, default=0) + decode_threads + 1
+        keep_frames, pending_frames = frames_held(max(reach, default=0), decode_threads)
         frame_dtype = self.options.frame_dtype
         batching = self._collate
         transforms_here = self.image_transforms if not in_process else None
@@ -458,7 +458,8 @@ class StreamingLeRobotDataset(IterableDataset):
                     if span.rel not in arrays:
                         arrays[span.rel] = index.arrays(span.rel)
                     dec = EpisodeVideo(span, index.file(span.rel), arrays[span.rel], payload.videos[key],
-                                       tolerance_s=self.tolerance_s, keep_frames=keep_frames)
+                                       tolerance_s=self.tolerance_s, keep_frames=keep_frames,
+                                       pending_frames=pending_frames)
                     decoders.put((ep, key), dec)
                 return dec
 

@@ -68,7 +68,7 @@ from .options import DEFAULT_SEED, StreamingOptions
 from .planner import WorkerPlan, plan_worker
 from .ranges import FetchCounters
 from .state import StreamResumeError
-from .video import DecoderCache, EpisodeVideo
+from .video import DecoderCache, EpisodeVideo, frames_held
 
 STATE_FORMAT = "pid-lerobot-mixture"
 STATE_VERSION = 1
@@ -456,7 +456,7 @@ class StreamingLeRobotMixture(IterableDataset):
         decoders_lock = threading.Lock()
         reach = [abs(d) for key, ds_ in (self.delta_indices or {}).items() if key in self.video_keys for d in ds_]
         decode_threads = self.options.decode_threads(num_workers)
-        keep_frames = 2 * max(reach, default=0) + decode_threads + 1
+        keep_frames, pending_frames = frames_held(max(reach, default=0), decode_threads)
         frame_dtype = self.options.frame_dtype
         batching = self._collate
         transforms_here = self.image_transforms if not in_process else None
@@ -487,7 +487,8 @@ class StreamingLeRobotMixture(IterableDataset):
                     if span.rel not in arrays:
                         arrays[span.rel] = index.arrays(span.rel)
                     dec = EpisodeVideo(span, index.file(span.rel), arrays[span.rel], payload.videos[key],
-                                       tolerance_s=self.datasets[i].tolerance_s, keep_frames=keep_frames)
+                                       tolerance_s=self.datasets[i].tolerance_s, keep_frames=keep_frames,
+                                       pending_frames=pending_frames)
                     decoders.put((cid, key), dec)
                 return dec
 

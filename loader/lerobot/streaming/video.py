@@ -31,7 +31,7 @@ from .decoder_cache import DecoderCache
 if TYPE_CHECKING:
     from loader.lerobot.sidecar.schema import SidecarFile
 
-__all__ = ["DecoderCache", "EpisodeVideo", "UnsupportedCodecError", "VideoDecodeError",
+__all__ = ["DecoderCache", "EpisodeVideo", "frames_held", "UnsupportedCodecError", "VideoDecodeError",
            "VideoFrameError", "VideoSpan", "plan_video_span"]
 
 
@@ -148,6 +148,37 @@ def _nearest_samples(rel: str, pts: np.ndarray, ids: np.ndarray, times: np.ndarr
         rel=rel, time=t, nearest=nearest, tolerance_s=tolerance_s)
 
 
+def frames_held(reach: int, decode_threads: int) -> tuple[int, int]:
+    """(``keep_frames``, ``pending_frames``) of a worker's decoders: ``reach`` is the furthest a
+    camera window reaches from its frame (0 without camera deltas).
+
+    Pending (decoded, not yet asked for) YUV frames cover the decode threads asking for
+    neighbouring frames of one episode out of order, within the windows. Kept (handed-out) RGB
+    frames serve the overlap of neighbouring windows, asked out of order by the decode threads.
+    Without windows no frame is asked twice but a padding repeat (a few per epoch, decoded
+    again), so none is kept: every open decoder holds its kept frames, at 640x480 an RGB frame
+    is 0.9 MB, and a worker has up to pool x cameras decoders open (64 by default), so the
+    ``decode_threads + 1`` frames once kept without windows held 170 MB that no request read.
+    """
+    pending = 2 * reach + decode_threads + 1
+    return (pending if reach else 0), pending
+
+
+_local = threading.local()
+
+
+def _reformatter() -> VideoReformatter:
+    """This thread's YUV->RGB converter. frame.to_ndarray() builds a new swscale context (with
+    its own thread pool) per frame, which cost several times the decode itself; one per open
+    decoder held 0.3 MB each (64 decoders per worker by default). One per thread, shared by
+    every span it converts (it rebuilds its context only when the frame size or format
+    changes), single-threaded: parallelism comes from episodes on threads."""
+    fmt = getattr(_local, "reformatter", None)
+    if fmt is None:
+        fmt = _local.reformatter = VideoReformatter()
+    return fmt
+
+
 class EpisodeVideo:
     """Decodes frames of one (episode, camera) from the fetched span bytes.
 
@@ -158,22 +189,26 @@ class EpisodeVideo:
     ``keep_frames`` frames handed out stay in ``kept`` for windows; a request behind both
     restarts at the sync sample at or before it.
 
-    Memory is bounded: ``kept`` holds at most ``keep_frames`` RGB frames and ``pending`` at most
-    ``keep_frames`` YUV frames (when full, the earliest in presentation order are dropped: they
-    are behind the reader), plus the decoder's own reference pictures and the span bytes, which
+    Memory is bounded: ``kept`` holds at most ``keep_frames`` RGB frames (0: none) and ``pending`` at most
+    ``pending_frames`` (default ``keep_frames``, at least 1) YUV frames (when full, the earliest in
+    presentation order are dropped: they are behind the reader), plus the decoder's own reference pictures and the span bytes, which
     this object holds until ``close()``. Frames handed out are read-only (shared with ``kept``).
     ``frame`` is thread-safe (one lock per object); decoders of different episodes run in
     parallel on threads.
     """
 
     def __init__(self, span: VideoSpan, file: SidecarFile, arrays: Mapping[str, np.ndarray],
-                 payload: bytes | memoryview, *, tolerance_s: float, keep_frames: int = 8):
-        if keep_frames < 1:
-            raise ValueError(f"keep_frames must be >= 1, got {keep_frames}")
+                 payload: bytes | memoryview, *, tolerance_s: float, keep_frames: int = 8,
+                 pending_frames: int | None = None):
+        pending_frames = max(1, keep_frames) if pending_frames is None else pending_frames
+        if keep_frames < 0 or pending_frames < 1:
+            raise ValueError(f"keep_frames must be >= 0 and pending_frames >= 1, got {keep_frames} "
+                             f"and {pending_frames}")
         if len(payload) != span.nbytes:
             raise ValueError(f"{span.rel}: got {len(payload)} payload bytes for a span of {span.nbytes} "
                              f"(bytes {span.byte_start}..{span.byte_end})")
         self.span, self.rel, self.tolerance_s, self.keep_frames = span, span.rel, tolerance_s, keep_frames
+        self.pending_frames = pending_frames
         self.codec, self._decoder, self._extradata = decoder_config(span.rel, file.stsd)
         if file.codec != self.codec:
             raise UnsupportedCodecError(f"{span.rel}: the sidecar says codec {file.codec!r} but its "
@@ -213,10 +248,6 @@ class EpisodeVideo:
         self._outstanding: set[int] = set()   # fed, not yet out of the decoder
         self._pending: dict[int, av.VideoFrame] = {}
         self._kept: OrderedDict[int, np.ndarray] = OrderedDict()
-        # One YUV->RGB converter for all frames of the span: frame.to_ndarray() builds a new
-        # swscale context (with its own thread pool) per frame, which cost several times the
-        # decode itself. Single-threaded: parallelism comes from episodes on threads.
-        self._to_rgb = VideoReformatter()
         self._closed = False
         self.decode_seconds = 0.0
         self.frames_decoded = 0
@@ -262,12 +293,13 @@ class EpisodeVideo:
                 if frame is None:
                     frame = self._decode_to(sample)
                 started = time.perf_counter()
-                rgb = self._to_rgb.reformat(frame, format="rgb24", threads=1).to_ndarray()
+                rgb = _reformatter().reformat(frame, format="rgb24", threads=1).to_ndarray()
                 self.decode_seconds += time.perf_counter() - started
                 rgb.flags.writeable = False
-                self._kept[sample] = rgb
-                while len(self._kept) > self.keep_frames:
-                    self._kept.popitem(last=False)
+                if self.keep_frames:
+                    self._kept[sample] = rgb
+                    while len(self._kept) > self.keep_frames:
+                        self._kept.popitem(last=False)
             else:
                 self._kept.move_to_end(sample)
             return rgb
@@ -352,11 +384,11 @@ class EpisodeVideo:
         return out
 
     def _trim_pending(self) -> None:
-        if len(self._pending) <= self.keep_frames:
+        if len(self._pending) <= self.pending_frames:
             return
         # Drop the frames earliest in presentation: the reader has moved past them.
         by_time = sorted(self._pending, key=lambda s: self._pts[s - self._first])
-        for s in by_time[:len(self._pending) - self.keep_frames]:
+        for s in by_time[:len(self._pending) - self.pending_frames]:
             del self._pending[s]
 
     @property
