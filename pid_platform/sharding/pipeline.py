@@ -283,6 +283,7 @@ def run_manifests(
     out: Path, source: str, *, num_workers: int, manifest_root: str = "relative",
     publish_to: S3Output | None = None, before_switch: Callable[[], None] | None = None,
     published: list[PublishedVersion] | None = None, repair: bool = False,
+    plans: list[ShardPlan] | None = None,
 ) -> tuple[ShardingConfig, list[BucketManifest], list[Path]]:
     """wdinfo.json per bucket into the staging folder, then the commit that publishes it as ``out``.
 
@@ -294,13 +295,15 @@ def run_manifests(
     point readers see; ``before_switch`` runs just before it), then committed locally.
     Returns the manifests (at their published paths) and the files of the previous version the
     new one dropped; ``published`` (a list) receives the S3 publish's outcome. ``repair``: the
-    publish also reads back every object already there (``publish_version``).
+    publish also reads back every object already there (``publish_version``). ``plans``: the
+    staged plan, when the caller has read it already (read under the same lock).
     """
     base = root_base(manifest_root, final_dir(out))  # refused before anything is written
     refuse_roots_on_s3(manifest_root, publish_to)
     staging = versions.begin(out)
     config = load_sharding_config(staging)
-    plans = load_plans(staging, config)
+    if plans is None:
+        plans = load_plans(staging, config)
     remove_unplanned(staging, plans)  # an earlier, unfinished build may have left other shards
     cut = load_plan_cut(staging)
     manifests = write_manifests(staging, source, plans, num_workers=num_workers, root_base=base,

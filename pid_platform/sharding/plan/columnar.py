@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
@@ -52,6 +51,19 @@ SHARD_BUCKET, SHARD_INDEX = "shard_bucket", "shard_index"
 DICTIONARY_COLUMNS = ("bucket", SHARD_BUCKET)
 _POS = "__plan_row"  # column of the scatter files: the row's place in the plan
 SHARDS_VERSION = 1  # of shards.parquet's columns
+
+
+class _Compute:
+    """``pyarrow.compute``, imported on first use: it builds ~290 function wrappers when imported
+    (60 ms), which every task process would pay at start though only plans and commits compute."""
+
+    def __getattr__(self, name: str):
+        import pyarrow.compute
+
+        return getattr(pyarrow.compute, name)
+
+
+pc = _Compute()
 
 
 def spans(sizes: Sequence[np.ndarray]) -> np.ndarray:

@@ -37,7 +37,13 @@ from pid_platform.sharding.commit.state import REPORT, SAMPLES, load_intake_sett
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.intake.cache import CACHE_NAME, IntakeCache
 from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, check_validate_level
-from pid_platform.sharding.intake.task import SLICING, IntakeReport, intake_slice, slice_bounds
+from pid_platform.sharding.intake.task import (
+    SLICING,
+    IntakeReport,
+    Sample,
+    intake_slice,
+    slice_bounds,
+)
 from pid_platform.sharding.layout import bucket_dir, final_dir
 from pid_platform.sharding.pause_points import pause_point
 from pid_platform.sharding.plan.add_modality import load_plan_cut, plan_build, save_plan_cut
@@ -158,15 +164,17 @@ def run_plan(
         plans = pipeline.load_plans(final_dir(out), pipeline.load_sharding_config(final_dir(out)))
         return PlanOutcome(out, r, len(plans), r.samples, True, r.files_validated, r.outcomes_reused,
                            dict(Counter(p.bucket for p in plans)))
-    plans = _stage_plan(store, source, out, config)
+    # The intake's own samples: what it just wrote to samples.parquet, so not read back.
+    plans = _stage_plan(store, source, out, config, (result.samples, result.report.modalities))
     return PlanOutcome(out, r, len(plans), r.samples, False, r.files_validated, r.outcomes_reused,
                        dict(Counter(p.bucket for p in plans)))
 
 
-def _stage_plan(store: SourceStore, source: str, out: Path, config: ShardingConfig) -> list[ShardPlan]:
+def _stage_plan(store: SourceStore, source: str, out: Path, config: ShardingConfig,
+                samples_read: tuple[list[Sample], list[str]] | None = None) -> list[ShardPlan]:
+    """``samples_read``: the staged samples.parquet's rows and modalities, when the caller holds them."""
     staging = versions.begin(out)
-    # Read back from the table, as the one-process build does: the plan is cut from the same rows.
-    samples, modalities = read_samples(state_dir(staging) / SAMPLES)
+    samples, modalities = samples_read or read_samples(state_dir(staging) / SAMPLES)
     plans, cut = plan_build(store, source, final_dir(out), samples, modalities, config)
     save_plan_cut(staging, cut)
     write_plans(state_dir(staging) / pipeline.PLAN, plans, modalities)
@@ -388,6 +396,6 @@ def run_commit(out: Path, *, num_workers: int = 1, manifest_root: str = "relativ
     _config, _plans, results = staged_results(staging, plans=plans)
     validate = _validate_of(staging)
     _, manifests, removed = pipeline.run_manifests(out, report.source, num_workers=num_workers,
-                                                   manifest_root=manifest_root)
+                                                   manifest_root=manifest_root, plans=plans)
     return pipeline.BuildSummary(report.source, out, report, pipeline.summarize(results),
                                  [m.path for m in manifests], removed, validate)
