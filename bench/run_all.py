@@ -26,6 +26,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,8 +151,44 @@ def machine() -> list[tuple[str, str]]:
     ]
 
 
-def summary_table(runs: list[Run]) -> list[str]:
+@dataclass
+class Carried:
+    """A benchmark not run this time: its summary rows and section, as the previous report has them."""
+
+    name: str
+    rows: list[str]
+    section: list[str]
+
+
+SUMMARY_ROW = re.compile(r"^\| `(bench_\w+)` \|")
+SECTION = re.compile(r"^## `(bench_\w+)`$")
+
+
+def previous_sections(report_text: str) -> dict[str, Carried]:
+    """Each benchmark's summary rows and section in a report this script wrote."""
+    found: dict[str, Carried] = {}
+    current: Carried | None = None
+    for line in report_text.splitlines():
+        m = SECTION.match(line)
+        if m:
+            current = found.setdefault(m.group(1), Carried(m.group(1), [], []))
+        elif line.startswith("## "):
+            current = None
+        if current is not None:
+            current.section.append(line)
+        row = SUMMARY_ROW.match(line)
+        if row and current is None:
+            found.setdefault(row.group(1), Carried(row.group(1), [], [])).rows.append(line)
+    for c in found.values():
+        while c.section and not c.section[-1].strip():
+            c.section.pop()
+    return {name: c for name, c in found.items() if c.rows and c.section}
+
+
+def summary_table(runs: list[Run], carried: Sequence[Carried] = ()) -> list[str]:
     lines = ["| benchmark | target | measured | result |", "|---|---|---|---|"]
+    for c in carried:
+        lines += c.rows
     for r in runs:
         if not r.targets:
             lines.append(f"| `{r.name}` | - | {r.status}, no PASS/MISS lines | - |")
@@ -161,7 +198,7 @@ def summary_table(runs: list[Run]) -> list[str]:
     return lines
 
 
-def report(runs: list[Run], mach: list[tuple[str, str]], total: float) -> str:
+def report(runs: list[Run], mach: list[tuple[str, str]], total: float, carried: Sequence[Carried] = ()) -> str:
     out = ["# Benchmark results", "",
            "Written by `python bench/run_all.py` (do not edit by hand: run it again). Each benchmark runs our",
            "path and the peer's side by side on the same data; see bench/README.md for what each measures.",
@@ -171,7 +208,14 @@ def report(runs: list[Run], mach: list[tuple[str, str]], total: float) -> str:
     passed = sum(v == "PASS" for r in runs for v, _, _ in r.targets)
     count = sum(len(r.targets) for r in runs)
     out += ["", "## Targets", "", f"{passed} of {count} targets met; {len(runs)} benchmarks in {total / 60:.1f} min.", ""]
-    out += summary_table(runs)
+    if carried:
+        kept = sum(len(c.rows) for c in carried)
+        kept_passed = sum(row.rstrip().endswith("**PASS** |") for c in carried for row in c.rows)
+        names = ", ".join(f"`{c.name}`" for c in carried)
+        out += [f"Not run this time, carried unchanged from the previous report (their sections say when and how "
+                f"they ran): {names}, {kept_passed} of {kept} targets met.", ""]
+    out += summary_table(runs, carried)
+    out += [line for c in carried for line in ["", *c.section]]
     for r in runs:
         cmd = " ".join(shlex.quote(c) for c in ["python", f"bench/{r.name}.py", *r.command[2:]])
         out += ["", f"## `{r.name}`", "", f"`{cmd}`: {r.status} in {r.seconds:.0f} s", ""]
@@ -182,7 +226,7 @@ def report(runs: list[Run], mach: list[tuple[str, str]], total: float) -> str:
     return "\n".join(out) + "\n"
 
 
-def update_readme(readme: Path, runs: list[Run], mach: list[tuple[str, str]]) -> bool:
+def update_readme(readme: Path, runs: list[Run], mach: list[tuple[str, str]], carried: Sequence[Carried] = ()) -> bool:
     if not readme.is_file():
         return False
     text = readme.read_text()
@@ -190,7 +234,9 @@ def update_readme(readme: Path, runs: list[Run], mach: list[tuple[str, str]]) ->
         return False
     m = dict(mach)
     block = [START, "", f"From `bench/RESULTS.md` ({m['date']}, {m['CPU']}, {m['cores']}, commit {m['commit']}):", "",
-             *summary_table(runs), "", END]
+             *([f"Carried from the report before (not run then): {', '.join(f'`{c.name}`' for c in carried)}.", ""]
+               if carried else []),
+             *summary_table(runs, carried), "", END]
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
     readme.write_text(head + "\n".join(block) + tail)
@@ -226,10 +272,15 @@ def main(argv: list[str] | None = None) -> int:
         verdicts = ", ".join(v for v, _, _ in r.targets) or "no targets"
         print(f"[run_all] {name}: {r.status} in {r.seconds:.0f} s ({verdicts})", flush=True)
     total = time.perf_counter() - t0
-    args.out.write_text(report(runs, mach, total))
-    whole = not args.only and not args.skip  # the README shows the whole report or nothing new
+    # A benchmark left out keeps its rows and section from the last report, so a partial run
+    # refreshes what it ran without hiding what it did not.
+    before = previous_sections(args.out.read_text()) if args.out.is_file() else {}
+    carried = [before[n] for n in discover() if n not in names and n in before]
+    args.out.write_text(report(runs, mach, total, carried))
+    # The README shows a report covering every benchmark, or nothing new.
+    whole = {r.name for r in runs} | {c.name for c in carried} == set(discover())
     print(f"[run_all] wrote {args.out}" + (f" and the bench block of {args.readme}"
-                                          if whole and update_readme(args.readme, runs, mach) else ""))
+                                          if whole and update_readme(args.readme, runs, mach, carried) else ""))
     return 0 if all(r.returncode == 0 for r in runs) else 1
 
 

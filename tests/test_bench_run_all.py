@@ -59,3 +59,26 @@ def test_a_bench_that_fails_is_reported_and_the_readme_block_is_replaced(run_all
     new = readme.read_text()
     assert "old numbers" not in new and "| `bench_fake` | fast | 2.0x | **PASS** |" in new
     assert new.startswith("intro\n") and new.endswith("after\n")
+
+
+def test_a_partial_run_carries_the_benchmarks_it_left_out_from_the_last_report(run_all, tmp_path: Path) -> None:
+    mach = run_all.machine()
+    old = run_all.Run("bench_old", ["python", "bench/bench_old.py"], 3.0, 0, "hand table\nMISS: old target (0.9x)\n",
+                      [("MISS", "old target", "0.9x")])
+    kept = run_all.Run("bench_kept", ["python", "bench/bench_kept.py"], 2.0, 0, "kept table\nPASS: kept (2.0x)\n",
+                       [("PASS", "kept", "2.0x")])
+    before = run_all.report([kept, old], mach, 1.0)
+    carried = run_all.previous_sections(before)
+    assert set(carried) == {"bench_kept", "bench_old"}
+    assert carried["bench_kept"].rows == ["| `bench_kept` | kept | 2.0x | **PASS** |"]
+    assert carried["bench_kept"].section[0] == "## `bench_kept`" and "kept table" in carried["bench_kept"].section
+    assert not any("hand table" in line for line in carried["bench_kept"].section)  # sections do not run together
+
+    new = run_all.Run("bench_old", ["python", "bench/bench_old.py"], 3.0, 0, "PASS: old target (1.1x)\n",
+                      [("PASS", "old target", "1.1x")])
+    text = run_all.report([new], mach, 1.0, [carried["bench_kept"]])
+    assert "| `bench_old` | old target | 1.1x | **PASS** |" in text and "0.9x" not in text
+    assert "| `bench_kept` | kept | 2.0x | **PASS** |" in text and "kept table" in text
+    assert "carried unchanged from the previous report" in text and "1 of 1 targets met" in text
+    # Carried again by the next partial run, unchanged.
+    assert run_all.previous_sections(text)["bench_kept"] == carried["bench_kept"]
