@@ -10,7 +10,6 @@ The stages run in this process (``shard_main``, each with its own ``--work-dir``
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -20,17 +19,9 @@ from pid_platform.cli import shard_main
 from tests.conftest import SOURCE
 from tests.support.build_data import SMALL_BOUND_MB, build
 from tests.support.s3_objects import keys, objects, pointer
-from tests.test_add_modality import NEW, Requests, items, without_new  # noqa: F401 (the fixture)
+from tests.test_add_modality import NEW, Requests, items, spy_off, without_new  # noqa: F401 (the fixture)
 
 HOUSEKEEPING = (".write-probe-", ".pid-claims", ".pid-build")  # the probe, claims, lease and staging
-
-
-def _restore_env(monkeypatch: pytest.MonkeyPatch, s3_env) -> None:
-    """The spy off again; the fixture's environment back for the reads that follow."""
-    monkeypatch.undo()
-    for name, value in (("AWS_ENDPOINT_URL", s3_env.endpoint_url), ("AWS_ACCESS_KEY_ID", s3_env.access_key),
-                        ("AWS_SECRET_ACCESS_KEY", s3_env.secret_key), ("AWS_DEFAULT_REGION", s3_env.region)):
-        os.environ[name] = value
 
 
 def test_the_s3_tasked_build_adds_a_modality_sending_only_its_tars(
@@ -66,7 +57,7 @@ def test_the_s3_tasked_build_adds_a_modality_sending_only_its_tars(
     shutil.move(without_new, raw_root / SOURCE / NEW)
     requests = Requests(monkeypatch)
     tasked_build()
-    _restore_env(monkeypatch, s3_env)
+    spy_off(monkeypatch, s3_env)
     writes = requests.writes()
     # No image or caption tar was uploaded or copied: only the new modality's tars, key indexes,
     # manifests, settings (and the staging, the claim, the lease and the pointer).
@@ -101,6 +92,6 @@ def test_the_s3_tasked_build_adds_a_modality_sending_only_its_tars(
     requests = Requests(monkeypatch)
     tasked_build()
     writes = requests.writes()
-    _restore_env(monkeypatch, s3_env)
+    spy_off(monkeypatch, s3_env)
     assert [w for w in writes if not w[1].split("/")[1].startswith(HOUSEKEEPING)] == []
     assert pointer(client, bucket, "photos") == p2
