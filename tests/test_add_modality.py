@@ -193,6 +193,15 @@ class Requests:
                 if c[0] in ("PutObject", "CopyObject", "UploadPart", "CreateMultipartUpload", "UploadPartCopy")]
 
 
+def spy_off(monkeypatch: pytest.MonkeyPatch, s3_env) -> None:
+    """The ``Requests`` spy off again (``monkeypatch.undo``), and the fixture's environment, which
+    the undo takes away too, set back for the reads that follow."""
+    monkeypatch.undo()
+    for name, value in (("AWS_ENDPOINT_URL", s3_env.endpoint_url), ("AWS_ACCESS_KEY_ID", s3_env.access_key),
+                        ("AWS_SECRET_ACCESS_KEY", s3_env.secret_key), ("AWS_DEFAULT_REGION", s3_env.region)):
+        os.environ[name] = value
+
+
 def test_adding_a_modality_to_an_s3_output_sends_only_its_tars(
     s3_env, raw_root: Path, without_new: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -216,10 +225,7 @@ def test_adding_a_modality_to_an_s3_output_sends_only_its_tars(
     shutil.move(without_new, raw_root / SOURCE / NEW)
     requests = Requests(monkeypatch)
     assert shard() == 0
-    monkeypatch.undo()  # the spy off again (and the environment: set it back for the reads below)
-    for name, value in (("AWS_ENDPOINT_URL", s3_env.endpoint_url), ("AWS_ACCESS_KEY_ID", s3_env.access_key),
-                        ("AWS_SECRET_ACCESS_KEY", s3_env.secret_key), ("AWS_DEFAULT_REGION", s3_env.region)):
-        os.environ[name] = value
+    spy_off(monkeypatch, s3_env)
     writes = requests.writes()
     assert writes, "the new modality's tars were sent"
     # No image or caption tar was uploaded or copied: only the new modality's tars, key indexes,

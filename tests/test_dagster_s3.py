@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -174,3 +175,50 @@ def test_any_machine_finds_an_s3_build_up_to_date_and_reshards_it_from_the_bucke
     resharded = current_version(client, "dagster-fresh-out", "built/photos")
     assert pointer(client, "dagster-fresh-out", "built/photos")["version"] != version
     assert sum(json.loads(v)["total_key_count"] for k, v in resharded.items() if k.endswith("wdinfo.json")) == 32
+
+
+def test_adding_a_modality_through_the_dagster_s3_path_writes_no_image_tar(
+    s3_env: SeaweedS3, raw_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    instance: dg.DagsterInstance,
+) -> None:
+    """The plan step on a machine that never held the build extends the published plan; its
+    write tasks send only the added modality's tars, into the folder of the version they join."""
+    from tests.test_add_modality import NEW, Requests
+
+    client = s3_env.client()
+    s3_env.make_bucket("dagster-addmod-raw")
+    s3_env.make_bucket("dagster-addmod-out")
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    shutil.move(raw_root / "photos" / NEW, aside / NEW)
+    upload_tree(client, raw_root, "dagster-addmod-raw", "drops")
+    monkeypatch.setenv("PID_RAW_ROOT", "s3://dagster-addmod-raw/drops")
+    monkeypatch.setenv("PID_OUTPUT_ROOT", "s3://dagster-addmod-out/built")
+    instance.add_dynamic_partitions(SOURCES, ["photos"])
+
+    def run(machine: str):
+        monkeypatch.setenv("PID_WORK_ROOT", str(tmp_path / machine))
+        return load_defs().resolve_job_def("source_build").execute_in_process(
+            instance=instance, partition_key="photos", raise_on_error=False,
+            run_config=run_config(max_shard_size_mb=0.25, write_tasks=2))
+
+    first = run("machine-1")
+    assert first.success and all(check_outcomes(first).values()), check_outcomes(first)
+    v1 = pointer(client, "dagster-addmod-out", "built/photos")["version"]
+
+    shutil.move(aside / NEW, raw_root / "photos" / NEW)
+    upload_tree(client, raw_root, "dagster-addmod-raw", "drops")
+    requests = Requests(monkeypatch)
+    second = run("machine-2")
+    writes = requests.writes()
+    assert second.success and all(check_outcomes(second).values()), check_outcomes(second)
+    assert [w for w in writes if "/image/" in w[1] or "/caption/" in w[1]] == []
+    assert not any(op == "CopyObject" for op, _ in writes)
+    sent = [k for _, k in writes if k.endswith(".tar")]
+    assert sent and all(f"/{NEW}/" in k and f"/versions/{v1}/" in k for k in sent)
+    p2 = pointer(client, "dagster-addmod-out", "built/photos")
+    assert p2["version"] != v1 and p2["uses"] == [v1]
+    spec = "s3://dagster-addmod-out/built/photos"
+    got = sorted(s["__key__"] for s in build_dataset(spec, modalities=["caption", "image", NEW], decode=None,
+                                                     shuffle=False))
+    assert len(got) == 32

@@ -20,7 +20,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loader.formats.version_pointer import (
@@ -90,6 +90,41 @@ def _published_manifest(data: bytes, rel: str, base: str) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
 
 
+def published_manifests(staged: dict[str, bytes], base: str) -> dict[str, bytes]:
+    """The staged manifests (path -> bytes, root ".") as a version published in place over
+    ``base``'s folder publishes them: their roots name that folder."""
+    return {m: _published_manifest(data, m, base) for m, data in staged.items()}
+
+
+def free_to_place(vid: str, base: str, placed: frozenset[str], read: Callable[[str], bytes | None],
+                  listing: Callable[[str], dict[str, int]]) -> bool:
+    """Whether version ``vid`` may put the tars ``placed`` into ``base``'s folder: none is there
+    yet, or its ``MARKER`` says an earlier run of it put them there."""
+    if not placed or read(f"{version_dir(vid)}/{MARKER}") is not None:
+        return True
+    there = listing(version_dir(base))
+    return not any(rel in there for rel in placed)  # another version's objects are not ours to replace
+
+
+def decide_in_place(current: VersionPointer | None, old_docs: dict[str, bytes], reused: frozenset[str],
+                    modality_of: dict[str, str], staged_id: str, read: Callable[[str], bytes | None],
+                    listing: Callable[[str], dict[str, int]]) -> InPlace | None:
+    """The in-place publish of a staged version whose tars are ``modality_of`` (path -> modality)
+    and of which ``reused`` are the current version's (same sha256), or None. Its manifests are
+    left to the caller (``published_manifests``): a tasked build decides before they exist."""
+    if current is None or not reused:
+        return None
+    base = home_of(current, old_docs)
+    if base is None:
+        return None
+    _, listed = _modalities_of(old_docs)
+    placed = frozenset(rel for rel in modality_of if rel not in reused)
+    if any(modality_of[rel] in listed for rel in placed):
+        return None  # a changed tar of a modality the base lists: never overwritten under its readers
+    found = InPlace(base, reused, placed, {})
+    return found if free_to_place(found.version_id(staged_id), base, placed, read, listing) else None
+
+
 def plan_in_place(
     staging: Path, manifests: list[str], current: VersionPointer | None, old_docs: dict[str, bytes],
     old_sha: dict[str, str], new_sha: dict[str, str], staged_id: str,
@@ -97,24 +132,9 @@ def plan_in_place(
 ) -> InPlace | None:
     """How to publish ``staging`` leaving its unchanged tars in place, or None (publish as a
     version of its own). ``read(rel)`` and ``listing(rel_prefix)`` reach the output."""
-    if current is None:
-        return None
-    base = home_of(current, old_docs)
-    if base is None:
-        return None
     reused = frozenset(rel for rel, sha in new_sha.items() if old_sha.get(rel) == sha)
-    if not reused:
+    if current is None or not reused:
         return None
     staged = {m: (staging / m).read_bytes() for m in manifests}
-    modality_of, _ = _modalities_of(staged)
-    _, listed = _modalities_of(old_docs)
-    placed = frozenset(rel for rel in modality_of if rel not in reused)
-    if any(modality_of[rel] in listed for rel in placed):
-        return None  # a changed tar of a modality the base lists: never overwritten under its readers
-    found = InPlace(base, reused, placed, {m: _published_manifest(staged[m], m, base) for m in manifests})
-    vid = found.version_id(staged_id)
-    if placed and read(f"{version_dir(vid)}/{MARKER}") is None:
-        there = listing(version_dir(base))
-        if any(rel in there for rel in placed):
-            return None  # another version put that modality there: its objects are not ours to replace
-    return found
+    found = decide_in_place(current, old_docs, reused, _modalities_of(staged)[0], staged_id, read, listing)
+    return None if found is None else replace(found, manifests=published_manifests(staged, found.base))

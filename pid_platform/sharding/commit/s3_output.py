@@ -74,8 +74,10 @@ WORK_ROOT_ENV = "PID_WORK_ROOT"
 DEFAULT_GRACE_S = 24 * 3600.0
 # Build state a version carries: the settings it was cut with, and its intake (samples, report,
 # validation level, every file's outcome), so any machine re-shards it, validates only the files
-# changed since and finds a rebuild up to date from the bucket alone (``tasks/s3_tasks.py``).
-CARRIED_STATE = ("sharding.json", "samples.parquet", "intake_report.json", "intake.json", "intake_cache.parquet")
+# changed since and finds a rebuild up to date from the bucket alone (``tasks/s3_tasks.py``); and
+# its plan, so a plan on any machine extends it when only modality folders were added.
+CARRIED_STATE = ("sharding.json", "samples.parquet", "intake_report.json", "intake.json", "intake_cache.parquet",
+                 "plan.parquet", "plan_cut.json")
 
 
 def is_s3_url(location: str | os.PathLike[str]) -> bool:

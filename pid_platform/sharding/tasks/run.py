@@ -147,13 +147,15 @@ def run_intake_task(
 def run_plan(
     store: SourceStore, source: str, out: Path, config: ShardingConfig, *, trust_pickle: bool = False,
     num_workers: int = 1, force: bool = False, validate: str = VALIDATE_FULL, revalidate: bool = False,
-    progress: Callable | None = None,
+    progress: Callable | None = None, committed: Path | None = None,
 ) -> PlanOutcome:
     """The plan of a build: the intake over the whole source (validating only what neither the
     caches nor the intake tasks vouch for), then ``plan.parquet`` and ``sharding.json``.
 
     Over a committed build that is already what this one would publish, nothing is staged
     (``PlanOutcome.up_to_date``); the write tasks and the commit then have nothing to do.
+    ``committed``: the folder whose state holds the committed plan (default: ``out``'s committed
+    build; an s3 output's plan passes the published version's, pulled from the bucket).
     """
     out = Path(out)
     result = pipeline.run_intake(store, source, out, config, trust_pickle=trust_pickle, num_workers=num_workers,
@@ -165,17 +167,19 @@ def run_plan(
         return PlanOutcome(out, r, len(plans), r.samples, True, r.files_validated, r.outcomes_reused,
                            dict(Counter(p.bucket for p in plans)))
     # The intake's own samples: what it just wrote to samples.parquet, so not read back.
-    plans = _stage_plan(store, source, out, config, (result.samples, result.report.modalities))
+    plans = _stage_plan(store, source, out, config, committed, (result.samples, result.report.modalities))
     return PlanOutcome(out, r, len(plans), r.samples, False, r.files_validated, r.outcomes_reused,
                        dict(Counter(p.bucket for p in plans)))
 
 
 def _stage_plan(store: SourceStore, source: str, out: Path, config: ShardingConfig,
-                samples_read: tuple[list[Sample], list[str]] | None = None) -> list[ShardPlan]:
-    """``samples_read``: the staged samples.parquet's rows and modalities, when the caller holds them."""
+                committed: Path | None = None, samples_read: tuple[list[Sample], list[str]] | None = None,
+                ) -> list[ShardPlan]:
+    """``committed``: the folder holding the committed plan (default: ``out``'s published one).
+    ``samples_read``: the staged samples.parquet's rows and modalities, when the caller holds them."""
     staging = versions.begin(out)
     samples, modalities = samples_read or read_samples(state_dir(staging) / SAMPLES)
-    plans, cut = plan_build(store, source, final_dir(out), samples, modalities, config)
+    plans, cut = plan_build(store, source, committed or final_dir(out), samples, modalities, config)
     save_plan_cut(staging, cut)
     write_plans(state_dir(staging) / pipeline.PLAN, plans, modalities)
     pipeline.save_sharding_config(staging, config)
@@ -184,19 +188,20 @@ def _stage_plan(store: SourceStore, source: str, out: Path, config: ShardingConf
 
 @pipeline.build_step
 def stage_plan(store: SourceStore, source: str, out: Path, config: ShardingConfig, *,
-               fresh_tasks: bool = False) -> list[ShardPlan]:
+               fresh_tasks: bool = False, committed: Path | None = None) -> list[ShardPlan]:
     """The plan of the samples an intake staged for ``out`` (``samples.parquet``), cut with
     ``config``: ``plan.parquet`` and ``sharding.json`` into the staging folder; its shards.
 
     ``run_plan`` without the intake, for a scheduler that ran the intake as a step of its own
     (the Dagster assets: ``sample_set``, then this). ``fresh_tasks``: forget the write tasks an
     earlier run finished for this plan, so this run's tasks check their shards again (keeping
-    every one still up to date) and report what they wrote themselves.
+    every one still up to date) and report what they wrote themselves. ``committed``: as for
+    ``run_plan``.
     """
     out = Path(out)
     if fresh_tasks:
         clear_records(versions.staging_dir(out), WRITE)
-    return _stage_plan(store, source, out, config)
+    return _stage_plan(store, source, out, config, committed)
 
 
 def staged_results(staging: Path, *, plans: list[ShardPlan] | None = None,

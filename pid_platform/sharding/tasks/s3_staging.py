@@ -63,10 +63,22 @@ class Staged:
     plan_sha256: str
     source: str
     state: dict[str, str]  # state file -> sha256
+    # A version that only adds modalities (``commit/in_place.py``): the version whose folder holds
+    # the current tars, where the added modalities' tars go too, and the modalities whose tars
+    # are left there untouched. None: every object goes into ``versions/<version>/``.
+    base: str | None = None
+    reused: tuple[str, ...] = ()
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"format": STAGED_FORMAT, "version": self.version, "plan_sha256": self.plan_sha256,
-                           "source": self.source, "state": self.state}, sort_keys=True, indent=1).encode()
+        doc = {"format": STAGED_FORMAT, "version": self.version, "plan_sha256": self.plan_sha256,
+               "source": self.source, "state": self.state}
+        if self.base is not None:
+            doc["in_place"] = {"base": self.base, "reused": list(self.reused)}
+        return json.dumps(doc, sort_keys=True, indent=1).encode()
+
+    def home(self, tar: bool) -> str:
+        """The version whose folder holds this version's tars (``tar``) or other objects."""
+        return self.base if self.base is not None and tar else self.version
 
 
 def rel(*parts: str) -> str:
@@ -149,18 +161,23 @@ def read_staged(output: S3Output) -> Staged | None:
     if doc is None or doc.get("format") != STAGED_FORMAT:
         return None
     try:
-        return Staged(str(doc["version"]), str(doc["plan_sha256"]), str(doc["source"]), dict(doc["state"]))
+        in_place = doc.get("in_place")
+        return Staged(str(doc["version"]), str(doc["plan_sha256"]), str(doc["source"]), dict(doc["state"]),
+                      str(in_place["base"]) if in_place else None,
+                      tuple(str(m) for m in in_place["reused"]) if in_place else ())
     except (KeyError, TypeError, ValueError):
         return None
 
 
-def stage_plan_state(output: S3Output, folder: Path, source: str) -> Staged:
+def stage_plan_state(output: S3Output, folder: Path, source: str, *, version: str | None = None,
+                     base: str | None = None, reused: tuple[str, ...] = ()) -> Staged:
     """The plan staged in ``folder`` (a local staging or committed folder) into the bucket, for
-    the write tasks and the commit on other machines; ``staged.json`` last."""
+    the write tasks and the commit on other machines; ``staged.json`` last. ``version``, ``base``
+    and ``reused``: a version published in place (``Staged``; default: one of its own)."""
     # A staged plan being replaced: its marker goes first, so no task takes the new files for it.
     delete(output, rel(STAGED_NAME))
     state = push_files(output, state_dir(folder), SHARED_STATE, "state", "staging the plan")
-    staged = Staged(s3_output.version_id(folder), state["plan.parquet"], source, state)
+    staged = Staged(version or s3_output.version_id(folder), state["plan.parquet"], source, state, base, reused)
     put(output, rel(STAGED_NAME), staged.to_bytes(), "staging the plan")
     return staged
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loader.formats.atomic import atomic_write_bytes
+from loader.formats.errors import FormatError
 from loader.formats.twin_tar import key_index_relpath, tar_path
 from loader.formats.version_pointer import POINTER_NAME, sibling_version, version_dir
 from loader.formats.wdinfo import WdinfoManifest, parse_wdinfo
@@ -50,6 +51,8 @@ from pid_platform.sharding.commit.claims import (
     this_process,
     wait_until_unclaimed,
 )
+from pid_platform.sharding.commit.in_place import MARKER, InPlace, decide_in_place
+from pid_platform.sharding.commit.in_place import published_manifests as published_in_place
 from pid_platform.sharding.commit.lease import build_lease, check_held
 from pid_platform.sharding.commit.manifests import (
     BucketManifest,
@@ -107,7 +110,10 @@ SHARD_CHECKS = (TWIN_KEYS, SIZE_BOUND, KEY_INDEX)
 
 def scratch_dir(output: S3Output, work_root: str | Path | None, name: str) -> Path:
     """A folder of this machine's own for one task (beside the one-process build's work folder)."""
-    work = s3_output.work_dir(output, work_root)
+    return _beside(s3_output.work_dir(output, work_root), name)
+
+
+def _beside(work: Path, name: str) -> Path:
     return work.parent / f"{work.name}.tasks" / name
 
 
@@ -162,9 +168,67 @@ def _pull_intake_parts(output: S3Output, work: Path) -> None:
         (tasks / part).write_bytes(data)
 
 
-def _already_served(output: S3Output, folder: Path) -> bool:
+def _already_served(output: S3Output, folder: Path, vid: str, uses: list[str], config: ShardingConfig) -> bool:
+    """Whether the pointer names version ``vid`` (reading from ``uses``) or one cut with
+    ``config`` from the very samples staged in ``folder``: a commit would change nothing."""
     pointer = s3_output.read_pointer(output)
-    return pointer is not None and pointer.version == s3_output.version_id(folder) and not pointer.uses
+    if pointer is None:
+        return False
+    return (pointer.version == vid and pointer.uses == uses) or published_intake_matches(output, folder, config)
+
+
+def pull_committed_plan(output: S3Output, folder: Path) -> Path | None:
+    """The plan state the published version carries (``s3_output.CARRIED_STATE``) into
+    ``folder``'s state folder, for ``plan/add_modality.plan_build`` on a machine that never held
+    the build; None (nothing pulled) when no published version carries its plan."""
+    shutil.rmtree(folder, ignore_errors=True)
+    found = {n: _published_state(output, n) for n in staging.PLAN_STATE}
+    if found.get("plan.parquet") is None or found.get("sharding.json") is None:
+        return None
+    state = state_dir(folder)
+    state.mkdir(parents=True)
+    for name, data in found.items():
+        if data is not None:
+            atomic_write_bytes(state / name, data)
+    return folder
+
+
+def tar_rel(plan: ShardPlan, modality: str) -> str:
+    return tar_path(Path(), plan.bucket, modality, plan.relpath).as_posix()
+
+
+def in_place_of(output: S3Output, folder: Path) -> InPlace | None:
+    """How the plan staged in ``folder`` is published in place (``commit/in_place.py``): when it
+    extends the published plan (``plan_cut.json``) whose tars of the reused modalities the
+    current manifests list; decided before any tar is written, from the plan alone."""
+    cut = load_plan_cut(folder)
+    current = s3_output.read_pointer(output)
+    if cut is None or not cut.reused_modalities or current is None:
+        return None
+    docs = {m: s3_output.get_bytes(output, f"{current.version_dir()}/{m}") or b"{}" for m in current.manifests}
+    try:
+        old_sha = s3_output.checksums_of(docs)
+    except (FormatError, ValueError):
+        return None
+    plans = pipeline.load_plans(folder, pipeline.load_sharding_config(folder))
+    modality_of = {tar_rel(p, m): m for p in plans for m in p.modalities}
+    reused = frozenset(r for r, m in modality_of.items() if m in cut.reused_modalities)
+    if not reused <= old_sha.keys():
+        return None  # the current version is not the one the plan extends
+    return decide_in_place(current, docs, reused, modality_of, s3_output.version_id(folder),
+                           lambda r: s3_output.get_bytes(output, r), lambda r: s3_output.list_sizes(output, r))
+
+
+def _stage_in_bucket(output: S3Output, folder: Path, source: str, in_place: InPlace | None) -> Staged:
+    """The plan of ``folder`` staged for the write tasks; published in place when ``in_place``
+    (its ``MARKER`` first, before any task puts a tar into another version's folder)."""
+    if in_place is None:
+        return staging.stage_plan_state(output, folder, source)
+    vid = in_place.version_id(s3_output.version_id(folder))
+    if in_place.placed and s3_output.get_bytes(output, f"{version_dir(vid)}/{MARKER}") is None:
+        staging.put(output, f"{version_dir(vid)}/{MARKER}", in_place.marker(), "staging the plan")
+    return staging.stage_plan_state(output, folder, source, version=vid, base=in_place.base,
+                                    reused=load_plan_cut(folder).reused_modalities)
 
 
 def run_s3_plan(
@@ -178,14 +242,20 @@ def run_s3_plan(
     with build_lease(output):
         _pull_intake_parts(output, work)
         seed_intake_cache(output, work)  # the published outcomes: validate only what changed since
+        committed = pull_committed_plan(output, scratch_dir(output, work_root, "committed"))
         plan = run_plan(store, source, work, config, trust_pickle=trust_pickle, num_workers=num_workers, force=force,
-                        validate=validate, revalidate=revalidate)
+                        validate=validate, revalidate=revalidate, committed=committed)
         folder = final_dir(work) if plan.up_to_date else versions.staging_dir(work)
-        if _already_served(output, folder):
+        in_place = in_place_of(output, folder)
+        vid = s3_output.version_id(folder)
+        vid, uses = (in_place.version_id(vid), [in_place.base]) if in_place is not None else (vid, [])
+        if committed is not None:
+            shutil.rmtree(committed, ignore_errors=True)
+        if _already_served(output, folder, vid, uses, config):
             _delete_staged(output)
             return plan, None
         staging.clear_write_records(output)
-        return plan, staging.stage_plan_state(output, folder, source).version
+        return plan, _stage_in_bucket(output, folder, source, in_place).version
 
 
 def pull_staged_intake(output: S3Output, work: Path) -> bool:
@@ -205,9 +275,13 @@ def stage_plan_in_bucket(store: SourceStore, source: str, output: S3Output, work
     and staged in the bucket for the write tasks; ``(shards, version)``. Earlier write records
     are forgotten, so this run's tasks report what they did themselves (every shard still in
     the bucket is kept)."""
-    plans = stage_plan(store, source, work, config, fresh_tasks=True)
+    committed = pull_committed_plan(output, _beside(work, "committed"))
+    plans = stage_plan(store, source, work, config, fresh_tasks=True, committed=committed)
+    if committed is not None:
+        shutil.rmtree(committed, ignore_errors=True)
     staging.clear_write_records(output)
-    return plans, staging.stage_plan_state(output, versions.staging_dir(work), source).version
+    folder = versions.staging_dir(work)
+    return plans, _stage_in_bucket(output, folder, source, in_place_of(output, folder)).version
 
 
 class _CurrentTars:
@@ -216,9 +290,11 @@ class _CurrentTars:
 
     def __init__(self, output: S3Output) -> None:
         pointer = s3_output.read_pointer(output)
-        self.version = pointer.version if pointer is not None else None
+        # Copies come only from a version whose folder holds its tars; the checksums vouch for
+        # the tars an in-place version leaves where they are, wherever they are.
+        self.version = pointer.version if pointer is not None and not pointer.uses else None
         self.sha: dict[str, str] = {}
-        if pointer is not None and not pointer.uses:
+        if pointer is not None:
             docs = {m: s3_output.get_bytes(output, f"{pointer.version_dir()}/{m}") or b"{}" for m in pointer.manifests}
             try:
                 self.sha = s3_output.checksums_of(docs)
@@ -259,7 +335,7 @@ def run_s3_write_task(
     first, stop = slice_bounds(len(plans), index, of)
     mine = plans[first:stop]
     vdir = version_dir(staged.version)
-    there = s3_output.list_sizes(output, vdir)
+    there = {v: s3_output.list_sizes(output, version_dir(v)) for v in {staged.version, staged.home(True)}}
     current = _CurrentTars(output)
     bucket = output.store()
     counts: Counter[str] = Counter()
@@ -268,7 +344,8 @@ def run_s3_write_task(
     for i, plan in enumerate(mine, start=first):
         marker = staging.get_json(output, staging.shard_marker_rel(plan))
         if (marker is not None and marker.get("digest") == plan.digest() and all(
-                there.get(r) == n for r, n in shard_objects(plan, marker.get("key_index_bytes")).items())):
+                there[v].get(r) == n for v, objs in shard_homes(staged, plan, marker.get("key_index_bytes")).items()
+                for r, n in objs.items())):
             found[i] = marker
             counts["kept"] += 1  # sent by an earlier run of this task
         else:
@@ -285,12 +362,19 @@ def run_s3_write_task(
                   "problems": _shard_problems(scratch, plan, config, cut.plan_modalities if cut else None)}
         try:
             for m in plan.modalities:
-                tar_rel = tar_path(Path(), plan.bucket, m, plan.relpath).as_posix()
-                if current.sha.get(tar_rel) == shas[m]:
-                    bucket.copy(output.key(version_dir(current.version), tar_rel), output.key(vdir, tar_rel))
+                rel_m, home = tar_rel(plan, m), staged.home(True)
+                if m in staged.reused:  # in place already: checked, never sent
+                    if current.sha.get(rel_m) != shas[m]:
+                        raise BuildError(f"{output}: the current version does not list {rel_m} with the bytes this "
+                                         f"plan gives it (sha256 {shas[m]}): the pointer moved since the plan; run "
+                                         "`pid-shard plan` again (nothing was published)")
+                elif home != staged.version and rel_m in there[home]:
+                    pass  # put there by an earlier run of this version (its MARKER): never replaced, checked below
+                elif current.version is not None and current.sha.get(rel_m) == shas[m]:
+                    bucket.copy(output.key(version_dir(current.version), rel_m), output.key(version_dir(home), rel_m))
                     counts["copied"] += 1
                 else:
-                    bucket.put(output.key(vdir, tar_rel), scratch / tar_rel)
+                    bucket.put(output.key(version_dir(home), rel_m), scratch / rel_m)
             bucket.put(output.key(vdir, index_rel), scratch / index_rel)
             # Last: the marker vouches for the shard's objects (a rerun keeps them).
             bucket.put(output.key(staging.shard_marker_rel(plan)), json.dumps(marker, sort_keys=True).encode())
@@ -324,8 +408,17 @@ def key_index_rel(plan: ShardPlan) -> str:
 
 def shard_objects(plan: ShardPlan, key_index_bytes: object) -> dict[str, int]:
     """Each object of ``plan``'s shard in its version folder -> its size."""
-    found = {tar_path(Path(), plan.bucket, m, plan.relpath).as_posix(): plan.tar_bytes(m) for m in plan.modalities}
+    found = {tar_rel(plan, m): plan.tar_bytes(m) for m in plan.modalities}
     found[key_index_rel(plan)] = key_index_bytes if isinstance(key_index_bytes, int) else -1
+    return found
+
+
+def shard_homes(staged: Staged, plan: ShardPlan, key_index_bytes: object) -> dict[str, dict[str, int]]:
+    """``shard_objects`` by the version whose folder holds them (``Staged.home``)."""
+    found: dict[str, dict[str, int]] = {}
+    index = key_index_rel(plan)
+    for r, n in shard_objects(plan, key_index_bytes).items():
+        found.setdefault(staged.home(r != index), {})[r] = n
     return found
 
 
@@ -354,16 +447,20 @@ class StagedShards:
         """What the write tasks' ``check`` found in their shards, and every shard object the
         bucket does not hold with the size the task sent (one listing)."""
         found = [p for i in range(len(self.plans)) for p in self.cov.problems.get(i, {}).get(check, [])]
-        there = s3_output.list_sizes(output, version_dir(self.staged.version))
+        listings: dict[str, dict[str, int]] = {}
         for i, plan in enumerate(self.plans):
             if i in self.cov.missing:
                 continue
-            for r, n in shard_objects(plan, self.cov.key_index_bytes[i]).items():
-                if check == KEY_INDEX and not r.endswith(".parquet") or check != KEY_INDEX and r.endswith(".parquet"):
-                    continue
-                if there.get(r) != n:
-                    found.append(f"{output}/{version_dir(self.staged.version)}/{r}: {there.get(r, 'missing')} in the "
-                                 f"bucket, {n} bytes sent")
+            for v, objs in shard_homes(self.staged, plan, self.cov.key_index_bytes[i]).items():
+                if v not in listings:
+                    listings[v] = s3_output.list_sizes(output, version_dir(v))
+                there = listings[v]
+                for r, n in objs.items():
+                    if (check == KEY_INDEX) != r.endswith(".parquet"):
+                        continue
+                    if there.get(r) != n:
+                        found.append(f"{output}/{version_dir(v)}/{r}: {there.get(r, 'missing')} in the bucket, "
+                                     f"{n} bytes sent")
         return found
 
 
@@ -409,14 +506,20 @@ def commit_staged(output: S3Output, *, work_root: str | Path | None = None, num_
             folder, shards.staged.source, plans, num_workers=num_workers,
             tar_sha256=lambda _out, p: cov.digests[position[(p.bucket, p.index)]],
             plan_modalities=cut.plan_modalities if cut else None, key_index_present=lambda _path: True)
-        expected: dict[str, int] = {}
+        staged = shards.staged
+        expected: dict[str, dict[str, int]] = {}  # version folder -> object -> size
         for i, p in enumerate(plans):
-            expected.update(shard_objects(p, cov.key_index_bytes[i]))
+            for v, objs in shard_homes(staged, p, cov.key_index_bytes[i]).items():
+                expected.setdefault(v, {}).update(objs)
         manifest_rels = sorted(m.path.relative_to(folder).as_posix() for m in manifests)
         state_rels = [f"{STATE_DIR}/{n}" for n in CARRIED_STATE if (folder / STATE_DIR / n).is_file()]
-        for r in manifest_rels + state_rels:
-            expected[r] = (folder / r).stat().st_size
-        published = _publish(output, shards.staged.version, folder, manifest_rels, state_rels, expected, now)
+        bodies: dict[str, bytes | Path] = {r: folder / r for r in manifest_rels + state_rels}
+        if staged.base is not None:  # their roots name the folder the tars are in
+            bodies.update(published_in_place({r: (folder / r).read_bytes() for r in manifest_rels}, staged.base))
+        mine = expected.setdefault(staged.version, {})
+        for r, body in bodies.items():
+            mine[r] = len(body) if isinstance(body, bytes) else body.stat().st_size
+        published = _publish(output, staged, bodies, manifest_rels, expected, now)
         _delete_staged(output)
         return S3Commit(shards, manifests, published)
 
@@ -437,28 +540,33 @@ def run_s3_commit(output: S3Output, *, work_root: str | Path | None = None, num_
     return summary
 
 
-def _publish(output: S3Output, vid: str, folder: Path, manifest_rels: list[str], state_rels: list[str],
-             expected: dict[str, int], now: Callable[[], float]) -> PublishedVersion:
-    """The manifests and settings of version ``vid`` (whose tars the write tasks sent), then the
-    check of every object and the conditional pointer switch (``s3_output.publish_version``'s end)."""
+def _publish(output: S3Output, staged: Staged, bodies: dict[str, bytes | Path], manifest_rels: list[str],
+             expected: dict[str, dict[str, int]], now: Callable[[], float]) -> PublishedVersion:
+    """The manifests and settings (``bodies``: path in the version folder -> bytes or file) of
+    the staged version (whose tars the write tasks sent), then the check of every object where
+    it lives (``expected``: version folder -> object -> size) and the conditional pointer
+    switch (``s3_output.publish_version``'s end)."""
+    vid = staged.version
+    uses = [staged.base] if staged.base is not None else []
     current, etag = s3_output.read_pointer_tagged(output)
     result = PublishedVersion(str(output), vid, current.version if current else None)
     holder = this_process()
     check_held(output, vid)
     with HeldClaim(output, vid, PUBLISH, holder=holder, now=now) as claim:
         wait_until_unclaimed(output, vid, DELETE, now=now)
-        for r in manifest_rels + state_rels:
-            staging.put(output, f"{version_dir(vid)}/{r}", folder / r, "the commit")
+        for r, body in bodies.items():
+            staging.put(output, f"{version_dir(vid)}/{r}", body, "the commit")
             result.uploaded += 1
         pause_point("publish:before-verify")
-        s3_output.verify_before_switch(output, vid, expected)
-        if current is not None and current.version == vid and not current.uses:
+        for v, objs in sorted(expected.items()):
+            s3_output.verify_before_switch(output, v, objs)
+        if current is not None and current.version == vid and current.uses == uses:
             result.unchanged = True
             return result
         pause_point("publish:before-switch")
         claim.check()
         check_held(output, vid)
-        s3_output.switch_pointer(output, vid, manifest_rels, current, etag, holder, now)
+        s3_output.switch_pointer(output, vid, manifest_rels, current, etag, holder, now, uses=uses)
     return result
 
 
