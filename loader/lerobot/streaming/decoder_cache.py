@@ -7,6 +7,8 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
+from loader.workers import release_freed_heap
+
 if TYPE_CHECKING:
     from .video import EpisodeVideo
 
@@ -42,12 +44,15 @@ class DecoderCache:
             evicted.append(old)
         for v in evicted:
             v.close()
+        if evicted:
+            release_freed_heap()   # the closed decoders' heap back to the kernel (see there)
 
     def discard(self, key: Hashable) -> None:
         with self._lock:
             video = self._videos.pop(key, None)
         if video is not None:
             video.close()
+            release_freed_heap()
 
     def clear(self) -> None:
         with self._lock:
