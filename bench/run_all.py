@@ -41,7 +41,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_manifest_parse": ["--no-tracemalloc"],
     "bench_mp4_index": ["--repeat", "3"],
     # The coordinator at the 10 M samples (1-2 min, plus 1 GB of synthetic table written
-    # once) and the 1 vs 2 workers build of 4,000 photographs: its own defaults.
+    # once) and the 1 vs 2 workers build of 12,000 photographs: its own defaults.
     "bench_build_scale": [],
 }
 TARGET_LINE = re.compile(r"^(PASS|MISS):\s*(.*)$")
