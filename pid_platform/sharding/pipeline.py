@@ -10,7 +10,7 @@ import functools
 import inspect
 import json
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -25,6 +25,7 @@ from pid_platform.sharding.commit.lease import build_lease
 from pid_platform.sharding.commit.manifest_roots import rewrite_manifest_roots
 from pid_platform.sharding.commit.manifests import (
     BucketManifest,
+    Shard,
     remove_unplanned,
     write_key_index_of,
     write_key_indexes,
@@ -46,8 +47,9 @@ from pid_platform.sharding.intake.task import IntakeReport, Sample, intake
 from pid_platform.sharding.layout import bucket_dir, final_dir, stamp_path
 from pid_platform.sharding.output_lock import build_lock
 from pid_platform.sharding.plan.add_modality import load_plan_cut, plan_build, save_plan_cut
+from pid_platform.sharding.plan.plan_files import PLAN, load_shards, write_planned
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
-from pid_platform.sharding.plan.tables import read_plans, read_samples, write_plans, write_samples
+from pid_platform.sharding.plan.tables import read_plans, read_samples, write_samples
 from pid_platform.sharding.storage import SourceStore
 from pid_platform.sharding.tasks.records import intake_parts
 from pid_platform.sharding.write.early_sync import sync_soon
@@ -55,7 +57,6 @@ from pid_platform.sharding.write.tar_digests import tar_digests
 from pid_platform.sharding.write.tars import AfterShard, ShardResult, write_shards
 
 F = TypeVar("F", bound=Callable)
-PLAN = "plan.parquet"  # in the state folder: every shard of the version, in shard order
 
 
 def build_step(fn: F) -> F:
@@ -212,7 +213,7 @@ def run_sharding(store: SourceStore, source: str, out: Path, config: ShardingCon
         store, source, staging, plans, previous=versions.final_dir(out), num_workers=num_workers, progress=step,
         then=after_shard(staging, key_indexes), reuse=cut.reused_modalities if cut else None,
     )
-    write_plans(state_dir(staging) / PLAN, plans, modalities)
+    write_planned(staging, plans, modalities, config)
     save_sharding_config(staging, config)
     return plans, results
 
@@ -256,6 +257,9 @@ def load_sharding_config(folder: Path) -> ShardingConfig:
 
 
 def load_plans(folder: Path, config: ShardingConfig) -> list[ShardPlan]:
+    """Every shard of ``folder``'s plan with its samples (steps that read every member: the
+    one-process build's key indexes and the checks); ``plan_files.load_shards`` reads one row
+    per shard, for steps that need no sample."""
     return read_plans(state_dir(folder) / PLAN, config.part_size)
 
 
@@ -283,7 +287,7 @@ def run_manifests(
     out: Path, source: str, *, num_workers: int, manifest_root: str = "relative",
     publish_to: S3Output | None = None, before_switch: Callable[[], None] | None = None,
     published: list[PublishedVersion] | None = None, repair: bool = False,
-    plans: list[ShardPlan] | None = None,
+    plans: Sequence[Shard] | None = None,
 ) -> tuple[ShardingConfig, list[BucketManifest], list[Path]]:
     """wdinfo.json per bucket into the staging folder, then the commit that publishes it as ``out``.
 
@@ -303,7 +307,7 @@ def run_manifests(
     staging = versions.begin(out)
     config = load_sharding_config(staging)
     if plans is None:
-        plans = load_plans(staging, config)
+        plans = load_shards(staging, config)
     remove_unplanned(staging, plans)  # an earlier, unfinished build may have left other shards
     cut = load_plan_cut(staging)
     manifests = write_manifests(staging, source, plans, num_workers=num_workers, root_base=base,
@@ -326,7 +330,7 @@ def forget_damaged_shards(out: Path) -> int:
     final = final_dir(out)
     try:
         config = load_sharding_config(final)
-        plans = load_plans(final, config)
+        plans = load_shards(final, config)
     except FileNotFoundError:
         return 0  # nothing committed: the build writes every shard anyway
     damaged = damaged_shards(final, plans)
@@ -337,15 +341,22 @@ def forget_damaged_shards(out: Path) -> int:
 
 def _committed_summary(source: str, out: Path, result: IntakeResult) -> BuildSummary:
     """The summary of an up-to-date rebuild: the committed build's shards, none written."""
-    final = final_dir(out)
-    config = load_sharding_config(final)
-    plans = load_plans(final, config)
-    results = [
-        ShardResult(p.bucket, p.index, p.relpath, len(p.samples), {m: p.tar_bytes(m) for m in p.modalities}, False)
-        for p in plans
-    ]
-    manifests = [Path(out) / bucket_dir(Path(), b) / WDINFO_NAME for b in sorted({p.bucket for p in plans})]
+    results, manifests = committed_results(out)
     return BuildSummary(source, Path(out), result.report, summarize(results), manifests, [], result.validate, True)
+
+
+def planned_results(plans: Sequence[Shard], written: Callable[[int], bool] = lambda _i: False) -> list[ShardResult]:
+    """Each planned shard as a result: its count and planned tar sizes; ``written(position)``."""
+    return [ShardResult(p.bucket, p.index, p.relpath, p.count, {m: p.tar_bytes(m) for m in p.modalities}, written(i))
+            for i, p in enumerate(plans)]
+
+
+def committed_results(out: Path) -> tuple[list[ShardResult], list[Path]]:
+    """The committed build's shards (none written) and its manifests, from one row per shard."""
+    final = final_dir(out)
+    plans = load_shards(final, load_sharding_config(final))
+    manifests = [Path(out) / bucket_dir(Path(), b) / WDINFO_NAME for b in sorted({p.bucket for p in plans})]
+    return planned_results(plans), manifests
 
 
 @build_step

@@ -14,6 +14,7 @@ from pid_platform.defs.partitions import sources_partitions
 from pid_platform.defs.resources import SourceStoreResource
 from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.pipeline import load_plans, load_sharding_config, state_dir
+from pid_platform.sharding.plan.columnar import ShardRef
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
 from pid_platform.sharding.tasks.s3_tasks import published_problems, staged_shards
 
@@ -54,7 +55,7 @@ def result(problems: list[str], **metadata: object) -> dg.AssetCheckResult:
 
 
 def s3_result(source_store: SourceStoreResource, source: str, check: str,
-              **metadata: Callable[[ShardingConfig, list[ShardPlan]], object]) -> dg.AssetCheckResult | None:
+              **metadata: Callable[[ShardingConfig, list[ShardRef]], object]) -> dg.AssetCheckResult | None:
     """``check`` of an ``s3://`` output's build (None for a local output): on the staged build,
     what each write task's check found in its shards' tars before sending them (``s3_tasks``)
     and every shard object the bucket does not hold as sent; with nothing staged, the published

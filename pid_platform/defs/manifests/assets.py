@@ -158,7 +158,7 @@ def _s3_key_indexes(source_store: SourceStoreResource, source: str, target: S3Ou
     per_bucket: dict[str, int] = {}
     for p in shards.plans:
         per_bucket[p.bucket] = per_bucket.get(p.bucket, 0) + 1
-    return _key_indexes_result(len(shards.plans), sum(len(p.samples) for p in shards.plans),
+    return _key_indexes_result(len(shards.plans), sum(p.count for p in shards.plans),
                                "staged (sent by the write tasks)", shards.config, per_bucket)
 
 

@@ -53,7 +53,8 @@ from pid_platform.sharding.commit.state import SAMPLES, state_dir
 from pid_platform.sharding.layout import final_dir
 from pid_platform.sharding.output_lock import build_lock
 from pid_platform.sharding.pipeline import summarize
-from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
+from pid_platform.sharding.plan.columnar import ShardRef
+from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.tasks.run import (
     TasksUnfinishedError,
     run_write_task,
@@ -140,7 +141,7 @@ def parse_task_key(key: str) -> tuple[int, int]:
     return int(index), int(of)
 
 
-def plans_digest(config_version: str, plans: list[ShardPlan]) -> str:
+def plans_digest(config_version: str, plans: list[ShardRef]) -> str:
     # A plan's digest covers its keys, files and place; together they name the bytes on disk.
     h = hashlib.sha256(config_version.encode())
     for p in plans:

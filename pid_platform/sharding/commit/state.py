@@ -22,10 +22,10 @@ from pid_platform.sharding.errors import ShardingConfigError
 from pid_platform.sharding.intake.cache import RULES_VERSION
 from pid_platform.sharding.intake.task import IntakeReport, Sample
 from pid_platform.sharding.layout import STATE_DIR
-from pid_platform.sharding.plan.add_modality import load_plan_cut
 from pid_platform.sharding.plan.columnar import ShardRef
-from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan, plan_shards
-from pid_platform.sharding.plan.tables import read_plans, samples_table
+from pid_platform.sharding.plan.plan_files import load_shards
+from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
+from pid_platform.sharding.plan.tables import samples_table
 from pid_platform.sharding.write.tars import shard_up_to_date
 
 INTAKE_SETTINGS = "intake.json"  # how the samples were validated
@@ -34,7 +34,6 @@ SAMPLES = "samples.parquet"
 REPORT = "intake_report.json"
 FINGERPRINT = "input_fingerprint.json"  # the raw listing a staged build was made from (defs/automation)
 SHARDING = "sharding.json"
-PLAN = "plan.parquet"
 
 
 def state_dir(folder: Path) -> Path:
@@ -126,7 +125,7 @@ def committed_up_to_date(
         return False
     if not committed.equals(samples_table(samples, report.modalities)):
         return False
-    # A plan that modalities were added to stays the plan while the samples stay (checked above).
-    plans = read_plans(state / PLAN, config.part_size) if load_plan_cut(final) else \
-        plan_shards(samples, report.modalities, config)
+    # The same samples and settings give the same plan, and a plan that modalities were added to
+    # stays the plan while the samples stay (both checked above): the committed one, a row a shard.
+    plans = load_shards(final, config)
     return all(shard_up_to_date(final, p) for p in plans) and _outputs_intact(final, plans)

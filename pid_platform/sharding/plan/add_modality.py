@@ -21,6 +21,8 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from loader.formats.atomic import atomic_write_bytes
 from pid_platform.sharding.errors import ShardingConfigError
 from pid_platform.sharding.intake.file_checks import stem_of
@@ -85,31 +87,47 @@ def _still_listed(store: SourceStore, source: str, kept: list[Sample], modalitie
     return True
 
 
+def _committed_config(final: Path) -> ShardingConfig | None:
+    try:
+        return ShardingConfig(**json.loads((Path(final) / STATE_DIR / "sharding.json").read_bytes()))
+    except (OSError, ValueError, TypeError, ShardingConfigError):
+        return None
+
+
+def may_extend(final: Path, modalities: list[str], config: ShardingConfig) -> bool:
+    """Whether a build of ``modalities`` with ``config`` may extend the committed plan of
+    ``final`` (``extend_committed_plan`` decides), from its settings and the plan's schema alone:
+    a build that adds no modality folder cuts its plan as columns and never reads this one."""
+    committed_config = _committed_config(final)
+    plan = Path(final) / STATE_DIR / "plan.parquet"
+    if committed_config is None or not plan.is_file():
+        return False
+    if replace(committed_config, new_modality_missing_keys=config.new_modality_missing_keys) != config:
+        return False  # other settings: the plan is cut again
+    try:
+        have = {c.split(".", 1)[1] for c in pq.read_schema(plan).names if c.startswith("name.")}
+    except (OSError, ValueError):
+        return False
+    # A plan extended before stays the plan while its samples stay (a repair, other roots), so the
+    # keys it kept are not dropped by a rebuild that adds nothing.
+    return bool(have) and have <= set(modalities) and bool(set(modalities) - have or load_plan_cut(final))
+
+
 def extend_committed_plan(
     store: SourceStore, source: str, final: Path, samples: list[Sample], modalities: list[str],
     config: ShardingConfig,
 ) -> tuple[list[ShardPlan], PlanCut] | None:
     """The committed plan of ``final`` with the added modalities' files, when the new intake
     (``samples``, ``modalities``) only added modality folders to it; None otherwise (a full plan)."""
-    state = Path(final) / STATE_DIR
-    try:
-        committed_config = ShardingConfig(**json.loads((state / "sharding.json").read_bytes()))
-        if not (state / "plan.parquet").is_file():
-            return None
-    except (OSError, ValueError, TypeError, ShardingConfigError):
+    if not may_extend(final, modalities, config):
         return None
-    if replace(committed_config, new_modality_missing_keys=config.new_modality_missing_keys) != config:
-        return None  # other settings: the plan is cut again
-    committed = read_plans(state / "plan.parquet", committed_config.part_size)
+    committed_config = _committed_config(final)
+    committed = read_plans(Path(final) / STATE_DIR / "plan.parquet", committed_config.part_size)
     if not committed:
         return None
     have = tuple(committed[0].modalities)
     added = tuple(sorted(set(modalities) - set(have)))
     previous = load_plan_cut(final)
-    # A plan extended before stays the plan while its samples stay (a repair, other roots), so the
-    # keys it kept are not dropped by a rebuild that adds nothing.
-    if not set(have) <= set(modalities) or not (added or previous):
-        return None
     by_basename = {s.basename: s for s in samples}
     kept: list[Sample] = []
     matched = 0

@@ -166,4 +166,6 @@ def plan_shards(samples: list[Sample], modalities: list[str], config: ShardingCo
 
 
 def is_oversize_singleton(plan: ShardPlan, config: ShardingConfig) -> bool:
-    return len(plan.samples) == 1 and plan.total_bytes > config.max_shard_bytes
+    """A shard of one sample above the bound (which it may be: a sample is never split).
+    ``plan``: a ``ShardPlan`` or a ``columnar.ShardRef`` (its count and total bytes)."""
+    return plan.count == 1 and plan.total_bytes > config.max_shard_bytes

@@ -78,6 +78,11 @@ def write_samples(path: Path, samples: list[Sample], modalities: list[str]) -> P
     return write_table(path, samples_table(samples, modalities))
 
 
+def samples_modalities(path: Path) -> list[str]:
+    """The modalities of a samples.parquet, from its schema (nothing else is read)."""
+    return [c.split(".", 1)[1] for c in pq.read_schema(path).names if c.startswith("name.")]
+
+
 def read_samples(path: Path) -> tuple[list[Sample], list[str]]:
     t = pq.read_table(path)
     return table_samples(t), _modalities(t)
@@ -91,7 +96,11 @@ def write_plans(path: Path, plans: list[ShardPlan], modalities: list[str]) -> Pa
 
 
 def read_plans(path: Path, part_size: int) -> list[ShardPlan]:
-    t = pq.read_table(path)
+    return plans_of_table(pq.read_table(path), part_size)
+
+
+def plans_of_table(t: pa.Table, part_size: int) -> list[ShardPlan]:
+    """The shards of plan.parquet rows (a whole plan, or whole shards of one), in plan order."""
     mods = tuple(sorted(_modalities(t)))
     samples = table_samples(t)
     d = t.select(["shard_bucket", "shard_index"]).to_pydict()

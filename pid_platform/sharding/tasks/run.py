@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loader.formats.twin_tar import key_index_relpath
-from loader.formats.wdinfo import WDINFO_NAME, root_base
+from loader.formats.wdinfo import root_base
 from pid_platform.sharding import pipeline
 from pid_platform.sharding.commit import versions
 from pid_platform.sharding.commit.manifest_roots import rewrite_manifest_roots
@@ -46,9 +46,21 @@ from pid_platform.sharding.intake.task import (
 )
 from pid_platform.sharding.layout import bucket_dir, final_dir
 from pid_platform.sharding.pause_points import pause_point
-from pid_platform.sharding.plan.add_modality import load_plan_cut, plan_build, save_plan_cut
+from pid_platform.sharding.plan.add_modality import (
+    load_plan_cut,
+    may_extend,
+    plan_build,
+    save_plan_cut,
+)
+from pid_platform.sharding.plan.columnar import ShardRef
+from pid_platform.sharding.plan.plan_files import (
+    load_shard_range,
+    load_shards,
+    write_cut,
+    write_planned,
+)
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
-from pid_platform.sharding.plan.tables import read_samples, write_plans
+from pid_platform.sharding.plan.tables import read_samples, samples_modalities
 from pid_platform.sharding.storage import SourceStore
 from pid_platform.sharding.tasks.records import (
     INTAKE,
@@ -163,7 +175,7 @@ def run_plan(
                                  stop_if_up_to_date=True)
     r = result.report
     if result.up_to_date:
-        plans = pipeline.load_plans(final_dir(out), pipeline.load_sharding_config(final_dir(out)))
+        plans = load_shards(final_dir(out), pipeline.load_sharding_config(final_dir(out)))
         return PlanOutcome(out, r, len(plans), r.samples, True, r.files_validated, r.outcomes_reused,
                            dict(Counter(p.bucket for p in plans)))
     # The intake's own samples: what it just wrote to samples.parquet, so not read back.
@@ -174,21 +186,32 @@ def run_plan(
 
 def _stage_plan(store: SourceStore, source: str, out: Path, config: ShardingConfig,
                 committed: Path | None = None, samples_read: tuple[list[Sample], list[str]] | None = None,
-                ) -> list[ShardPlan]:
+                ) -> list[ShardRef]:
     """``committed``: the folder holding the committed plan (default: ``out``'s published one).
-    ``samples_read``: the staged samples.parquet's rows and modalities, when the caller holds them."""
+    ``samples_read``: the staged samples.parquet's rows and modalities, when the caller holds them.
+
+    The plan is cut from samples.parquet as columns (``plan_files.write_cut``), unless the build
+    may only add modality folders to the committed plan (``add_modality.may_extend``): that
+    plan is extended as objects (``plan_build``), and re-cut the same way should it not apply."""
     staging = versions.begin(out)
-    samples, modalities = samples_read or read_samples(state_dir(staging) / SAMPLES)
-    plans, cut = plan_build(store, source, committed or final_dir(out), samples, modalities, config)
-    save_plan_cut(staging, cut)
-    write_plans(state_dir(staging) / pipeline.PLAN, plans, modalities)
+    committed = committed or final_dir(out)
+    samples_path = state_dir(staging) / SAMPLES
+    modalities = samples_read[1] if samples_read else samples_modalities(samples_path)
+    if not may_extend(committed, modalities, config):
+        save_plan_cut(staging, None)
+        shards = write_cut(staging, samples_path, config)
+    else:
+        samples, modalities = samples_read or read_samples(samples_path)
+        plans, cut = plan_build(store, source, committed, samples, modalities, config)
+        save_plan_cut(staging, cut)
+        shards = write_planned(staging, plans, modalities, config)
     pipeline.save_sharding_config(staging, config)
-    return plans
+    return shards
 
 
 @pipeline.build_step
 def stage_plan(store: SourceStore, source: str, out: Path, config: ShardingConfig, *,
-               fresh_tasks: bool = False, committed: Path | None = None) -> list[ShardPlan]:
+               fresh_tasks: bool = False, committed: Path | None = None) -> list[ShardRef]:
     """The plan of the samples an intake staged for ``out`` (``samples.parquet``), cut with
     ``config``: ``plan.parquet`` and ``sharding.json`` into the staging folder; its shards.
 
@@ -204,19 +227,17 @@ def stage_plan(store: SourceStore, source: str, out: Path, config: ShardingConfi
     return _stage_plan(store, source, out, config, committed)
 
 
-def staged_results(staging: Path, *, plans: list[ShardPlan] | None = None,
-                   ) -> tuple[ShardingConfig, list[ShardPlan], list[ShardResult]]:
+def staged_results(staging: Path, *, plans: list[ShardRef] | None = None,
+                   ) -> tuple[ShardingConfig, list[ShardRef], list[ShardResult]]:
     """The staged plan's shards as the write tasks left them: each shard's planned sizes, and
     ``written`` where a write task's record for this plan says it wrote the shard (rather than
-    kept or hard-linked it). ``plans``: the staged plan, when the caller has read it already."""
+    kept or hard-linked it). ``plans``: the staged plan's shards, when the caller has read them."""
     config = pipeline.load_sharding_config(staging)
     if plans is None:
-        plans = pipeline.load_plans(staging, config)
+        plans = load_shards(staging, config)
     plan_sha = file_sha256(state_dir(staging) / pipeline.PLAN)
     written = {i for r in records(staging, WRITE) if r.get("plan_sha256") == plan_sha for i in r.get("written", [])}
-    return config, plans, [ShardResult(p.bucket, p.index, p.relpath, len(p.samples),
-                                       {m: p.tar_bytes(m) for m in p.modalities}, i in written)
-                           for i, p in enumerate(plans)]
+    return config, plans, pipeline.planned_results(plans, written.__contains__)
 
 
 def _staged_plan(out: Path, what: str) -> tuple[Path, Path] | None:
@@ -260,9 +281,9 @@ def run_write_task(
         return TaskOutcome(WRITE, index, of, record_path(staged, WRITE, index, of), True, stop - first, first)
     staging = versions.begin(out)
     config = pipeline.load_sharding_config(staging)
-    plans = pipeline.load_plans(staging, config)
-    first, stop = slice_bounds(len(plans), index, of)
-    mine = plans[first:stop]
+    shards = load_shards(staging, config)
+    first, stop = slice_bounds(len(shards), index, of)
+    mine = load_shard_range(staging, config, shards, first, stop)  # its own samples, no others
     after = pipeline.after_shard(staging, key_indexes=key_indexes)
 
     def then(plan: ShardPlan, result: ShardResult) -> None:
@@ -284,7 +305,7 @@ def run_write_task(
     return TaskOutcome(WRITE, index, of, path, False, len(mine), first, len(written), len(mine) - len(written))
 
 
-def _shard_complete(staging: Path, plan: ShardPlan, key_indexes: bool) -> bool:
+def _shard_complete(staging: Path, plan: ShardRef, key_indexes: bool) -> bool:
     key_index = bucket_dir(staging, plan.bucket) / key_index_relpath(plan.relpath)
     return shard_up_to_date(staging, plan) and (not key_indexes or key_index.is_file())
 
@@ -300,7 +321,7 @@ def spans_text(positions: list[int]) -> str:
     return ", ".join(spans)
 
 
-def unfinished_write_tasks(out: Path, *, key_indexes: bool = True, plans: list[ShardPlan] | None = None,
+def unfinished_write_tasks(out: Path, *, key_indexes: bool = True, plans: list[ShardRef] | None = None,
                            ) -> str | None:
     """Why the staged plan of ``out`` cannot be committed yet (None: every write task is done).
 
@@ -312,7 +333,7 @@ def unfinished_write_tasks(out: Path, *, key_indexes: bool = True, plans: list[S
     staging = versions.staging_dir(out)
     plan_sha = file_sha256(state_dir(staging) / pipeline.PLAN)
     if plans is None:
-        plans = pipeline.load_plans(staging, pipeline.load_sharding_config(staging))
+        plans = load_shards(staging, pipeline.load_sharding_config(staging))
     recs = [r for r in records(staging, WRITE) if r.get("plan_sha256") == plan_sha]
     covered = [False] * len(plans)
     damaged: list[dict] = []
@@ -385,15 +406,12 @@ def run_commit(out: Path, *, num_workers: int = 1, manifest_root: str = "relativ
         final = final_dir(out)
         rewrite_manifest_roots(out, manifest_root)
         report = report_from_json(json.loads((state_dir(final) / REPORT).read_bytes()))
-        plans = pipeline.load_plans(final, pipeline.load_sharding_config(final))
-        results = [ShardResult(p.bucket, p.index, p.relpath, len(p.samples),
-                               {m: p.tar_bytes(m) for m in p.modalities}, False) for p in plans]
-        manifests = [out / bucket_dir(Path(), b) / WDINFO_NAME for b in sorted({p.bucket for p in plans})]
+        results, manifests = pipeline.committed_results(out)
         return pipeline.BuildSummary(report.source, out, report, pipeline.summarize(results), manifests, [],
                                      _validate_of(final), up_to_date=True)
     staging, _plan = found
-    # Read once for both checks (a plan of millions of samples takes seconds to read).
-    plans = pipeline.load_plans(staging, pipeline.load_sharding_config(staging))
+    # One row per shard, read once for the checks, the manifests and the summary.
+    plans = load_shards(staging, pipeline.load_sharding_config(staging))
     problem = unfinished_write_tasks(out, plans=plans)
     if problem is not None:
         raise TasksUnfinishedError(f"commit of {out}: {problem}")

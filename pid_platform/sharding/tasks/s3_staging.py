@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from loader.io.s3_client import S3AccessError
 from pid_platform.sharding.commit import s3_output
+from pid_platform.sharding.commit.manifests import Shard
 from pid_platform.sharding.commit.s3_output import VERSION_INPUTS, S3Output
 from pid_platform.sharding.commit.state import (
     FINGERPRINT,
@@ -33,7 +35,7 @@ from pid_platform.sharding.commit.state import (
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.intake.cache import CACHE_NAME
 from pid_platform.sharding.intake.task import slice_bounds
-from pid_platform.sharding.plan.shard_plan import ShardPlan
+from pid_platform.sharding.plan.plan_files import SHARDS
 from pid_platform.sharding.tasks import records as local_records
 from pid_platform.sharding.tasks.records import RECORD_FORMAT, WRITE
 
@@ -46,9 +48,12 @@ STAGED_FORMAT = 1
 # What an intake leaves beside a build: a plan on another machine cuts the samples from it.
 INTAKE_STATE = (SAMPLES, REPORT, INTAKE_SETTINGS, CACHE_NAME, FINGERPRINT)
 # What the commit carries into the version (``s3_output.CARRIED_STATE``) or reports, beside the plan.
-SHARED_STATE = tuple(dict.fromkeys((*VERSION_INPUTS, *INTAKE_STATE)))
-# What a write task reads of it.
+# shards.parquet is not carried: a commit reads the staged one, a later plan only the committed plan.
+SHARED_STATE = tuple(dict.fromkeys((*VERSION_INPUTS, *INTAKE_STATE, SHARDS)))
+# The plan's state as a published version carries it (a later plan extends it).
 PLAN_STATE = ("plan.parquet", "sharding.json", "plan_cut.json")
+# What a write task and the commit read of the staged plan.
+TASK_STATE = (*PLAN_STATE, SHARDS)
 
 
 class StagedStateError(BuildError):
@@ -90,7 +95,7 @@ def record_rel(stage: str, index: int, of: int) -> str:
     return rel("tasks", local_records.record_path(Path(), stage, index, of).name)
 
 
-def shard_marker_rel(plan: ShardPlan) -> str:
+def shard_marker_rel(plan: Shard) -> str:
     return rel("shards", plan.bucket or "_flat", f"{plan.index:06d}.json")
 
 
@@ -241,7 +246,7 @@ class Coverage:
     missing: list[int]  # shards no record covers
 
 
-def coverage(plans: list[ShardPlan], recs: list[dict]) -> Coverage:
+def coverage(plans: Sequence[Shard], recs: list[dict]) -> Coverage:
     cov = Coverage({}, {}, set(), {}, [])
     for r in recs:
         try:

@@ -56,6 +56,7 @@ from pid_platform.sharding.commit.in_place import published_manifests as publish
 from pid_platform.sharding.commit.lease import build_lease, check_held
 from pid_platform.sharding.commit.manifests import (
     BucketManifest,
+    Shard,
     write_key_index_of,
     write_manifests,
 )
@@ -81,6 +82,8 @@ from pid_platform.sharding.layout import STATE_DIR, bucket_dir, final_dir
 from pid_platform.sharding.output_lock import build_lock
 from pid_platform.sharding.pause_points import pause_point
 from pid_platform.sharding.plan.add_modality import load_plan_cut
+from pid_platform.sharding.plan.columnar import ShardRef
+from pid_platform.sharding.plan.plan_files import load_shard_range, load_shards
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
 from pid_platform.sharding.storage import SourceStore
 from pid_platform.sharding.tasks import records as local_records
@@ -193,7 +196,7 @@ def pull_committed_plan(output: S3Output, folder: Path) -> Path | None:
     return folder
 
 
-def tar_rel(plan: ShardPlan, modality: str) -> str:
+def tar_rel(plan: Shard, modality: str) -> str:
     return tar_path(Path(), plan.bucket, modality, plan.relpath).as_posix()
 
 
@@ -210,7 +213,7 @@ def in_place_of(output: S3Output, folder: Path) -> InPlace | None:
         old_sha = s3_output.checksums_of(docs)
     except (FormatError, ValueError):
         return None
-    plans = pipeline.load_plans(folder, pipeline.load_sharding_config(folder))
+    plans = load_shards(folder, pipeline.load_sharding_config(folder))
     modality_of = {tar_rel(p, m): m for p in plans for m in p.modalities}
     reused = frozenset(r for r, m in modality_of.items() if m in cut.reused_modalities)
     if not reused <= old_sha.keys():
@@ -269,7 +272,7 @@ def pull_staged_intake(output: S3Output, work: Path) -> bool:
 
 
 def stage_plan_in_bucket(store: SourceStore, source: str, output: S3Output, work: Path,
-                         config: ShardingConfig) -> tuple[list[ShardPlan], str]:
+                         config: ShardingConfig) -> tuple[list[ShardRef], str]:
     """The Dagster ``plan`` step of an s3 output: the samples staged in this machine's work
     folder (``pull_staged_intake``, or the committed ones copied there), cut with ``config``
     and staged in the bucket for the write tasks; ``(shards, version)``. Earlier write records
@@ -328,12 +331,12 @@ def run_s3_write_task(
         first, stop = rec["shards"]
         return TaskOutcome(WRITE, index, of, Path(rel), True, stop - first, first)
     scratch = staging.pull_plan_state(output, staged, scratch_dir(output, work_root, f"write-{index}-of-{of}"),
-                                      staging.PLAN_STATE)
+                                      staging.TASK_STATE)
     config = pipeline.load_sharding_config(scratch)
-    plans = pipeline.load_plans(scratch, config)
+    shards = load_shards(scratch, config)
     cut = load_plan_cut(scratch)
-    first, stop = slice_bounds(len(plans), index, of)
-    mine = plans[first:stop]
+    first, stop = slice_bounds(len(shards), index, of)
+    mine = load_shard_range(scratch, config, shards, first, stop)  # its own samples, no others
     vdir = version_dir(staged.version)
     there = {v: s3_output.list_sizes(output, version_dir(v)) for v in {staged.version, staged.home(True)}}
     current = _CurrentTars(output)
@@ -402,18 +405,18 @@ def run_s3_write_task(
                        copied=counts["copied"])
 
 
-def key_index_rel(plan: ShardPlan) -> str:
+def key_index_rel(plan: Shard) -> str:
     return (bucket_dir(Path(), plan.bucket) / key_index_relpath(plan.relpath)).as_posix()
 
 
-def shard_objects(plan: ShardPlan, key_index_bytes: object) -> dict[str, int]:
+def shard_objects(plan: Shard, key_index_bytes: object) -> dict[str, int]:
     """Each object of ``plan``'s shard in its version folder -> its size."""
     found = {tar_rel(plan, m): plan.tar_bytes(m) for m in plan.modalities}
     found[key_index_rel(plan)] = key_index_bytes if isinstance(key_index_bytes, int) else -1
     return found
 
 
-def shard_homes(staged: Staged, plan: ShardPlan, key_index_bytes: object) -> dict[str, dict[str, int]]:
+def shard_homes(staged: Staged, plan: Shard, key_index_bytes: object) -> dict[str, dict[str, int]]:
     """``shard_objects`` by the version whose folder holds them (``Staged.home``)."""
     found: dict[str, dict[str, int]] = {}
     index = key_index_rel(plan)
@@ -429,12 +432,11 @@ class StagedShards:
     staged: Staged
     folder: Path  # a scratch folder holding the plan's state
     config: ShardingConfig
-    plans: list[ShardPlan]
+    plans: list[ShardRef]  # one row per shard (``plan_files.load_shards``): no sample is read
     cov: staging.Coverage
 
     def results(self) -> list[ShardResult]:
-        return [ShardResult(p.bucket, p.index, p.relpath, len(p.samples), {m: p.tar_bytes(m) for m in p.modalities},
-                            i in self.cov.written) for i, p in enumerate(self.plans)]
+        return pipeline.planned_results(self.plans, self.cov.written.__contains__)
 
     def unfinished(self, output: S3Output) -> str | None:
         if not self.cov.missing:
@@ -465,7 +467,7 @@ class StagedShards:
 
 
 def staged_shards(output: S3Output, work_root: str | Path | None, what: str,
-                  state: tuple[str, ...] | None = staging.PLAN_STATE) -> StagedShards | None:
+                  state: tuple[str, ...] | None = staging.TASK_STATE) -> StagedShards | None:
     """The staged plan (its ``state`` files; None: all) and its write records; None when
     nothing is staged over a published version."""
     staged = staged_or_refuse(output, what)
@@ -475,7 +477,7 @@ def staged_shards(output: S3Output, work_root: str | Path | None, what: str,
     shutil.rmtree(folder, ignore_errors=True)
     staging.pull_plan_state(output, staged, folder, state)
     config = pipeline.load_sharding_config(folder)
-    plans = pipeline.load_plans(folder, config)
+    plans = load_shards(folder, config)
     return StagedShards(staged, folder, config, plans,
                         staging.coverage(plans, staging.write_records(output, staged.plan_sha256)))
 

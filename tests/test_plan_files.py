@@ -1,0 +1,148 @@
+"""The plan on disk (``plan/plan_files.py``): both writers give the same two files; the
+coordinator reads one row per shard; a write task reads only the row groups of its own shards;
+and a real tasked build turns no sample into an object outside its write tasks."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from pid_platform.sharding.commit.versions import staging_dir
+from pid_platform.sharding.intake.task import slice_bounds
+from pid_platform.sharding.layout import STATE_DIR
+from pid_platform.sharding.plan import tables
+from pid_platform.sharding.plan.columnar import write_plan_file
+from pid_platform.sharding.plan.plan_files import (
+    PLAN,
+    SHARDS,
+    load_shard_range,
+    load_shards,
+    shard_ref,
+    write_cut,
+    write_planned,
+)
+from pid_platform.sharding.plan.shard_plan import ShardingConfig, plan_shards
+from pid_platform.sharding.plan.tables import read_plans, write_samples
+from pid_platform.sharding.storage import LocalSourceStore
+from tests.support.build_data import SMALL_BOUND_MB, SOURCE, build, output_files
+from tests.test_plan_columnar import MODS, make_samples
+
+CONFIG = ShardingConfig(max_shard_size_mb=1.0, part_size=3, shuffle=True, seed=5)
+
+
+def _state(folder: Path) -> Path:
+    (folder / STATE_DIR).mkdir(parents=True, exist_ok=True)
+    return folder / STATE_DIR
+
+
+def test_both_plan_writers_give_the_same_two_files(tmp_path: Path) -> None:
+    samples = make_samples(700, 3)
+    objects, columns = tmp_path / "objects", tmp_path / "columns"
+    write_samples(_state(columns) / "samples.parquet", samples, MODS)
+    plans = plan_shards(samples, MODS, CONFIG)
+    refs_objects = write_planned(objects, plans, MODS, CONFIG)
+    refs_columns = write_cut(columns, _state(columns) / "samples.parquet", CONFIG)
+    for name in (PLAN, SHARDS):
+        assert (_state(objects) / name).read_bytes() == (_state(columns) / name).read_bytes()
+    assert refs_objects == refs_columns == [shard_ref(p) for p in plans]
+    assert len(refs_columns) > 20
+
+
+def _small_row_groups(folder: Path, n: int, rows: int) -> list:
+    """A plan of ``n`` samples in row groups of ``rows`` (a big source's layout, small)."""
+    samples = make_samples(n, 11)
+    state = _state(folder)
+    write_samples(state / "samples.parquet", samples, MODS)
+    write_plan_file(state / "samples.parquet", state / PLAN, CONFIG, row_group_rows=rows, batch_rows=37,
+                    shards_path=state / SHARDS)
+    return read_plans(state / PLAN, CONFIG.part_size)
+
+
+def test_a_write_task_reads_only_the_row_groups_of_its_own_shards(tmp_path: Path, monkeypatch) -> None:
+    everything = _small_row_groups(tmp_path, 900, 50)
+    shards = load_shards(tmp_path, CONFIG)
+    assert shards == [shard_ref(p) for p in everything]
+    assert pq.ParquetFile(_state(tmp_path) / PLAN).num_row_groups == 18
+    read: list[int] = []
+    real = pq.ParquetFile.read_row_group
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group",
+                        lambda self, g, *a, **k: read.append(g) or real(self, g, *a, **k))
+    starts = [0]
+    for p in everything:
+        starts.append(starts[-1] + p.count)
+    for of in (1, 4, 9):
+        for index in range(of):
+            read.clear()
+            first, stop = slice_bounds(len(shards), index, of)
+            mine = load_shard_range(tmp_path, CONFIG, shards, first, stop)
+            assert mine == everything[first:stop]
+            # Exactly the row groups holding rows starts[first]:starts[stop], each once.
+            want = list(range(starts[first] // 50, (starts[stop] - 1) // 50 + 1)) if stop > first else []
+            assert read == want
+            if of == 9:
+                assert len(read) < 18 / 2  # a ninth of the plan, not the plan
+
+
+def test_stale_or_missing_shards_file_falls_back_to_the_plan_and_mixed_files_are_refused(
+        tmp_path: Path, caplog) -> None:
+    everything = _small_row_groups(tmp_path, 400, 64)
+    want = [shard_ref(p) for p in everything]
+    state = _state(tmp_path)
+    (state / SHARDS).unlink()
+    assert load_shards(tmp_path, CONFIG) == want
+    # A shards file of another plan (other rows) beside this plan: named, then not used.
+    other = tmp_path / "other"
+    _small_row_groups(other, 300, 64)
+    (state / SHARDS).write_bytes((_state(other) / SHARDS).read_bytes())
+    with caplog.at_level(logging.WARNING):
+        assert load_shards(tmp_path, CONFIG) == want
+    assert "written for another plan" in caplog.text and str(state / SHARDS) in caplog.text
+    # A task handed the shards of another plan refuses rather than write the wrong samples.
+    with pytest.raises(ValueError, match="two plans"):
+        load_shard_range(tmp_path, CONFIG, load_shards(other, CONFIG), 0, 3)
+
+
+def test_a_tasked_build_makes_sample_objects_only_in_its_write_tasks(raw_root: Path, tmp_path: Path,
+                                                                    monkeypatch) -> None:
+    """The plan cuts columns and the commit reads a row per shard; each write task turns only
+    its own shards' rows into objects. The bytes are the one-process build's."""
+    from pid_platform.sharding.tasks.run import run_commit, run_plan, run_write_task
+
+    ref = tmp_path / "one"
+    build(raw_root, ref)
+    converted: list[int] = []
+    real = tables.table_samples
+    monkeypatch.setattr(tables, "table_samples", lambda t: converted.append(t.num_rows) or real(t))
+
+    def no_object_plan(*_a, **_k):
+        raise AssertionError("the plan step planned objects")
+
+    monkeypatch.setattr("pid_platform.sharding.plan.add_modality.plan_shards", no_object_plan)
+    out, store = tmp_path / "tasked", LocalSourceStore(raw_root)
+    config = ShardingConfig(max_shard_size_mb=SMALL_BOUND_MB)
+    plan = run_plan(store, SOURCE, out, config)
+    assert converted == [] and plan.shards > 6
+    shards = load_shards(staging_dir(out), config)
+    for i in range(3):
+        converted.clear()
+        first, stop = slice_bounds(len(shards), i, 3)
+        run_write_task(store, SOURCE, out, i, 3)
+        assert converted == [sum(s.count for s in shards[first:stop])]
+    converted.clear()
+    run_commit(out)
+    assert converted == []
+    assert output_files(out) == output_files(ref)
+    # A rebuild that changes nothing stops at the intake; one with other settings re-cuts columns.
+    run_plan(store, SOURCE, out, ShardingConfig(max_shard_size_mb=SMALL_BOUND_MB, shuffle=True))
+    assert converted == []
+
+
+def test_the_committed_build_carries_both_plan_files(raw_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    build(raw_root, out)
+    config = ShardingConfig(max_shard_size_mb=SMALL_BOUND_MB)
+    assert (out / STATE_DIR / SHARDS).is_file()
+    assert load_shards(out, config) == [shard_ref(p) for p in read_plans(out / STATE_DIR / PLAN, config.part_size)]
