@@ -14,12 +14,14 @@ Sections (``--sections``, default all); each prints its table and its ``PASS``/`
   1.5 MB, 50 KB - 20 MB) and ``umt5`` (.npy, float16 [20-300, 4096]) - with S3 listing
   fingerprints (``size:etag``, no local path; ``--files local``: ``size:mtime:ctime:inode`` and a
   path per file, the largest rows a build reads). Generated once and cached in the work folder.
-  **Timed, in a fresh child process:** *plan* - ``columnar.write_plan_file``: samples.parquet ->
-  plan.parquet (the shard plan and every sample in plan order, row groups of 128 Ki rows) and
-  shards.parquet (one row per shard: count, tar sizes, plan digest, computed from each row group
-  as it is written); *commit* - the shards read back from shards.parquet
-  (``columnar.read_shards_file``),
-  ``remove_unplanned``, ``write_manifests`` (one wdinfo.json per bucket) and ``save_outputs``.
+  **Timed, in a fresh child process:** *plan* - the build's own plan step,
+  ``tasks.run.stage_plan`` (what ``pid-shard plan`` and the Dagster ``plan`` step run after the
+  intake; the table is linked in as the intake staged it): samples.parquet -> plan.parquet (the
+  shard plan and every sample in plan order, row groups of 128 Ki rows) and shards.parquet (one
+  row per shard: count, tar sizes, plan digest, computed from each row group as it is written),
+  through ``plan_files.write_cut``; *commit* - what ``run_commit`` and ``run_manifests`` do after
+  the write tasks: the shards read back (``plan_files.load_shards``), ``remove_unplanned``,
+  ``write_manifests`` (one wdinfo.json per bucket) and ``save_outputs``.
   No tar exists: the commit takes each tar's sha256 from the plan (a stand-in, the shard's plan
   digest, through the ``tar_sha256`` seam of ``write_manifests``) instead of reading the
   writer's digest cache, and one empty stand-in key index per shard is put in place between plan
@@ -191,46 +193,51 @@ def plan_digest_sha(_out: Path, shard) -> dict[str, str]:
     return {m: shard.digest() for m in shard.modalities}
 
 
-def coordinator_child(samples_path: Path, out: Path, shard_mb: float, *, row_group_rows: int | None = None) -> dict:
-    """Plan + commit of ``samples_path`` into the staging-like folder ``out``; what it measured."""
-    from loader.formats.twin_tar import key_index_relpath, shard_relpath
-    from pid_platform.sharding.commit.manifests import remove_unplanned, write_manifests_from_plan
-    from pid_platform.sharding.commit.state import save_outputs, state_dir
+def coordinator_child(samples_path: Path, out: Path, shard_mb: float) -> dict:
+    """Plan + commit of ``samples_path`` staged as the intake of a build of ``out`` (in its staging
+    folder, where the manifests are written too); what it measured."""
+    from loader.formats.twin_tar import key_index_relpath
+    from pid_platform.sharding.commit import versions
+    from pid_platform.sharding.commit.manifests import remove_unplanned, write_manifests
+    from pid_platform.sharding.commit.state import SAMPLES, save_outputs, state_dir
     from pid_platform.sharding.layout import bucket_dir
-    from pid_platform.sharding.plan.columnar import write_plan_file
+    from pid_platform.sharding.plan.plan_files import PLAN, load_shards
     from pid_platform.sharding.plan.shard_plan import ShardingConfig
+    from pid_platform.sharding.storage import LocalSourceStore
+    from pid_platform.sharding.tasks.run import stage_plan
 
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     config = ShardingConfig(max_shard_size_mb=shard_mb)
-    state = state_dir(out)
-    state.mkdir(parents=True, exist_ok=True)
-    plan = state / "plan.parquet"
-    shards_file = state / "shards.parquet"
+    # The intake's output, as it stages it (untimed): the plan step starts from this folder.
+    staging = versions.begin(out, first_step=True)
+    state_dir(staging).mkdir(parents=True, exist_ok=True)
+    os.link(samples_path, state_dir(staging) / SAMPLES)
     t0 = time.perf_counter()
     start = resource.getrusage(resource.RUSAGE_SELF)
     cpu0 = start.ru_utime + start.ru_stime
-    layout = write_plan_file(samples_path, plan, config, shards_path=shards_file,
-                             **({} if row_group_rows is None else {"row_group_rows": row_group_rows}))
+    planned = stage_plan(LocalSourceStore(out.parent), SOURCE, out, config)
     t_plan = time.perf_counter() - t0
     plan_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     mid = resource.getrusage(resource.RUSAGE_SELF)
     # Stand-ins for the write tasks' key indexes (untimed): the commit checks each one is there.
-    for b, i in zip(layout.shard_bucket.tolist(), layout.shard_index.tolist(), strict=True):
-        p = bucket_dir(out, layout.bucket_names[b]) / key_index_relpath(shard_relpath(i, config.part_size))
+    for shard in planned:
+        p = bucket_dir(staging, shard.bucket) / key_index_relpath(shard.relpath)
         p.parent.mkdir(parents=True, exist_ok=True)
         p.touch()
+    del planned
     untimed = resource.getrusage(resource.RUSAGE_SELF)
     cpu0 += (untimed.ru_utime + untimed.ru_stime) - (mid.ru_utime + mid.ru_stime)
     t1 = time.perf_counter()
-    shards, manifests = write_manifests_from_plan(out, SOURCE, plan, config.part_size, tar_sha256=plan_digest_sha,
-                                                  shards_path=shards_file)
-    remove_unplanned(out, shards)
-    save_outputs(out, shards)
+    shards = load_shards(staging, config)
+    remove_unplanned(staging, shards)
+    manifests = write_manifests(staging, SOURCE, shards, tar_sha256=plan_digest_sha)
+    save_outputs(staging, shards)
     t_commit = time.perf_counter() - t1
     usage = resource.getrusage(resource.RUSAGE_SELF)
+    plan = state_dir(staging) / PLAN
     return {
         "cpu_s": usage.ru_utime + usage.ru_stime - cpu0,
-        "samples": int(layout.counts.sum()), "shards": layout.num_shards, "buckets": len(manifests),
+        "samples": sum(s.count for s in shards), "shards": len(shards), "buckets": len(manifests),
         "plan_s": t_plan, "commit_s": t_commit, "base_rss": base_rss, "plan_rss": plan_rss,
         "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "plan_mb": plan.stat().st_size / 1e6,
@@ -264,7 +271,7 @@ def run_coordinator(args: argparse.Namespace) -> None:
           f"manifests {r['manifest_mb']:,.1f} MB; samples.parquet {samples_path.stat().st_size / 1e6:,.0f} MB")
     print(f"{'step':<28}{'seconds':>10}{'peak RSS':>12}")
     print(f"{'child after imports':<28}{'':>10}{r['base_rss'] / 1e9:>10.2f} GB")
-    print(f"{'plan (write_plan_file)':<28}{r['plan_s']:>10.1f}{r['plan_rss'] / 1e9:>10.2f} GB")
+    print(f"{'plan (stage_plan)':<28}{r['plan_s']:>10.1f}{r['plan_rss'] / 1e9:>10.2f} GB")
     print(f"{'commit (manifests, outputs)':<28}{r['commit_s']:>10.1f}{r['peak_rss'] / 1e9:>10.2f} GB")
     print(f"{'plan + commit':<28}{total:>10.1f}{r['peak_rss'] / 1e9:>10.2f} GB   (child wall {wall:.1f} s)")
     print(f"CPU time of plan + commit: {r['cpu_s']:.1f} s ({r['cpu_s'] / total:.2f} cores busy on average; load "

@@ -27,8 +27,9 @@ from loader.formats.twin_tar import (
 )
 from loader.formats.wdinfo import read_wdinfo
 from pid_platform.sharding.commit.manifests import write_manifests, write_manifests_from_plan
+from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.intake.task import Sample
-from pid_platform.sharding.layout import bucket_dir
+from pid_platform.sharding.layout import STATE_DIR, bucket_dir
 from pid_platform.sharding.plan.columnar import (
     plan_table,
     read_shard_refs,
@@ -248,8 +249,10 @@ import json, resource, sys
 from pathlib import Path
 sys.path.insert(0, {str(ROOT)!r})
 import bench.bench_build_scale as b
+from pid_platform.sharding.plan import columnar
+columnar.ROW_GROUP_ROWS = 16_384  # a big source's row groups, scaled down with it
 out = Path({str(tmp_path / "out")!r})
-r = b.coordinator_child(Path({str(samples)!r}), out, 64.0, row_group_rows=16_384)
+r = b.coordinator_child(Path({str(samples)!r}), out, 64.0)
 print(json.dumps(r))
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
@@ -259,7 +262,8 @@ print(json.dumps(r))
     grown = r["peak_rss"] - r["base_rss"]
     assert table_bytes > 100e6
     assert grown < table_bytes / 2, (grown, table_bytes)
-    manifests = sorted((tmp_path / "out").glob("*/wdinfo.json"))
+    assert pq.ParquetFile(staging_dir(tmp_path / "out") / STATE_DIR / "plan.parquet").num_row_groups == -(-n // 16_384)
+    manifests = sorted(staging_dir(tmp_path / "out").glob("*/wdinfo.json"))
     assert sum(read_wdinfo(m).total_key_count for m in manifests) == n
 
 

@@ -284,8 +284,9 @@ def plan_writer(where, schema: pa.Schema) -> pq.ParquetWriter:
                             use_dictionary=[c for c in DICTIONARY_COLUMNS if c in schema.names])
 
 
-def write_plan_table(path: str | os.PathLike[str], table: pa.Table, row_group_rows: int = ROW_GROUP_ROWS) -> Path:
-    """Write plan.parquet from a table in memory, one call per row group."""
+def write_plan_table(path: str | os.PathLike[str], table: pa.Table, row_group_rows: int | None = None) -> Path:
+    """Write plan.parquet from a table in memory, one call per row group (default ``ROW_GROUP_ROWS``)."""
+    row_group_rows = row_group_rows or ROW_GROUP_ROWS
     with atomic_writer(path) as fh, plan_writer(fh, table.schema) as w:
         for start in range(0, max(table.num_rows, 1), row_group_rows):
             w.write_table(table.slice(start, row_group_rows).combine_chunks(), row_group_size=row_group_rows)
@@ -325,7 +326,7 @@ def _read_plan_inputs(pf: pq.ParquetFile, mods: list[str], batch_rows: int
 
 
 def write_plan_file(samples_path: str | os.PathLike[str], plan_path: str | os.PathLike[str],
-                    config: ShardingConfig, *, row_group_rows: int = ROW_GROUP_ROWS,
+                    config: ShardingConfig, *, row_group_rows: int | None = None,
                     batch_rows: int = BATCH_ROWS, work_dir: str | os.PathLike[str] | None = None,
                     shards_path: str | os.PathLike[str] | None = None) -> ShardLayout:
     """Plan the samples of ``samples_path`` (samples.parquet) and write ``plan_path`` (plan.parquet).
@@ -339,6 +340,8 @@ def write_plan_file(samples_path: str | os.PathLike[str], plan_path: str | os.Pa
     with its count, tar sizes and plan digest, computed from each row group as it is written, so
     the commit reads a row per shard instead of every sample again.
     """
+    # Read when called, not when defined: a test scales a big source's row groups down.
+    row_group_rows = row_group_rows or ROW_GROUP_ROWS
     pf = pq.ParquetFile(samples_path)
     schema_in = pf.schema_arrow.remove_metadata()
     mods = _modalities(schema_in)
