@@ -146,3 +146,67 @@ def test_the_committed_build_carries_both_plan_files(raw_root: Path, tmp_path: P
     config = ShardingConfig(max_shard_size_mb=SMALL_BOUND_MB)
     assert (out / STATE_DIR / SHARDS).is_file()
     assert load_shards(out, config) == [shard_ref(p) for p in read_plans(out / STATE_DIR / PLAN, config.part_size)]
+
+
+def test_a_ranged_object_reads_any_part_and_refuses_a_replaced_object(tmp_path: Path) -> None:
+    from loader.io.errors import PreconditionFailedError
+    from loader.io.objects import open_store
+
+    store = open_store(tmp_path)
+    data = bytes(range(256)) * 64
+    store.put("plan.parquet", data)
+    with store.open_ranged("plan.parquet") as f:
+        assert f.seekable() and f.read(4) == data[:4]
+        f.seek(-8, 2)
+        assert f.read() == data[-8:] and f.read(3) == b""
+        f.seek(1000)
+        assert f.read(10) == data[1000:1010] and f.tell() == 1010
+        assert f.requests == 3
+        store.put("plan.parquet", b"another plan" * 100)
+        f.seek(0)
+        with pytest.raises(PreconditionFailedError):
+            f.read(4)
+
+
+def test_s3_write_tasks_read_the_staged_plan_by_ranges_and_refuse_another_plans_rows(
+        s3_env, raw_root: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    import botocore.client
+
+    from pid_platform.cli import shard_main
+    from pid_platform.sharding.tasks.s3_staging import STAGED
+
+    bucket = s3_env.make_bucket("plan-files-ranges")
+    url = f"s3://{bucket}/photos"
+    io_args = ["--input-dir", str(raw_root / SOURCE), "--output-dir", url]
+    machines = iter(range(100))
+
+    def work() -> list[str]:  # a machine of its own for each task
+        return ["--work-dir", str(tmp_path / "machines" / f"m{next(machines)}")]
+
+    assert shard_main(["plan", *io_args, "--max-shard-size-mb", str(SMALL_BOUND_MB), *work()]) == 0
+    gets: list[tuple[str, str | None]] = []
+    real = botocore.client.BaseClient._make_api_call
+
+    def spy(client, operation, params):
+        if operation == "GetObject":
+            gets.append((params["Key"], params.get("Range")))
+        return real(client, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", spy)
+    assert shard_main(["task", "--index", "0", "--of", "2", *io_args, "--num-workers", "1", *work()]) == 0
+    plan_key = f"photos/{STAGED}/state/plan.parquet"
+    reads = [r for k, r in gets if k == plan_key]
+    # The footer and the task's row group, each a range; the plan is never fetched whole.
+    assert reads and all(r is not None and r.startswith("bytes=") for r in reads) and len(reads) <= 12
+    # The staged plan.parquet replaced by another plan's (the same samples, other shards): the
+    # other task refuses, naming the object, and sends nothing.
+    client = s3_env.client()
+    other = tmp_path / "other"
+    build(raw_root, other, max_shard_size_mb=SMALL_BOUND_MB / 2)
+    client.put_object(Bucket=bucket, Key=plan_key, Body=(other / STATE_DIR / PLAN).read_bytes())
+    capsys.readouterr()
+    assert shard_main(["task", "--index", "1", "--of", "2", *io_args, "--num-workers", "1", *work()]) != 0
+    err = capsys.readouterr().err
+    assert f"{url}/{STAGED}/state/plan.parquet: not the plan" in err and "staging anew" in err
+    assert not any(k.startswith(f"photos/{STAGED}/tasks/write-000001") for k in
+                   (o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="photos/").get("Contents", [])))

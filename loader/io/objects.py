@@ -3,7 +3,8 @@
 ``open_store(location)`` gives an ``ObjectStore`` rooted at a local folder or at
 ``s3://bucket/prefix``; keys are ``/``-separated paths below that root. One API both ways:
 
-  get / get_range / head / list / list_prefixes      reads (``open_url`` serves byte streams)
+  get / get_range / head / list / list_prefixes      reads (``open_url`` serves byte streams;
+                                                     ``open_ranged``: a seekable file of ranges)
   put (bytes, a file path or a binary stream)        S3: multipart above ``multipart_threshold``
   put_if_absent / put_if_match                       conditional writes (``If-None-Match: *``,
                                                      ``If-Match: <etag>``) for pointers and leases
@@ -88,6 +89,14 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def head(self, key: str) -> ObjectInfo: ...
+
+    def open_ranged(self, key: str) -> RangedObject:
+        """A seekable read-only file of the object, each read one range request pinned to the
+        ETag it had when opened (a replaced object fails the next read rather than mixing two
+        versions' bytes): for a reader that wants a few parts of a big object, as pyarrow does
+        of a parquet file's footer and row groups."""
+        info = self.head(key)
+        return RangedObject(self, key, info.size, info.etag)
 
     def get_or_none(self, key: str) -> bytes | None:
         """``get``, or ``None`` when there is no such object."""
@@ -384,6 +393,53 @@ class S3Objects(ObjectStore):
         except ObjectNotFoundError:  # HEAD has no body: a missing bucket is a bare 404
             raise BucketNotFoundError(f"reaching {self.root}: bucket {self.bucket!r} does not exist at "
                                       f"{self.settings.where()}; create it or fix the s3:// URL") from None
+
+
+class RangedObject(io.RawIOBase):
+    """``ObjectStore.open_ranged``: reads at any offset, each one ``get_range`` request (``if_match``
+    the ETag seen when opened, where the backend gives one)."""
+
+    def __init__(self, store: ObjectStore, key: str, size: int, etag: str | None) -> None:
+        self.store, self.key, self.size, self.etag = store, key, size, etag
+        self._pos = 0
+        self.requests = 0  # range requests made: what a reader of a few row groups pays
+
+    @property
+    def name(self) -> str:
+        return self.store.url(self.key)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"{self.name}: seek to {base + offset}, before the start")
+        self._pos = base + offset
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        end = self.size if n is None or n < 0 else min(self.size, self._pos + n)
+        if end <= self._pos:
+            return b""
+        data = self.store.get_range(self.key, self._pos, end - self._pos, if_match=self.etag)
+        self.requests += 1
+        self._pos += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
 
 
 class _Body(io.RawIOBase):

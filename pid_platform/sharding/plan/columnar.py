@@ -28,6 +28,7 @@ from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -523,7 +524,7 @@ class _ShardDigests:
         return [] if cur is None else [self._done(cur)]
 
 
-def iter_shard_refs(plan_path: str | os.PathLike[str], part_size: int, *,
+def iter_shard_refs(plan_path: str | os.PathLike[str] | BinaryIO, part_size: int, *,
                     batch_rows: int = BATCH_ROWS) -> Iterator[ShardRef]:
     """Every shard of plan.parquet, in plan order, from one pass in batches (memory: one batch)."""
     pf = pq.ParquetFile(plan_path)
@@ -537,7 +538,7 @@ def iter_shard_refs(plan_path: str | os.PathLike[str], part_size: int, *,
     yield from digests.finish()
 
 
-def read_shard_refs(plan_path: str | os.PathLike[str], part_size: int, *,
+def read_shard_refs(plan_path: str | os.PathLike[str] | BinaryIO, part_size: int, *,
                     batch_rows: int = BATCH_ROWS) -> list[ShardRef]:
     return list(iter_shard_refs(plan_path, part_size, batch_rows=batch_rows))
 
@@ -567,7 +568,8 @@ def write_shards_file(path: str | os.PathLike[str], refs: Sequence[ShardRef], pa
     return Path(path)
 
 
-def read_shards_file(path: str | os.PathLike[str], plan_path: str | os.PathLike[str], part_size: int) -> list[ShardRef]:
+def read_shards_file(path: str | os.PathLike[str], plan_path: str | os.PathLike[str] | BinaryIO,
+                     part_size: int) -> list[ShardRef]:
     """The shards of ``plan_path`` from the shards.parquet written with it (:func:`write_plan_file`).
 
     Refused, naming both files, when it was made for another part size or a plan of another

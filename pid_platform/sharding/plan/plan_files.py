@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -66,29 +67,38 @@ def write_cut(folder: Path, samples: Path, config: ShardingConfig) -> list[Shard
     return read_shards_file(state / SHARDS, state / PLAN, config.part_size)
 
 
-def load_shards(folder: Path, config: ShardingConfig) -> list[ShardRef]:
+# plan.parquet as a path, or as an open seekable file (``ObjectStore.open_ranged``: a write task
+# on any machine reads the footer and its row groups from the bucket, not the whole plan).
+PlanSource = Path | BinaryIO
+
+
+def load_shards(folder: Path, config: ShardingConfig, plan: PlanSource | None = None) -> list[ShardRef]:
     """Every shard of the plan in ``folder``'s state, in plan order, without its samples: from
     ``shards.parquet``, else (a build made before it existed, or a plan written again without it)
-    from one pass over ``plan.parquet`` in batches."""
+    from one pass over ``plan.parquet`` in batches. ``plan``: that plan, where it is not in the
+    folder's state."""
     state = state_dir(folder)
+    plan = state / PLAN if plan is None else plan
     if (state / SHARDS).is_file():
         try:
-            return read_shards_file(state / SHARDS, state / PLAN, config.part_size)
+            return read_shards_file(state / SHARDS, plan, config.part_size)
         except ValueError as exc:
             log.warning("%s; reading the shards from the plan itself", exc)
-    return read_shard_refs(state / PLAN, config.part_size)
+    return read_shard_refs(plan, config.part_size)
 
 
 def load_shard_range(folder: Path, config: ShardingConfig, shards: list[ShardRef], first: int, stop: int,
-                     ) -> list[ShardPlan]:
+                     plan: PlanSource | None = None) -> list[ShardPlan]:
     """Shards ``first:stop`` of the plan (``shards``: :func:`load_shards`) with their samples,
-    read from the row groups of ``plan.parquet`` that hold them and no others."""
+    read from the row groups of ``plan.parquet`` (``plan``, default the folder's) that hold them
+    and no others. Each shard read must have the plan digest ``shards`` gives it: rows of another
+    plan are refused, never written."""
     if first >= stop:
         return []
     counts = np.fromiter((r.count for r in shards), dtype=np.int64, count=len(shards))
     begin = int(counts[:first].sum())
     end = begin + int(counts[first:stop].sum())
-    pf = pq.ParquetFile(state_dir(folder) / PLAN)
+    pf = pq.ParquetFile(state_dir(folder) / PLAN if plan is None else plan)
     groups, tables, at = [], [], 0
     for g in range(pf.num_row_groups):
         n = pf.metadata.row_group(g).num_rows
@@ -96,15 +106,19 @@ def load_shard_range(folder: Path, config: ShardingConfig, shards: list[ShardRef
             groups.append((g, at))
         at += n
     if at != int(counts.sum()):
-        raise ValueError(f"{state_dir(folder) / PLAN} holds {at} samples, its shards {int(counts.sum())}: "
+        raise ValueError(f"{_name(plan, folder)} holds {at} samples, its shards {int(counts.sum())}: "
                          "the plan files are of two plans; plan again")
     for g, start in groups:
         t = pf.read_row_group(g)
         lo, hi = max(begin - start, 0), min(end - start, t.num_rows)
         tables.append(t.slice(lo, hi - lo))
     plans = plans_of_table(pa.concat_tables(tables), config.part_size)
-    want = [(r.bucket, r.index) for r in shards[first:stop]]
-    if [(p.bucket, p.index) for p in plans] != want:
-        raise ValueError(f"{state_dir(folder) / PLAN}: rows {begin}:{end} are not shards {first}:{stop} of "
+    want = [(r.bucket, r.index, r.plan_digest) for r in shards[first:stop]]
+    if [(p.bucket, p.index, p.digest()) for p in plans] != want:
+        raise ValueError(f"{_name(plan, folder)}: rows {begin}:{end} are not shards {first}:{stop} of "
                          f"{state_dir(folder) / SHARDS}: the plan files are of two plans; plan again")
     return plans
+
+
+def _name(plan: PlanSource | None, folder: Path) -> str:
+    return str(state_dir(folder) / PLAN if plan is None else getattr(plan, "name", plan))

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from loader.io.errors import ObjectNotFoundError, PreconditionFailedError
 from loader.io.s3_client import S3AccessError
 from pid_platform.sharding.commit import s3_output
 from pid_platform.sharding.commit.manifests import Shard
@@ -35,7 +37,7 @@ from pid_platform.sharding.commit.state import (
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.intake.cache import CACHE_NAME
 from pid_platform.sharding.intake.task import slice_bounds
-from pid_platform.sharding.plan.plan_files import SHARDS
+from pid_platform.sharding.plan.plan_files import PLAN, SHARDS, PlanSource
 from pid_platform.sharding.tasks import records as local_records
 from pid_platform.sharding.tasks.records import RECORD_FORMAT, WRITE
 
@@ -52,8 +54,9 @@ INTAKE_STATE = (SAMPLES, REPORT, INTAKE_SETTINGS, CACHE_NAME, FINGERPRINT)
 SHARED_STATE = tuple(dict.fromkeys((*VERSION_INPUTS, *INTAKE_STATE, SHARDS)))
 # The plan's state as a published version carries it (a later plan extends it).
 PLAN_STATE = ("plan.parquet", "sharding.json", "plan_cut.json")
-# What a write task and the commit read of the staged plan.
-TASK_STATE = (*PLAN_STATE, SHARDS)
+# What a write task and the steps after it pull of the staged plan: all but plan.parquet itself,
+# which they read by ranges (``staged_plan``).
+TASK_STATE = ("sharding.json", "plan_cut.json", SHARDS)
 
 
 class StagedStateError(BuildError):
@@ -192,6 +195,30 @@ def pull_plan_state(output: S3Output, staged: Staged, folder: Path, names: tuple
     files = {n: sha for n, sha in staged.state.items() if names is None or n in names}
     pull_files(output, files, "state", state_dir(folder), STAGED_NAME)
     return folder
+
+
+@contextmanager
+def staged_plan(output: S3Output, staged: Staged, folder: Path) -> Iterator[PlanSource]:
+    """The staged plan.parquet for ``plan_files.load_shards`` / ``load_shard_range``: the copy in
+    ``folder``'s state when it was pulled with the rest; else, when the plan was staged with its
+    shards.parquet, read from the bucket by ranges (its footer and the row groups asked for, each
+    range pinned to the object's ETag); else (staged before shards.parquet existed) pulled whole.
+    Rows that are not the staged plan's (staged anew meanwhile) are a ``StagedStateError``."""
+    local = state_dir(folder) / PLAN
+    if not local.is_file() and SHARDS not in staged.state:
+        pull_plan_state(output, staged, folder, (PLAN,))
+    what = f"{output}/{rel('state', PLAN)}"
+    try:
+        if local.is_file():
+            yield local
+            return
+        with output.store().open_ranged(output.key(rel("state", PLAN))) as ranged:
+            yield ranged
+    except (ObjectNotFoundError, PreconditionFailedError, ValueError) as exc:
+        raise StagedStateError(f"{what}: not the plan {output}/{rel(STAGED_NAME)} names ({exc}); another build of "
+                               "this output is staging anew? run the build (or `pid-shard plan`) again") from None
+    except S3AccessError as exc:
+        raise BuildError(f"{exc} (reading the staged plan {what})") from None
 
 
 def push_intake(output: S3Output, staging: Path) -> None:

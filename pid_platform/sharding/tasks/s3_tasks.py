@@ -333,10 +333,11 @@ def run_s3_write_task(
     scratch = staging.pull_plan_state(output, staged, scratch_dir(output, work_root, f"write-{index}-of-{of}"),
                                       staging.TASK_STATE)
     config = pipeline.load_sharding_config(scratch)
-    shards = load_shards(scratch, config)
     cut = load_plan_cut(scratch)
-    first, stop = slice_bounds(len(shards), index, of)
-    mine = load_shard_range(scratch, config, shards, first, stop)  # its own samples, no others
+    with staging.staged_plan(output, staged, scratch) as plan:
+        shards = load_shards(scratch, config, plan)
+        first, stop = slice_bounds(len(shards), index, of)
+        mine = load_shard_range(scratch, config, shards, first, stop, plan)  # its own samples, no others
     vdir = version_dir(staged.version)
     there = {v: s3_output.list_sizes(output, version_dir(v)) for v in {staged.version, staged.home(True)}}
     current = _CurrentTars(output)
@@ -477,7 +478,8 @@ def staged_shards(output: S3Output, work_root: str | Path | None, what: str,
     shutil.rmtree(folder, ignore_errors=True)
     staging.pull_plan_state(output, staged, folder, state)
     config = pipeline.load_sharding_config(folder)
-    plans = load_shards(folder, config)
+    with staging.staged_plan(output, staged, folder) as plan:
+        plans = load_shards(folder, config, plan)
     return StagedShards(staged, folder, config, plans,
                         staging.coverage(plans, staging.write_records(output, staged.plan_sha256)))
 
