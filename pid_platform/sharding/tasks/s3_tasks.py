@@ -39,7 +39,12 @@ from pathlib import Path
 from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError
 from loader.formats.twin_tar import key_index_relpath, tar_path
-from loader.formats.version_pointer import POINTER_NAME, sibling_version, version_dir
+from loader.formats.version_pointer import (
+    POINTER_NAME,
+    VersionPointer,
+    sibling_version,
+    version_dir,
+)
 from loader.formats.wdinfo import WdinfoManifest, parse_wdinfo
 from loader.io.s3_client import S3AccessError
 from pid_platform.sharding import pipeline
@@ -200,15 +205,21 @@ def tar_rel(plan: Shard, modality: str) -> str:
     return tar_path(Path(), plan.bucket, modality, plan.relpath).as_posix()
 
 
-def in_place_of(output: S3Output, folder: Path) -> InPlace | None:
-    """How the plan staged in ``folder`` is published in place (``commit/in_place.py``): when it
-    extends the published plan (``plan_cut.json``) whose tars of the reused modalities the
-    current manifests list; decided before any tar is written, from the plan alone."""
+def current_manifests(output: S3Output, pointer: VersionPointer) -> dict[str, bytes]:
+    """The manifests the pointer lists, as published (an unreadable one as ``{}``)."""
+    return {m: s3_output.get_bytes(output, f"{pointer.version_dir()}/{m}") or b"{}" for m in pointer.manifests}
+
+
+def in_place_of(output: S3Output, folder: Path, staged_id: str) -> InPlace | None:
+    """How the plan staged in ``folder`` (version id ``staged_id``) is published in place
+    (``commit/in_place.py``): when it extends the published plan (``plan_cut.json``) whose tars
+    of the reused modalities the current manifests list; decided before any tar is written,
+    from the plan alone."""
     cut = load_plan_cut(folder)
     current = s3_output.read_pointer(output)
     if cut is None or not cut.reused_modalities or current is None:
         return None
-    docs = {m: s3_output.get_bytes(output, f"{current.version_dir()}/{m}") or b"{}" for m in current.manifests}
+    docs = current_manifests(output, current)
     try:
         old_sha = s3_output.checksums_of(docs)
     except (FormatError, ValueError):
@@ -218,16 +229,25 @@ def in_place_of(output: S3Output, folder: Path) -> InPlace | None:
     reused = frozenset(r for r, m in modality_of.items() if m in cut.reused_modalities)
     if not reused <= old_sha.keys():
         return None  # the current version is not the one the plan extends
-    return decide_in_place(current, docs, reused, modality_of, s3_output.version_id(folder),
+    return decide_in_place(current, docs, reused, modality_of, staged_id,
                            lambda r: s3_output.get_bytes(output, r), lambda r: s3_output.list_sizes(output, r))
 
 
-def _stage_in_bucket(output: S3Output, folder: Path, source: str, in_place: InPlace | None) -> Staged:
-    """The plan of ``folder`` staged for the write tasks; published in place when ``in_place``
-    (its ``MARKER`` first, before any task puts a tar into another version's folder)."""
+def published_as(staged_id: str, in_place: InPlace | None) -> tuple[str, list[str]]:
+    """(version id, the pointer's ``uses``) of the plan with id ``staged_id`` once published."""
     if in_place is None:
-        return staging.stage_plan_state(output, folder, source)
-    vid = in_place.version_id(s3_output.version_id(folder))
+        return staged_id, []
+    return in_place.version_id(staged_id), [in_place.base]
+
+
+def _stage_in_bucket(output: S3Output, folder: Path, source: str, staged_id: str,
+                     in_place: InPlace | None) -> Staged:
+    """The plan of ``folder`` (version id ``staged_id``: a digest of the plan, computed once)
+    staged for the write tasks; published in place when ``in_place`` (its ``MARKER`` first,
+    before any task puts a tar into another version's folder)."""
+    vid, _uses = published_as(staged_id, in_place)
+    if in_place is None:
+        return staging.stage_plan_state(output, folder, source, version=vid)
     if in_place.placed and s3_output.get_bytes(output, f"{version_dir(vid)}/{MARKER}") is None:
         staging.put(output, f"{version_dir(vid)}/{MARKER}", in_place.marker(), "staging the plan")
     return staging.stage_plan_state(output, folder, source, version=vid, base=in_place.base,
@@ -249,16 +269,16 @@ def run_s3_plan(
         plan = run_plan(store, source, work, config, trust_pickle=trust_pickle, num_workers=num_workers, force=force,
                         validate=validate, revalidate=revalidate, committed=committed)
         folder = final_dir(work) if plan.up_to_date else versions.staging_dir(work)
-        in_place = in_place_of(output, folder)
-        vid = s3_output.version_id(folder)
-        vid, uses = (in_place.version_id(vid), [in_place.base]) if in_place is not None else (vid, [])
+        staged_id = s3_output.version_id(folder)
+        in_place = in_place_of(output, folder, staged_id)
+        vid, uses = published_as(staged_id, in_place)
         if committed is not None:
             shutil.rmtree(committed, ignore_errors=True)
         if _already_served(output, folder, vid, uses, config):
             _delete_staged(output)
             return plan, None
         staging.clear_write_records(output)
-        return plan, _stage_in_bucket(output, folder, source, in_place).version
+        return plan, _stage_in_bucket(output, folder, source, staged_id, in_place).version
 
 
 def pull_staged_intake(output: S3Output, work: Path) -> bool:
@@ -284,7 +304,8 @@ def stage_plan_in_bucket(store: SourceStore, source: str, output: S3Output, work
         shutil.rmtree(committed, ignore_errors=True)
     staging.clear_write_records(output)
     folder = versions.staging_dir(work)
-    return plans, _stage_in_bucket(output, folder, source, in_place_of(output, folder)).version
+    staged_id = s3_output.version_id(folder)
+    return plans, _stage_in_bucket(output, folder, source, staged_id, in_place_of(output, folder, staged_id)).version
 
 
 class _CurrentTars:
@@ -298,9 +319,8 @@ class _CurrentTars:
         self.version = pointer.version if pointer is not None and not pointer.uses else None
         self.sha: dict[str, str] = {}
         if pointer is not None:
-            docs = {m: s3_output.get_bytes(output, f"{pointer.version_dir()}/{m}") or b"{}" for m in pointer.manifests}
             try:
-                self.sha = s3_output.checksums_of(docs)
+                self.sha = s3_output.checksums_of(current_manifests(output, pointer))
             except ValueError:
                 self.sha = {}  # an unreadable manifest only costs the copies
 
