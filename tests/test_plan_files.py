@@ -4,6 +4,8 @@ and a real tasked build turns no sample into an object outside its write tasks."
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from pathlib import Path
 
@@ -210,3 +212,70 @@ def test_s3_write_tasks_read_the_staged_plan_by_ranges_and_refuse_another_plans_
     assert f"{url}/{STAGED}/state/plan.parquet: not the plan" in err and "staging anew" in err
     assert not any(k.startswith(f"photos/{STAGED}/tasks/write-000001") for k in
                    (o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="photos/").get("Contents", [])))
+
+
+def test_the_s3_commit_copies_the_big_state_inside_the_bucket_and_refuses_a_plan_staged_meanwhile(
+        s3_env, raw_root: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    import botocore.client
+
+    from loader.formats.version_pointer import POINTER_NAME
+    from loader.io.objects import S3Objects
+    from pid_platform.cli import shard_main
+    from pid_platform.sharding.tasks.s3_staging import STAGED
+    from tests.support.s3_objects import keys, pointer
+
+    bucket = s3_env.make_bucket("plan-files-commit")
+    client = s3_env.client()
+    machines = iter(range(100))
+
+    def work() -> list[str]:
+        return ["--work-dir", str(tmp_path / "machines" / f"m{next(machines)}")]
+
+    def plan_and_tasks(prefix: str) -> list[str]:
+        io_args = ["--input-dir", str(raw_root / SOURCE), "--output-dir", f"s3://{bucket}/{prefix}"]
+        assert shard_main(["plan", *io_args, "--max-shard-size-mb", str(SMALL_BOUND_MB), *work()]) == 0
+        for i in range(2):
+            assert shard_main(["task", "--index", str(i), "--of", "2", *io_args, "--num-workers", "1", *work()]) == 0
+        return ["--output-dir", f"s3://{bucket}/{prefix}"]
+
+    # A plan staged anew while the commit copies: staged.json changes under it; nothing switches.
+    out_args = plan_and_tasks("raced")
+    real_copy = S3Objects.copy
+    raced = []
+
+    def copy_then_restage(self, src, dst):
+        real_copy(self, src, dst)
+        if "/.pid-build/" in dst and not raced:
+            raced.append(dst)
+            key = f"raced/{STAGED}/staged.json"
+            doc = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+            client.put_object(Bucket=bucket, Key=key, Body=json.dumps({**doc, "version": "0" * 20}).encode())
+
+    monkeypatch.setattr(S3Objects, "copy", copy_then_restage)
+    capsys.readouterr()
+    assert shard_main(["commit", *out_args, *work()]) != 0
+    assert "changed while the commit copied the staged state" in capsys.readouterr().err and raced
+    assert not [k for k in keys(client, bucket, "raced") if k.endswith(POINTER_NAME)]  # nothing published
+    monkeypatch.setattr(S3Objects, "copy", real_copy)
+
+    # An undisturbed commit: the big state files are copied, never fetched whole.
+    out_args = plan_and_tasks("photos")
+    staged_sha = json.loads(client.get_object(Bucket=bucket, Key=f"photos/{STAGED}/staged.json")["Body"].read())["state"]
+    calls: list[tuple[str, str, str | None]] = []
+    real = botocore.client.BaseClient._make_api_call
+
+    def spy(c, operation, params):
+        calls.append((operation, params.get("Key", ""), params.get("Range")))
+        return real(c, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", spy)
+    assert shard_main(["commit", *out_args, *work()]) == 0
+    big = ("samples.parquet", "plan.parquet", "intake_cache.parquet")
+    whole_gets = [k for op, k, r in calls if op == "GetObject" and r is None and k.endswith(big)]
+    assert whole_gets == []
+    copied = sorted(k.rsplit("/", 1)[1] for op, k, _ in calls if op == "CopyObject")
+    assert copied == sorted(big)
+    version = pointer(client, bucket, "photos")["version"]
+    for name in big:  # the very bytes the plan staged
+        got = client.get_object(Bucket=bucket, Key=f"photos/versions/{version}/.pid-build/{name}")["Body"].read()
+        assert hashlib.sha256(got).hexdigest() == staged_sha[name]

@@ -46,6 +46,7 @@ from loader.formats.version_pointer import (
     version_dir,
 )
 from loader.formats.wdinfo import WdinfoManifest, parse_wdinfo
+from loader.io.errors import ObjectNotFoundError
 from loader.io.s3_client import S3AccessError
 from pid_platform.sharding import pipeline
 from pid_platform.sharding.commit import s3_output, versions
@@ -488,15 +489,16 @@ class StagedShards:
 
 
 def staged_shards(output: S3Output, work_root: str | Path | None, what: str,
-                  state: tuple[str, ...] | None = staging.TASK_STATE) -> StagedShards | None:
-    """The staged plan (its ``state`` files; None: all) and its write records; None when
-    nothing is staged over a published version."""
+                  state: tuple[str, ...] | None = staging.TASK_STATE, *,
+                  skip: tuple[str, ...] = ()) -> StagedShards | None:
+    """The staged plan (its ``state`` files, None: all, but not ``skip``) and its write records;
+    None when nothing is staged over a published version."""
     staged = staged_or_refuse(output, what)
     if staged is None:
         return None
     folder = scratch_dir(output, work_root, what.replace(" ", "-"))
     shutil.rmtree(folder, ignore_errors=True)
-    staging.pull_plan_state(output, staged, folder, state)
+    staging.pull_plan_state(output, staged, folder, state, skip=skip)
     config = pipeline.load_sharding_config(folder)
     with staging.staged_plan(output, staged, folder) as plan:
         plans = load_shards(folder, config, plan)
@@ -517,7 +519,7 @@ def commit_staged(output: S3Output, *, work_root: str | Path | None = None, num_
     one listing that checks every object, the pointer switch; then ``staged/`` goes. None when
     nothing is staged over a published version (the plan found it up to date)."""
     with build_lease(output):
-        shards = staged_shards(output, work_root, "commit", state=None)
+        shards = staged_shards(output, work_root, "commit", state=None, skip=staging.COPIED_STATE)
         if shards is None:
             return None
         problem = shards.unfinished(output)
@@ -543,7 +545,11 @@ def commit_staged(output: S3Output, *, work_root: str | Path | None = None, num_
         mine = expected.setdefault(staged.version, {})
         for r, body in bodies.items():
             mine[r] = len(body) if isinstance(body, bytes) else body.stat().st_size
-        published = _publish(output, staged, bodies, manifest_rels, expected, now)
+        copies = [n for n in CARRIED_STATE if n in staged.state and not (folder / STATE_DIR / n).is_file()]
+        if copies:
+            sizes = s3_output.list_sizes(output, staging.rel("state"))
+            mine.update({f"{STATE_DIR}/{n}": sizes.get(n, -1) for n in copies})
+        published = _publish(output, staged, bodies, manifest_rels, expected, now, copies)
         _delete_staged(output)
         return S3Commit(shards, manifests, published)
 
@@ -565,11 +571,13 @@ def run_s3_commit(output: S3Output, *, work_root: str | Path | None = None, num_
 
 
 def _publish(output: S3Output, staged: Staged, bodies: dict[str, bytes | Path], manifest_rels: list[str],
-             expected: dict[str, dict[str, int]], now: Callable[[], float]) -> PublishedVersion:
+             expected: dict[str, dict[str, int]], now: Callable[[], float],
+             copies: list[str] = ()) -> PublishedVersion:
     """The manifests and settings (``bodies``: path in the version folder -> bytes or file) of
-    the staged version (whose tars the write tasks sent), then the check of every object where
-    it lives (``expected``: version folder -> object -> size) and the conditional pointer
-    switch (``s3_output.publish_version``'s end)."""
+    the staged version (whose tars the write tasks sent), and its state files ``copies``
+    copied inside the bucket from ``staged/state/``, then the check of every object where it
+    lives (``expected``: version folder -> object -> size) and the conditional pointer switch
+    (``s3_output.publish_version``'s end)."""
     vid = staged.version
     uses = [staged.base] if staged.base is not None else []
     current, etag = s3_output.read_pointer_tagged(output)
@@ -581,6 +589,19 @@ def _publish(output: S3Output, staged: Staged, bodies: dict[str, bytes | Path], 
         for r, body in bodies.items():
             staging.put(output, f"{version_dir(vid)}/{r}", body, "the commit")
             result.uploaded += 1
+        if copies:
+            bucket = output.store()
+            for n in copies:
+                try:
+                    bucket.copy(output.key(staging.rel("state", n)), output.key(version_dir(vid), STATE_DIR, n))
+                except (ObjectNotFoundError, S3AccessError) as exc:
+                    raise BuildError(f"{exc} (the commit copying the staged {n}; nothing was switched)") from None
+            # A copy cannot be checked against the sha256 staged.json names; staged.json unchanged
+            # after them says no plan was staged anew meanwhile (a new one replaces it first).
+            if staging.read_staged(output) != staged:
+                raise staging.StagedStateError(
+                    f"{output}/{staging.rel(STAGED_NAME)} changed while the commit copied the staged state (another "
+                    "build of this output is staging anew?): nothing was switched; run the commit again")
         pause_point("publish:before-verify")
         for v, objs in sorted(expected.items()):
             s3_output.verify_before_switch(output, v, objs)
