@@ -279,3 +279,16 @@ def test_the_s3_commit_copies_the_big_state_inside_the_bucket_and_refuses_a_plan
     for name in big:  # the very bytes the plan staged
         got = client.get_object(Bucket=bucket, Key=f"photos/versions/{version}/.pid-build/{name}")["Body"].read()
         assert hashlib.sha256(got).hexdigest() == staged_sha[name]
+
+
+def test_shard_plans_stream_a_row_group_at_a_time_with_no_shard_cut_in_two(tmp_path: Path) -> None:
+    from pid_platform.sharding.plan.plan_files import iter_shard_plans
+
+    everything = _small_row_groups(tmp_path, 900, 50)
+    chunks = list(iter_shard_plans(tmp_path, CONFIG))
+    assert [p for c in chunks for p in c] == everything
+    assert len(chunks) > 5
+    # A chunk holds the shards that end in its row group: never more than a row group's rows
+    # plus the shard that ran on into it.
+    biggest = max(p.count for p in everything)
+    assert all(sum(p.count for p in c) <= 50 + biggest for c in chunks)

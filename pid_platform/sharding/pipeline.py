@@ -47,7 +47,8 @@ from pid_platform.sharding.intake.task import IntakeReport, Sample, intake
 from pid_platform.sharding.layout import bucket_dir, final_dir, stamp_path
 from pid_platform.sharding.output_lock import build_lock
 from pid_platform.sharding.plan.add_modality import load_plan_cut, plan_build, save_plan_cut
-from pid_platform.sharding.plan.plan_files import PLAN, load_shards, write_planned
+from pid_platform.sharding.plan.columnar import ShardRef
+from pid_platform.sharding.plan.plan_files import PLAN, iter_shard_plans, load_shards, write_planned
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
 from pid_platform.sharding.plan.tables import read_plans, read_samples, write_samples
 from pid_platform.sharding.storage import SourceStore
@@ -264,12 +265,14 @@ def load_plans(folder: Path, config: ShardingConfig) -> list[ShardPlan]:
 
 
 @build_step
-def run_key_indexes(out: Path, *, num_workers: int) -> tuple[ShardingConfig, list[ShardPlan], list[str]]:
-    """Key indexes of the staged tars, cut with the config recorded beside them."""
+def run_key_indexes(out: Path, *, num_workers: int) -> tuple[ShardingConfig, list[ShardRef], list[str]]:
+    """Key indexes of the staged tars, cut with the config recorded beside them; the plan is read
+    a row group at a time, so no step holds every sample."""
     staging = versions.begin(out)
     config = load_sharding_config(staging)
-    plans = load_plans(staging, config)
-    return config, plans, write_key_indexes(staging, plans, num_workers=num_workers)
+    written = [w for plans in iter_shard_plans(staging, config)
+               for w in write_key_indexes(staging, plans, num_workers=num_workers)]
+    return config, load_shards(staging, config), written
 
 
 def refuse_roots_on_s3(manifest_root: str, publish_to: S3Output | None) -> None:

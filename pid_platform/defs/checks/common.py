@@ -13,9 +13,10 @@ from pid_platform.defs.metadata import first
 from pid_platform.defs.partitions import sources_partitions
 from pid_platform.defs.resources import SourceStoreResource
 from pid_platform.sharding.commit.versions import staging_dir
-from pid_platform.sharding.pipeline import load_plans, load_sharding_config, state_dir
+from pid_platform.sharding.pipeline import load_sharding_config, state_dir
 from pid_platform.sharding.plan.columnar import ShardRef
-from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
+from pid_platform.sharding.plan.plan_files import load_shards
+from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.tasks.s3_tasks import published_problems, staged_shards
 
 
@@ -41,9 +42,11 @@ def staged_or_committed(out: Path) -> Path:
     return staged if (state_dir(staged) / "sharding.json").is_file() else out
 
 
-def built_plans(out: Path) -> tuple[ShardingConfig, list[ShardPlan]]:
+def built_plans(out: Path) -> tuple[ShardingConfig, list[ShardRef]]:
+    """The settings and shards of the build in ``out``, a row per shard: what the checks need to
+    find each shard's files (they read the tars and key indexes, not the plan's samples)."""
     config = load_sharding_config(out)
-    return config, load_plans(out, config)
+    return config, load_shards(out, config)
 
 
 def result(problems: list[str], **metadata: object) -> dg.AssetCheckResult:

@@ -31,7 +31,8 @@ from pid_platform.sharding.pipeline import (
     run_manifests,
     state_dir,
 )
-from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
+from pid_platform.sharding.plan.columnar import ShardRef
+from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.tasks.run import TasksUnfinishedError
 from pid_platform.sharding.tasks.s3_tasks import (
     commit_staged,
@@ -71,7 +72,7 @@ def _verified_or_fail(problems: list[str], what: str, source: str) -> None:
         )
 
 
-def _committed_key_indexes(out: Path, source: str) -> tuple[ShardingConfig, list[ShardPlan], list[str]]:
+def _committed_key_indexes(out: Path, source: str) -> tuple[ShardingConfig, list[ShardRef], list[str]]:
     config, plans = built_plans(out)
     _verified_or_fail(key_index_mismatches(out, sorted({p.bucket for p in plans})), "key indexes", source)
     return config, plans, [p.relpath for p in plans]
@@ -122,7 +123,7 @@ def key_indexes(
     per_bucket: dict[str, int] = {}
     for p in plans:
         per_bucket[p.bucket] = per_bucket.get(p.bucket, 0) + 1
-    return _key_indexes_result(len(written), sum(len(p.samples) for p in plans), state, config, per_bucket)
+    return _key_indexes_result(len(written), sum(p.count for p in plans), state, config, per_bucket)
 
 
 def _key_indexes_result(count: int, rows: int, state: str, config: ShardingConfig,

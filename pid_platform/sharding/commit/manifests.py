@@ -32,7 +32,7 @@ from loader.formats.wdinfo import (
 )
 from pid_platform.sharding.layout import STATE_DIR, bucket_dir
 from pid_platform.sharding.parallel import ordered_map
-from pid_platform.sharding.plan.columnar import ShardRef, read_shard_refs, read_shards_file
+from pid_platform.sharding.plan.columnar import Shard, ShardRef, read_shard_refs, read_shards_file
 from pid_platform.sharding.plan.shard_plan import ShardPlan
 from pid_platform.sharding.write.tar_digests import tar_digests
 
@@ -86,9 +86,6 @@ def write_key_indexes(out: Path, plans: list[ShardPlan], num_workers: int = 1) -
     return list(ordered_map(lambda p: write_key_index_of(out, p), plans, num_workers, threads=True))
 
 
-# What the manifests need of a shard: ``ShardPlan`` (its samples in memory) or ``ShardRef`` (read
-# from plan.parquet in batches by ``columnar.iter_shard_refs``, for a source of any size).
-Shard = ShardPlan | ShardRef
 TarSha256 = Callable[[Path, Shard], dict[str, str]]
 
 

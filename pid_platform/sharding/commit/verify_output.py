@@ -12,14 +12,15 @@ from loader.formats.twin_tar import file_sha256, iter_member_headers, split_memb
 from loader.formats.wdinfo import WDINFO_NAME, read_wdinfo
 from loader.io import urls
 from pid_platform.sharding.layout import bucket_dir
-from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan, is_oversize_singleton
+from pid_platform.sharding.plan.columnar import Shard
+from pid_platform.sharding.plan.shard_plan import ShardingConfig, is_oversize_singleton
 
 
 def _keys(path: Path) -> list[str]:
     return [split_member_name(name)[0] for name, _, _ in iter_member_headers(path)]
 
 
-def twin_key_mismatches(out: Path, plans: list[ShardPlan]) -> list[str]:
+def twin_key_mismatches(out: Path, plans: Sequence[Shard]) -> list[str]:
     problems = []
     for p in plans:
         seqs = {m: _keys(tar_path(out, p.bucket, m, p.relpath)) for m in p.modalities}
@@ -33,7 +34,7 @@ def twin_key_mismatches(out: Path, plans: list[ShardPlan]) -> list[str]:
     return problems
 
 
-def size_bound_violations(out: Path, plans: list[ShardPlan], config: ShardingConfig,
+def size_bound_violations(out: Path, plans: Sequence[Shard], config: ShardingConfig,
                           modalities: Sequence[str] | None = None) -> list[str]:
     """Shards whose tars exceed the bound; ``modalities``: those the plan was cut with, when others
     were added to it later (the bound holds for those alone; the manifests' ``plan_modalities``)."""
@@ -87,7 +88,7 @@ def manifest_mismatches(out: Path, buckets: list[str]) -> list[str]:
     return problems
 
 
-def damaged_shards(out: Path, plans: list[ShardPlan]) -> list[tuple[ShardPlan, Path]]:
+def damaged_shards(out: Path, plans: Sequence[Shard]) -> list[tuple[Shard, Path]]:
     """The shards of the committed build in ``out`` with a tar missing or whose sha256 differs
     from the one its manifest lists (every tar is read), with the first such tar."""
     listed: dict[tuple[str, str], dict[str, str]] = {}
@@ -121,7 +122,7 @@ def key_index_mismatches(out: Path, buckets: list[str]) -> list[str]:
     return problems
 
 
-def planned_key_index_mismatches(out: Path, plans: list[ShardPlan]) -> list[str]:
+def planned_key_index_mismatches(out: Path, plans: Sequence[Shard]) -> list[str]:
     """The same for the key index of every planned shard, before any manifest lists them (staged)."""
     problems = []
     for p in plans:

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from loader.formats.atomic import atomic_writer
 from loader.formats.twin_tar import BLOCK, END_OF_ARCHIVE, RECORD, shard_relpath
-from pid_platform.sharding.plan.shard_plan import FLAT, PLAN_VERSION, ShardingConfig
+from pid_platform.sharding.plan.shard_plan import FLAT, PLAN_VERSION, ShardingConfig, ShardPlan
 
 # Rows per row group of plan.parquet (both writers: this module and ``tables.write_plans``, so the
 # bytes are the same whichever wrote them). 128 Ki rows keep one row group - what the writer and
@@ -438,12 +438,23 @@ class ShardRef:
     def tar_bytes(self, modality: str) -> int:
         return self.sizes[self.modalities.index(modality)]
 
+    def restricted(self, modalities: tuple[str, ...]) -> ShardRef:
+        """This shard as a plan of ``modalities`` only (``ShardPlan.restricted``; its digest stays)."""
+        keep = tuple(sorted(m for m in self.modalities if m in modalities))
+        return ShardRef(self.bucket, self.index, self.relpath, keep, self.count,
+                        tuple(self.tar_bytes(m) for m in keep), self.plan_digest)
+
     @property
     def total_bytes(self) -> int:
         return sum(self.sizes)
 
     def digest(self) -> str:
         return self.plan_digest
+
+
+# A planned shard as the manifests, the checks and the outputs record take it: ``ShardPlan`` (its
+# samples in memory) or ``ShardRef`` (a row of shards.parquet); none of them reads the samples.
+Shard = ShardPlan | ShardRef
 
 
 def _sample_records(batch: pa.RecordBatch, mods: Sequence[str]) -> pa.Array:

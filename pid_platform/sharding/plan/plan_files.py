@@ -11,11 +11,13 @@ every shard's members hold the whole plan as objects.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pid_platform.sharding.layout import STATE_DIR
@@ -118,6 +120,27 @@ def load_shard_range(folder: Path, config: ShardingConfig, shards: list[ShardRef
         raise ValueError(f"{_name(plan, folder)}: rows {begin}:{end} are not shards {first}:{stop} of "
                          f"{state_dir(folder) / SHARDS}: the plan files are of two plans; plan again")
     return plans
+
+
+def iter_shard_plans(folder: Path, config: ShardingConfig) -> Iterator[list[ShardPlan]]:
+    """Every shard of ``folder``'s plan with its samples, a row group's shards at a time (a shard
+    that runs on into the next row group comes with that one's): for steps that read every
+    member of every shard (key indexes) in the memory of one row group, at any source size."""
+    pf = pq.ParquetFile(state_dir(folder) / PLAN)
+    carry = None
+    for g in range(pf.num_row_groups):
+        t = pf.read_row_group(g)
+        if carry is not None:
+            t = pa.concat_tables([carry, t])
+        carry = None
+        if g + 1 < pf.num_row_groups and t.num_rows:
+            index = t.column("shard_index").to_numpy()
+            bucket = t.column("shard_bucket")
+            same = (index == index[-1]) & pc.equal(bucket, bucket[-1]).to_numpy(zero_copy_only=False)
+            start = int(np.flatnonzero(~same)[-1]) + 1 if not same.all() else 0
+            t, carry = t.slice(0, start), t.slice(start)
+        if t.num_rows:
+            yield plans_of_table(t, config.part_size)
 
 
 def _name(plan: PlanSource | None, folder: Path) -> str:
