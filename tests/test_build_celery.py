@@ -37,7 +37,8 @@ from tests.support.redis_server import RedisServer, redis_server  # noqa: F401
 from tests.support.s3_objects import objects
 from tests.support.seaweedfs import SeaweedS3, upload_tree
 
-pytestmark = pytest.mark.slow
+# A run of several worker-side steps, then its checks: past the default per-test timeout on a loaded machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = "photos"
 SHARDING = {"num_workers": 1, "max_shard_size_mb": 0.25}
