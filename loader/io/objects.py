@@ -39,6 +39,7 @@ from typing import IO, Any
 from . import urls
 from .errors import ObjectNotFoundError, PreconditionFailedError
 from .s3_client import S3Settings, is_s3_exception, s3_client, s3_error
+from .seekable import SeekableReader
 
 Data = bytes | bytearray | memoryview | str | os.PathLike | IO[bytes]
 """What ``put`` takes: bytes, a local file's path (``str`` or ``PathLike``), or a binary stream."""
@@ -395,51 +396,22 @@ class S3Objects(ObjectStore):
                                       f"{self.settings.where()}; create it or fix the s3:// URL") from None
 
 
-class RangedObject(io.RawIOBase):
+class RangedObject(SeekableReader):
     """``ObjectStore.open_ranged``: reads at any offset, each one ``get_range`` request (``if_match``
     the ETag seen when opened, where the backend gives one)."""
 
     def __init__(self, store: ObjectStore, key: str, size: int, etag: str | None) -> None:
-        self.store, self.key, self.size, self.etag = store, key, size, etag
-        self._pos = 0
+        self.store, self.key, self.etag = store, key, etag
+        super().__init__(size)
         self.requests = 0  # range requests made: what a reader of a few row groups pays
 
     @property
     def name(self) -> str:
         return self.store.url(self.key)
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
-        if base + offset < 0:
-            raise ValueError(f"{self.name}: seek to {base + offset}, before the start")
-        self._pos = base + offset
-        return self._pos
-
-    def read(self, n: int = -1) -> bytes:
-        end = self.size if n is None or n < 0 else min(self.size, self._pos + n)
-        if end <= self._pos:
-            return b""
-        data = self.store.get_range(self.key, self._pos, end - self._pos, if_match=self.etag)
+    def _take(self, n: int) -> bytes:
         self.requests += 1
-        self._pos += len(data)
-        return data
-
-    def readall(self) -> bytes:
-        return self.read(-1)
-
-    def readinto(self, b: Any) -> int:
-        data = self.read(len(b))
-        b[:len(data)] = data
-        return len(data)
+        return self.store.get_range(self.key, self._pos, n, if_match=self.etag)
 
 
 class _Body(io.RawIOBase):

@@ -11,7 +11,6 @@ read with ``os.pread``: no stream, no buffer, still counted.
 
 from __future__ import annotations
 
-import io
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 
 from loader.io import StreamConfig, StreamError, StreamStats, open_url, urls
 from loader.io.config import Counters
+from loader.io.seekable import SeekableReader
 from loader.io.source import redact_url
 
 __all__ = ["FetchCounters", "RangeFetcher", "RangeFile"]
@@ -200,7 +200,7 @@ def _short(where: str, start: int, length: int, got: int) -> StreamError:
         "re-upload it, or reload the dataset metadata")
 
 
-class RangeFile(io.RawIOBase):
+class RangeFile(SeekableReader):
     """A read-only, seekable file of ``size`` bytes over ``url``: each read is one
     ranged fetch, except that a read shorter than ``readahead`` fetches ``readahead`` bytes and
     serves the next small reads from them (a parquet footer is parsed in one or two requests).
@@ -210,68 +210,18 @@ class RangeFile(io.RawIOBase):
 
     def __init__(self, fetcher: RangeFetcher, url: str, size: int, *, readahead: int = DEFAULT_READAHEAD,
                  preload: tuple[int, bytes] | None = None):
-        if size < 0:
-            raise ValueError(f"{redact_url(url)}: size must be >= 0, got {size}")
-        self._fetcher = fetcher
         self._url = url
-        self._size = int(size)
+        super().__init__(size)
+        self._fetcher = fetcher
         self._readahead = max(0, int(readahead))
-        self._pos = 0
         self._buf_start, self._buf = preload if preload is not None else (0, b"")
 
     @property
     def name(self) -> str:
         return redact_url(self._url)
 
-    @property
-    def size(self) -> int:
-        return self._size
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        self._checkClosed()
-        if whence == io.SEEK_SET:
-            pos = offset
-        elif whence == io.SEEK_CUR:
-            pos = self._pos + offset
-        elif whence == io.SEEK_END:
-            pos = self._size + offset
-        else:
-            raise ValueError(f"invalid whence {whence!r}")
-        if pos < 0:
-            raise OSError(f"{self.name}: negative seek position {pos}")
-        self._pos = pos
-        return pos
-
-    def read(self, size: int | None = -1) -> bytes:
-        # Overridden so a large read hands pyarrow the fetched bytes as they are (no copies).
-        self._checkClosed()
-        if size is None or size < 0:
-            size = self._size - self._pos
-        data = self._take(min(size, self._size - self._pos))
-        self._pos += len(data)
-        return data
-
-    def readinto(self, buffer) -> int:  # type: ignore[override]
-        self._checkClosed()
-        view = memoryview(buffer).cast("B")
-        data = self._take(min(len(view), self._size - self._pos))
-        view[:len(data)] = data
-        self._pos += len(data)
-        return len(data)
-
     def _take(self, n: int) -> bytes:
         """The ``n`` bytes at the position, from the read-ahead buffer or one fetch."""
-        if n <= 0:
-            return b""
         offset = self._pos - self._buf_start
         if offset >= 0 and offset + n <= len(self._buf):
             return self._buf[offset:offset + n]
@@ -282,9 +232,6 @@ class RangeFile(io.RawIOBase):
             self._buf_start = self._pos
             return self._buf[:n]
         return self._fetcher.fetch(self._url, self._pos, n)
-
-    def readall(self) -> bytes:
-        return self.read(-1)
 
     def close(self) -> None:
         self._buf = b""
