@@ -40,7 +40,6 @@ from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, check_valida
 from pid_platform.sharding.intake.task import (
     SLICING,
     IntakeReport,
-    Sample,
     intake_slice,
     slice_bounds,
 )
@@ -173,22 +172,22 @@ def run_plan(
     result = pipeline.run_intake(store, source, out, config, trust_pickle=trust_pickle, num_workers=num_workers,
                                  progress=progress, force=force, validate=validate, revalidate=revalidate,
                                  stop_if_up_to_date=True)
-    r = result.report
-    if result.up_to_date:
+    r, up_to_date = result.report, result.up_to_date
+    # The intake's samples, an object each, go before the plan is cut from the table it wrote:
+    # the plan step's peak is the larger of the two, not their sum.
+    del result
+    if up_to_date:
         plans = load_shards(final_dir(out), pipeline.load_sharding_config(final_dir(out)))
         return PlanOutcome(out, r, len(plans), r.samples, True, r.files_validated, r.outcomes_reused,
                            dict(Counter(p.bucket for p in plans)))
-    # The intake's own samples: what it just wrote to samples.parquet, so not read back.
-    plans = _stage_plan(store, source, out, config, committed, (result.samples, result.report.modalities))
+    plans = _stage_plan(store, source, out, config, committed)
     return PlanOutcome(out, r, len(plans), r.samples, False, r.files_validated, r.outcomes_reused,
                        dict(Counter(p.bucket for p in plans)))
 
 
 def _stage_plan(store: SourceStore, source: str, out: Path, config: ShardingConfig,
-                committed: Path | None = None, samples_read: tuple[list[Sample], list[str]] | None = None,
-                ) -> list[ShardRef]:
+                committed: Path | None = None) -> list[ShardRef]:
     """``committed``: the folder holding the committed plan (default: ``out``'s published one).
-    ``samples_read``: the staged samples.parquet's rows and modalities, when the caller holds them.
 
     The plan is cut from samples.parquet as columns (``plan_files.write_cut``), unless the build
     may only add modality folders to the committed plan (``add_modality.may_extend``): that
@@ -196,12 +195,11 @@ def _stage_plan(store: SourceStore, source: str, out: Path, config: ShardingConf
     staging = versions.begin(out)
     committed = committed or final_dir(out)
     samples_path = state_dir(staging) / SAMPLES
-    modalities = samples_read[1] if samples_read else samples_modalities(samples_path)
-    if not may_extend(committed, modalities, config):
+    if not may_extend(committed, samples_modalities(samples_path), config):
         save_plan_cut(staging, None)
         shards = write_cut(staging, samples_path, config)
     else:
-        samples, modalities = samples_read or read_samples(samples_path)
+        samples, modalities = read_samples(samples_path)
         plans, cut = plan_build(store, source, committed, samples, modalities, config)
         save_plan_cut(staging, cut)
         shards = write_planned(staging, plans, modalities, config)
