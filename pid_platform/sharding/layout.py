@@ -12,7 +12,7 @@ from pid_platform.sharding.errors import OutputNotWritableError
 
 __all__ = [
     "PROBE_PREFIX", "STATE_DIR", "bucket_dir", "ensure_writable", "final_dir", "sha_cache_path", "stamp_path",
-    "write_staged_state",
+    "state_dir", "write_staged_state",
 ]
 
 PROBE_PREFIX = ".write-probe-"
@@ -27,6 +27,11 @@ def final_dir(out: str | os.PathLike[str]) -> Path:
     """
     path = Path(os.path.abspath(out))
     return path.resolve() if path.is_symlink() else path
+
+
+def state_dir(folder: str | os.PathLike[str]) -> Path:
+    """The build's private state folder inside ``folder`` (a staged or published build)."""
+    return Path(folder) / STATE_DIR
 
 
 def bucket_dir(out: Path, bucket: str) -> Path:

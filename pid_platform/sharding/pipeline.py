@@ -25,7 +25,6 @@ from pid_platform.sharding.commit.lease import build_lease
 from pid_platform.sharding.commit.manifest_roots import rewrite_manifest_roots
 from pid_platform.sharding.commit.manifests import (
     BucketManifest,
-    Shard,
     remove_unplanned,
     write_key_index_of,
     write_key_indexes,
@@ -47,7 +46,7 @@ from pid_platform.sharding.intake.task import IntakeReport, Sample, intake
 from pid_platform.sharding.layout import bucket_dir, final_dir, stamp_path
 from pid_platform.sharding.output_lock import build_lock
 from pid_platform.sharding.plan.add_modality import load_plan_cut, plan_build, save_plan_cut
-from pid_platform.sharding.plan.columnar import ShardRef
+from pid_platform.sharding.plan.columnar import Shard, ShardRef
 from pid_platform.sharding.plan.plan_files import PLAN, iter_shard_plans, load_shards, write_planned
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
 from pid_platform.sharding.plan.tables import read_plans, read_samples, write_samples

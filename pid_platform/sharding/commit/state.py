@@ -21,7 +21,7 @@ from loader.formats.wdinfo import WDINFO_NAME
 from pid_platform.sharding.errors import ShardingConfigError
 from pid_platform.sharding.intake.cache import RULES_VERSION
 from pid_platform.sharding.intake.task import IntakeReport, Sample
-from pid_platform.sharding.layout import STATE_DIR
+from pid_platform.sharding.layout import state_dir
 from pid_platform.sharding.plan.columnar import ShardRef
 from pid_platform.sharding.plan.plan_files import load_shards
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
@@ -34,10 +34,6 @@ SAMPLES = "samples.parquet"
 REPORT = "intake_report.json"
 FINGERPRINT = "input_fingerprint.json"  # the raw listing a staged build was made from (defs/automation)
 SHARDING = "sharding.json"
-
-
-def state_dir(folder: Path) -> Path:
-    return Path(folder) / STATE_DIR
 
 
 def intake_settings(validate: str) -> dict:

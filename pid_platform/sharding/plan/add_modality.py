@@ -21,15 +21,13 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from loader.formats.atomic import atomic_write_bytes
 from pid_platform.sharding.errors import ShardingConfigError
 from pid_platform.sharding.intake.file_checks import stem_of
 from pid_platform.sharding.intake.task import Sample
 from pid_platform.sharding.layout import STATE_DIR
 from pid_platform.sharding.plan.shard_plan import KEEP, ShardingConfig, ShardPlan, plan_shards
-from pid_platform.sharding.plan.tables import read_plans
+from pid_platform.sharding.plan.tables import read_plans, samples_modalities
 from pid_platform.sharding.storage import FileEntry, SourceStore
 
 log = logging.getLogger(__name__)
@@ -105,7 +103,7 @@ def may_extend(final: Path, modalities: list[str], config: ShardingConfig) -> bo
     if replace(committed_config, new_modality_missing_keys=config.new_modality_missing_keys) != config:
         return False  # other settings: the plan is cut again
     try:
-        have = {c.split(".", 1)[1] for c in pq.read_schema(plan).names if c.startswith("name.")}
+        have = set(samples_modalities(plan))  # plan.parquet has the samples table's columns
     except (OSError, ValueError):
         return False
     # A plan extended before stays the plan while its samples stay (a repair, other roots), so the

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pid_platform.sharding.layout import STATE_DIR
+from pid_platform.sharding.layout import state_dir
 from pid_platform.sharding.plan.columnar import (
     ShardRef,
     read_shard_refs,
@@ -34,10 +34,6 @@ from pid_platform.sharding.plan.tables import plans_of_table, write_plans
 log = logging.getLogger(__name__)
 PLAN = "plan.parquet"  # in a build's state folder: every sample of the version, in shard order
 SHARDS = "shards.parquet"  # beside it: one row per shard
-
-
-def state_dir(folder: Path) -> Path:
-    return Path(folder) / STATE_DIR
 
 
 def shard_ref(plan: ShardPlan) -> ShardRef:

@@ -25,7 +25,6 @@ from pathlib import Path
 from loader.io.errors import ObjectNotFoundError, PreconditionFailedError
 from loader.io.s3_client import S3AccessError
 from pid_platform.sharding.commit import s3_output
-from pid_platform.sharding.commit.manifests import Shard
 from pid_platform.sharding.commit.s3_output import VERSION_INPUTS, S3Output
 from pid_platform.sharding.commit.state import (
     FINGERPRINT,
@@ -37,6 +36,7 @@ from pid_platform.sharding.commit.state import (
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.intake.cache import CACHE_NAME
 from pid_platform.sharding.intake.task import slice_bounds
+from pid_platform.sharding.plan.columnar import Shard
 from pid_platform.sharding.plan.plan_files import PLAN, SHARDS, PlanSource
 from pid_platform.sharding.tasks import records as local_records
 from pid_platform.sharding.tasks.records import RECORD_FORMAT, WRITE

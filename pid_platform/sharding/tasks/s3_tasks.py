@@ -62,7 +62,6 @@ from pid_platform.sharding.commit.in_place import published_manifests as publish
 from pid_platform.sharding.commit.lease import build_lease, check_held
 from pid_platform.sharding.commit.manifests import (
     BucketManifest,
-    Shard,
     write_key_index_of,
     write_manifests,
 )
@@ -88,7 +87,7 @@ from pid_platform.sharding.layout import STATE_DIR, bucket_dir, final_dir
 from pid_platform.sharding.output_lock import build_lock
 from pid_platform.sharding.pause_points import pause_point
 from pid_platform.sharding.plan.add_modality import load_plan_cut
-from pid_platform.sharding.plan.columnar import ShardRef
+from pid_platform.sharding.plan.columnar import Shard, ShardRef
 from pid_platform.sharding.plan.plan_files import load_shard_range, load_shards
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
 from pid_platform.sharding.storage import SourceStore
