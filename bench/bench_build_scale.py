@@ -28,6 +28,15 @@ Sections (``--sections``, default all); each prints its table and its ``PASS``/`
   and commit (untimed) so the commit's checks run as in a build. Peak RSS is the child's
   ``ru_maxrss``. **Targets:** plan + commit <= 60 s and peak RSS <= 1.5 GB (at 10,000,000 samples;
   a smaller ``--samples`` prints the same lines for what it measured).
+  **Before it, in a child of its own:** *intake* - the plan step's intake (``pipeline.run_intake``,
+  which ``run_plan`` runs before it cuts the plan) over the same samples as a listing: each
+  modality's names, sizes and fingerprints served as ``storage.list_files`` gives them (a
+  stand-in for the listing alone: ten million files cannot be put on this disk) and every
+  file's outcome in an intake task's part, as after a tasked intake (no file is read: the bench
+  stops if one is). Listing, basename join, the outcomes looked up, keys, buckets, then
+  samples.parquet, the report and the cache written: its seconds and peak RSS are printed, with
+  no target (it holds the listing's columns, about 100 bytes per file); the plan then starts
+  from the samples.parquet it staged.
 
 * ``workers`` - one source's first build (``--validate full``: every image decoded) by 1 and by 2
   workers on the same raw drop. **Data:** ``--worker-samples`` samples made from scikit-image's
@@ -193,6 +202,103 @@ def plan_digest_sha(_out: Path, shard) -> dict[str, str]:
     return {m: shard.digest() for m in shard.modalities}
 
 
+def listing_store(samples_path: Path):
+    """A raw root whose listing is the synthetic table's files (a stand-in for the listing only:
+    ten million files cannot be put on this disk): each modality's names, sizes and fingerprints
+    as columns, as ``storage.list_files`` gives them. Nothing may be read: every outcome is in
+    the intake tasks' parts, as after a real tasked intake."""
+    from pid_platform.sharding.storage import Listing, SourceStore
+
+    class SyntheticListing(SourceStore):
+        uri = f"synthetic://{samples_path.name}"
+
+        def list_sources(self) -> list[str]:
+            return [SOURCE]
+
+        def list_modalities(self, source: str) -> list[str]:
+            return list(MODALITIES)
+
+        def list_files(self, source: str, modality: str) -> Listing:
+            cols = [f"name.{modality}", f"size.{modality}", f"fingerprint.{modality}"]
+            files = pq.read_table(samples_path, columns=cols).rename_columns(["name", "size", "fingerprint"])
+            folder = None if args_files(samples_path) == "s3" else f"/data/raw/{SOURCE}/{modality}"
+            return Listing(modality, files.combine_chunks(), folder)
+
+        def read(self, source, entry) -> bytes:
+            raise AssertionError(f"{entry.name}: the plan step read a file every intake task had validated")
+
+        def read_source_file(self, source: str, name: str, max_bytes: int | None = None) -> bytes | None:
+            return None
+
+        def write_source_file(self, source: str, name: str, data: bytes) -> None:
+            raise AssertionError("the bench's listing is read-only")
+
+    return SyntheticListing()
+
+
+def args_files(samples_path: Path) -> str:
+    return "local" if samples_path.name.endswith("-local.parquet") else "s3"
+
+
+def write_intake_part(samples_path: Path, part: Path) -> None:
+    """What the intake tasks found for every file of the synthetic table (an ``IntakeCache``
+    parquet, as ``pid-shard task --stage intake`` writes it): images valid at their pixel size,
+    captions valid, embeddings sniffed; written a row group of the table at a time."""
+    from pid_platform.sharding.intake.cache import (
+        CACHE_SCHEMA,
+        CAPTION,
+        IMAGE,
+        RULES_VERSION,
+        SNIFF,
+    )
+
+    kinds = {"caption": CAPTION, "image": IMAGE, "umt5": SNIFF}
+    pf = pq.ParquetFile(samples_path)
+    schema = CACHE_SCHEMA.with_metadata({"rules_version": str(RULES_VERSION), "validate": "full"})
+    part.parent.mkdir(parents=True, exist_ok=True)
+    with pq.ParquetWriter(part, schema, compression="zstd") as writer:
+        for m in MODALITIES:
+            for g in range(pf.num_row_groups):
+                t = pf.read_row_group(g, columns=[f"name.{m}", f"fingerprint.{m}", "width", "height"])
+                n = t.num_rows
+                image = m == "image"
+                writer.write_table(pa.table({
+                    "modality": pa.repeat(pa.scalar(m, pa.string()), n), "name": t[f"name.{m}"],
+                    "fingerprint": t[f"fingerprint.{m}"], "kind": pa.repeat(pa.scalar(kinds[m], pa.string()), n),
+                    "reason": pa.nulls(n, pa.string()),
+                    "width": t["width"] if image else pa.nulls(n, pa.int32()),
+                    "height": t["height"] if image else pa.nulls(n, pa.int32()),
+                }, schema=schema))
+
+
+def intake_child(samples_path: Path, out: Path, shard_mb: float) -> dict:
+    """The plan step's intake (``pipeline.run_intake``, what ``run_plan`` runs before it cuts the
+    plan) over the synthetic listing, with every file's outcome in an intake task's part:
+    listing, basename join, the outcomes looked up, keys and buckets, then samples.parquet, the
+    report and the cache staged for the plan; what it measured."""
+    from pid_platform.sharding import pipeline
+    from pid_platform.sharding.commit import versions
+    from pid_platform.sharding.plan.shard_plan import ShardingConfig
+    from pid_platform.sharding.tasks.records import intake_part_path
+
+    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    staging = versions.begin(out, first_step=True)
+    write_intake_part(samples_path, intake_part_path(staging, 0, 1))  # untimed: the intake tasks' work
+    start = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    result = pipeline.run_intake(listing_store(samples_path), SOURCE, out, ShardingConfig(max_shard_size_mb=shard_mb),
+                                 trust_pickle=False, num_workers=1, stop_if_up_to_date=True)
+    seconds = time.perf_counter() - t0
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    report = result.report
+    return {
+        "seconds": seconds, "cpu_s": usage.ru_utime + usage.ru_stime - start.ru_utime - start.ru_stime,
+        "samples": report.samples, "files": sum(report.files_seen.values()), "validated": report.files_validated,
+        "reused": report.outcomes_reused, "base_rss": base_rss,
+        "peak_rss": usage.ru_maxrss * 1024, "samples_mb": result.path.stat().st_size / 1e6,
+    }
+
+
 def coordinator_child(samples_path: Path, out: Path, shard_mb: float) -> dict:
     """Plan + commit of ``samples_path`` staged as the intake of a build of ``out`` (in its staging
     folder, where the manifests are written too); what it measured."""
@@ -208,10 +314,12 @@ def coordinator_child(samples_path: Path, out: Path, shard_mb: float) -> dict:
 
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     config = ShardingConfig(max_shard_size_mb=shard_mb)
-    # The intake's output, as it stages it (untimed): the plan step starts from this folder.
+    # The intake's output, as it stages it (untimed; or staged by ``intake_child`` before): the
+    # plan step starts from this folder.
     staging = versions.begin(out, first_step=True)
     state_dir(staging).mkdir(parents=True, exist_ok=True)
-    os.link(samples_path, state_dir(staging) / SAMPLES)
+    if not (state_dir(staging) / SAMPLES).is_file():
+        os.link(samples_path, state_dir(staging) / SAMPLES)
     t0 = time.perf_counter()
     start = resource.getrusage(resource.RUSAGE_SELF)
     cpu0 = start.ru_utime + start.ru_stime
@@ -259,6 +367,9 @@ def run_coordinator(args: argparse.Namespace) -> None:
     samples_path = cached_samples(args.work_dir, args.samples, args.files)
     out = args.work_dir / "out"
     shutil.rmtree(out, ignore_errors=True)
+    intake = _child(["--child-intake", str(samples_path), str(out), str(args.shard_mb)])
+    if intake["validated"]:
+        raise SystemExit(f"the plan step's intake validated {intake['validated']} files the intake tasks had checked")
     t0 = time.perf_counter()
     r = _child(["--child-coordinator", str(samples_path), str(out), str(args.shard_mb)])
     wall = time.perf_counter() - t0
@@ -270,6 +381,9 @@ def run_coordinator(args: argparse.Namespace) -> None:
     print(f"shards {r['shards']:,} in {r['buckets']} buckets; plan.parquet {r['plan_mb']:,.0f} MB, "
           f"manifests {r['manifest_mb']:,.1f} MB; samples.parquet {samples_path.stat().st_size / 1e6:,.0f} MB")
     print(f"{'step':<28}{'seconds':>10}{'peak RSS':>12}")
+    print(f"{'intake (run_intake)':<28}{intake['seconds']:>10.1f}{intake['peak_rss'] / 1e9:>10.2f} GB   "
+          f"({intake['files']:,} files listed, {intake['reused']:,} outcomes from the intake tasks, "
+          f"{intake['validated']} read; {intake['cpu_s']:.1f} CPU-s; a child of its own)")
     print(f"{'child after imports':<28}{'':>10}{r['base_rss'] / 1e9:>10.2f} GB")
     print(f"{'plan (stage_plan)':<28}{r['plan_s']:>10.1f}{r['plan_rss'] / 1e9:>10.2f} GB")
     print(f"{'commit (manifests, outputs)':<28}{r['commit_s']:>10.1f}{r['peak_rss'] / 1e9:>10.2f} GB")
@@ -498,6 +612,9 @@ SECTIONS = {"coordinator": run_coordinator, "workers": run_workers}
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child-intake"]:
+        print(json.dumps(intake_child(Path(argv[1]), Path(argv[2]), float(argv[3]))))
+        return
     if argv[:1] == ["--child-coordinator"]:
         print(json.dumps(coordinator_child(Path(argv[1]), Path(argv[2]), float(argv[3]))))
         return

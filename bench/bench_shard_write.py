@@ -51,6 +51,7 @@ from pathlib import Path
 from loader.formats.twin_tar import iter_member_headers, tar_path
 from pid_platform.sharding.intake.task import intake
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan, plan_shards
+from pid_platform.sharding.plan.tables import table_samples
 from pid_platform.sharding.storage import LocalSourceStore
 from pid_platform.sharding.write.tars import write_shards
 
@@ -308,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
 
     store = LocalSourceStore(work / "raw")
     t0 = time.perf_counter()
-    samples, report, _ = intake(store, SOURCE, num_workers=os.cpu_count() or 1)
+    table, report, _ = intake(store, SOURCE, num_workers=os.cpu_count() or 1)
+    samples = table_samples(table)
     if report.dropped_total:
         print(f"  warning: intake dropped {report.dropped_total} samples: {dict(report.dropped)}")
     config = ShardingConfig(max_shard_size_mb=args.shard_mb)

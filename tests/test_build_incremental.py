@@ -289,17 +289,18 @@ def test_s3_rebuild_keys_outcomes_by_etag(s3_env: SeaweedS3, photo_drop_template
     assert dict(s.report.dropped) == {"unreadable_image: image": 1}
 
 
-# Lists every modality folder of a source in a fresh process and reports what it cost.
+# Lists a source (every modality folder, then the basename join) in a fresh process and reports
+# what it cost.
 _LIST = """
 import json, resource, sys, time
+from pid_platform.sharding.intake.listing import list_source
 from pid_platform.sharding.storage import LocalSourceStore
 store = LocalSourceStore(sys.argv[1])
 t = time.perf_counter()
-listings = {m: store.list_files("big", m) for m in store.list_modalities("big")}
+listing = list_source(store, "big")
 seconds = time.perf_counter() - t
-entries = sum(len(x.entries) for x in listings.values())
-first = min(x.entries[0].name for x in listings.values())
-print(json.dumps({"entries": entries, "seconds": seconds, "first": first,
+print(json.dumps({"entries": sum(listing.report.files_seen.values()), "complete": len(listing),
+                  "seconds": seconds, "first": listing.complete["name.image"][0].as_py(),
                   "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
@@ -321,6 +322,7 @@ def test_listing_a_million_files_stays_under_500_mb(tmp_path: Path) -> None:
         got = json.loads(proc.stdout)
         print(f"listing 1,000,000 files: {got['seconds']:.1f} s, peak RSS {got['max_rss_mb']:.0f} MB")
         assert got["entries"] == 2 * per_modality and got["first"] == "0000000.jpg"
+        assert got["complete"] == per_modality
         assert got["max_rss_mb"] < 500
     finally:
         subprocess.run(["rm", "-rf", str(root)], check=True)  # a million inodes: not left in the temp folder

@@ -132,7 +132,7 @@ def test_crash_between_twin_tars_does_not_leave_a_stale_stamp(raw_root: Path, tm
     b_config = ShardingConfig(classify_aspect_ratio=False, shard_size=8)
     store = LocalSourceStore(raw_root)
     samples = run_intake(store, SOURCE, out, b_config, trust_pickle=False, num_workers=1).samples
-    fifth = samples[5].basename  # in B's shard 0, in A's shard 1
+    fifth = samples["basename"][5].as_py()  # in B's shard 0, in A's shard 1
     changed = source_file(raw_root, "image", fifth)
     changed.write_bytes(jpeg_bytes(photo("coffee", (200, 300))))
     with pytest.raises(SourceChangedError, match=changed.name):
@@ -176,7 +176,7 @@ def test_key_indexes_refuse_a_staged_tar_changed_after_it_was_written(raw_root: 
     # whose members moved (same size, inode and mtime) must still be refused, naming the tar.
     out = tmp_path / "out"
     plans, _results = _reshard(raw_root, out)
-    plan = next(p for p in plans if len(p.samples) > 1)
+    plan = next(p for p in plans if p.count > 1)
     victim = tar_path(staging_dir(out), plan.bucket, "caption", plan.relpath)
     reverse_members_in_place(victim)
     with pytest.raises(FormatError, match=f"{victim}.*re-materialize twin_tar_shards"):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from pid_platform.sharding.commit.versions import staging_dir
@@ -186,7 +188,7 @@ def test_commit_sends_back_a_task_whose_shard_was_damaged_after_its_record(raw_r
     _write_tasks(raw_root, out, tmp_path, 2)
     staged = staging_dir(out)
     rec = json.loads(record_path(staged, WRITE, 1, 2).read_bytes())
-    assert rec["plan_sha256"] and rec["shards"][1] > rec["shards"][0] and rec["written"]
+    assert rec["plan_shards_sha256"] and rec["shards"][1] > rec["shards"][0] and rec["written"]
     victim = sorted(p for p in staged.rglob("*.tar"))[-1]  # the last shard: write task 1's
     victim.unlink()
     res = pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False), check=False)
@@ -207,3 +209,12 @@ def test_slices_cover_every_item_once_in_order() -> None:
             assert spans[0][0] == 0 and spans[-1][1] == total
             assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
             assert max(b - a for a, b in spans) - min(b - a for a, b in spans) <= 1
+
+
+def test_a_task_process_starts_without_pyarrow_compute() -> None:
+    # Importing pyarrow.compute costs a task process ~60 ms at start; build modules take it from
+    # pid_platform.sharding.compute, imported on first use (by plans, commits and the intake).
+    code = ("import sys, pid_platform.cli, pid_platform.sharding.tasks.run, pid_platform.sharding.tasks.s3_tasks; "
+            "print(sorted(m for m in sys.modules if m in ('pyarrow.compute', 'pyarrow.dataset')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

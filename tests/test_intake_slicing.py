@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from pid_platform.sharding.intake.outcomes import kind_of
 from pid_platform.sharding.intake.task import (
     FILE_COST_BYTES,
-    _kind,
     balanced_slices,
     intake_slice,
     list_source,
@@ -94,19 +94,21 @@ def test_intake_slices_of_a_real_source_cover_every_file_once(raw_root: Path, of
     store = LocalSourceStore(raw_root)
     listing = list_source(store, SOURCE)
     parts = [intake_slice(store, SOURCE, i, of, validate="header") for i in range(of)]
-    assert sum(p.samples for p in parts) == len(listing.complete) == 32
+    complete = listing.entries(listing.complete)
+    assert sum(p.samples for p in parts) == len(listing) == len(complete) == 32
     if of > 32:
         assert sum(1 for p in parts if p.samples == 0) == of - 32
-    files = [(m, e) for _, fs in listing.complete for m, e in fs.items()]
+    files = [(m, e) for _, fs in complete for m, e in fs.items()]
     assert sum(p.nbytes for p in parts) == sum(e.size for _, e in files)
     for m, e in files:
-        kind = _kind(m, e.name, listing.report.image_modality)
+        kind = kind_of(m, e.name, listing.report.image_modality)
         holders = [i for i, p in enumerate(parts) if p.outcomes.get(e, kind) is not None]
         assert len(holders) == 1, (m, e.name, holders)
     assert sum(len(p.outcomes) for p in parts) == len(files)
     # Balanced by weight (bytes + a cost per file): any two slices' bytes differ by at most the
     # heaviest sample plus the per-file cost of the samples one holds more than the other.
-    heaviest = max(sample_weight(fs) for _, fs in listing.complete)
+    heaviest = max(sample_weight(fs) for _, fs in complete)
+    assert heaviest == int(listing.weights(FILE_COST_BYTES).max())
     for a in parts:
         for b in parts:
             assert a.nbytes - b.nbytes <= heaviest + 3 * FILE_COST_BYTES * abs(a.samples - b.samples)

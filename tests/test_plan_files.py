@@ -292,3 +292,53 @@ def test_shard_plans_stream_a_row_group_at_a_time_with_no_shard_cut_in_two(tmp_p
     # plus the shard that ran on into it.
     biggest = max(p.count for p in everything)
     assert all(sum(p.count for p in c) <= 50 + biggest for c in chunks)
+
+
+def test_a_write_task_holds_one_row_groups_shards_at_a_time(tmp_path: Path, monkeypatch) -> None:
+    from pid_platform.sharding.plan.plan_files import iter_shard_range
+
+    everything = _small_row_groups(tmp_path, 900, 50)
+    shards = load_shards(tmp_path, CONFIG)
+    biggest = max(p.count for p in everything)
+    read: list[int] = []
+    real = pq.ParquetFile.read_row_group
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group",
+                        lambda self, g, *a, **k: read.append(g) or real(self, g, *a, **k))
+    for of in (1, 2, 5):
+        for index in range(of):
+            read.clear()
+            first, stop = slice_bounds(len(shards), index, of)
+            batches = list(iter_shard_range(tmp_path, CONFIG, shards, first, stop))
+            assert [p for b in batches for p in b] == everything[first:stop]
+            assert all(b and sum(p.count for p in b) <= 50 + biggest for b in batches)
+            assert len(read) == len(set(read))  # each row group read once
+            if of == 1:
+                assert len(batches) > 10
+
+
+def test_the_one_process_build_and_write_tasks_turn_a_row_group_into_objects_at_a_time(
+        raw_root: Path, tmp_path: Path, monkeypatch) -> None:
+    """With plan row groups of 5 rows, no step converts more than a row group's shards (plus the
+    shard that runs on into it) into sample objects, and the bytes do not change."""
+    from pid_platform.sharding.plan import columnar
+    from pid_platform.sharding.tasks.run import run_commit, run_plan, run_write_task
+
+    ref = tmp_path / "ref"
+    build(raw_root, ref, shard_size=3)
+    monkeypatch.setattr(columnar, "ROW_GROUP_ROWS", 5)
+    converted: list[int] = []
+    real = tables.table_samples
+    monkeypatch.setattr(tables, "table_samples", lambda t: converted.append(t.num_rows) or real(t))
+    one = tmp_path / "one"
+    build(raw_root, one, shard_size=3)
+    assert len(converted) > 5 and max(converted) <= 5 + 3 and sum(converted) == 32
+    assert output_files(one) == output_files(ref)
+
+    converted.clear()
+    out, store = tmp_path / "tasked", LocalSourceStore(raw_root)
+    run_plan(store, SOURCE, out, ShardingConfig(max_shard_size_mb=SMALL_BOUND_MB, shard_size=3))
+    for i in range(2):
+        run_write_task(store, SOURCE, out, i, 2)
+    run_commit(out)
+    assert len(converted) > 5 and max(converted) <= 5 + 3 and sum(converted) == 32
+    assert output_files(out) == output_files(ref)

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
+import pyarrow as pa
+
 from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError
 from loader.formats.twin_tar import tar_path
@@ -42,14 +44,31 @@ from pid_platform.sharding.commit.state import (
 from pid_platform.sharding.commit.verify_output import damaged_shards
 from pid_platform.sharding.intake.cache import CACHE_NAME, IntakeCache
 from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, check_validate_level
-from pid_platform.sharding.intake.task import IntakeReport, Sample, intake
+from pid_platform.sharding.intake.task import IntakeReport, intake
 from pid_platform.sharding.layout import bucket_dir, final_dir, stamp_path
 from pid_platform.sharding.output_lock import build_lock
-from pid_platform.sharding.plan.add_modality import load_plan_cut, plan_build, save_plan_cut
+from pid_platform.sharding.plan.add_modality import (
+    load_plan_cut,
+    may_extend,
+    plan_build,
+    save_plan_cut,
+)
 from pid_platform.sharding.plan.columnar import Shard, ShardRef
-from pid_platform.sharding.plan.plan_files import PLAN, iter_shard_plans, load_shards, write_planned
+from pid_platform.sharding.plan.plan_files import (
+    PLAN,
+    iter_shard_plans,
+    iter_shard_range,
+    load_shards,
+    write_cut,
+    write_planned,
+)
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
-from pid_platform.sharding.plan.tables import read_plans, read_samples, write_samples
+from pid_platform.sharding.plan.tables import (
+    read_plans,
+    read_samples,
+    samples_modalities,
+    write_table,
+)
 from pid_platform.sharding.storage import SourceStore
 from pid_platform.sharding.tasks.records import intake_parts
 from pid_platform.sharding.write.early_sync import sync_soon
@@ -135,7 +154,7 @@ def summarize(results: list[ShardResult]) -> dict[str, BucketSummary]:
 
 @dataclass
 class IntakeResult:
-    samples: list[Sample]
+    samples: pa.Table  # the samples table (``plan.tables.samples_table``'s columns), sorted by key
     report: IntakeReport
     path: Path  # samples.parquet: the staged one, or the committed one when up to date
     validate: str
@@ -185,37 +204,64 @@ def run_intake(store: SourceStore, source: str, out: Path, config: ShardingConfi
     staging = versions.begin(out, first_step=True, force=force)
     # The cache first: should the build stop after it, the next one still reuses these outcomes.
     used.save(state_dir(staging) / CACHE_NAME)
-    path = write_samples(state_dir(staging) / SAMPLES, samples, report.modalities)
+    path = write_table(state_dir(staging) / SAMPLES, samples)
     atomic_write_bytes(state_dir(staging) / REPORT, json.dumps(report.to_json(), indent=1).encode())
     save_intake_settings(staging, validate)
     return IntakeResult(samples, report, path, validate)
 
 
+def stage_plan_files(store: SourceStore, source: str, out: Path, config: ShardingConfig,
+                     committed: Path | None = None) -> list[ShardRef]:
+    """The plan of the samples staged for ``out`` (``samples.parquet``): ``plan.parquet``,
+    ``shards.parquet``, ``plan_cut.json`` and ``sharding.json`` into the staging folder; its shards.
+
+    Cut from samples.parquet as columns (``plan_files.write_cut``: no object per sample), unless
+    the build may only add modality folders to the committed plan of ``committed`` (default:
+    ``out``'s published one; ``add_modality.may_extend``): that plan is extended as objects
+    (``plan_build``), and re-cut the same way should it not apply."""
+    staging = versions.begin(out)
+    committed = committed or final_dir(out)
+    samples_path = state_dir(staging) / SAMPLES
+    if not may_extend(committed, samples_modalities(samples_path), config):
+        save_plan_cut(staging, None)
+        shards = write_cut(staging, samples_path, config)
+    else:
+        samples, modalities = read_samples(samples_path)
+        plans, cut = plan_build(store, source, committed, samples, modalities, config)
+        save_plan_cut(staging, cut)
+        shards = write_planned(staging, plans, modalities, config)
+    save_sharding_config(staging, config)
+    return shards
+
+
 @build_step
 def run_sharding(store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int,
                  progress: Callable[[int, int], None] | None = None,
-                 key_indexes: bool = False) -> tuple[list[ShardPlan], list[ShardResult]]:
-    """Write the planned tars into the staging folder, hard-linking those ``out`` already holds.
+                 key_indexes: bool = False) -> tuple[list[ShardRef], list[ShardResult]]:
+    """Plan the staged samples (``stage_plan_files``), then write the planned tars into the
+    staging folder, hard-linking those ``out`` already holds, a row group of the plan at a time
+    (``plan_files.iter_shard_range``): the build holds one row group's samples as objects.
 
     The worker that puts a shard's tars in place also records their sha256 (for the manifests)
-    and hands newly written ones to the background fsync. ``key_indexes``: also write each shard's key index as soon as its tars are in place, on the
-    same worker, while other shards are still being copied (what ``run_key_indexes`` does
-    afterwards, for all of them at once; ``build_source`` then needs no separate pass).
+    and hands newly written ones to the background fsync. ``key_indexes``: also write each
+    shard's key index as soon as its tars are in place, on the same worker, while other shards
+    are still being copied (what ``run_key_indexes`` does afterwards, for all of them at once;
+    ``build_source`` then needs no separate pass).
     """
     staging = versions.begin(out)
-    samples, modalities = read_samples(state_dir(staging) / SAMPLES)
-    # Only modality folders added: the committed plan, and only the added modalities' tars written.
-    plans, cut = plan_build(store, source, final_dir(out), samples, modalities, config)
-    save_plan_cut(staging, cut)
-    done = iter(range(1, len(plans) + 1))
-    step = (lambda _res: progress(next(done), len(plans))) if progress else None
-    results = write_shards(
-        store, source, staging, plans, previous=versions.final_dir(out), num_workers=num_workers, progress=step,
-        then=after_shard(staging, key_indexes), reuse=cut.reused_modalities if cut else None,
-    )
-    write_planned(staging, plans, modalities, config)
-    save_sharding_config(staging, config)
-    return plans, results
+    shards = stage_plan_files(store, source, out, config)
+    cut = load_plan_cut(staging)
+    done = iter(range(1, len(shards) + 1))
+    step = (lambda _res: progress(next(done), len(shards))) if progress else None
+    then = after_shard(staging, key_indexes)
+    results: list[ShardResult] = []
+    for batch in iter_shard_range(staging, config, shards, 0, len(shards)):
+        # The first batch clears what a crashed build left in the staging folder; the later
+        # ones only their own shards' leftovers (none: this build wrote the folder since).
+        results += write_shards(store, source, staging, batch, previous=versions.final_dir(out),
+                                num_workers=num_workers, progress=step, then=then, only_own_temp_files=bool(results),
+                                reuse=cut.reused_modalities if cut else None)
+    return shards, results
 
 
 def after_shard(staging: Path, key_indexes: bool) -> AfterShard:

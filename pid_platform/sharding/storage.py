@@ -16,8 +16,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
 from loader.formats.atomic import atomic_write_bytes
 from loader.io import urls
+from pid_platform.sharding.compute import pc
 from pid_platform.sharding.errors import BuildError, SourceNotFoundError
 
 if TYPE_CHECKING:  # boto3 and the HTTP stack: imported where S3 is used, not for a local listing
@@ -45,14 +48,75 @@ class FileEntry:
         return None if self.folder is None else f"{self.folder}/{self.name}"
 
 
+# A modality folder's files as columns, sorted by name (UTF-8 byte order is code point order, so
+# this is Python's order of the names too).
+FILES_SCHEMA = pa.schema([("name", pa.string()), ("size", pa.int64()), ("fingerprint", pa.string())])
+_CHUNK_FILES = 64 * 1024  # files gathered as Python values before they become Arrow arrays
+
+
+class FileColumns:
+    """Listed files gathered a chunk at a time into Arrow arrays: a listing of ten million files
+    holds its names and fingerprints as column bytes, never as a Python object per file."""
+
+    def __init__(self) -> None:
+        self._names: list[str] = []
+        self._sizes: list[int] = []
+        self._fingerprints: list[str] = []
+        self._batches: list[pa.RecordBatch] = []
+
+    def add(self, name: str, size: int, fingerprint: str) -> None:
+        self._names.append(name)
+        self._sizes.append(size)
+        self._fingerprints.append(fingerprint)
+        if len(self._names) >= _CHUNK_FILES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._names:
+            self._batches.append(pa.record_batch(
+                [pa.array(self._names, pa.string()), pa.array(self._sizes, pa.int64()),
+                 pa.array(self._fingerprints, pa.string())], schema=FILES_SCHEMA))
+            self._names, self._sizes, self._fingerprints = [], [], []
+
+    def table(self) -> pa.Table:
+        """Every file added, sorted by name, in one chunk."""
+        self._flush()
+        table = pa.Table.from_batches(self._batches, schema=FILES_SCHEMA)
+        self._batches = []
+        if table.num_rows > 1 and not _sorted(table["name"]):
+            table = table.take(pc.sort_indices(table["name"]))
+        return table.combine_chunks()
+
+
+def _sorted(names: pa.ChunkedArray) -> bool:
+    flat = names.combine_chunks()
+    return bool(pc.all(pc.less(flat[:-1], flat[1:])).as_py())
+
+
 @dataclass
 class Listing:
-    entries: list[FileEntry] = field(default_factory=list)
+    """One modality folder's listing."""
+
+    modality: str
+    # name, size, fingerprint of every file kept (``FILES_SCHEMA``), sorted by name.
+    files: pa.Table = field(default_factory=FILES_SCHEMA.empty_table)
+    # The local folder holding the files (their bytes can be copied without reading); None on S3.
+    folder: str | None = None
     # (path relative to the source, reason) of every file that was looked at and not used.
     skipped: list[tuple[str, str]] = field(default_factory=list)
     # Set when the modality folder is a link to another modality folder of the source: the same
     # files again, so not a modality of its own.
     duplicate_of: str | None = None
+
+    def __len__(self) -> int:
+        return self.files.num_rows
+
+    @property
+    def entries(self) -> list[FileEntry]:
+        """The files as objects: for a listing small enough to hold so (a test, a few files)."""
+        d = self.files.to_pydict()
+        return [FileEntry(self.modality, n, s, fp, self.folder)
+                for n, s, fp in zip(d["name"], d["size"], d["fingerprint"], strict=True)]
 
 
 class SourceStore(ABC):
@@ -132,7 +196,7 @@ class LocalSourceStore(SourceStore):
     def list_files(self, source: str, modality: str) -> Listing:
         src_root = self._source_dir(source).resolve()
         folder = src_root / modality
-        out = Listing()
+        out = Listing(modality)
         if not folder.resolve().is_relative_to(src_root):
             # A modality folder linked elsewhere would read arbitrary files, like a linked file.
             out.skipped.append((modality, "symlink_outside_root"))
@@ -145,6 +209,8 @@ class LocalSourceStore(SourceStore):
                     out.duplicate_of = other
                     return out
         base = os.fspath(folder)
+        out.folder = base
+        files = FileColumns()
         skipped: list[tuple[str, str, str]] = []  # (raw name, shown path, reason), sorted by raw name
         # One scandir pass and one stat per file: the entry's type comes with the listing, and a
         # million names are never held twice.
@@ -173,8 +239,8 @@ class LocalSourceStore(SourceStore):
                     continue
                 st = d.stat()
                 fp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
-                out.entries.append(FileEntry(modality, name, st.st_size, fp, base))
-        out.entries.sort(key=lambda e: e.name)
+                files.add(name, st.st_size, fp)
+        out.files = files.table()
         skipped.sort()
         out.skipped.extend((rel, reason) for _, rel, reason in skipped)
         return out
@@ -297,7 +363,8 @@ class S3SourceStore(SourceStore):
 
     def list_files(self, source: str, modality: str) -> Listing:
         prefix = self._key(source, modality) + "/"
-        out = Listing()
+        out = Listing(modality)
+        files = FileColumns()
         with self._errors():
             for obj in self.objects.list(prefix):
                 name = obj.key[len(prefix) :]
@@ -310,8 +377,8 @@ class S3SourceStore(SourceStore):
                     out.skipped.append((rel, "hidden_file"))
                 else:
                     etag = str(obj.etag or "").strip('"')
-                    out.entries.append(FileEntry(modality, name, obj.size, f"{obj.size}:{etag}"))
-        out.entries.sort(key=lambda e: e.name)
+                    files.add(name, obj.size, f"{obj.size}:{etag}")
+        out.files = files.table()
         return out
 
     def read(self, source: str, entry: FileEntry) -> bytes:

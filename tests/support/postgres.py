@@ -21,9 +21,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import dagster as dg
 import pytest
 import yaml
 
+from pid_platform.defs.pools import apply_pool_limits
 from tests.support.daemons import free_port, spawn, started, stop
 
 PG_USER = "dagster"
@@ -124,4 +126,9 @@ def dagster_pg_home(postgres_server: PostgresServer, tmp_path: Path) -> Path:
     db = postgres_server.create_database(f"dagster_{uuid.uuid4().hex[:12]}")
     home = tmp_path / "dagster_home"
     write_instance_yaml(home, postgres_server, db)
+    # The pool limits a deployment sets at start-up (`python -m pid_platform.defs.pools`, run by
+    # ./dev ui): without them every pool has dagster.yaml's default limit of 1, and the write
+    # tasks of a build would run one at a time whatever the executor.
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        apply_pool_limits(instance)
     return home

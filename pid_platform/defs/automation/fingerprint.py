@@ -21,9 +21,11 @@ def source_fingerprint(store: SourceStore, source: str) -> tuple[str, int]:
     for modality in store.list_modalities(source):
         listing = store.list_files(source, modality)
         h.update(f"\0{modality}".encode())
-        for e in listing.entries:
-            h.update(f"\0{e.name}\0{e.size}\0{e.fingerprint}".encode())
-        files += len(listing.entries)
+        for batch in listing.files.to_batches(max_chunksize=64 * 1024):  # columns, a batch at a time
+            d = batch.to_pydict()
+            for name, size, fp in zip(d["name"], d["size"], d["fingerprint"], strict=True):
+                h.update(f"\0{name}\0{size}\0{fp}".encode())
+        files += len(listing)
     return h.hexdigest()[:16], files
 
 

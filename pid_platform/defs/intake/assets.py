@@ -5,6 +5,7 @@ from contextlib import nullcontext
 from dataclasses import replace
 
 import dagster as dg
+import pyarrow as pa
 
 from pid_platform.defs.automation.fingerprint import save_fingerprint, source_fingerprint
 from pid_platform.defs.checks.committed import reassert_committed_checks
@@ -19,10 +20,12 @@ from pid_platform.defs.settings import SETTINGS_ASSET, settings_for_run, setting
 from pid_platform.sharding.commit.lease import build_lease
 from pid_platform.sharding.commit.s3_output import check_writable, publish_version, read_pointer
 from pid_platform.sharding.commit.versions import staging_dir
-from pid_platform.sharding.intake.task import IntakeReport, Sample
+from pid_platform.sharding.compute import pc
+from pid_platform.sharding.intake.report import IntakeReport
 from pid_platform.sharding.layout import final_dir
 from pid_platform.sharding.pipeline import run_intake
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
+from pid_platform.sharding.plan.tables import table_modalities
 from pid_platform.sharding.tasks.s3_staging import push_intake
 from pid_platform.sharding.tasks.s3_tasks import (
     discard_staging,
@@ -36,14 +39,19 @@ INTAKE_VERSION = "intake-v1"
 INTAKE_CODE_VERSION = f"{INTAKE_VERSION}-classify_aspect_ratio={ShardingConfig().classify_aspect_ratio}"
 
 
-def _samples_digest(samples: list[Sample], classify_aspect_ratio: bool) -> str:
+def _samples_digest(samples: pa.Table, classify_aspect_ratio: bool) -> str:
     # Changes exactly when a sample's key, bucket or any of its files does: unchanged input leaves
-    # everything downstream fresh.
+    # everything downstream fresh. Read a batch at a time: the table may hold millions of samples.
     h = hashlib.sha256(f"classify_aspect_ratio={classify_aspect_ratio}".encode())
-    for s in samples:
-        h.update(f"{s.key}|{s.bucket}".encode())
-        for m, f in sorted(s.files.items()):
-            h.update(f"|{m}|{f.name}|{f.fingerprint}".encode())
+    mods = sorted(table_modalities(samples.schema))
+    for batch in samples.to_batches(max_chunksize=64 * 1024):
+        d = batch.to_pydict()
+        for i, key in enumerate(d["key"]):
+            h.update(f"{key}|{d['bucket'][i]}".encode())
+            for m in mods:
+                name = d[f"name.{m}"][i]
+                if name is not None:
+                    h.update(f"|{m}|{name}|{d[f'fingerprint.{m}'][i]}".encode())
     return h.hexdigest()[:16]
 
 
@@ -52,10 +60,9 @@ def ratio_label(bucket: str) -> str:
     return bucket.removeprefix("aspect_ratio_").replace("_", ":") if bucket else "(flat)"
 
 
-def _plots(source: str, samples: list[Sample], report: IntakeReport) -> dict[str, dg.MetadataValue]:
-    per_bucket: dict[str, int] = {}
-    for s in samples:
-        per_bucket[s.bucket] = per_bucket.get(s.bucket, 0) + 1
+def _plots(source: str, samples: pa.Table, report: IntakeReport) -> dict[str, dg.MetadataValue]:
+    counts = pc.value_counts(samples["bucket"]).to_pylist() if samples.num_rows else []
+    per_bucket = {c["values"]: c["counts"] for c in counts}
     ratios = {ratio_label(b): n for b, n in sorted(per_bucket.items(), key=lambda kv: _ratio_value(kv[0]))}
     left_out = {**{r: n for r, n in sorted(report.dropped.items())},
                 **{f"file {r}": n for r, n in sorted(report.skipped_files.items())}}

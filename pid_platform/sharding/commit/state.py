@@ -13,6 +13,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loader.formats.atomic import atomic_write_bytes
@@ -20,12 +21,11 @@ from loader.formats.twin_tar import key_index_relpath
 from loader.formats.wdinfo import WDINFO_NAME
 from pid_platform.sharding.errors import ShardingConfigError
 from pid_platform.sharding.intake.cache import RULES_VERSION
-from pid_platform.sharding.intake.task import IntakeReport, Sample
+from pid_platform.sharding.intake.report import IntakeReport
 from pid_platform.sharding.layout import state_dir
 from pid_platform.sharding.plan.columnar import ShardRef
 from pid_platform.sharding.plan.plan_files import load_shards
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
-from pid_platform.sharding.plan.tables import samples_table
 from pid_platform.sharding.write.tars import shard_up_to_date
 
 INTAKE_SETTINGS = "intake.json"  # how the samples were validated
@@ -103,9 +103,10 @@ def _outputs_intact(folder: Path, plans: Sequence[ShardPlan | ShardRef]) -> bool
 
 
 def committed_up_to_date(
-    final: Path, samples: list[Sample], report: IntakeReport, config: ShardingConfig, validate: str
+    final: Path, samples: pa.Table, report: IntakeReport, config: ShardingConfig, validate: str
 ) -> bool:
-    """Whether the version published in ``final`` is what a build of ``samples`` (with this
+    """Whether the version published in ``final`` is what a build of ``samples`` (the samples
+    table an intake made; with this
     report, config and validation level) would publish, and its files are as it wrote them:
     every tar matches its stamp, every key index and manifest its recorded checksum."""
     state = state_dir(final)
@@ -119,7 +120,7 @@ def committed_up_to_date(
         committed = pq.read_table(state / SAMPLES)
     except (OSError, ValueError, TypeError, ShardingConfigError):
         return False
-    if not committed.equals(samples_table(samples, report.modalities)):
+    if not committed.equals(samples):
         return False
     # The same samples and settings give the same plan, and a plan that modalities were added to
     # stays the plan while the samples stay (both checked above): the committed one, a row a shard.

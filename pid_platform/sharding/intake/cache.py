@@ -15,10 +15,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loader.formats.atomic import atomic_writer
+from pid_platform.sharding.compute import pc
 from pid_platform.sharding.storage import FileEntry
 
 CACHE_NAME = "intake_cache.parquet"
@@ -40,67 +42,191 @@ class FileOutcome:
     height: int | None = None
 
 
-class IntakeCache:
-    """Outcomes by (modality, name), each with the identity of the bytes it was found for."""
+CACHE_SCHEMA = pa.schema([
+    ("modality", pa.string()), ("name", pa.string()), ("fingerprint", pa.string()), ("kind", pa.string()),
+    ("reason", pa.string()), ("width", pa.int32()), ("height", pa.int32()),
+])
+# Rows per row group of a saved cache: pyarrow's default, kept so the bytes stay those every
+# earlier build wrote (a tasked build's cache equals the one-process build's, byte for byte).
+ROW_GROUP_ROWS = 1024 * 1024
 
-    def __init__(self, level: str) -> None:
+
+class IntakeCache:
+    """Outcomes by (modality, name), each with the identity of the bytes it was found for.
+
+    Held as tables and files of ``CACHE_SCHEMA`` rows, read one modality at a time: the intake
+    looks a whole column of a modality's names up at once (``lookup``), and ten million outcomes
+    are never all in memory as objects, nor all modalities' rows at once. ``get`` and ``put``
+    serve callers with a few files in hand. Later sources win for the same file."""
+
+    def __init__(self, level: str, table: pa.Table | None = None) -> None:
         self.level = level
-        self._known: dict[tuple[str, str], tuple[str, FileOutcome]] = {}
+        self._sources: list[pa.Table | Path] = [] if table is None else [table]
+        self._rows: list[tuple] = []  # put, not yet in a table
+        self._held: tuple[str, pa.Table] | None = None  # the last modality merged
 
     def __len__(self) -> int:
-        return len(self._known)
-
-    def get(self, entry: FileEntry, kind: str) -> FileOutcome | None:
-        hit = self._known.get((entry.modality, entry.name))
-        if hit is None or hit[0] != entry.fingerprint or hit[1].kind != kind:
-            return None
-        return hit[1]
+        return sum(self.of_modality(m).num_rows for m in self.modalities())
 
     def put(self, entry: FileEntry, outcome: FileOutcome) -> None:
-        self._known[(entry.modality, entry.name)] = (entry.fingerprint, outcome)
+        self._rows.append((entry.modality, entry.name, entry.fingerprint, outcome.kind, outcome.reason,
+                           outcome.width, outcome.height))
+        self._held = None
+
+    def add(self, outcomes: pa.Table) -> None:
+        """Outcomes as rows of ``CACHE_SCHEMA``; they win over those held for the same files."""
+        self._flush()
+        self._sources.append(outcomes.select(CACHE_SCHEMA.names).cast(CACHE_SCHEMA))
+        self._held = None
 
     def update(self, other: IntakeCache) -> None:
-        self._known.update(other._known)
+        other._flush()
+        self._flush()
+        self._sources.extend(other._sources)
+        self._held = None
+
+    def _flush(self) -> None:
+        if self._rows:
+            cols = list(zip(*self._rows, strict=True))
+            self._sources.append(pa.Table.from_arrays(
+                [pa.array(c, f.type) for c, f in zip(cols, CACHE_SCHEMA, strict=True)], schema=CACHE_SCHEMA))
+            self._rows = []
+
+    def modalities(self) -> list[str]:
+        self._flush()
+        found: set[str] = set()
+        for src in self._sources:
+            found.update(_modalities_of(src))
+        return sorted(found)
+
+    def of_modality(self, modality: str) -> pa.Table:
+        """The outcomes held for ``modality`` (the last one given for a file wins), sorted by name."""
+        self._flush()
+        if self._held is None or self._held[0] != modality:
+            self._held = None  # the previous modality's rows go before these are read
+            self._held = (modality, _merged([_rows_of(src, modality) for src in self._sources]))
+        return self._held[1]
+
+    def release(self) -> None:
+        """Let go of the rows read for the last modality looked up (read again when needed)."""
+        self._held = None
+
+    def table(self) -> pa.Table:
+        """Every outcome once, sorted by modality and name (for a cache small enough to hold)."""
+        parts = [self.of_modality(m) for m in self.modalities()]
+        return pa.concat_tables(parts).combine_chunks() if parts else CACHE_SCHEMA.empty_table()
+
+    def lookup(self, modality: str, names: pa.Array) -> pa.Table:
+        """The outcome held for each of ``names`` (files of ``modality``), aligned with them: a
+        row of nulls where none is held. Whether it applies (fingerprint, kind) is the caller's."""
+        sub = self.of_modality(modality)
+        columns = ["fingerprint", "kind", "reason", "width", "height"]
+        if sub.num_rows == len(names) and (not len(names) or bool(pc.all(pc.equal(sub["name"], names)).as_py())):
+            return sub.select(columns)  # the same files in the same order (a first build's plan step)
+        return sub.select(columns).take(pc.index_in(names, value_set=sub["name"].combine_chunks()))
+
+    def get(self, entry: FileEntry, kind: str) -> FileOutcome | None:
+        row = self.lookup(entry.modality, pa.array([entry.name], pa.string())).to_pylist()[0]
+        if row["fingerprint"] != entry.fingerprint or row["kind"] != kind:
+            return None
+        return FileOutcome(row["kind"], row["reason"], row["width"], row["height"])
 
     @classmethod
     def load(cls, paths: Iterable[Path], level: str) -> IntakeCache:
         """The outcomes of the caches at ``paths`` (later ones win) made under the current rules
-        at ``level``; a missing, unreadable or other-rules cache adds nothing."""
+        at ``level``; a missing, unreadable or other-rules cache adds nothing. Their rows are
+        read when a modality is looked up."""
         cache = cls(level)
         for path in paths:
-            cache.update(_read(path, level))
+            if _usable(Path(path), level):
+                cache._sources.append(Path(path))
         return cache
 
     def save(self, path: Path) -> Path:
-        rows = sorted(self._known.items())  # ((modality, name), (fingerprint, outcome))
-        outcomes = [o for _, (_, o) in rows]
-        table = pa.table({
-            "modality": pa.array([m for (m, _), _ in rows], pa.string()),
-            "name": pa.array([n for (_, n), _ in rows], pa.string()),
-            "fingerprint": pa.array([fp for _, (fp, _) in rows], pa.string()),
-            "kind": pa.array([o.kind for o in outcomes], pa.string()),
-            "reason": pa.array([o.reason for o in outcomes], pa.string()),
-            "width": pa.array([o.width for o in outcomes], pa.int32()),
-            "height": pa.array([o.height for o in outcomes], pa.int32()),
-        }).replace_schema_metadata({"rules_version": str(RULES_VERSION), "validate": self.level})
-        with atomic_writer(path) as fh:
-            pq.write_table(table, fh, compression="zstd")
+        """Written a row group at a time, modality after modality (the rows of one modality at
+        most are held), in row groups of ``ROW_GROUP_ROWS`` across modalities."""
+        schema = CACHE_SCHEMA.with_metadata({"rules_version": str(RULES_VERSION), "validate": self.level})
+        with atomic_writer(path) as fh, pq.ParquetWriter(fh, schema, compression="zstd") as writer:
+            pending: list[pa.Table] = []
+            rows = 0
+            for m in self.modalities():
+                t = self.of_modality(m)
+                while t.num_rows:
+                    take = min(ROW_GROUP_ROWS - rows, t.num_rows)
+                    pending.append(t.slice(0, take))
+                    rows += take
+                    t = t.slice(take)
+                    if rows == ROW_GROUP_ROWS:
+                        _write_group(writer, pending, schema)
+                        pending, rows = [], 0
+            if pending or not self.modalities():
+                _write_group(writer, pending, schema)
+        self._held = None
         return Path(path)
 
 
-def _read(path: Path, level: str) -> IntakeCache:
-    cache = IntakeCache(level)
+def _write_group(writer: pq.ParquetWriter, parts: list[pa.Table], schema: pa.Schema) -> None:
+    group = pa.concat_tables(parts).combine_chunks() if parts else CACHE_SCHEMA.empty_table()
+    writer.write_table(group.replace_schema_metadata(schema.metadata), row_group_size=ROW_GROUP_ROWS)
+
+
+def _modalities_of(src: pa.Table | Path) -> set[str]:
     try:
-        table = pq.read_table(path)
-        meta = table.schema.metadata or {}
-        if meta.get(b"rules_version") != str(RULES_VERSION).encode() or meta.get(b"validate") != level.encode():
-            return cache
-        d = table.to_pydict()
-        known = cache._known
-        for m, n, fp, kind, reason, w, h in zip(
-            d["modality"], d["name"], d["fingerprint"], d["kind"], d["reason"], d["width"], d["height"], strict=True
-        ):
-            known[(m, n)] = (fp, FileOutcome(kind, reason, w, h))
+        if isinstance(src, Path):
+            src = pq.read_table(src, columns=["modality"])
+        return set(pc.unique(src["modality"]).to_pylist())
     except (OSError, ValueError, KeyError, pa.ArrowException):
-        return IntakeCache(level)  # a cache only saves work: when in doubt, validate again
-    return cache
+        return set()  # a cache only saves work: when in doubt, validate again
+
+
+def _rows_of(src: pa.Table | Path, modality: str) -> pa.Table:
+    try:
+        if isinstance(src, Path):
+            # Row groups whose statistics exclude the modality are not read.
+            t = pq.read_table(src, columns=CACHE_SCHEMA.names, filters=[("modality", "=", modality)])
+            return t.cast(CACHE_SCHEMA).replace_schema_metadata(None)
+        mine = pc.equal(src["modality"], modality)
+        if bool(pc.all(mine).as_py()) if src.num_rows else False:
+            return src  # one modality's rows (an intake's, a modality at a time): not copied
+        return src.filter(mine)
+    except (OSError, ValueError, KeyError, pa.ArrowException):
+        return CACHE_SCHEMA.empty_table()
+
+
+def _merged(parts: list[pa.Table]) -> pa.Table:
+    """One modality's rows of every source, each file once (the last source's row), by name."""
+    parts = [p for p in parts if p.num_rows]
+    if not parts:
+        return CACHE_SCHEMA.empty_table()
+    if len(parts) == 1 and _names_ascending(parts[0]):
+        return parts[0]  # as read, in its chunks: ten million rows are not copied to be one
+    table = pa.concat_tables(parts).combine_chunks()
+    del parts
+    table = table.append_column("_order", pa.array(np.arange(table.num_rows, dtype=np.int64)))
+    # A file's later rows first, then each file's first row.
+    table = table.take(pc.sort_indices(table, [("name", "ascending"), ("_order", "descending")]))
+    name = table["name"].combine_chunks()
+    first = np.ones(table.num_rows, dtype=bool)
+    if table.num_rows > 1:
+        first[1:] = ~pc.equal(name[1:], name[:-1]).to_numpy(zero_copy_only=False)
+    return table.filter(pa.array(first)).drop_columns(["_order"]).combine_chunks()
+
+
+def _names_ascending(table: pa.Table) -> bool:
+    """Whether the rows are sorted by name with no file twice."""
+    if table.num_rows < 2:
+        return True
+    name = table["name"]
+    return bool(pc.all(pc.less(name.slice(0, len(name) - 1), name.slice(1))).as_py())
+
+
+def _usable(path: Path, level: str) -> bool:
+    """A cache file made under the current rules at ``level``, with every column."""
+    try:
+        schema = pq.read_schema(path)
+    except (OSError, ValueError, pa.ArrowException):
+        return False
+    meta = schema.metadata or {}
+    if meta.get(b"rules_version") != str(RULES_VERSION).encode() or meta.get(b"validate") != level.encode():
+        return False
+    return all(n in schema.names for n in CACHE_SCHEMA.names)

@@ -21,9 +21,12 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import pyarrow as pa
+
 from loader.formats.atomic import atomic_write_bytes
+from pid_platform.sharding.compute import pc
 from pid_platform.sharding.errors import ShardingConfigError
-from pid_platform.sharding.intake.file_checks import stem_of
+from pid_platform.sharding.intake.listing import flat, stems
 from pid_platform.sharding.intake.task import Sample
 from pid_platform.sharding.layout import STATE_DIR
 from pid_platform.sharding.plan.shard_plan import KEEP, ShardingConfig, ShardPlan, plan_shards
@@ -75,12 +78,23 @@ def _same_file(a: FileEntry, b: FileEntry) -> bool:
 
 def _still_listed(store: SourceStore, source: str, kept: list[Sample], modalities: tuple[str, ...]) -> bool:
     """Whether each of ``kept`` (committed samples the new intake dropped) still has its committed
-    files, unchanged: a listing of those modalities, nothing read."""
+    files, unchanged: a listing of those modalities, nothing read; only ``kept``'s files are
+    looked up in it (it may hold millions)."""
     for m in modalities:
-        listed = {stem_of(e.name): e for e in store.list_files(source, m).entries}
-        for s in kept:
-            f = s.files.get(m)
-            if f is not None and (listed.get(s.basename) is None or not _same_file(listed[s.basename], f)):
+        want = [(s.basename, s.files[m]) for s in kept if m in s.files]
+        if not want:
+            continue
+        files = store.list_files(source, m).files
+        # The last file of a basename in name order, as a later entry of a dict would win.
+        backwards = pc.index_in(pa.array([b for b, _ in want], pa.string()),
+                                value_set=flat(stems(files["name"]))[::-1]).to_pylist()
+        for (_, f), back in zip(want, backwards, strict=True):
+            if back is None:
+                return False
+            row = files.num_rows - 1 - back
+            listed = FileEntry(m, files["name"][row].as_py(), files["size"][row].as_py(),
+                               files["fingerprint"][row].as_py())
+            if not _same_file(listed, f):
                 return False
     return True
 

@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 
 from loader.formats.atomic import atomic_writer
 from loader.formats.twin_tar import BLOCK, END_OF_ARCHIVE, RECORD, shard_relpath
+from pid_platform.sharding.compute import pc
 from pid_platform.sharding.plan.shard_plan import FLAT, PLAN_VERSION, ShardingConfig, ShardPlan
 
 # Rows per row group of plan.parquet (both writers: this module and ``tables.write_plans``, so the
@@ -54,17 +55,6 @@ _POS = "__plan_row"  # column of the scatter files: the row's place in the plan
 SHARDS_VERSION = 1  # of shards.parquet's columns
 
 
-class _Compute:
-    """``pyarrow.compute``, imported on first use: it builds ~290 function wrappers when imported
-    (60 ms), which every task process would pay at start though only plans and commits compute."""
-
-    def __getattr__(self, name: str):
-        import pyarrow.compute
-
-        return getattr(pyarrow.compute, name)
-
-
-pc = _Compute()
 
 
 def spans(sizes: Sequence[np.ndarray]) -> np.ndarray:

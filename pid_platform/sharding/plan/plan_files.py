@@ -10,6 +10,8 @@ every shard's members hold the whole plan as objects.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,9 +19,9 @@ from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pid_platform.sharding.compute import pc
 from pid_platform.sharding.layout import state_dir
 from pid_platform.sharding.plan.columnar import (
     ShardRef,
@@ -85,19 +87,39 @@ def load_shards(folder: Path, config: ShardingConfig, plan: PlanSource | None = 
     return read_shard_refs(plan, config.part_size)
 
 
+def shards_identity(shards: list[ShardRef]) -> str:
+    """The sha256 of a plan's shard list (each shard's place, count, tar sizes and plan digest):
+    it names the bytes of every tar as a hash of plan.parquet does, without reading the plan
+    (1 GB at ten million samples), so each write task and the commit compute it for free."""
+    h = hashlib.sha256()
+    for r in shards:
+        h.update(json.dumps([r.bucket, r.index, r.relpath, r.count, list(r.modalities), list(r.sizes),
+                             r.plan_digest]).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
 def load_shard_range(folder: Path, config: ShardingConfig, shards: list[ShardRef], first: int, stop: int,
                      plan: PlanSource | None = None) -> list[ShardPlan]:
-    """Shards ``first:stop`` of the plan (``shards``: :func:`load_shards`) with their samples,
-    read from the row groups of ``plan.parquet`` (``plan``, default the folder's) that hold them
-    and no others. Each shard read must have the plan digest ``shards`` gives it: rows of another
-    plan are refused, never written."""
+    """Shards ``first:stop`` of the plan with their samples, all at once (``iter_shard_range``)."""
+    return [p for batch in iter_shard_range(folder, config, shards, first, stop, plan) for p in batch]
+
+
+def iter_shard_range(folder: Path, config: ShardingConfig, shards: list[ShardRef], first: int, stop: int,
+                     plan: PlanSource | None = None) -> Iterator[list[ShardPlan]]:
+    """Shards ``first:stop`` of the plan (``shards``: :func:`load_shards`) with their samples, a
+    row group of ``plan.parquet`` (``plan``, default the folder's) at a time, each shard whole
+    in one batch: a write task holds the samples of one row group's shards, not of its range.
+    Only the row groups that hold them are read. Each shard read must have the plan digest
+    ``shards`` gives it: rows of another plan are refused, never written."""
     if first >= stop:
-        return []
+        return
     counts = np.fromiter((r.count for r in shards), dtype=np.int64, count=len(shards))
-    begin = int(counts[:first].sum())
-    end = begin + int(counts[first:stop].sum())
+    ends = np.cumsum(counts)  # the row after each shard
+    begin = int(ends[first - 1]) if first else 0
+    end = int(ends[stop - 1])
     pf = pq.ParquetFile(state_dir(folder) / PLAN if plan is None else plan)
-    groups, tables, at = [], [], 0
+    groups, at = [], 0
     for g in range(pf.num_row_groups):
         n = pf.metadata.row_group(g).num_rows
         if at < end and at + n > begin:
@@ -106,14 +128,30 @@ def load_shard_range(folder: Path, config: ShardingConfig, shards: list[ShardRef
     if at != int(counts.sum()):
         raise ValueError(f"{_name(plan, folder)} holds {at} samples, its shards {int(counts.sum())}: "
                          "the plan files are of two plans; plan again")
+    carry: pa.Table | None = None  # the rows of a shard that runs on into the next row group
+    done = first  # shards handed out so far
     for g, start in groups:
         t = pf.read_row_group(g)
         lo, hi = max(begin - start, 0), min(end - start, t.num_rows)
-        tables.append(t.slice(lo, hi - lo))
-    plans = plans_of_table(pa.concat_tables(tables), config.part_size)
-    want = [(r.bucket, r.index, r.plan_digest) for r in shards[first:stop]]
-    if [(p.bucket, p.index, p.digest()) for p in plans] != want:
+        rows = t.slice(lo, hi - lo)
+        if carry is not None:
+            rows = pa.concat_tables([carry, rows])
+        # Whole shards only: those that end within the rows read so far.
+        upto = int(np.searchsorted(ends, start + hi, side="right"))
+        upto = min(upto, stop)
+        take = int(ends[upto - 1] - (ends[done - 1] if done else 0)) if upto > done else 0
+        batch, carry = rows.slice(0, take), rows.slice(take)
+        if batch.num_rows:
+            yield _checked(plans_of_table(batch, config.part_size), shards[done:upto], plan, folder)
+            done = upto
+    if done != stop or (carry is not None and carry.num_rows):
         raise ValueError(f"{_name(plan, folder)}: rows {begin}:{end} are not shards {first}:{stop} of "
+                         f"{state_dir(folder) / SHARDS}: the plan files are of two plans; plan again")
+
+
+def _checked(plans: list[ShardPlan], want: list[ShardRef], plan: PlanSource | None, folder: Path) -> list[ShardPlan]:
+    if [(p.bucket, p.index, p.digest()) for p in plans] != [(r.bucket, r.index, r.plan_digest) for r in want]:
+        raise ValueError(f"{_name(plan, folder)}: its rows are not shards {want[0].index}.. of "
                          f"{state_dir(folder) / SHARDS}: the plan files are of two plans; plan again")
     return plans
 

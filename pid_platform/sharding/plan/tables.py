@@ -38,8 +38,10 @@ def samples_table(samples: list[Sample], modalities: list[str], shard_of: list[t
     return pa.table(cols)
 
 
-def _modalities(table: pa.Table) -> list[str]:
-    return [c.split(".", 1)[1] for c in table.column_names if c.startswith("name.")]
+def table_modalities(table: pa.Table | pa.Schema) -> list[str]:
+    """The modalities of a samples or plan table (or its schema), in column order."""
+    names = table.names if isinstance(table, pa.Schema) else table.column_names
+    return [c.split(".", 1)[1] for c in names if c.startswith("name.")]
 
 
 def _folder_of(path: str | None, name: str, folders: dict[str, str]) -> str | None:
@@ -52,7 +54,7 @@ def _folder_of(path: str | None, name: str, folders: dict[str, str]) -> str | No
 
 
 def table_samples(table: pa.Table) -> list[Sample]:
-    mods = _modalities(table)
+    mods = table_modalities(table)
     d = table.to_pydict()
     folders: dict[str, str] = {}
     out = []
@@ -80,12 +82,12 @@ def write_samples(path: Path, samples: list[Sample], modalities: list[str]) -> P
 
 def samples_modalities(path: Path) -> list[str]:
     """The modalities of a samples.parquet, from its schema (nothing else is read)."""
-    return [c.split(".", 1)[1] for c in pq.read_schema(path).names if c.startswith("name.")]
+    return table_modalities(pq.read_schema(path))
 
 
 def read_samples(path: Path) -> tuple[list[Sample], list[str]]:
     t = pq.read_table(path)
-    return table_samples(t), _modalities(t)
+    return table_samples(t), table_modalities(t)
 
 
 def write_plans(path: Path, plans: list[ShardPlan], modalities: list[str]) -> Path:
@@ -101,7 +103,7 @@ def read_plans(path: Path, part_size: int) -> list[ShardPlan]:
 
 def plans_of_table(t: pa.Table, part_size: int) -> list[ShardPlan]:
     """The shards of plan.parquet rows (a whole plan, or whole shards of one), in plan order."""
-    mods = tuple(sorted(_modalities(t)))
+    mods = tuple(sorted(table_modalities(t)))
     samples = table_samples(t)
     d = t.select(["shard_bucket", "shard_index"]).to_pydict()
     keyed = zip(zip(d["shard_bucket"], d["shard_index"], strict=True), samples, strict=True)

@@ -2,13 +2,12 @@
 
 A record is written last, atomically, once every output of its task is in place: its presence
 is the task's "done". It names the task (stage, index, of) and what it was done against (the
-plan's sha256 for a write task; the validation settings for an intake task), so a record left
+plan's shard list's sha256 for a write task; the validation settings for an intake task), so a record left
 by a task of another plan is not taken for this one's.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -88,10 +87,3 @@ def clear_records(folder: Path, stage: str) -> int:
         p.unlink(missing_ok=True)
     return len(found)
 
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

@@ -45,27 +45,19 @@ from pid_platform.sharding.intake.task import (
 )
 from pid_platform.sharding.layout import bucket_dir, final_dir
 from pid_platform.sharding.pause_points import pause_point
-from pid_platform.sharding.plan.add_modality import (
-    load_plan_cut,
-    may_extend,
-    plan_build,
-    save_plan_cut,
-)
+from pid_platform.sharding.plan.add_modality import load_plan_cut
 from pid_platform.sharding.plan.columnar import ShardRef
 from pid_platform.sharding.plan.plan_files import (
-    load_shard_range,
+    iter_shard_range,
     load_shards,
-    write_cut,
-    write_planned,
+    shards_identity,
 )
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
-from pid_platform.sharding.plan.tables import read_samples, samples_modalities
 from pid_platform.sharding.storage import SourceStore
 from pid_platform.sharding.tasks.records import (
     INTAKE,
     WRITE,
     clear_records,
-    file_sha256,
     intake_part_path,
     read_record,
     record_path,
@@ -118,6 +110,10 @@ class PlanOutcome:
     files_validated: int = 0
     outcomes_reused: int = 0
     buckets: dict[str, int] = field(default_factory=dict)  # bucket -> shards
+
+
+# In a write record: the plan it wrote shards of (``plan_files.shards_identity``).
+PLAN_ID = "plan_shards_sha256"
 
 
 def _check_task(index: int, of: int) -> None:
@@ -180,31 +176,9 @@ def run_plan(
         plans = load_shards(final_dir(out), pipeline.load_sharding_config(final_dir(out)))
         return PlanOutcome(out, r, len(plans), r.samples, True, r.files_validated, r.outcomes_reused,
                            dict(Counter(p.bucket for p in plans)))
-    plans = _stage_plan(store, source, out, config, committed)
+    plans = pipeline.stage_plan_files(store, source, out, config, committed)
     return PlanOutcome(out, r, len(plans), r.samples, False, r.files_validated, r.outcomes_reused,
                        dict(Counter(p.bucket for p in plans)))
-
-
-def _stage_plan(store: SourceStore, source: str, out: Path, config: ShardingConfig,
-                committed: Path | None = None) -> list[ShardRef]:
-    """``committed``: the folder holding the committed plan (default: ``out``'s published one).
-
-    The plan is cut from samples.parquet as columns (``plan_files.write_cut``), unless the build
-    may only add modality folders to the committed plan (``add_modality.may_extend``): that
-    plan is extended as objects (``plan_build``), and re-cut the same way should it not apply."""
-    staging = versions.begin(out)
-    committed = committed or final_dir(out)
-    samples_path = state_dir(staging) / SAMPLES
-    if not may_extend(committed, samples_modalities(samples_path), config):
-        save_plan_cut(staging, None)
-        shards = write_cut(staging, samples_path, config)
-    else:
-        samples, modalities = read_samples(samples_path)
-        plans, cut = plan_build(store, source, committed, samples, modalities, config)
-        save_plan_cut(staging, cut)
-        shards = write_planned(staging, plans, modalities, config)
-    pipeline.save_sharding_config(staging, config)
-    return shards
 
 
 @pipeline.build_step
@@ -222,7 +196,7 @@ def stage_plan(store: SourceStore, source: str, out: Path, config: ShardingConfi
     out = Path(out)
     if fresh_tasks:
         clear_records(versions.staging_dir(out), WRITE)
-    return _stage_plan(store, source, out, config, committed)
+    return pipeline.stage_plan_files(store, source, out, config, committed)
 
 
 def staged_results(staging: Path, *, plans: list[ShardRef] | None = None,
@@ -233,8 +207,8 @@ def staged_results(staging: Path, *, plans: list[ShardRef] | None = None,
     config = pipeline.load_sharding_config(staging)
     if plans is None:
         plans = load_shards(staging, config)
-    plan_sha = file_sha256(state_dir(staging) / pipeline.PLAN)
-    written = {i for r in records(staging, WRITE) if r.get("plan_sha256") == plan_sha for i in r.get("written", [])}
+    plan_id = shards_identity(plans)
+    written = {i for r in records(staging, WRITE) if r.get(PLAN_ID) == plan_id for i in r.get("written", [])}
     return config, plans, pipeline.planned_results(plans, written.__contains__)
 
 
@@ -271,17 +245,16 @@ def run_write_task(
     if found is None:
         return TaskOutcome(WRITE, index, of, record_path(versions.staging_dir(out), WRITE, index, of), True,
                            nothing_staged=True)
-    staged, plan_file = found
-    plan_sha = file_sha256(plan_file)
+    staged, _plan_file = found
+    config = pipeline.load_sharding_config(staged)
+    shards = load_shards(staged, config)
+    plan_id = shards_identity(shards)
     rec = read_record(staged, WRITE, index, of)
-    if rec is not None and rec.get("plan_sha256") == plan_sha:
+    if rec is not None and rec.get(PLAN_ID) == plan_id:
         first, stop = rec["shards"]
         return TaskOutcome(WRITE, index, of, record_path(staged, WRITE, index, of), True, stop - first, first)
     staging = versions.begin(out)
-    config = pipeline.load_sharding_config(staging)
-    shards = load_shards(staging, config)
     first, stop = slice_bounds(len(shards), index, of)
-    mine = load_shard_range(staging, config, shards, first, stop)  # its own samples, no others
     after = pipeline.after_shard(staging, key_indexes=key_indexes)
 
     def then(plan: ShardPlan, result: ShardResult) -> None:
@@ -290,17 +263,20 @@ def run_write_task(
         pause_point(shard_done_point(index, of))
 
     cut = load_plan_cut(staging)
-    done = iter(range(1, len(mine) + 1))
-    step = (lambda _result: progress(next(done), len(mine))) if progress else None
-    results = write_shards(store, source, staging, mine, previous=final_dir(out), num_workers=num_workers,
-                           progress=step, then=then, only_own_temp_files=True,
-                           reuse=cut.reused_modalities if cut else None)
+    done = iter(range(1, stop - first + 1))
+    step = (lambda _result: progress(next(done), stop - first)) if progress else None
+    results: list[ShardResult] = []
+    # Its own samples, no others, a row group's shards at a time.
+    for batch in iter_shard_range(staging, config, shards, first, stop):
+        results += write_shards(store, source, staging, batch, previous=final_dir(out), num_workers=num_workers,
+                                progress=step, then=then, only_own_temp_files=True,
+                                reuse=cut.reused_modalities if cut else None)
     written = [first + i for i, r in enumerate(results) if r.written]
     # Last: the record says every output of these shards is in place.
     path = write_record(staging, WRITE, index, of, {
-        "plan_sha256": plan_sha, "shards": [first, stop], "written": written,
+        PLAN_ID: plan_id, "shards": [first, stop], "written": written,
     })
-    return TaskOutcome(WRITE, index, of, path, False, len(mine), first, len(written), len(mine) - len(written))
+    return TaskOutcome(WRITE, index, of, path, False, len(results), first, len(written), len(results) - len(written))
 
 
 def _shard_complete(staging: Path, plan: ShardRef, key_indexes: bool) -> bool:
@@ -329,10 +305,10 @@ def unfinished_write_tasks(out: Path, *, key_indexes: bool = True, plans: list[S
     task runs again when started. ``plans``: the staged plan, when the caller has read it already.
     """
     staging = versions.staging_dir(out)
-    plan_sha = file_sha256(state_dir(staging) / pipeline.PLAN)
     if plans is None:
         plans = load_shards(staging, pipeline.load_sharding_config(staging))
-    recs = [r for r in records(staging, WRITE) if r.get("plan_sha256") == plan_sha]
+    plan_id = shards_identity(plans)
+    recs = [r for r in records(staging, WRITE) if r.get(PLAN_ID) == plan_id]
     covered = [False] * len(plans)
     damaged: list[dict] = []
     for r in recs:

@@ -88,7 +88,7 @@ from pid_platform.sharding.output_lock import build_lock
 from pid_platform.sharding.pause_points import pause_point
 from pid_platform.sharding.plan.add_modality import load_plan_cut
 from pid_platform.sharding.plan.columnar import Shard, ShardRef
-from pid_platform.sharding.plan.plan_files import load_shard_range, load_shards
+from pid_platform.sharding.plan.plan_files import iter_shard_range, load_shards
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
 from pid_platform.sharding.storage import SourceStore
 from pid_platform.sharding.tasks import records as local_records
@@ -354,28 +354,14 @@ def run_s3_write_task(
                                       staging.TASK_STATE)
     config = pipeline.load_sharding_config(scratch)
     cut = load_plan_cut(scratch)
-    with staging.staged_plan(output, staged, scratch) as plan:
-        shards = load_shards(scratch, config, plan)
-        first, stop = slice_bounds(len(shards), index, of)
-        mine = load_shard_range(scratch, config, shards, first, stop, plan)  # its own samples, no others
     vdir = version_dir(staged.version)
     there = {v: s3_output.list_sizes(output, version_dir(v)) for v in {staged.version, staged.home(True)}}
     current = _CurrentTars(output)
     bucket = output.store()
     counts: Counter[str] = Counter()
     found: dict[int, dict] = {}  # shard position -> its marker
-    todo = []
-    for i, plan in enumerate(mine, start=first):
-        marker = staging.get_json(output, staging.shard_marker_rel(plan))
-        if (marker is not None and marker.get("digest") == plan.digest() and all(
-                there[v].get(r) == n for v, objs in shard_homes(staged, plan, marker.get("key_index_bytes")).items()
-                for r, n in objs.items())):
-            found[i] = marker
-            counts["kept"] += 1  # sent by an earlier run of this task
-        else:
-            todo.append((i, plan))
-    position = {id(p): i for i, p in todo}
-    done = iter(range(len(mine) - len(todo) + 1, len(mine) + 1))
+    sent: list[int] = []  # positions of the shards this run wrote and sent
+    position: dict[int, int] = {}  # id of a planned shard being written -> its position
 
     def send(plan: ShardPlan, _result: ShardResult) -> None:
         i = position[id(plan)]
@@ -410,19 +396,48 @@ def run_s3_write_task(
         pause_point(SHARD_DONE_POINT)
         pause_point(shard_done_point(index, of))
 
-    step = (lambda _res: progress(next(done), len(mine))) if progress else None
-    write_shards(store, source, scratch, [p for _, p in todo], num_workers=num_workers, progress=step, then=send,
-                 only_own_temp_files=True)
+    with staging.staged_plan(output, staged, scratch) as plan_file:
+        shards = load_shards(scratch, config, plan_file)
+        first, stop = slice_bounds(len(shards), index, of)
+        finished = 0
+        at = first
+        # Its own samples, no others, a row group's shards at a time.
+        for batch in iter_shard_range(scratch, config, shards, first, stop, plan_file):
+            todo = []
+            for i, plan in enumerate(batch, start=at):
+                marker = staging.get_json(output, staging.shard_marker_rel(plan))
+                if (marker is not None and marker.get("digest") == plan.digest() and all(
+                        there[v].get(r) == n
+                        for v, objs in shard_homes(staged, plan, marker.get("key_index_bytes")).items()
+                        for r, n in objs.items())):
+                    found[i] = marker
+                    counts["kept"] += 1  # sent by an earlier run of this task
+                    finished += 1
+                else:
+                    todo.append((i, plan))
+            at += len(batch)
+            position.clear()
+            position.update({id(p): i for i, p in todo})
+
+            def step(_res, total=stop - first) -> None:
+                nonlocal finished
+                finished += 1
+                if progress is not None:
+                    progress(finished, total)
+
+            write_shards(store, source, scratch, [p for _, p in todo], num_workers=num_workers, progress=step,
+                         then=send, only_own_temp_files=True)
+            sent += [i for i, _ in todo]
     # Last: the record says every shard of the range is in the bucket, with each tar's sha256.
     staging.put(output, rel, json.dumps({
         "format": RECORD_FORMAT, "stage": WRITE, "index": index, "of": of, "plan_sha256": staged.plan_sha256,
-        "version": staged.version, "shards": [first, stop], "written": sorted(i for i, _ in todo),
+        "version": staged.version, "shards": [first, stop], "written": sorted(sent),
         "digests": {str(i): m["tars"] for i, m in sorted(found.items())},
         "key_index_bytes": {str(i): m["key_index_bytes"] for i, m in sorted(found.items())},
         "problems": {str(i): m.get("problems", {}) for i, m in sorted(found.items())},
     }, sort_keys=True, indent=1).encode(), f"write task {index} of {of}")
     shutil.rmtree(scratch, ignore_errors=True)
-    return TaskOutcome(WRITE, index, of, Path(rel), False, len(mine), first, len(todo), counts["kept"],
+    return TaskOutcome(WRITE, index, of, Path(rel), False, stop - first, first, len(sent), counts["kept"],
                        copied=counts["copied"])
 
 
