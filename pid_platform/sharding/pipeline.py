@@ -303,9 +303,9 @@ def load_sharding_config(folder: Path) -> ShardingConfig:
 
 
 def load_plans(folder: Path, config: ShardingConfig) -> list[ShardPlan]:
-    """Every shard of ``folder``'s plan with its samples (steps that read every member: the
-    one-process build's key indexes and the checks); ``plan_files.load_shards`` reads one row
-    per shard, for steps that need no sample."""
+    """Every shard of ``folder``'s plan with its samples, all at once (for inspecting a small
+    build; a step streams them: ``plan_files.iter_shard_plans``, ``iter_shard_range``);
+    ``plan_files.load_shards`` reads one row per shard, for steps that need no sample."""
     return read_plans(state_dir(folder) / PLAN, config.part_size)
 
 

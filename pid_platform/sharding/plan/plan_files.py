@@ -3,9 +3,9 @@
 Two files in a build's state folder: ``plan.parquet`` (every sample, in shard order, in row
 groups of ``columnar.ROW_GROUP_ROWS``) and ``shards.parquet`` (one row per shard: its count,
 tar sizes and plan digest). The coordinator's steps (plan, commit, the Dagster ``plan`` and
-``collect``) read only ``shards.parquet``; a write task reads the row groups of
-``plan.parquet`` that hold its own shards; only the one-process build and the checks over
-every shard's members hold the whole plan as objects.
+``collect``) read only ``shards.parquet``; a write task, the one-process build's writer and
+the key indexes read ``plan.parquet`` a row group's shards at a time; only a build that adds
+modality folders to a committed plan (``add_modality``) holds a whole plan as objects.
 """
 
 from __future__ import annotations

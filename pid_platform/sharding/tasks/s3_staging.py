@@ -203,7 +203,7 @@ def pull_plan_state(output: S3Output, staged: Staged, folder: Path, names: tuple
 
 @contextmanager
 def staged_plan(output: S3Output, staged: Staged, folder: Path) -> Iterator[PlanSource]:
-    """The staged plan.parquet for ``plan_files.load_shards`` / ``load_shard_range``: the copy in
+    """The staged plan.parquet for ``plan_files.load_shards`` / ``iter_shard_range``: the copy in
     ``folder``'s state when it was pulled with the rest; else, when the plan was staged with its
     shards.parquet, read from the bucket by ranges (its footer and the row groups asked for, each
     range pinned to the object's ETag); else (staged before shards.parquet existed) pulled whole.
