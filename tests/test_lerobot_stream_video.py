@@ -233,6 +233,50 @@ def test_keeping_no_frames_still_decodes_every_order(name: str, built) -> None:
         b.open(b.plan(ep), keep_frames=0, pending_frames=0)
 
 
+@pytest.mark.parametrize("name", list(DATASETS))
+def test_released_context_resumes_to_the_same_frames(name: str, built) -> None:
+    """A decoder that lets its codec context go at a closed-GOP start (or at the span's end)
+    and carries on with a fresh one hands out the frames of one that kept its context, in
+    order, out of order and backwards, without counting the resumes as restarts."""
+    b = built(name)
+    ep = 0 if name.startswith("h264") else 1
+    rel, _, length = b.episode(ep)
+    want = b.oracle(rel, episode_times(b, ep))
+    releasing = b.open(b.plan(ep), keep_frames=0, pending_frames=3)
+    keeping = b.open(b.plan(ep), keep_frames=0, pending_frames=3)
+    keeping._release_if_clean = lambda: None
+    forward = list(range(length))
+    for k in forward:
+        got = releasing.frame(releasing.span.frame_samples[k])
+        assert np.array_equal(got, keeping.frame(keeping.span.frame_samples[k])), f"frame {k}"
+        assert np.array_equal(got, want[k]), f"frame {k}"
+    assert releasing.releases > 0 and keeping.releases == 0
+    assert releasing.restarts == keeping.restarts == 1   # a resume is no restart
+    if not name.startswith("h264"):
+        # gop 2, no reordering: every other sample starts a closed GOP, where the context goes.
+        assert releasing.releases >= length // 2 - 1
+    rng = np.random.default_rng(3)
+    for k in [length - 1, *rng.permutation(length), *forward[::-1]]:
+        got = releasing.frame(releasing.span.frame_samples[k])
+        assert np.array_equal(got, want[k]), f"frame {k}"
+        assert np.array_equal(got, keeping.frame(keeping.span.frame_samples[k])), f"frame {k}"
+    releasing.close()
+    keeping.close()
+
+
+def test_drained_decoder_holds_no_context(built) -> None:
+    b = built("av1-faststart")
+    span = b.plan(1)
+    video = b.open(span, keep_frames=0)
+    samples = span.frame_samples.tolist()
+    for s in samples:
+        video.frame(s)
+        nxt = s + 1
+        at_clean_start = nxt < span.end_sample and bool(video._clean[nxt - span.first_sample])
+        assert (video._ctx is None) == (at_clean_start or nxt >= span.end_sample), f"sample {s}"
+    assert video._ctx is None   # the span is fed and out: nothing kept for a restart to reuse
+
+
 # -- errors ---------------------------------------------------------------------------------
 
 def test_time_outside_tolerance_names_the_file(built) -> None:

@@ -164,6 +164,18 @@ def frames_held(reach: int, decode_threads: int) -> tuple[int, int]:
     return (pending if reach else 0), pending
 
 
+def _clean_starts(sync: np.ndarray, pts: np.ndarray) -> np.ndarray:
+    """Per span sample (decode order): True where a fresh decoder may start and decode every
+    later sample as one that fed all the earlier ones: a sync sample that no later sample of
+    its GOP precedes in presentation (a closed GOP: no leading picture referencing the GOP
+    before). ``sync``: the span's sync samples, relative to the span start."""
+    clean = np.zeros(len(pts), dtype=bool)
+    bounds = [*sync.tolist(), len(pts)]
+    for s, e in zip(bounds[:-1], bounds[1:], strict=True):
+        clean[s] = bool(np.all(pts[s:e] >= pts[s]))
+    return clean
+
+
 _local = threading.local()
 
 
@@ -239,12 +251,16 @@ class EpisodeVideo:
         self._sync = sync[(sync >= first) & (sync < end)]
         self._is_sync = np.zeros(end - first, dtype=bool)
         self._is_sync[self._sync - first] = True
+        self._clean = _clean_starts(self._sync - first, self._pts)
         self._time_base = fractions.Fraction(1, file.timescale)
 
         self._lock = threading.Lock()
         self._ctx: av.CodecContext | None = None
         self._next = first               # next sample to feed
         self._flushed = False
+        # No context, but everything before _next is out and _next starts a closed GOP: a fresh
+        # context fed from _next decodes what the released one would have (_release_if_clean).
+        self._parked = False
         self._outstanding: set[int] = set()   # fed, not yet out of the decoder
         self._pending: dict[int, av.VideoFrame] = {}
         self._kept: OrderedDict[int, np.ndarray] = OrderedDict()
@@ -252,6 +268,7 @@ class EpisodeVideo:
         self.decode_seconds = 0.0
         self.frames_decoded = 0
         self.restarts = 0
+        self.releases = 0                # contexts let go of at a closed-GOP start (not restarts)
 
     # -- lookups ---------------------------------------------------------------------------------
 
@@ -292,6 +309,7 @@ class EpisodeVideo:
                 frame = self._pending.pop(sample, None)
                 if frame is None:
                     frame = self._decode_to(sample)
+                    self._release_if_clean()
                 started = time.perf_counter()
                 rgb = _reformatter().reformat(frame, format="rgb24", threads=1).to_ndarray()
                 self.decode_seconds += time.perf_counter() - started
@@ -310,6 +328,9 @@ class EpisodeVideo:
         start = self._restart_point(sample)
         if start is not None:
             self._restart(start)
+        elif self._ctx is None:      # parked: carry on from _next with a fresh context
+            self._ctx = open_decoder(self._decoder, self._extradata)
+            self._parked = False
         while True:
             if self._next < self.span.end_sample:
                 frames = self._feed(self._next)
@@ -338,6 +359,10 @@ class EpisodeVideo:
         while i > 0 and self._pts[self._sync[i] - self._first] > target:
             i -= 1   # open-GOP leading picture: it references the GOP before
         sync = int(self._sync[max(i, 0)])
+        if self._parked:
+            # Feeding on from _next needs no earlier packet; a sample whose references lie before
+            # it (sync < _next) needs a real restart.
+            return None if sample >= self._next and sync == self._next else sync
         if self._ctx is None:
             return sync
         if sample in self._outstanding or (sample >= self._next and not self._flushed):
@@ -347,9 +372,26 @@ class EpisodeVideo:
 
     def _restart(self, sync: int) -> None:
         self._ctx = open_decoder(self._decoder, self._extradata)
-        self._next, self._flushed = sync, False
+        self._next, self._flushed, self._parked = sync, False, False
         self._outstanding.clear()
         self.restarts += 1
+
+    def _release_if_clean(self) -> None:
+        """Let the codec context go when keeping it buys nothing: every packet fed has come out
+        (nothing ``outstanding``) and the next packet starts a closed GOP, so a fresh context fed
+        from there decodes the same frames; or the whole span is fed and out, so any later
+        request restarts anyway. An idle context holds its reference pictures and frame pool
+        (libdav1d at 640x480: about 1.5 MB), and a worker keeps up to pool x cameras decoders
+        open between their episodes' turns."""
+        if self._ctx is None or self._outstanding:
+            return
+        if self._next >= self.span.end_sample:
+            self._ctx, self._parked = None, False     # nothing left to feed: a request restarts
+        elif not self._flushed and self._clean[self._next - self._first]:
+            self._ctx, self._parked = None, True
+        else:
+            return
+        self.releases += 1
 
     def _feed(self, sample: int) -> list[tuple[int, av.VideoFrame]]:
         i = sample - self._first
