@@ -5,6 +5,7 @@ order, windows, tolerance errors, codec errors and the decoder LRU."""
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,8 @@ import pytest
 from loader.lerobot.meta import LeRobotMeta
 from loader.lerobot.mp4 import index_mp4
 from loader.lerobot.sidecar import CompactArrays, CompactIndex, SidecarFile, build_sidecar
-from loader.lerobot.streaming.codec import UnsupportedCodecError, decoder_config
+from loader.lerobot.streaming import codec, video as video_module
+from loader.lerobot.streaming.codec import SpareContexts, UnsupportedCodecError, decoder_config, open_decoder
 from loader.lerobot.streaming.video import (
     DecoderCache,
     EpisodeVideo,
@@ -275,6 +277,67 @@ def test_drained_decoder_holds_no_context(built) -> None:
         at_clean_start = nxt < span.end_sample and bool(video._clean[nxt - span.first_sample])
         assert (video._ctx is None) == (at_clean_start or nxt >= span.end_sample), f"sample {s}"
     assert video._ctx is None   # the span is fed and out: nothing kept for a restart to reuse
+
+
+def test_spare_contexts_are_bounded_and_matched() -> None:
+    spares = SpareContexts(2)
+    made = [open_decoder("libdav1d", b"a") for _ in range(5)]
+    for ctx in made:
+        spares.give("libdav1d", b"a", ctx)
+    assert len(spares) == 2                               # the oldest dropped
+    assert spares.take("libdav1d", b"b") not in made      # other extradata: a new context
+    assert spares.opened == 1 and spares.reused == 0
+    got = spares.take("libdav1d", b"a")
+    assert got is made[-1] and spares.reused == 1         # newest first
+    assert spares.take("libdav1d", b"a") is made[-2] and len(spares) == 0
+    assert spares.take("libdav1d", b"a") not in made and spares.opened == 2
+    spares.give("h264", b"a", open_decoder("h264", b""))
+    assert len(spares) == 0                               # only libdav1d's flush is a fresh start
+    none = SpareContexts(0)
+    none.give("libdav1d", b"a", made[0])
+    assert len(none) == 0
+    with pytest.raises(ValueError, match="capacity"):
+        SpareContexts(-1)
+
+
+def _spares_in_child(queue) -> None:
+    queue.put(len(codec.SPARE_CONTEXTS))
+
+
+def test_forked_child_starts_without_spare_contexts() -> None:
+    codec.SPARE_CONTEXTS.give("libdav1d", b"x", open_decoder("libdav1d", b"x"))
+    try:
+        assert len(codec.SPARE_CONTEXTS) >= 1
+        mp = multiprocessing.get_context("fork")
+        queue = mp.Queue()
+        child = mp.Process(target=_spares_in_child, args=(queue,))
+        child.start()
+        assert queue.get(timeout=60) == 0
+        child.join(60)
+    finally:
+        codec.SPARE_CONTEXTS.clear()
+
+
+def test_contexts_reused_across_files_decode_as_fresh_ones(built, monkeypatch) -> None:
+    """Decoders of two different AV1 files, taking turns, through ONE spare context: each one
+    resumes or restarts on the context the other just flushed, and every frame is exact."""
+    spares = SpareContexts(1)
+    monkeypatch.setattr(video_module, "SPARE_CONTEXTS", spares)
+    videos, wants = [], []
+    for name, ep in (("av1-faststart", 1), ("av1-moov-last", 0), ("av1-faststart", 2)):
+        b = built(name)
+        rel, _, length = b.episode(ep)
+        videos.append(b.open(b.plan(ep), keep_frames=0))
+        wants.append(b.oracle(rel, episode_times(b, ep)))
+    for k in range(max(len(w) for w in wants)):
+        for v, want in zip(videos, wants, strict=True):
+            if k < len(want):
+                assert np.array_equal(v.frame(v.span.frame_samples[k]), want[k]), f"{v.rel} frame {k}"
+    for v, want in zip(videos, wants, strict=True):   # restarts, backwards, on reused contexts
+        for k in range(len(want) - 1, -1, -1):
+            assert np.array_equal(v.frame(v.span.frame_samples[k]), want[k]), f"{v.rel} frame {k}"
+        v.close()
+    assert spares.reused > spares.opened and len(spares) == 1
 
 
 # -- errors ---------------------------------------------------------------------------------

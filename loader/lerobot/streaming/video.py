@@ -25,7 +25,7 @@ import av
 import numpy as np
 from av.video.reformatter import VideoReformatter
 
-from .codec import UnsupportedCodecError, decoder_config, open_decoder
+from .codec import SPARE_CONTEXTS, UnsupportedCodecError, decoder_config
 from .decoder_cache import DecoderCache
 
 if TYPE_CHECKING:
@@ -329,7 +329,7 @@ class EpisodeVideo:
         if start is not None:
             self._restart(start)
         elif self._ctx is None:      # parked: carry on from _next with a fresh context
-            self._ctx = open_decoder(self._decoder, self._extradata)
+            self._ctx = SPARE_CONTEXTS.take(self._decoder, self._extradata)
             self._parked = False
         while True:
             if self._next < self.span.end_sample:
@@ -371,7 +371,8 @@ class EpisodeVideo:
         return sync
 
     def _restart(self, sync: int) -> None:
-        self._ctx = open_decoder(self._decoder, self._extradata)
+        self._drop_context()
+        self._ctx = SPARE_CONTEXTS.take(self._decoder, self._extradata)
         self._next, self._flushed, self._parked = sync, False, False
         self._outstanding.clear()
         self.restarts += 1
@@ -386,12 +387,20 @@ class EpisodeVideo:
         if self._ctx is None or self._outstanding:
             return
         if self._next >= self.span.end_sample:
-            self._ctx, self._parked = None, False     # nothing left to feed: a request restarts
+            parked = False      # nothing left to feed: a later request restarts
         elif not self._flushed and self._clean[self._next - self._first]:
-            self._ctx, self._parked = None, True
+            parked = True
         else:
             return
+        self._drop_context()
+        self._parked = parked
         self.releases += 1
+
+    def _drop_context(self) -> None:
+        """The context (if any) to the process's spares (``codec.SpareContexts``), flushed."""
+        ctx, self._ctx = self._ctx, None
+        if ctx is not None:
+            SPARE_CONTEXTS.give(self._decoder, self._extradata, ctx)
 
     def _feed(self, sample: int) -> list[tuple[int, av.VideoFrame]]:
         i = sample - self._first
@@ -452,7 +461,7 @@ class EpisodeVideo:
         """Release the decoder, the frames and the span bytes (waits for a running ``frame``)."""
         with self._lock:
             self._closed = True
-            self._ctx = None
+            self._drop_context()
             self._pending.clear()
             self._kept.clear()
             self._payload = memoryview(b"")
