@@ -16,8 +16,14 @@ import pytest
 from loader.lerobot.meta import LeRobotMeta
 from loader.lerobot.mp4 import index_mp4
 from loader.lerobot.sidecar import CompactArrays, CompactIndex, SidecarFile, build_sidecar
-from loader.lerobot.streaming import codec, video as video_module
-from loader.lerobot.streaming.codec import SpareContexts, UnsupportedCodecError, decoder_config, open_decoder
+from loader.lerobot.streaming import codec
+from loader.lerobot.streaming import video as video_module
+from loader.lerobot.streaming.codec import (
+    SpareContexts,
+    UnsupportedCodecError,
+    decoder_config,
+    open_decoder,
+)
 from loader.lerobot.streaming.video import (
     DecoderCache,
     EpisodeVideo,

@@ -228,7 +228,11 @@ def make_loader(dataset: StreamingLeRobotDataset | StreamingLeRobotMixture, *, b
                 num_workers: int = 0, **dataloader_kwargs: Any) -> StreamingLoader | MixtureLoader:
     """A resumable DataLoader over ``dataset`` (``num_workers`` capped by nothing: too many for the
     episodes a rank owns is an error naming the number to use). A mixture
-    (``StreamingLeRobotDataset.mixture``) gets its own loader, with the same interface."""
+    (``StreamingLeRobotDataset.mixture``) gets its own loader, with the same interface.
+
+    ``dataloader_kwargs`` go to the DataLoader; when the workers build the batches (no
+    ``collate_fn``), ``prefetch_factor`` defaults to 1 rather than PyTorch's 2
+    (``COLLATED_PREFETCH_FACTOR``: each batch built ahead is a buffer a worker keeps)."""
     from .mixture import StreamingLeRobotMixture  # noqa: F811 - at run time, not only for type checks
 
     if isinstance(dataset, StreamingLeRobotMixture):

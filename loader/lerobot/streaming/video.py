@@ -8,7 +8,8 @@ straight to a PyAV codec context. Packets rather than a synthesized mini-MP4: th
 already holds every sample's offset, size and timing, so a packet is a slice of the fetched
 bytes and no container is written, parsed or seeked (and no edit list needs rewriting).
 ``DecoderCache`` (in ``decoder_cache``, re-exported here) keeps the open decoders of recently
-used episodes.
+used episodes; an open decoder between its episode's turns holds no codec context when a fresh
+one could carry on (``EpisodeVideo._release_if_clean``).
 """
 
 from __future__ import annotations
@@ -204,7 +205,11 @@ class EpisodeVideo:
     Memory is bounded: ``kept`` holds at most ``keep_frames`` RGB frames (0: none) and ``pending`` at most
     ``pending_frames`` (default ``keep_frames``, at least 1) YUV frames (when full, the earliest in
     presentation order are dropped: they are behind the reader), plus the decoder's own reference pictures and the span bytes, which
-    this object holds until ``close()``. Frames handed out are read-only (shared with ``kept``).
+    this object holds until ``close()``. The codec context (reference pictures, frame pool) is
+    let go whenever a fresh one could carry on (``_release_if_clean``: drained at a closed-GOP
+    start, or at the span's end) and taken again, from the process's flushed spares
+    (``codec.SPARE_CONTEXTS``) where one fits, when a request needs decoding; ``releases``
+    counts those, ``restarts`` only the times decoding started over at a sync sample. Frames handed out are read-only (shared with ``kept``).
     ``frame`` is thread-safe (one lock per object); decoders of different episodes run in
     parallel on threads.
     """
