@@ -272,6 +272,16 @@ def test_released_context_resumes_to_the_same_frames(name: str, built) -> None:
     keeping.close()
 
 
+def test_clean_starts_are_sync_samples_without_leading_pictures() -> None:
+    from loader.lerobot.streaming.video import _clean_starts
+
+    # decode order; GOPs at 0, 4, 6: the one at 6 has a leading picture (pts 6 < 7): open
+    pts = np.array([0.0, 3, 1, 2, 4, 5, 7, 6, 8])
+    assert _clean_starts(np.array([0, 4, 6]), pts).tolist() == [
+        True, False, False, False, True, False, False, False, False]
+    assert not _clean_starts(np.array([], dtype=np.int64), pts).any()
+
+
 def test_drained_decoder_holds_no_context(built) -> None:
     b = built("av1-faststart")
     span = b.plan(1)

@@ -171,9 +171,9 @@ def _clean_starts(sync: np.ndarray, pts: np.ndarray) -> np.ndarray:
     its GOP precedes in presentation (a closed GOP: no leading picture referencing the GOP
     before). ``sync``: the span's sync samples, relative to the span start."""
     clean = np.zeros(len(pts), dtype=bool)
-    bounds = [*sync.tolist(), len(pts)]
-    for s, e in zip(bounds[:-1], bounds[1:], strict=True):
-        clean[s] = bool(np.all(pts[s:e] >= pts[s]))
+    if len(sync):
+        # min over [sync[k], sync[k + 1]) (the last: to the span's end), for every k at once
+        clean[sync] = np.minimum.reduceat(pts, sync) >= pts[sync]
     return clean
 
 
