@@ -5,6 +5,7 @@ order, windows, tolerance errors, codec errors and the decoder LRU."""
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,14 @@ import pytest
 from loader.lerobot.meta import LeRobotMeta
 from loader.lerobot.mp4 import index_mp4
 from loader.lerobot.sidecar import CompactArrays, CompactIndex, SidecarFile, build_sidecar
-from loader.lerobot.streaming.codec import UnsupportedCodecError, decoder_config
+from loader.lerobot.streaming import codec
+from loader.lerobot.streaming import video as video_module
+from loader.lerobot.streaming.codec import (
+    SpareContexts,
+    UnsupportedCodecError,
+    decoder_config,
+    open_decoder,
+)
 from loader.lerobot.streaming.video import (
     DecoderCache,
     EpisodeVideo,
@@ -233,6 +241,121 @@ def test_keeping_no_frames_still_decodes_every_order(name: str, built) -> None:
         b.open(b.plan(ep), keep_frames=0, pending_frames=0)
 
 
+@pytest.mark.parametrize("name", list(DATASETS))
+def test_released_context_resumes_to_the_same_frames(name: str, built) -> None:
+    """A decoder that lets its codec context go at a closed-GOP start (or at the span's end)
+    and carries on with a fresh one hands out the frames of one that kept its context, in
+    order, out of order and backwards, without counting the resumes as restarts."""
+    b = built(name)
+    ep = 0 if name.startswith("h264") else 1
+    rel, _, length = b.episode(ep)
+    want = b.oracle(rel, episode_times(b, ep))
+    releasing = b.open(b.plan(ep), keep_frames=0, pending_frames=3)
+    keeping = b.open(b.plan(ep), keep_frames=0, pending_frames=3)
+    keeping._release_if_clean = lambda: None
+    forward = list(range(length))
+    for k in forward:
+        got = releasing.frame(releasing.span.frame_samples[k])
+        assert np.array_equal(got, keeping.frame(keeping.span.frame_samples[k])), f"frame {k}"
+        assert np.array_equal(got, want[k]), f"frame {k}"
+    assert releasing.releases > 0 and keeping.releases == 0
+    assert releasing.restarts == keeping.restarts == 1   # a resume is no restart
+    if not name.startswith("h264"):
+        # gop 2, no reordering: every other sample starts a closed GOP, where the context goes.
+        assert releasing.releases >= length // 2 - 1
+    rng = np.random.default_rng(3)
+    for k in [length - 1, *rng.permutation(length), *forward[::-1]]:
+        got = releasing.frame(releasing.span.frame_samples[k])
+        assert np.array_equal(got, want[k]), f"frame {k}"
+        assert np.array_equal(got, keeping.frame(keeping.span.frame_samples[k])), f"frame {k}"
+    releasing.close()
+    keeping.close()
+
+
+def test_clean_starts_are_sync_samples_without_leading_pictures() -> None:
+    from loader.lerobot.streaming.video import _clean_starts
+
+    # decode order; GOPs at 0, 4, 6: the one at 6 has a leading picture (pts 6 < 7): open
+    pts = np.array([0.0, 3, 1, 2, 4, 5, 7, 6, 8])
+    assert _clean_starts(np.array([0, 4, 6]), pts).tolist() == [
+        True, False, False, False, True, False, False, False, False]
+    assert not _clean_starts(np.array([], dtype=np.int64), pts).any()
+
+
+def test_drained_decoder_holds_no_context(built) -> None:
+    b = built("av1-faststart")
+    span = b.plan(1)
+    video = b.open(span, keep_frames=0)
+    samples = span.frame_samples.tolist()
+    for s in samples:
+        video.frame(s)
+        nxt = s + 1
+        at_clean_start = nxt < span.end_sample and bool(video._clean[nxt - span.first_sample])
+        assert (video._ctx is None) == (at_clean_start or nxt >= span.end_sample), f"sample {s}"
+    assert video._ctx is None   # the span is fed and out: nothing kept for a restart to reuse
+
+
+def test_spare_contexts_are_bounded_and_matched() -> None:
+    spares = SpareContexts(2)
+    made = [open_decoder("libdav1d", b"a") for _ in range(5)]
+    for ctx in made:
+        spares.give("libdav1d", b"a", ctx)
+    assert len(spares) == 2                               # the oldest dropped
+    assert spares.take("libdav1d", b"b") not in made      # other extradata: a new context
+    assert spares.opened == 1 and spares.reused == 0
+    got = spares.take("libdav1d", b"a")
+    assert got is made[-1] and spares.reused == 1         # newest first
+    assert spares.take("libdav1d", b"a") is made[-2] and len(spares) == 0
+    assert spares.take("libdav1d", b"a") not in made and spares.opened == 2
+    spares.give("h264", b"a", open_decoder("h264", b""))
+    assert len(spares) == 0                               # only libdav1d's flush is a fresh start
+    none = SpareContexts(0)
+    none.give("libdav1d", b"a", made[0])
+    assert len(none) == 0
+    with pytest.raises(ValueError, match="capacity"):
+        SpareContexts(-1)
+
+
+def _spares_in_child(queue) -> None:
+    queue.put(len(codec.SPARE_CONTEXTS))
+
+
+def test_forked_child_starts_without_spare_contexts() -> None:
+    codec.SPARE_CONTEXTS.give("libdav1d", b"x", open_decoder("libdav1d", b"x"))
+    try:
+        assert len(codec.SPARE_CONTEXTS) >= 1
+        mp = multiprocessing.get_context("fork")
+        queue = mp.Queue()
+        child = mp.Process(target=_spares_in_child, args=(queue,))
+        child.start()
+        assert queue.get(timeout=60) == 0
+        child.join(60)
+    finally:
+        codec.SPARE_CONTEXTS.clear()
+
+
+def test_contexts_reused_across_files_decode_as_fresh_ones(built, monkeypatch) -> None:
+    """Decoders of two different AV1 files, taking turns, through ONE spare context: each one
+    resumes or restarts on the context the other just flushed, and every frame is exact."""
+    spares = SpareContexts(1)
+    monkeypatch.setattr(video_module, "SPARE_CONTEXTS", spares)
+    videos, wants = [], []
+    for name, ep in (("av1-faststart", 1), ("av1-moov-last", 0), ("av1-faststart", 2)):
+        b = built(name)
+        rel, _, length = b.episode(ep)
+        videos.append(b.open(b.plan(ep), keep_frames=0))
+        wants.append(b.oracle(rel, episode_times(b, ep)))
+    for k in range(max(len(w) for w in wants)):
+        for v, want in zip(videos, wants, strict=True):
+            if k < len(want):
+                assert np.array_equal(v.frame(v.span.frame_samples[k]), want[k]), f"{v.rel} frame {k}"
+    for v, want in zip(videos, wants, strict=True):   # restarts, backwards, on reused contexts
+        for k in range(len(want) - 1, -1, -1):
+            assert np.array_equal(v.frame(v.span.frame_samples[k]), want[k]), f"{v.rel} frame {k}"
+        v.close()
+    assert spares.reused > spares.opened and len(spares) == 1
+
+
 # -- errors ---------------------------------------------------------------------------------
 
 def test_time_outside_tolerance_names_the_file(built) -> None:
@@ -310,8 +433,10 @@ def test_decoder_cache_evicts_and_closes(built) -> None:
     with pytest.raises(ValueError, match="closed"):
         videos[1].frame(videos[1].span.frame_samples[0])
     last = cache.get((3, CAMERA))
+    last.frame(last.span.frame_samples[0])
+    assert last._ctx is not None or len(codec.SPARE_CONTEXTS) >= 1   # a context to let go of
     cache.clear()
-    assert len(cache) == 0
+    assert len(cache) == 0 and len(codec.SPARE_CONTEXTS) == 0   # the pass is over: no spares kept
     with pytest.raises(ValueError, match="closed"):
         last.frame(last.span.frame_samples[0])
     with pytest.raises(ValueError, match="video_decoder_cache_size"):

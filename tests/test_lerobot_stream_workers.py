@@ -257,3 +257,36 @@ def test_batches_kept_by_the_training_loop_are_never_overwritten(lerobot_v3_root
             for k in CAMERAS:
                 assert torch.equal(b[k][i], w[k][j]), (idx, k)
     assert want
+
+
+# -- how far ahead the workers build ------------------------------------------------------------------
+
+@pytest.mark.parametrize(("kwargs", "workers", "want"), [
+    ({}, 2, 1),                                      # workers collate: one batch ahead each
+    ({"prefetch_factor": 3}, 2, 3),                  # the caller's value wins
+    ({"prefetch_factor": 2}, 2, 2),
+    ({"collate_fn": "caller"}, 2, 2),                # the caller collates: PyTorch's default
+    ({}, 0, None),                                   # no workers: nothing to prefetch
+])
+def test_prefetch_factor_default_and_callers_value(lerobot_v3_root: Path, monkeypatch, kwargs, workers,
+                                                   want) -> None:
+    import torch.utils.data
+
+    import loader.lerobot.streaming.loader as loader_module
+
+    built = []
+
+    class Recording(torch.utils.data.DataLoader):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            built.append(self)
+
+    monkeypatch.setattr(loader_module, "DataLoader", Recording)
+    if kwargs.get("collate_fn") == "caller":
+        kwargs = {"collate_fn": torch.utils.data.default_collate}
+    loader = make_loader(stream(lerobot_v3_root), batch_size=2, num_workers=workers, **kwargs)
+    batches = list(loader)
+    assert len(built) == 1 and built[0].prefetch_factor == want
+    if loader._lender is not None:                   # slots: the batches ahead + 3
+        assert loader._lender.flags.shape == (workers, want + 3)
+    assert sorted(batch_indices(batches)) == sorted(MapStyleOracle(lerobot_v3_root).indices())

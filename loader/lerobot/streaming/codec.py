@@ -8,6 +8,10 @@ more is read from the MP4.
 
 from __future__ import annotations
 
+import os
+import threading
+from collections import deque
+
 import av
 
 from loader.lerobot.mp4 import boxes
@@ -76,6 +80,70 @@ def open_decoder(decoder: str, extradata: bytes) -> av.CodecContext:
     ctx.extradata = extradata
     ctx.thread_count = 1
     return ctx
+
+
+# Decoders whose flushed context decodes exactly as a fresh one (see SpareContexts).
+REUSABLE = frozenset({"libdav1d"})
+
+
+class SpareContexts:
+    """Up to ``capacity`` flushed decoding contexts kept for reuse, newest first.
+
+    A decoder lets its context go whenever it is drained at a closed-GOP start (``EpisodeVideo``),
+    which with LeRobot's AV1 (a keyframe every 2 frames) is every other frame; opening a fresh
+    libdav1d context and decoding its first frame costs about 1.4 ms more at 640x480 than
+    decoding that frame on a flushed one (its frame pool and tile buffers are allocated again).
+    A flushed libdav1d context is as good as a fresh one (``dav1d_flush`` drops every reference
+    picture, the sequence header and the stream state) and keeps its allocations, so a few
+    spares serve the decoders that resume; more would only hold memory (about 1.5 MB each at
+    640x480). Only libdav1d's are kept: FFmpeg's H.264 and HEVC decoders keep the parameter sets
+    they saw in-band across a flush, which a fresh context (only the extradata's) would not have.
+
+    ``take`` gives a spare opened with the same decoder and extradata, else a new context;
+    ``give`` flushes a context and keeps it, or drops it when ``capacity`` are kept.
+    Thread-safe. One per process: a forked child starts with none (its parent's are not its own).
+    """
+
+    def __init__(self, capacity: int = 4):
+        if capacity < 0:
+            raise ValueError(f"spare context capacity must be >= 0, got {capacity}")
+        self.capacity = capacity
+        self._spares: deque[tuple[str, bytes, av.CodecContext]] = deque()
+        self._lock = threading.Lock()
+        self.reused = 0
+        self.opened = 0
+
+    def take(self, decoder: str, extradata: bytes) -> av.CodecContext:
+        with self._lock:
+            for i, (name, extra, ctx) in enumerate(self._spares):
+                if name == decoder and extra == extradata:
+                    del self._spares[i]
+                    self.reused += 1
+                    return ctx
+            self.opened += 1
+        return open_decoder(decoder, extradata)
+
+    def give(self, decoder: str, extradata: bytes, ctx: av.CodecContext) -> None:
+        if not self.capacity or decoder not in REUSABLE:
+            return
+        ctx.flush_buffers()          # its reference pictures go; its buffers stay for reuse
+        with self._lock:
+            self._spares.appendleft((decoder, extradata, ctx))
+            while len(self._spares) > self.capacity:
+                self._spares.pop()   # the oldest: the others were used more recently
+
+    def clear(self) -> None:
+        with self._lock:
+            self._spares.clear()
+
+    def __len__(self) -> int:
+        return len(self._spares)
+
+
+SPARE_CONTEXTS = SpareContexts()
+if hasattr(os, "register_at_fork"):
+    # A DataLoader worker forked from a process that decoded must not share its contexts.
+    os.register_at_fork(after_in_child=lambda: SPARE_CONTEXTS.__init__(SPARE_CONTEXTS.capacity))
 
 
 def _top_box(data: bytes) -> boxes.Box:

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 from loader.workers import release_freed_heap
 
+from .codec import SPARE_CONTEXTS
+
 if TYPE_CHECKING:
     from .video import EpisodeVideo
 
@@ -55,11 +57,14 @@ class DecoderCache:
             release_freed_heap()
 
     def clear(self) -> None:
+        """Close every decoder (a reader's pass is over), and let the process's spare codec
+        contexts go too: nothing decodes until the next pass, which opens a few again."""
         with self._lock:
             videos = list(self._videos.values())
             self._videos.clear()
         for v in videos:
             v.close()
+        SPARE_CONTEXTS.clear()
 
     def __len__(self) -> int:
         return len(self._videos)

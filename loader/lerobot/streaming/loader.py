@@ -29,6 +29,14 @@ if TYPE_CHECKING:
     from .mixture_loader import MixtureLoader
 
 
+# Batches each worker builds ahead when the workers collate (make_loader without a collate_fn):
+# PyTorch's default is 2. A worker's batch buffers are recycled (collate.BufferPool), so every
+# batch a worker may have built ahead is a buffer it keeps mapped for good: at 640x480, 8 items
+# of 2 float32 cameras, 59 MB. With 1, a worker cycles through 2 buffers (the batch in flight,
+# the one the training loop holds) instead of 3. A caller's prefetch_factor always wins.
+COLLATED_PREFETCH_FACTOR = 1
+
+
 class _CountingLoader:
     """What both loaders share: the DataLoader they hand batches out of (kept across epochs with
     ``persistent_workers``), counting each batch the training loop takes and timing its wait."""
@@ -50,6 +58,8 @@ class _CountingLoader:
     def _hand_out(self, ds: Any) -> Iterator[Any]:
         kwargs = dict(self.dataloader_kwargs)
         kwargs["worker_init_fn"] = worker_init(kwargs.get("worker_init_fn"))  # workers die with us
+        if self._batches_in_dataset and self.num_workers and kwargs.get("prefetch_factor") is None:
+            kwargs["prefetch_factor"] = COLLATED_PREFETCH_FACTOR
         drop_last = bool(kwargs.pop("drop_last", False)) if self._batches_in_dataset else False
         # The dataset batches for this loader only (workers take their copy when they start).
         ds._collate = (self.batch_size, drop_last) if self._batches_in_dataset else None
@@ -218,7 +228,11 @@ def make_loader(dataset: StreamingLeRobotDataset | StreamingLeRobotMixture, *, b
                 num_workers: int = 0, **dataloader_kwargs: Any) -> StreamingLoader | MixtureLoader:
     """A resumable DataLoader over ``dataset`` (``num_workers`` capped by nothing: too many for the
     episodes a rank owns is an error naming the number to use). A mixture
-    (``StreamingLeRobotDataset.mixture``) gets its own loader, with the same interface."""
+    (``StreamingLeRobotDataset.mixture``) gets its own loader, with the same interface.
+
+    ``dataloader_kwargs`` go to the DataLoader; when the workers build the batches (no
+    ``collate_fn``), ``prefetch_factor`` defaults to 1 rather than PyTorch's 2
+    (``COLLATED_PREFETCH_FACTOR``: each batch built ahead is a buffer a worker keeps)."""
     from .mixture import StreamingLeRobotMixture  # noqa: F811 - at run time, not only for type checks
 
     if isinstance(dataset, StreamingLeRobotMixture):

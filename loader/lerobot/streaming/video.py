@@ -8,7 +8,8 @@ straight to a PyAV codec context. Packets rather than a synthesized mini-MP4: th
 already holds every sample's offset, size and timing, so a packet is a slice of the fetched
 bytes and no container is written, parsed or seeked (and no edit list needs rewriting).
 ``DecoderCache`` (in ``decoder_cache``, re-exported here) keeps the open decoders of recently
-used episodes.
+used episodes; an open decoder between its episode's turns holds no codec context when a fresh
+one could carry on (``EpisodeVideo._release_if_clean``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import av
 import numpy as np
 from av.video.reformatter import VideoReformatter
 
-from .codec import UnsupportedCodecError, decoder_config, open_decoder
+from .codec import SPARE_CONTEXTS, UnsupportedCodecError, decoder_config
 from .decoder_cache import DecoderCache
 
 if TYPE_CHECKING:
@@ -164,6 +165,18 @@ def frames_held(reach: int, decode_threads: int) -> tuple[int, int]:
     return (pending if reach else 0), pending
 
 
+def _clean_starts(sync: np.ndarray, pts: np.ndarray) -> np.ndarray:
+    """Per span sample (decode order): True where a fresh decoder may start and decode every
+    later sample as one that fed all the earlier ones: a sync sample that no later sample of
+    its GOP precedes in presentation (a closed GOP: no leading picture referencing the GOP
+    before). ``sync``: the span's sync samples, relative to the span start."""
+    clean = np.zeros(len(pts), dtype=bool)
+    if len(sync):
+        # min over [sync[k], sync[k + 1]) (the last: to the span's end), for every k at once
+        clean[sync] = np.minimum.reduceat(pts, sync) >= pts[sync]
+    return clean
+
+
 _local = threading.local()
 
 
@@ -192,7 +205,11 @@ class EpisodeVideo:
     Memory is bounded: ``kept`` holds at most ``keep_frames`` RGB frames (0: none) and ``pending`` at most
     ``pending_frames`` (default ``keep_frames``, at least 1) YUV frames (when full, the earliest in
     presentation order are dropped: they are behind the reader), plus the decoder's own reference pictures and the span bytes, which
-    this object holds until ``close()``. Frames handed out are read-only (shared with ``kept``).
+    this object holds until ``close()``. The codec context (reference pictures, frame pool) is
+    let go whenever a fresh one could carry on (``_release_if_clean``: drained at a closed-GOP
+    start, or at the span's end) and taken again, from the process's flushed spares
+    (``codec.SPARE_CONTEXTS``) where one fits, when a request needs decoding; ``releases``
+    counts those, ``restarts`` only the times decoding started over at a sync sample. Frames handed out are read-only (shared with ``kept``).
     ``frame`` is thread-safe (one lock per object); decoders of different episodes run in
     parallel on threads.
     """
@@ -239,12 +256,16 @@ class EpisodeVideo:
         self._sync = sync[(sync >= first) & (sync < end)]
         self._is_sync = np.zeros(end - first, dtype=bool)
         self._is_sync[self._sync - first] = True
+        self._clean = _clean_starts(self._sync - first, self._pts)
         self._time_base = fractions.Fraction(1, file.timescale)
 
         self._lock = threading.Lock()
         self._ctx: av.CodecContext | None = None
         self._next = first               # next sample to feed
         self._flushed = False
+        # No context, but everything before _next is out and _next starts a closed GOP: a fresh
+        # context fed from _next decodes what the released one would have (_release_if_clean).
+        self._parked = False
         self._outstanding: set[int] = set()   # fed, not yet out of the decoder
         self._pending: dict[int, av.VideoFrame] = {}
         self._kept: OrderedDict[int, np.ndarray] = OrderedDict()
@@ -252,6 +273,7 @@ class EpisodeVideo:
         self.decode_seconds = 0.0
         self.frames_decoded = 0
         self.restarts = 0
+        self.releases = 0                # contexts let go of at a closed-GOP start (not restarts)
 
     # -- lookups ---------------------------------------------------------------------------------
 
@@ -292,6 +314,7 @@ class EpisodeVideo:
                 frame = self._pending.pop(sample, None)
                 if frame is None:
                     frame = self._decode_to(sample)
+                    self._release_if_clean()
                 started = time.perf_counter()
                 rgb = _reformatter().reformat(frame, format="rgb24", threads=1).to_ndarray()
                 self.decode_seconds += time.perf_counter() - started
@@ -310,6 +333,9 @@ class EpisodeVideo:
         start = self._restart_point(sample)
         if start is not None:
             self._restart(start)
+        elif self._ctx is None:      # parked: carry on from _next with a fresh context
+            self._ctx = SPARE_CONTEXTS.take(self._decoder, self._extradata)
+            self._parked = False
         while True:
             if self._next < self.span.end_sample:
                 frames = self._feed(self._next)
@@ -338,6 +364,10 @@ class EpisodeVideo:
         while i > 0 and self._pts[self._sync[i] - self._first] > target:
             i -= 1   # open-GOP leading picture: it references the GOP before
         sync = int(self._sync[max(i, 0)])
+        if self._parked:
+            # Feeding on from _next needs no earlier packet; a sample whose references lie before
+            # it (sync < _next) needs a real restart.
+            return None if sample >= self._next and sync == self._next else sync
         if self._ctx is None:
             return sync
         if sample in self._outstanding or (sample >= self._next and not self._flushed):
@@ -346,10 +376,36 @@ class EpisodeVideo:
         return sync
 
     def _restart(self, sync: int) -> None:
-        self._ctx = open_decoder(self._decoder, self._extradata)
-        self._next, self._flushed = sync, False
+        self._drop_context()
+        self._ctx = SPARE_CONTEXTS.take(self._decoder, self._extradata)
+        self._next, self._flushed, self._parked = sync, False, False
         self._outstanding.clear()
         self.restarts += 1
+
+    def _release_if_clean(self) -> None:
+        """Let the codec context go when keeping it buys nothing: every packet fed has come out
+        (nothing ``outstanding``) and the next packet starts a closed GOP, so a fresh context fed
+        from there decodes the same frames; or the whole span is fed and out, so any later
+        request restarts anyway. An idle context holds its reference pictures and frame pool
+        (libdav1d at 640x480: about 1.5 MB), and a worker keeps up to pool x cameras decoders
+        open between their episodes' turns."""
+        if self._ctx is None or self._outstanding:
+            return
+        if self._next >= self.span.end_sample:
+            parked = False      # nothing left to feed: a later request restarts
+        elif not self._flushed and self._clean[self._next - self._first]:
+            parked = True
+        else:
+            return
+        self._drop_context()
+        self._parked = parked
+        self.releases += 1
+
+    def _drop_context(self) -> None:
+        """The context (if any) to the process's spares (``codec.SpareContexts``), flushed."""
+        ctx, self._ctx = self._ctx, None
+        if ctx is not None:
+            SPARE_CONTEXTS.give(self._decoder, self._extradata, ctx)
 
     def _feed(self, sample: int) -> list[tuple[int, av.VideoFrame]]:
         i = sample - self._first
@@ -410,7 +466,7 @@ class EpisodeVideo:
         """Release the decoder, the frames and the span bytes (waits for a running ``frame``)."""
         with self._lock:
             self._closed = True
-            self._ctx = None
+            self._drop_context()
             self._pending.clear()
             self._kept.clear()
             self._payload = memoryview(b"")
