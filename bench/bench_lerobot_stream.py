@@ -391,13 +391,23 @@ def run_child(py: Path, *argv: str, env: dict | None = None) -> dict:
 
 
 def check_items(py: Path, root: Path, work: Path, args, cache: Path) -> str:
+    """In a child of its own: the bench's process imports neither torch nor our loader, so no
+    contender's PSS is lowered by library pages it shares with the bench (ours would share
+    torch's with it, lerobot's venv its own copy)."""
+    return run_child(Path(sys.executable), "--child", "check", "--root", str(root), "--cache", str(cache),
+                     "--out", str(work), "--lerobot-python", str(py), "--window", str(args.window),
+                     env={"PYTHONPATH": str(ROOT)})["message"]
+
+
+def child_check(args) -> None:
     sys.path.insert(0, str(ROOT))
     import torch
 
     from loader.lerobot.streaming import StreamingLeRobotDataset
     from tests.support.lerobot_oracle import assert_item_equal
 
-    dump = work / f"{root.name}-lerobot-items.pt"
+    root, cache, py = Path(args.root), Path(args.cache), Path(args.lerobot_python)
+    dump = Path(args.out) / f"{root.name}-lerobot-items.pt"
     subprocess.run([str(py), __file__, "--child", "dump", "--root", str(root), "--out", str(dump),
                     "--window", str(args.window)], check=True, capture_output=True)
     want = torch.load(dump, weights_only=False)
@@ -407,12 +417,13 @@ def check_items(py: Path, root: Path, work: Path, args, cache: Path) -> str:
     assert got.keys() == want.keys(), "ours did not deliver every checked frame"
     for i, item in got.items():
         assert_item_equal(item, want[i], where=f"index {i}", video_keys=list(CAMERAS))
-    return f"{len(got)} items (every index % {CHECK_EVERY} == 0) equal to lerobot's LeRobotDataset items"
+    message = f"{len(got)} items (every index % {CHECK_EVERY} == 0) equal to lerobot's LeRobotDataset items"
+    print("RESULT " + json.dumps({"message": message}), flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--child", choices=("write", "run", "floor", "dump"))
+    ap.add_argument("--child", choices=("write", "run", "floor", "dump", "check"))
     ap.add_argument("--episodes", type=int, default=40)
     ap.add_argument("--lengths", default="20-40")
     ap.add_argument("--sizes", default="320x240,640x480")
@@ -431,11 +442,13 @@ def main() -> None:
     ap.add_argument("--cache")
     ap.add_argument("--dtype")
     ap.add_argument("--out")
+    ap.add_argument("--lerobot-python")
     args = ap.parse_args()
     if args.child:
         if args.child in ("run", "floor"):
             args.workers = int(args.workers)
-        {"write": child_write, "run": child_run, "floor": child_floor, "dump": child_dump}[args.child](args)
+        {"write": child_write, "run": child_run, "floor": child_floor, "dump": child_dump,
+         "check": child_check}[args.child](args)
         return
 
     work = args.work_dir
