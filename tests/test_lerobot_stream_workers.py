@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from loader.lerobot.streaming import StreamingLeRobotDataset, make_loader
-from loader.lerobot.streaming.collate import PackedBatch, collate_items, raw_frames
+from loader.lerobot.streaming.collate import LocalBufferPool, PackedBatch, collate_items, raw_frames
 from loader.lerobot.streaming.items import frames_to_tensor
 from tests.support.lerobot_oracle import MapStyleOracle, assert_item_equal
 from tests.test_lerobot_stream import lerobot_home  # noqa: F401  (autouse: the session's shared sidecar cache)
@@ -123,6 +123,36 @@ def test_a_packed_batch_is_one_shared_buffer() -> None:
     assert batch["cam"].shape == (3, 3, 6, 8) and all(torch.equal(batch["cam"][i], want) for i in range(3))
     assert batch["index"].tolist() == [0, 1, 2] and batch["flag"].dtype == torch.bool
     assert batch["task"] == ["pick"] * 3
+
+
+def test_the_training_process_reuses_a_batch_buffer_only_once_the_batch_is_gone() -> None:
+    pool = LocalBufferPool(slots=2)
+    a = pool.take(1000)
+    a_ptr = a.data_ptr()
+    view = a[10:20].view(torch.uint8)
+    del a
+    b = pool.take(1000)                 # a's buffer is still read through `view`
+    assert b.data_ptr() != a_ptr
+    del view
+    c = pool.take(800)                  # now free (and big enough): reused
+    assert c.data_ptr() == a_ptr and pool.reused == 1
+    as_numpy = c.numpy()
+    del c
+    d = pool.take(1000)                 # every slot lent (a .numpy() holds its batch): a fresh buffer
+    assert d.data_ptr() not in (a_ptr, b.data_ptr())
+    del as_numpy, b
+    e = pool.take(4000)                 # bigger than both: a free slot grows
+    assert e.numel() == 4000 and len(pool._memory) == 2
+
+
+def test_batches_read_without_workers_stay_valid_while_held(lerobot_v3_root: Path) -> None:
+    # Held batches are never overwritten by later ones (their buffers are not reused while held).
+    loader = make_loader(stream(lerobot_v3_root), batch_size=2, num_workers=0)
+    held = list(loader)
+    again = list(make_loader(stream(lerobot_v3_root), batch_size=2, num_workers=0))
+    assert len(held) == len(again) > 3
+    for a, b in zip(held, again, strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in CAMERAS)
 
 
 # -- persistent workers -------------------------------------------------------------------------------
