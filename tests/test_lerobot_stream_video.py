@@ -412,6 +412,60 @@ def test_hevc_decodes_from_a_mid_file_span(tmp_path: Path) -> None:
     assert np.array_equal(video.frames_at(times[5:9]), frames[5:9])
 
 
+# -- RGB planes ---------------------------------------------------------------------------------
+
+def _yuv_frame(width: int, height: int, seed: int = 0):
+    import av
+
+    frame = av.VideoFrame(width, height, "yuv420p")
+    rng = np.random.default_rng(seed)
+    for plane in frame.planes:
+        np.frombuffer(plane, np.uint8)[:] = rng.integers(0, 256, plane.buffer_size, dtype=np.uint8)
+    return frame
+
+
+@pytest.mark.parametrize("planar", [True, False], ids=["gbrp", "rgb24"])
+def test_rgb_planes_are_swscales_rgb24_values(planar: bool, monkeypatch) -> None:
+    # Either path gives exactly the packed rgb24 conversion (LeRobot's values), as (3, H, W).
+    monkeypatch.setattr(video_module, "_planar_is_exact", lambda frame: planar)
+    for size in ((64, 48), (320, 240)):
+        frame = _yuv_frame(*size)
+        planes = video_module.rgb_planes(frame)
+        assert planes.shape == (3, size[1], size[0]) and planes.flags.c_contiguous
+        assert np.array_equal(planes.transpose(1, 2, 0), frame.to_ndarray(format="rgb24"))
+
+
+def test_planar_rgb_is_used_only_where_swscale_makes_it_exact(monkeypatch) -> None:
+    monkeypatch.setattr(video_module, "_PLANAR_EXACT", {})
+    # At 102x70 swscale's gbrp differs from its rgb24 (PyAV 18's FFmpeg); the check finds it and
+    # rgb24 is used.
+    odd = _yuv_frame(102, 70)
+    gbrp = odd.reformat(format="gbrp").planes
+    differs = not all(np.array_equal(video_module._plane_array(gbrp[p]), odd.to_ndarray(format="rgb24")[..., c])
+                      for c, p in enumerate(video_module._GBRP_RGB))
+    assert video_module._check_planar(odd) is not differs
+    assert np.array_equal(video_module.rgb_planes(odd).transpose(1, 2, 0), odd.to_ndarray(format="rgb24"))
+    assert video_module._PLANAR_EXACT[("yuv420p", 102, 70, odd.colorspace, odd.color_range)] is not differs
+    # Where the check passes, gbrp on other frames of that kind still equals rgb24.
+    for size in ((64, 48), (320, 240)):
+        if video_module._check_planar(_yuv_frame(*size)):
+            for seed in range(1, 4):
+                frame = _yuv_frame(*size, seed=seed)
+                assert np.array_equal(video_module.rgb_planes(frame).transpose(1, 2, 0),
+                                      frame.to_ndarray(format="rgb24"))
+
+
+def test_planes_at_gives_the_frames_as_planes(built) -> None:
+    b = built("av1-faststart")
+    video = b.open(b.plan(1), keep_frames=4)
+    times = episode_times(b, 1)
+    one = video.planes_at(times[2:3])
+    assert one.shape[0] == 1 and not one.flags.writeable
+    assert np.array_equal(one[0].transpose(1, 2, 0), video.frames_at(times[2:3])[0])
+    window = video.planes_at(times[0:3])
+    assert np.array_equal(window.transpose(0, 2, 3, 1), video.frames_at(times[0:3]))
+
+
 # -- the decoder cache --------------------------------------------------------------------------
 
 def test_decoder_cache_evicts_and_closes(built) -> None:

@@ -41,9 +41,10 @@ def test_frame_conversion_equals_lerobots_for_every_value() -> None:
     # float32(v) / 255 per value: numpy's single-threaded divide is LeRobot's torch expression.
     values = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1).repeat(3, axis=3)
     lerobot = torch.from_numpy(values).permute(0, 3, 1, 2).contiguous().type(torch.float32) / 255
-    ours = frames_to_tensor(values)
+    planes = np.ascontiguousarray(values.transpose(0, 3, 1, 2))     # as the decoder gives them
+    ours = frames_to_tensor(planes)
     assert ours.dtype == torch.float32 and torch.equal(ours.view(torch.int32), lerobot.view(torch.int32))
-    assert torch.equal(frames_to_tensor(values, "uint8"), torch.from_numpy(values).permute(0, 3, 1, 2))
+    assert torch.equal(frames_to_tensor(planes, "uint8"), torch.from_numpy(values).permute(0, 3, 1, 2))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -110,7 +111,7 @@ def test_a_callers_collate_fn_gets_lerobots_items(lerobot_v3_root: Path) -> None
 
 
 def test_a_packed_batch_is_one_shared_buffer() -> None:
-    frames = np.random.default_rng(0).integers(0, 256, (1, 6, 8, 3), dtype=np.uint8)
+    frames = np.random.default_rng(0).integers(0, 256, (1, 3, 6, 8), dtype=np.uint8)
     items = [{"cam": raw_frames(frames), "index": torch.tensor(i), "flag": torch.tensor([True, False]),
               "task": "pick"} for i in range(3)]
     packed = collate_items(items, ["cam"], frame_dtype="float32", shared=True)

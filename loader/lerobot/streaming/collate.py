@@ -35,16 +35,15 @@ _DTYPES = {"float32": torch.float32, "uint8": torch.uint8}
 
 @dataclass(frozen=True)
 class RawFrames:
-    """A camera value before conversion: (T, H, W, 3) uint8 as decoded; ``squeeze``: one frame
-    and no window (the item's value is (C, H, W), as LeRobot's ``squeeze(0)``)."""
+    """A camera value before conversion: (T, C, H, W) uint8 as decoded (planes); ``squeeze``: one
+    frame and no window (the item's value is (C, H, W), as LeRobot's ``squeeze(0)``)."""
 
     frames: np.ndarray
     squeeze: bool
 
     @property
     def item_shape(self) -> tuple[int, ...]:
-        t, h, w, c = self.frames.shape
-        return (c, h, w) if self.squeeze else (t, c, h, w)
+        return self.frames.shape[1:] if self.squeeze else self.frames.shape
 
     def to_tensor(self, dtype: str) -> torch.Tensor:
         t = frames_to_tensor(self.frames, dtype)

@@ -474,7 +474,7 @@ class StreamingLeRobotDataset(IterableDataset):
                 while True:
                     dec = video(ep, key, payload)
                     try:
-                        return dec.frames_at(at)
+                        return dec.planes_at(at)
                     except ValueError:
                         # Evicted from the decoder LRU by another thread meanwhile: open it again.
                         if not dec.closed:

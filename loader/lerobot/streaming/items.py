@@ -135,24 +135,24 @@ def _np_target(dt: np.dtype) -> np.dtype:
 
 
 def frames_to_tensor(frames: np.ndarray, dtype: str = "float32") -> torch.Tensor:
-    """(T, H, W, 3) uint8 -> (T, C, H, W) float32 in [0, 1], as LeRobot's decoders return it
-    (``dtype="uint8"``: the decoded values, the float32 ones x 255 exactly)."""
-    out = np.empty((frames.shape[0], frames.shape[3], frames.shape[1], frames.shape[2]),
-                   dtype=np.float32 if dtype == "float32" else np.uint8)
+    """(T, C, H, W) uint8 decoded frames (planes, ``EpisodeVideo.planes_at``) -> a new (T, C, H, W)
+    float32 tensor in [0, 1], as LeRobot's decoders return it (``dtype="uint8"``: the decoded
+    values, the float32 ones x 255 exactly)."""
+    out = np.empty(frames.shape, dtype=np.float32 if dtype == "float32" else np.uint8)
     write_frames(out, frames)
     return torch.from_numpy(out)
 
 
 def write_frames(out: np.ndarray, frames: np.ndarray) -> None:
-    """Write (T, H, W, 3) uint8 ``frames`` into ``out`` (T, C, H, W), float32 or uint8, in one
-    pass (no intermediate tensors). numpy, single-threaded: float32(v) / 255 is correctly
-    rounded, so it equals LeRobot's ``tensor.type(torch.float32) / 255`` for every v; torch's
+    """Write (T, C, H, W) uint8 ``frames`` into ``out`` of that shape, float32 or uint8, in one
+    contiguous pass (no intermediate tensors, no transpose: the decoder gives planes). numpy,
+    single-threaded: float32(v) / 255 is correctly rounded, so it equals LeRobot's
+    ``tensor.type(torch.float32) / 255`` for every v (a multiply by 1/255 would not); torch's
     intra-op threads would contend with the decode threads."""
-    chw = frames.transpose(0, 3, 1, 2)
     if out.dtype == np.uint8:
-        np.copyto(out, chw)
+        np.copyto(out, frames)
     else:
-        np.divide(chw, np.float32(255), out=out, dtype=np.float32)
+        np.divide(frames, np.float32(255), out=out, dtype=np.float32)
 
 
 def build_item(rows: EpisodeRows, frame: int, *, length: int, deltas: Mapping[str, Sequence[int]] | None,
@@ -162,7 +162,7 @@ def build_item(rows: EpisodeRows, frame: int, *, length: int, deltas: Mapping[st
                video_value: Callable[[np.ndarray], Any] | None = None) -> dict[str, Any]:
     """The item of frame ``frame`` (0-based inside the episode) of a ``length``-frame episode.
 
-    ``decode(camera, times)`` returns (T, H, W, 3) uint8 frames at episode-relative ``times``;
+    ``decode(camera, times)`` returns (T, C, H, W) uint8 frames at episode-relative ``times``;
     ``video_value`` makes a camera's value of them (default: LeRobot's float32 tensor).
     """
     item: dict[str, Any] = {name: rows.value(name, frame) for name in rows.columns}

@@ -504,7 +504,7 @@ class StreamingLeRobotMixture(IterableDataset):
                 while True:
                     dec = video(cid, key, payload)
                     try:
-                        return dec.frames_at(at)
+                        return dec.planes_at(at)
                     except ValueError:
                         if not dec.closed:  # evicted by another thread meanwhile: open it again
                             raise

@@ -15,6 +15,7 @@ one could carry on (``EpisodeVideo._release_if_clean``).
 from __future__ import annotations
 
 import fractions
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -32,8 +33,10 @@ from .decoder_cache import DecoderCache
 if TYPE_CHECKING:
     from loader.lerobot.sidecar.schema import SidecarFile
 
+log = logging.getLogger(__name__)
+
 __all__ = ["DecoderCache", "EpisodeVideo", "frames_held", "UnsupportedCodecError", "VideoDecodeError",
-           "VideoFrameError", "VideoSpan", "plan_video_span"]
+           "VideoFrameError", "VideoSpan", "plan_video_span", "rgb_planes"]
 
 
 class VideoFrameError(ValueError):
@@ -192,6 +195,86 @@ def _reformatter() -> VideoReformatter:
     return fmt
 
 
+# Per process: whether swscale's planar RGB (gbrp) of a kind of frame is exactly its packed
+# rgb24 (see rgb_planes), by (pixel format, width, height, colorspace, color range).
+_PLANAR_EXACT: dict[tuple, bool] = {}
+_GBRP_RGB = (2, 0, 1)     # gbrp's plane holding R, G and B
+_CHECK_FRAMES = 128       # at most this many synthetic frames per check
+
+
+def rgb_planes(frame: av.VideoFrame) -> np.ndarray:
+    """A decoded frame's RGB as a new (3, H, W) uint8 array (planes, the layout of LeRobot's
+    (C, H, W) items), with exactly the values of swscale's packed ``rgb24`` conversion (what
+    LeRobot's decoders and ``frame.to_ndarray(format="rgb24")`` give).
+
+    Converted to planar ``gbrp`` (no transpose: a 640x480 frame then becomes float32 (C, H, W)
+    in 0.4 ms instead of 1.1) where that is exact for this kind of frame, else to ``rgb24`` and
+    transposed. Whether it is exact depends on swscale's code paths, which differ with the
+    width (at 102x70 gbrp differs from rgb24 in every frame; at 320x240 and 640x480 it equals
+    it): checked once per process and kind of frame (``_planar_is_exact``)."""
+    fmt = _reformatter()
+    h, w = frame.height, frame.width
+    if _planar_is_exact(frame):
+        planes = fmt.reformat(frame, format="gbrp", threads=1).planes
+        out = np.empty((3, h, w), dtype=np.uint8)
+        for c, p in enumerate(_GBRP_RGB):
+            out[c] = _plane_array(planes[p])
+        return out
+    rgb = fmt.reformat(frame, format="rgb24", threads=1).to_ndarray()
+    return np.ascontiguousarray(rgb.transpose(2, 0, 1))
+
+
+def _plane_array(plane: av.video.plane.VideoPlane) -> np.ndarray:
+    """An 8-bit plane as an (height, width) view (rows may be padded to ``line_size``)."""
+    rows = np.frombuffer(plane, dtype=np.uint8, count=plane.line_size * plane.height)
+    return rows.reshape(plane.height, plane.line_size)[:, :plane.width]
+
+
+def _planar_is_exact(frame: av.VideoFrame) -> bool:
+    key = (frame.format.name, frame.width, frame.height, frame.colorspace, frame.color_range)
+    exact = _PLANAR_EXACT.get(key)
+    if exact is None:
+        # Threads racing here each check and find the same answer.
+        exact = _PLANAR_EXACT[key] = _check_planar(frame)
+    return exact
+
+
+def _check_planar(frame: av.VideoFrame) -> bool:
+    """Whether gbrp equals rgb24 on ``frame`` and on synthetic frames of its kind (same format,
+    size, colorspace and range) whose bytes cover, for an 8-bit 3-plane YUV format, every
+    (U, V) pair with varying Y (frames as needed, at most ``_CHECK_FRAMES``). swscale's paths
+    differ systematically (rounding, chroma handling, SIMD tails), not on rare values, so a
+    difference shows on these; without one gbrp is used. Any error: not exact (rgb24 is always
+    right)."""
+    try:
+        fmt = VideoReformatter()
+
+        def same(f: av.VideoFrame) -> bool:
+            rgb = fmt.reformat(f, format="rgb24", threads=1).to_ndarray()
+            planes = fmt.reformat(f, format="gbrp", threads=1).planes
+            return all(np.array_equal(_plane_array(planes[p]), rgb[..., c]) for c, p in enumerate(_GBRP_RGB))
+
+        if not same(frame):
+            return False
+        sizes = [p.line_size * p.height for p in frame.planes]
+        chroma = min(sizes[1:3]) if len(sizes) >= 3 else sizes[0]
+        count = min(_CHECK_FRAMES, max(2, -(-65536 // max(1, chroma))))
+        for k in range(count):
+            synthetic = av.VideoFrame(frame.width, frame.height, frame.format.name)
+            synthetic.colorspace, synthetic.color_range = frame.colorspace, frame.color_range
+            for i, plane in enumerate(synthetic.planes):
+                data = np.frombuffer(plane, dtype=np.uint8, count=plane.line_size * plane.height)
+                idx = np.arange(len(data), dtype=np.int64) + k * len(data)
+                data[:] = (idx >> 8 if i == 1 else idx if i == 2 else idx * 7 + k) & 255
+            if not same(synthetic):
+                return False
+        return True
+    except Exception:  # noqa: BLE001 - an unusual format or PyAV version: use the always-exact path
+        log.debug("planar RGB check failed for %s %dx%d; using rgb24", frame.format.name, frame.width,
+                  frame.height, exc_info=True)
+        return False
+
+
 class EpisodeVideo:
     """Decodes frames of one (episode, camera) from the fetched span bytes.
 
@@ -283,11 +366,21 @@ class EpisodeVideo:
 
     def frames_at(self, times: Sequence[float]) -> np.ndarray:
         """(T, H, W, 3) uint8 RGB frames at ``times`` (seconds in the file)."""
+        return np.stack([self.frame(s) for s in self._samples_at(times)])
+
+    def planes_at(self, times: Sequence[float]) -> np.ndarray:
+        """(T, 3, H, W) uint8 RGB frames at ``times`` (seconds in the file), as planes (the
+        layout of LeRobot's items); read-only. One frame: a view of the decoded frame, no copy."""
+        samples = self._samples_at(times)
+        if len(samples) == 1:
+            return self.planes(samples[0])[None]
+        return np.stack([self.planes(s) for s in samples])
+
+    def _samples_at(self, times: Sequence[float]) -> list[int]:
         asked = np.asarray(times, dtype=np.float64).reshape(-1)
         if not len(asked):
             raise ValueError(f"{self.rel}: frames_at needs at least one time")
-        samples = self._lookup(asked)
-        return np.stack([self.frame(s) for s in samples.tolist()])
+        return self._lookup(asked).tolist()
 
     def _lookup(self, times: np.ndarray) -> np.ndarray:
         """Nearest span sample per time; past the tolerance, the full search names the problem."""
@@ -300,7 +393,11 @@ class EpisodeVideo:
         return _nearest_samples(self.rel, self._pts, self._ids, times, self.tolerance_s, "span")
 
     def frame(self, sample: int) -> np.ndarray:
-        """The (H, W, 3) uint8 RGB frame of decode-order ``sample`` (read-only array)."""
+        """The (H, W, 3) uint8 RGB frame of decode-order ``sample`` (a read-only view of ``planes``)."""
+        return self.planes(sample).transpose(1, 2, 0)
+
+    def planes(self, sample: int) -> np.ndarray:
+        """The (3, H, W) uint8 RGB frame of decode-order ``sample`` (read-only array)."""
         sample = int(sample)
         if not self._first <= sample < self.span.end_sample:
             raise VideoFrameError(f"{self.rel}: sample {sample} is outside the fetched span "
@@ -316,7 +413,7 @@ class EpisodeVideo:
                     frame = self._decode_to(sample)
                     self._release_if_clean()
                 started = time.perf_counter()
-                rgb = _reformatter().reformat(frame, format="rgb24", threads=1).to_ndarray()
+                rgb = rgb_planes(frame)
                 self.decode_seconds += time.perf_counter() - started
                 rgb.flags.writeable = False
                 if self.keep_frames:
