@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ from .items import (
     frames_to_tensor,
     mark_padding,
 )
+from .monitor import PUBLISH_EVERY_S
 from .options import DEFAULT_SEED, StreamingOptions
 from .ownership import EpisodeWork, Ownership, batches_of, max_workers
 from .planner import WorkerPlan, plan_worker
@@ -151,6 +153,7 @@ class StreamingLeRobotDataset(IterableDataset):
         self._shared_refill: torch.Tensor | None = None  # per worker: refill-level histogram
         self._process: _ProcessCache | None = None       # what this process keeps across epochs
         self._shared_stats: torch.Tensor | None = None
+        self._publish_due = 0.0                  # monotonic time of the next stats publish
         self._yielded = 0                        # in-process iteration: samples handed out this epoch
         self.byte_cache: EpisodeByteCache | None = None
         self.counters = RunCounters()
@@ -511,7 +514,7 @@ class StreamingLeRobotDataset(IterableDataset):
         try:
             yield from batched(items(), batching, self.video_keys, frame_dtype=frame_dtype, shared=not in_process)
         finally:
-            self._publish_stats(row)
+            self._publish_stats(row, final=True)
             with decoders_lock:
                 decoders.clear()
         if in_process:
@@ -534,10 +537,16 @@ class StreamingLeRobotDataset(IterableDataset):
             out[k] = int(snap.get(k, 0))
         return out
 
-    def _publish_stats(self, row: int) -> None:
+    def _publish_stats(self, row: int, *, final: bool = False) -> None:
+        """This process's counters into the loader's shared row ``row``: at most every
+        ``PUBLISH_EVERY_S`` while iterating, and always at the end of a pass (``final``)."""
         t = self._shared_stats
         if t is None or row >= t.shape[0]:
             return
+        now = time.monotonic()
+        if not final and now < self._publish_due:
+            return
+        self._publish_due = now + PUBLISH_EVERY_S
         s = self.stats()
         t[row] = torch.tensor([s.get(k, 0) for k in STAT_FIELDS], dtype=torch.int64)
         h, refill = self._shared_refill, self.counters.refill

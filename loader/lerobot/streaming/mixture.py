@@ -40,6 +40,7 @@ from __future__ import annotations
 import gc
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,7 @@ from .control import read_control
 from .dataset import StreamingLeRobotDataset, _all_gather_ints, _rank_and_world
 from .executor import EpisodePayload, PlanRunner, RunCounters
 from .items import EpisodeRows, build_item, frames_to_tensor, mark_padding
+from .monitor import PUBLISH_EVERY_S
 from .options import DEFAULT_SEED, StreamingOptions
 from .planner import WorkerPlan, plan_worker
 from .ranges import FetchCounters
@@ -231,6 +233,7 @@ class StreamingLeRobotMixture(IterableDataset):
         self._collate: tuple[int, bool] | None = None
         self._control: torch.Tensor | None = None
         self._shared_stats: torch.Tensor | None = None
+        self._publish_due = 0.0                  # monotonic time of the next stats publish
         self._plans: tuple[int, list[WorkerPlan]] | None = None
         self._yielded = 0
         self.counters = RunCounters()
@@ -542,7 +545,7 @@ class StreamingLeRobotMixture(IterableDataset):
         try:
             yield from batched(items(), batching, self.video_keys, frame_dtype=frame_dtype, shared=not in_process)
         finally:
-            self._publish_stats(row)
+            self._publish_stats(row, final=True)
             with decoders_lock:
                 decoders.clear()
         if in_process:
@@ -565,10 +568,16 @@ class StreamingLeRobotMixture(IterableDataset):
         out["samples_per_source"] = dict(zip(self.source_names, self.samples_per_source, strict=True))
         return out
 
-    def _publish_stats(self, row: int) -> None:
+    def _publish_stats(self, row: int, *, final: bool = False) -> None:
+        """This process's counters into the loader's shared row ``row``: at most every
+        ``PUBLISH_EVERY_S`` while iterating, and always at the end of a pass (``final``)."""
         t = self._shared_stats
         if t is None or row >= t.shape[0]:
             return
+        now = time.monotonic()
+        if not final and now < self._publish_due:
+            return
+        self._publish_due = now + PUBLISH_EVERY_S
         s = self.stats()
         t[row] = torch.tensor([s.get(k, 0) for k in MIX_STAT_FIELDS] + list(self.samples_per_source),
                               dtype=torch.int64)
