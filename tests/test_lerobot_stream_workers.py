@@ -238,12 +238,12 @@ def test_worker_buffers_are_reused_only_once_released() -> None:
 
     lender = BufferLender(workers=1, slots=2)
     pool = BufferPool(lender.flags, 0)
-    a, slot_a = pool.take(100)
-    b, slot_b = pool.take(50)
+    a, b = pool.take(100), pool.take(50)
+    slot_a, slot_b = a.slot, b.slot
     assert (slot_a, slot_b) == (0, 1) and lender.flags.tolist() == [[1, 1]]
-    c, slot_c = pool.take(10)                       # every slot lent: a buffer of its own
-    assert slot_c is None and c.untyped_storage().data_ptr() not in (
-        a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr())
+    c = pool.take(10)                               # every slot lent: a buffer of its own
+    assert c.slot is None and c.buffer.untyped_storage().data_ptr() not in (
+        a.buffer.untyped_storage().data_ptr(), b.buffer.untyped_storage().data_ptr())
     # What the main process holds is its own mapping of the buffer (here: another tensor).
     received = torch.empty(100, dtype=torch.uint8)
     lender.lend(PackedBatch(received, [], (0, slot_a)))
@@ -254,11 +254,94 @@ def test_worker_buffers_are_reused_only_once_released() -> None:
     del view
     lender.reclaim()
     assert lender.flags.tolist() == [[0, 1]]
-    again, slot = pool.take(80)                     # fits the released slot: the same memory
-    assert slot == slot_a and lender.flags.tolist() == [[1, 1]]
-    assert again.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
-    lender.lend(PackedBatch(b, [], (0, slot_b), pinned=True))   # a pinned copy frees it at once
+    again = pool.take(80)                           # fits the released slot: the same memory
+    assert again.slot == slot_a and lender.flags.tolist() == [[1, 1]]
+    assert again.buffer.untyped_storage().data_ptr() == a.buffer.untyped_storage().data_ptr()
+    lender.lend(PackedBatch(b.buffer, [], (0, slot_b), pinned=True))   # a pinned copy frees it at once
     assert lender.flags.tolist() == [[1, 0]]
+
+
+def test_a_recycled_buffer_crosses_to_the_main_process_once() -> None:
+    # The first batch in a slot carries its memory; later ones name it (serial checked), and a
+    # grown slot is new memory, carried again. Pickled as a worker's result queue pickles it.
+    import io
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers the tensor reductions workers use)
+
+    from loader.lerobot.streaming import collate
+    from loader.lerobot.streaming.collate import BufferLender, BufferPool
+
+    def cross(packed: PackedBatch) -> tuple[PackedBatch, int]:
+        out = io.BytesIO()
+        ForkingPickler(out).dump(packed)
+        return ForkingPickler.loads(out.getvalue()), len(out.getvalue())
+
+    lender = BufferLender(workers=1, slots=1)
+    pool = BufferPool(lender.flags, 0, lender.token)
+    layout = [("x", 0, torch.uint8, (8,))]
+    first = pool.take(8)
+    assert first.ship
+    first.buffer.copy_(torch.arange(8, dtype=torch.uint8))
+    got, _ = cross(PackedBatch(first.buffer, layout, (0, first.slot), token=lender.token,
+                               serial=first.serial, ship=first.ship))
+    assert got.unpack()["x"].tolist() == list(range(8))
+    lender.lend(got)
+    del got
+    lender.reclaim()
+    second = pool.take(8)
+    assert not second.ship and second.serial == first.serial
+    second.buffer.fill_(7)
+    named, _ = cross(PackedBatch(second.buffer, layout, (0, second.slot), token=lender.token,
+                                 serial=second.serial, ship=second.ship))
+    assert named.unpack()["x"].tolist() == [7] * 8    # the memory the main process kept
+    # The main process's tensors keep the memory alive without the lender (and its registry).
+    kept = named.unpack()["x"]
+    lender.lend(named)
+    del named
+    token = lender.token
+    del lender
+    import gc
+    gc.collect()
+    assert token not in collate.received_buffers and kept.tolist() == [7] * 8
+    # A batch naming memory this process never got is an error that says why, not other bytes.
+    lender = BufferLender(workers=1, slots=1)
+    stranger = PackedBatch(second.buffer, layout, (0, 0), token=lender.token, serial=99, ship=False)
+    with pytest.raises(RuntimeError, match="does not hold"):
+        cross(stranger)
+    pool.flags[0, 0] = 0                            # released; a bigger batch grows the slot
+    grown = pool.take(16)
+    assert grown.slot == 0 and grown.ship and grown.serial != first.serial
+
+
+def test_workers_ship_each_buffer_once_across_persistent_epochs(lerobot_v3_root: Path) -> None:
+    from loader.lerobot.streaming import collate
+
+    calls = {"ship": 0, "named": 0}
+    real = collate._received
+
+    def spy(token, row, slot, serial, buffer, nbytes, layout):
+        calls["ship" if buffer is not None else "named"] += 1
+        return real(token, row, slot, serial, buffer, nbytes, layout)
+
+    # The workers pickle the function by name and the main process looks it up by name: the spy
+    # stands in under the real one's name in both.
+    spy.__module__, spy.__qualname__ = real.__module__, real.__qualname__
+    collate._received = spy
+    try:
+        loader = make_loader(stream(lerobot_v3_root), batch_size=2, num_workers=2, persistent_workers=True)
+        firsts = [[int(i) for batch in loader for i in batch["index"]] for _ in range(2)]
+    finally:
+        collate._received = real
+    assert all(sorted(f) == sorted(firsts[0]) for f in firsts)
+    slots = 2 * (1 + 3)                              # workers x (prefetch_factor + 3)
+    assert 0 < calls["ship"] <= slots and calls["named"] > calls["ship"]
+    token = loader._lender.token
+    assert token in collate.received_buffers
+    del loader
+    import gc
+    gc.collect()
+    assert token not in collate.received_buffers
 
 
 @pytest.mark.parametrize("pin", [False, True])
