@@ -172,42 +172,12 @@ def test_a_bad_missing_keys_setting_is_refused_naming_it(raw_root: Path) -> None
     json.dumps(ShardingConfig().__dict__)  # the state file records it as plain JSON
 
 
-class Requests:
-    """Every S3 request botocore makes in this process: (operation, key)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        import botocore.client
-
-        self.calls: list[tuple[str, str]] = []
-        real = botocore.client.BaseClient._make_api_call
-
-        def spy(client, operation_name, api_params):
-            key = api_params.get("Key") or api_params.get("Prefix") or ""
-            self.calls.append((operation_name, key))
-            return real(client, operation_name, api_params)
-
-        monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", spy)
-
-    def writes(self) -> list[tuple[str, str]]:
-        return [c for c in self.calls
-                if c[0] in ("PutObject", "CopyObject", "UploadPart", "CreateMultipartUpload", "UploadPartCopy")]
-
-
-def spy_off(monkeypatch: pytest.MonkeyPatch, s3_env) -> None:
-    """The ``Requests`` spy off again (``monkeypatch.undo``), and the fixture's environment, which
-    the undo takes away too, set back for the reads that follow."""
-    monkeypatch.undo()
-    for name, value in (("AWS_ENDPOINT_URL", s3_env.endpoint_url), ("AWS_ACCESS_KEY_ID", s3_env.access_key),
-                        ("AWS_SECRET_ACCESS_KEY", s3_env.secret_key), ("AWS_DEFAULT_REGION", s3_env.region)):
-        os.environ[name] = value
-
-
 def test_adding_a_modality_to_an_s3_output_sends_only_its_tars(
-    s3_env, raw_root: Path, without_new: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    s3_env, raw_root: Path, without_new: Path, tmp_path: Path
 ) -> None:
     from pid_platform.cli import shard_main
     from pid_platform.sharding.commit.s3_output import S3Output, cleanup_versions
-    from tests.support.s3_objects import keys, pointer
+    from tests.support.s3_objects import S3Requests, keys, pointer
 
     client = s3_env.client()
     s3_env.make_bucket("addmod")
@@ -223,9 +193,8 @@ def test_adding_a_modality_to_an_s3_output_sends_only_its_tars(
     assert any("/image/" in k for k in v1_keys)
 
     shutil.move(without_new, raw_root / SOURCE / NEW)
-    requests = Requests(monkeypatch)
-    assert shard() == 0
-    spy_off(monkeypatch, s3_env)
+    with S3Requests() as requests:
+        assert shard() == 0
     writes = requests.writes()
     assert writes, "the new modality's tars were sent"
     # No image or caption tar was uploaded or copied: only the new modality's tars, key indexes,
@@ -258,8 +227,8 @@ def test_adding_a_modality_to_an_s3_output_sends_only_its_tars(
     assert items(url, mods) == got
 
     # Built again unchanged: the same version, nothing sent.
-    requests = Requests(monkeypatch)
-    assert shard() == 0
+    with S3Requests() as requests:
+        assert shard() == 0
     # (Only the bucket's write probe, the publish claim and the build lease, all deleted again.)
     housekeeping = (".write-probe-", ".pid-claims", ".pid-build")
     assert [w for w in requests.writes() if not w[1].split("/")[1].startswith(housekeeping)] == []

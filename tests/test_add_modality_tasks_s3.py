@@ -5,7 +5,7 @@ image or caption tar is uploaded or copied; the version published is the one-pro
 its id, its pointer (``uses``) and its bytes included.
 
 The stages run in this process (``shard_main``, each with its own ``--work-dir``) so that the
-``Requests`` spy counts every request they make.
+``S3Requests`` recorder counts every request they make.
 """
 
 from __future__ import annotations
@@ -13,19 +13,17 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pytest
-
 from pid_platform.cli import shard_main
 from tests.conftest import SOURCE
 from tests.support.build_data import SMALL_BOUND_MB, build
-from tests.support.s3_objects import keys, objects, pointer
-from tests.test_add_modality import NEW, Requests, items, spy_off, without_new  # noqa: F401 (the fixture)
+from tests.support.s3_objects import S3Requests, keys, objects, pointer
+from tests.test_add_modality import NEW, items, without_new  # noqa: F401 (the fixture)
 
 HOUSEKEEPING = (".write-probe-", ".pid-claims", ".pid-build")  # the probe, claims, lease and staging
 
 
 def test_the_s3_tasked_build_adds_a_modality_sending_only_its_tars(
-    s3_env, raw_root: Path, without_new: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    s3_env, raw_root: Path, without_new: Path, tmp_path: Path,  # noqa: F811
 ) -> None:
     client = s3_env.client()
     bucket = s3_env.make_bucket("addmod-tasks")
@@ -55,9 +53,8 @@ def test_the_s3_tasked_build_adds_a_modality_sending_only_its_tars(
     assert any("/image/" in k for k in v1_objects) and ".pid-build/plan.parquet" in v1_objects
 
     shutil.move(without_new, raw_root / SOURCE / NEW)
-    requests = Requests(monkeypatch)
-    tasked_build()
-    spy_off(monkeypatch, s3_env)
+    with S3Requests() as requests:
+        tasked_build()
     writes = requests.writes()
     # No image or caption tar was uploaded or copied: only the new modality's tars, key indexes,
     # manifests, settings (and the staging, the claim, the lease and the pointer).
@@ -90,9 +87,8 @@ def test_the_s3_tasked_build_adds_a_modality_sending_only_its_tars(
     assert not [k for k in keys(client, bucket, "photos") if k.startswith(".pid-build/staged")]
 
     # Built again by tasks, unchanged: already served, nothing sent, the same pointer.
-    requests = Requests(monkeypatch)
-    tasked_build()
+    with S3Requests() as requests:
+        tasked_build()
     writes = requests.writes()
-    spy_off(monkeypatch, s3_env)
     assert [w for w in writes if not w[1].split("/")[1].startswith(HOUSEKEEPING)] == []
     assert pointer(client, bucket, "photos") == p2

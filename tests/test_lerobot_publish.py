@@ -37,6 +37,7 @@ from tests.support.publish_data import (
     refs,
     touch_video,
 )
+from tests.support.s3_objects import S3Requests
 from tests.support.seaweedfs import upload_to_new_bucket
 
 BRANCH_REF = f"refs/heads/{SIDECAR_BRANCH}"
@@ -170,39 +171,20 @@ def s3_dataset(s3_env, lerobot_v3_root: Path) -> str:  # noqa: F811
     return upload_to_new_bucket(s3_env, lerobot_v3_root, f"lerobot-{uuid.uuid4().hex[:12]}", "datasets/av1")
 
 
-def _s3_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    """Record (operation, key) of every S3 request the publisher makes, in order."""
-    from pid_platform.lerobot import publish_s3
-
-    calls: list[tuple[str, str]] = []
-    real = publish_s3._store
-
-    def recording(target: S3Target):
-        store = real(target)
-        store.client.meta.events.register(
-            "before-parameter-build.s3.*", lambda model, params, **_: calls.append((model.name, params.get("Key", ""))))
-        return store
-
-    monkeypatch.setattr(publish_s3, "_store", recording)
-    return calls
-
-
-def test_s3_publish_uploads_the_npz_first_and_the_pointer_last(
-    tmp_path: Path, s3_env, s3_dataset: str, monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_s3_publish_uploads_the_npz_first_and_the_pointer_last(tmp_path: Path, s3_env, s3_dataset: str) -> None:
     meta = LeRobotMeta.load(s3_dataset)
     sidecar = tmp_path / "sc.npz"
     build_args = dict(repo_id=REPO_ID, revision="v1", data_root=s3_dataset)
     from loader.lerobot.sidecar import build_sidecar
 
     build_sidecar(meta, sidecar, **build_args)
-    calls = _s3_calls(monkeypatch)
-    result = publish_sidecar(sidecar, parse_target(s3_dataset))
+    with S3Requests() as requests:
+        result = publish_sidecar(sidecar, parse_target(s3_dataset))
 
     prefix = s3_dataset.removeprefix(f"s3://{s3_dataset.split('/')[2]}/")
     data_key = f"{prefix}/{SIDECAR_DIR}/v1.{result.sha256[:16]}.npz"
     pointer_key = f"{prefix}/{SIDECAR_DIR}/v1.json"
-    writes = [(op, key) for op, key in calls if op in ("PutObject", "CreateMultipartUpload", "DeleteObject")]
+    writes = requests.ops("PutObject", "CreateMultipartUpload", "DeleteObject")
     assert writes == [("PutObject", data_key), ("PutObject", pointer_key)]
     assert result.sidecar_url.endswith(data_key) and result.pointer_url.endswith(pointer_key)
 
@@ -217,7 +199,7 @@ def test_s3_publish_uploads_the_npz_first_and_the_pointer_last(
 
 
 def test_s3_republish_switches_the_pointer_and_keeps_one_previous_generation(
-    tmp_path: Path, s3_env, s3_dataset: str, lerobot_v3_root: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+    tmp_path: Path, s3_env, s3_dataset: str, lerobot_v3_root: Path,  # noqa: F811
 ) -> None:
     target = S3Target(s3_dataset)
     bucket = target.bucket
@@ -234,9 +216,9 @@ def test_s3_republish_switches_the_pointer_and_keeps_one_previous_generation(
     assert pointer["sha256"] == generations[2].sha256
 
     # The same bytes again: nothing is written.
-    calls = _s3_calls(monkeypatch)
-    again = publish_sidecar(tmp_path / "sc2.npz", target)
-    assert again.unchanged and not [c for c in calls if c[0] in ("PutObject", "DeleteObject")]
+    with S3Requests() as requests:
+        again = publish_sidecar(tmp_path / "sc2.npz", target)
+    assert again.unchanged and not requests.ops("PutObject", "DeleteObject")
 
 
 def test_s3_failed_upload_leaves_the_previous_pointer(

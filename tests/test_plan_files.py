@@ -171,11 +171,10 @@ def test_a_ranged_object_reads_any_part_and_refuses_a_replaced_object(tmp_path: 
 
 
 def test_s3_write_tasks_read_the_staged_plan_by_ranges_and_refuse_another_plans_rows(
-        s3_env, raw_root: Path, tmp_path: Path, monkeypatch, capsys) -> None:
-    import botocore.client
-
+        s3_env, raw_root: Path, tmp_path: Path, capsys) -> None:
     from pid_platform.cli import shard_main
     from pid_platform.sharding.tasks.s3_staging import STAGED
+    from tests.support.s3_objects import S3Requests
 
     bucket = s3_env.make_bucket("plan-files-ranges")
     url = f"s3://{bucket}/photos"
@@ -186,18 +185,10 @@ def test_s3_write_tasks_read_the_staged_plan_by_ranges_and_refuse_another_plans_
         return ["--work-dir", str(tmp_path / "machines" / f"m{next(machines)}")]
 
     assert shard_main(["plan", *io_args, "--max-shard-size-mb", str(SMALL_BOUND_MB), *work()]) == 0
-    gets: list[tuple[str, str | None]] = []
-    real = botocore.client.BaseClient._make_api_call
-
-    def spy(client, operation, params):
-        if operation == "GetObject":
-            gets.append((params["Key"], params.get("Range")))
-        return real(client, operation, params)
-
-    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", spy)
-    assert shard_main(["task", "--index", "0", "--of", "2", *io_args, "--num-workers", "1", *work()]) == 0
+    with S3Requests() as requests:
+        assert shard_main(["task", "--index", "0", "--of", "2", *io_args, "--num-workers", "1", *work()]) == 0
     plan_key = f"photos/{STAGED}/state/plan.parquet"
-    reads = [r for k, r in gets if k == plan_key]
+    reads = [r for op, k, r in requests.calls if op == "GetObject" and k == plan_key]
     # The footer and the task's row group, each a range; the plan is never fetched whole.
     assert reads and all(r is not None and r.startswith("bytes=") for r in reads) and len(reads) <= 12
     # The staged plan.parquet replaced by another plan's (the same samples, other shards): the
@@ -216,13 +207,11 @@ def test_s3_write_tasks_read_the_staged_plan_by_ranges_and_refuse_another_plans_
 
 def test_the_s3_commit_copies_the_big_state_inside_the_bucket_and_refuses_a_plan_staged_meanwhile(
         s3_env, raw_root: Path, tmp_path: Path, monkeypatch, capsys) -> None:
-    import botocore.client
-
     from loader.formats.version_pointer import POINTER_NAME
     from loader.io.objects import S3Objects
     from pid_platform.cli import shard_main
     from pid_platform.sharding.tasks.s3_staging import STAGED
-    from tests.support.s3_objects import keys, pointer
+    from tests.support.s3_objects import S3Requests, keys, pointer
 
     bucket = s3_env.make_bucket("plan-files-commit")
     client = s3_env.client()
@@ -261,15 +250,9 @@ def test_the_s3_commit_copies_the_big_state_inside_the_bucket_and_refuses_a_plan
     # An undisturbed commit: the big state files are copied, never fetched whole.
     out_args = plan_and_tasks("photos")
     staged_sha = json.loads(client.get_object(Bucket=bucket, Key=f"photos/{STAGED}/staged.json")["Body"].read())["state"]
-    calls: list[tuple[str, str, str | None]] = []
-    real = botocore.client.BaseClient._make_api_call
-
-    def spy(c, operation, params):
-        calls.append((operation, params.get("Key", ""), params.get("Range")))
-        return real(c, operation, params)
-
-    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", spy)
-    assert shard_main(["commit", *out_args, *work()]) == 0
+    with S3Requests() as requests:
+        assert shard_main(["commit", *out_args, *work()]) == 0
+    calls = requests.calls
     big = ("samples.parquet", "plan.parquet", "intake_cache.parquet")
     whole_gets = [k for op, k, r in calls if op == "GetObject" and r is None and k.endswith(big)]
     assert whole_gets == []
