@@ -129,7 +129,7 @@ class LocalBufferPool:
 
     A fresh buffer per batch costs more CPU than converting its frames: a 640x480 float32 batch
     (8 items x 2 cameras, 59 MB) is above malloc's mmap threshold, so every batch was mapped,
-    faulted in and zeroed page by page by the kernel, then unmapped (measured: 6.1 -> 4.0
+    faulted in and zeroed page by page by the kernel, then unmapped (measured: 6.5 -> 4.0
     CPU-ms per frame at 0 workers). A handed-out batch's tensors are views of a storage of
     their own over the pooled memory (``torch.from_numpy`` of it), so that storage dies, and its
     weak reference expires, exactly when the training loop has dropped every tensor of the
