@@ -183,7 +183,8 @@ def test_adding_a_modality_through_the_dagster_s3_path_writes_no_image_tar(
 ) -> None:
     """The plan step on a machine that never held the build extends the published plan; its
     write tasks send only the added modality's tars, into the folder of the version they join."""
-    from tests.test_add_modality import NEW, Requests
+    from tests.support.s3_objects import S3Requests
+    from tests.test_add_modality import NEW
 
     client = s3_env.client()
     s3_env.make_bucket("dagster-addmod-raw")
@@ -208,8 +209,8 @@ def test_adding_a_modality_through_the_dagster_s3_path_writes_no_image_tar(
 
     shutil.move(aside / NEW, raw_root / "photos" / NEW)
     upload_tree(client, raw_root, "dagster-addmod-raw", "drops")
-    requests = Requests(monkeypatch)
-    second = run("machine-2")
+    with S3Requests() as requests:
+        second = run("machine-2")
     writes = requests.writes()
     assert second.success and all(check_outcomes(second).values()), check_outcomes(second)
     assert [w for w in writes if "/image/" in w[1] or "/caption/" in w[1]] == []
