@@ -171,9 +171,14 @@ def test_random_and_backward_access(name: str, built) -> None:
     video = b.open(b.plan(ep), keep_frames=2)
     rng = np.random.default_rng(7)
     for k in list(rng.permutation(length)) + list(range(length - 1, -1, -1)) + list(rng.permutation(length)):
-        got = video.frame(video.span.frame_samples[k])
+        sample = video.span.frame_samples[k]
+        got = video.frame(sample)
         assert np.array_equal(got, want[k]), f"frame {k}"
-        assert not got.flags.writeable
+        # The planes a batch is written from are shared with later requests: read-only; frame()
+        # is a copy of them, the caller's to change.
+        assert not any(p.flags.writeable for p in video.rgb(sample)) and got.flags.writeable
+        got[:] = 0
+        assert np.array_equal(video.frame(sample), want[k])
     assert video.restarts > 1   # backward requests beyond what is kept start over
     assert len(video._kept) <= 2 and len(video._pending) <= 2
 
@@ -431,8 +436,8 @@ def test_rgb_planes_are_swscales_rgb24_values(planar: bool, monkeypatch) -> None
     for size in ((64, 48), (320, 240)):
         frame = _yuv_frame(*size)
         planes = video_module.rgb_planes(frame)
-        assert planes.shape == (3, size[1], size[0]) and planes.flags.c_contiguous
-        assert np.array_equal(planes.transpose(1, 2, 0), frame.to_ndarray(format="rgb24"))
+        assert len(planes) == 3 and all(p.shape == (size[1], size[0]) and not p.flags.writeable for p in planes)
+        assert np.array_equal(np.stack(planes, axis=-1), frame.to_ndarray(format="rgb24"))
 
 
 def test_planar_rgb_is_used_only_where_swscale_makes_it_exact(monkeypatch) -> None:
@@ -444,14 +449,14 @@ def test_planar_rgb_is_used_only_where_swscale_makes_it_exact(monkeypatch) -> No
     differs = not all(np.array_equal(video_module._plane_array(gbrp[p]), odd.to_ndarray(format="rgb24")[..., c])
                       for c, p in enumerate(video_module._GBRP_RGB))
     assert video_module._check_planar(odd) is not differs
-    assert np.array_equal(video_module.rgb_planes(odd).transpose(1, 2, 0), odd.to_ndarray(format="rgb24"))
+    assert np.array_equal(np.stack(video_module.rgb_planes(odd), axis=-1), odd.to_ndarray(format="rgb24"))
     assert video_module._PLANAR_EXACT[("yuv420p", 102, 70, odd.colorspace, odd.color_range)] is not differs
     # Where the check passes, gbrp on other frames of that kind still equals rgb24.
     for size in ((64, 48), (320, 240)):
         if video_module._check_planar(_yuv_frame(*size)):
             for seed in range(1, 4):
                 frame = _yuv_frame(*size, seed=seed)
-                assert np.array_equal(video_module.rgb_planes(frame).transpose(1, 2, 0),
+                assert np.array_equal(np.stack(video_module.rgb_planes(frame), axis=-1),
                                       frame.to_ndarray(format="rgb24"))
 
 
@@ -460,10 +465,13 @@ def test_planes_at_gives_the_frames_as_planes(built) -> None:
     video = b.open(b.plan(1), keep_frames=4)
     times = episode_times(b, 1)
     one = video.planes_at(times[2:3])
-    assert one.shape[0] == 1 and not one.flags.writeable
+    assert one.shape[0] == 1 and one.flags.c_contiguous
     assert np.array_equal(one[0].transpose(1, 2, 0), video.frames_at(times[2:3])[0])
     window = video.planes_at(times[0:3])
     assert np.array_equal(window.transpose(0, 2, 3, 1), video.frames_at(times[0:3]))
+    # What batches are written from: the same values, as the decoder's planes.
+    rgb = video.rgb_at(times[0:3])
+    assert np.array_equal(np.stack([np.stack(f) for f in rgb]), window)
 
 
 # -- the decoder cache --------------------------------------------------------------------------

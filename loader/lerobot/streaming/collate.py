@@ -31,36 +31,37 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.data import default_collate, get_worker_info
 
-from .items import frames_to_tensor, write_frames
+from .items import Frames, frames_shape, frames_to_tensor, write_frames
 
 _DTYPES = {"float32": torch.float32, "uint8": torch.uint8}
 
 
 @dataclass(frozen=True)
 class RawFrames:
-    """A camera value before conversion: (T, C, H, W) uint8 as decoded (planes); ``squeeze``: one
-    frame and no window (the item's value is (C, H, W), as LeRobot's ``squeeze(0)``)."""
+    """A camera value before conversion: the decoded frames (``items.Frames``: T frames of
+    (R, G, B) planes, (C, H, W) per frame); ``squeeze``: one frame and no window (the item's
+    value is (C, H, W), as LeRobot's ``squeeze(0)``)."""
 
-    frames: np.ndarray
+    frames: Frames
     squeeze: bool
 
     @property
     def item_shape(self) -> tuple[int, ...]:
-        return self.frames.shape[1:] if self.squeeze else self.frames.shape
+        shape = frames_shape(self.frames)
+        return shape[1:] if self.squeeze else shape
 
     def to_tensor(self, dtype: str) -> torch.Tensor:
         t = frames_to_tensor(self.frames, dtype)
         return t.squeeze(0) if self.squeeze else t
 
 
-def raw_frames(frames: np.ndarray) -> RawFrames:
+def raw_frames(frames: Frames) -> RawFrames:
     """``build_item``'s ``video_value`` for a batched read: keep the decoded frames as they are."""
-    return RawFrames(frames, squeeze=frames.shape[0] == 1)
+    return RawFrames(frames, squeeze=len(frames) == 1)
 
 
 _ALIGN = 64
@@ -242,7 +243,7 @@ class PackedBatch:
             if offset is None:
                 out[key] = shape            # not a tensor: the collated value itself
                 continue
-            n = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+            n = math.prod(shape) * dtype.itemsize
             out[key] = self.buffer[offset:offset + n].view(dtype).view(shape)
         return out
 
@@ -299,7 +300,7 @@ def collate_items(items: Sequence[dict[str, Any]], video_keys: Sequence[str], *,
         else:
             plan.append((key, "other", None, None))
             continue
-        total += _aligned(math.prod(plan[-1][3]) * torch.empty(0, dtype=plan[-1][2]).element_size())
+        total += _aligned(math.prod(plan[-1][3]) * plan[-1][2].itemsize)
     pool = worker_pool() if shared else None
     taken = None
     if pool is not None:
@@ -316,7 +317,7 @@ def collate_items(items: Sequence[dict[str, Any]], video_keys: Sequence[str], *,
             # Strings (``task``) and the like: default_collate's value, inside the pickle.
             layout.append((key, None, None, default_collate([item[key] for item in items])))
             continue
-        nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
         view = buffer[offset:offset + nbytes].view(dtype).view(shape)
         if how == "frames":
             target = view.numpy()

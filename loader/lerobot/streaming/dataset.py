@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
@@ -39,6 +38,7 @@ from .control import read_control
 from .executor import EpisodePayload, PlanRunner, RunCounters
 from .items import (
     EpisodeRows,
+    Frames,
     build_item,
     check_delta_timestamps,
     delta_indices,
@@ -443,7 +443,7 @@ class StreamingLeRobotDataset(IterableDataset):
         elif frame_dtype == "float32":
             video_value = None           # LeRobot's float32 tensor per item
         else:
-            def video_value(frames: np.ndarray) -> torch.Tensor:
+            def video_value(frames: Frames) -> torch.Tensor:
                 return frames_to_tensor(frames, frame_dtype).squeeze(0)
 
         def fetch(ep: int) -> EpisodePayload:
@@ -471,13 +471,13 @@ class StreamingLeRobotDataset(IterableDataset):
             info_e = self.meta.episode(ep)
             frame = int(plan.frames[step])
 
-            def decode(key: str, times: list[float]) -> np.ndarray:
+            def decode(key: str, times: list[float]) -> Frames:
                 self.counters.frames_decoded += len(times)
                 at = [info_e.videos[key].from_timestamp + t for t in times]
                 while True:
                     dec = video(ep, key, payload)
                     try:
-                        return dec.planes_at(at)
+                        return dec.rgb_at(at)
                     except ValueError:
                         # Evicted from the decoder LRU by another thread meanwhile: open it again.
                         if not dec.closed:

@@ -102,12 +102,15 @@ class EpisodeRows:
         self.num_rows = table.num_rows
         self.columns: dict[str, np.ndarray | list] = {}
         self.kinds: dict[str, str] = {}
+        self._targets: dict[str, np.dtype] = {}   # numeric columns: the dtype of their item values
         for name in table.column_names:
             ft = features.get(name)
             if ft is None or ft.get("dtype") in _TABULAR_EXCLUDED:
                 continue
-            self.columns[name] = _column_array(table.column(name))
+            self.columns[name] = col = _column_array(table.column(name))
             self.kinds[name] = "image" if ft.get("dtype") == "image" else "value"
+            if isinstance(col, np.ndarray):
+                self._targets[name] = _np_target(col.dtype)
         if "timestamp" not in self.columns or "task_index" not in self.columns:
             raise ValueError("episode rows need 'timestamp' and 'task_index' columns")
         self.timestamps = np.asarray(self.columns["timestamp"], dtype=np.float32)
@@ -119,13 +122,12 @@ class EpisodeRows:
         if isinstance(col, list):
             v = col[row]
             return v if isinstance(v, str) else torch.tensor(v)
-        v = col[row]
-        return torch.from_numpy(np.array(v, dtype=_np_target(col.dtype)))
+        return torch.from_numpy(np.array(col[row], dtype=self._targets[name]))
 
     def stacked(self, name: str, rows: Sequence[int]) -> Any:
         col = self.columns[name]
         if isinstance(col, np.ndarray) and self.kinds[name] == "value":
-            return torch.from_numpy(np.ascontiguousarray(col[list(rows)], dtype=_np_target(col.dtype)))
+            return torch.from_numpy(np.ascontiguousarray(col[list(rows)], dtype=self._targets[name]))
         return torch.stack([self.value(name, r) for r in rows])
 
 
@@ -134,35 +136,51 @@ def _np_target(dt: np.dtype) -> np.dtype:
             torch.bool: np.dtype(np.bool_)}[_torch_dtype(dt)]
 
 
-def frames_to_tensor(frames: np.ndarray, dtype: str = "float32") -> torch.Tensor:
-    """(T, C, H, W) uint8 decoded frames (planes, ``EpisodeVideo.planes_at``) -> a new (T, C, H, W)
-    float32 tensor in [0, 1], as LeRobot's decoders return it (``dtype="uint8"``: the decoded
-    values, the float32 ones x 255 exactly)."""
-    out = np.empty(frames.shape, dtype=np.float32 if dtype == "float32" else np.uint8)
+Frames = np.ndarray | Sequence[Sequence[np.ndarray]]
+"""Decoded frames: a (T, C, H, W) uint8 array, or T frames of C (H, W) uint8 planes each
+(``EpisodeVideo.rgb_at``: views of the decoder's converted frames)."""
+
+
+def frames_shape(frames: Frames) -> tuple[int, ...]:
+    """(T, C, H, W) of ``frames``."""
+    if isinstance(frames, np.ndarray):
+        return frames.shape
+    return (len(frames), len(frames[0]), *frames[0][0].shape)
+
+
+def frames_to_tensor(frames: Frames, dtype: str = "float32") -> torch.Tensor:
+    """Decoded frames -> a new (T, C, H, W) float32 tensor in [0, 1], as LeRobot's decoders return
+    it (``dtype="uint8"``: the decoded values, the float32 ones x 255 exactly)."""
+    out = np.empty(frames_shape(frames), dtype=np.float32 if dtype == "float32" else np.uint8)
     write_frames(out, frames)
     return torch.from_numpy(out)
 
 
-def write_frames(out: np.ndarray, frames: np.ndarray) -> None:
-    """Write (T, C, H, W) uint8 ``frames`` into ``out`` of that shape, float32 or uint8, in one
-    contiguous pass (no intermediate tensors, no transpose: the decoder gives planes). numpy,
-    single-threaded: float32(v) / 255 is correctly rounded, so it equals LeRobot's
-    ``tensor.type(torch.float32) / 255`` for every v (a multiply by 1/255 would not); torch's
-    intra-op threads would contend with the decode threads."""
-    if out.dtype == np.uint8:
-        np.copyto(out, frames)
+def write_frames(out: np.ndarray, frames: Frames) -> None:
+    """Write decoded ``frames`` into ``out``, (T, C, H, W) float32 or uint8, plane by plane (no
+    intermediate tensors, no transpose: the decoder gives planes). numpy, single-threaded:
+    float32(v) / 255 is correctly rounded, so it equals LeRobot's ``tensor.type(torch.float32)
+    / 255`` for every v (a multiply by 1/255 would not); torch's intra-op threads would contend
+    with the decode threads."""
+    if isinstance(frames, np.ndarray):
+        pairs = [(out, frames)]
     else:
-        np.divide(frames, np.float32(255), out=out, dtype=np.float32)
+        pairs = [(out[t, c], plane) for t, planes in enumerate(frames) for c, plane in enumerate(planes)]
+    for target, source in pairs:
+        if out.dtype == np.uint8:
+            np.copyto(target, source)
+        else:
+            np.divide(source, np.float32(255), out=target, dtype=np.float32)
 
 
 def build_item(rows: EpisodeRows, frame: int, *, length: int, deltas: Mapping[str, Sequence[int]] | None,
-               video_keys: Sequence[str], decode: Callable[[str, list[float]], np.ndarray],
+               video_keys: Sequence[str], decode: Callable[[str, list[float]], Frames],
                tasks: Mapping[int, str], image_keys: Sequence[str] = (),
                image_transforms: Callable[[Any], Any] | None = None,
-               video_value: Callable[[np.ndarray], Any] | None = None) -> dict[str, Any]:
+               video_value: Callable[[Frames], Any] | None = None) -> dict[str, Any]:
     """The item of frame ``frame`` (0-based inside the episode) of a ``length``-frame episode.
 
-    ``decode(camera, times)`` returns (T, C, H, W) uint8 frames at episode-relative ``times``;
+    ``decode(camera, times)`` returns the decoded ``Frames`` at episode-relative ``times``;
     ``video_value`` makes a camera's value of them (default: LeRobot's float32 tensor).
     """
     item: dict[str, Any] = {name: rows.value(name, frame) for name in rows.columns}

@@ -64,7 +64,7 @@ from .collate import batched, raw_frames
 from .control import read_control
 from .dataset import StreamingLeRobotDataset, _all_gather_ints, _rank_and_world
 from .executor import EpisodePayload, PlanRunner, RunCounters
-from .items import EpisodeRows, build_item, frames_to_tensor, mark_padding
+from .items import EpisodeRows, Frames, build_item, frames_to_tensor, mark_padding
 from .monitor import PUBLISH_EVERY_S
 from .options import DEFAULT_SEED, StreamingOptions
 from .planner import WorkerPlan, plan_worker
@@ -463,13 +463,13 @@ class StreamingLeRobotMixture(IterableDataset):
         frame_dtype = self.options.frame_dtype
         batching = self._collate
         transforms_here = self.image_transforms if not in_process else None
-        video_value: Callable[[np.ndarray], Any] | None
+        video_value: Callable[[Frames], Any] | None
         if batching is not None and self.image_transforms is None:
             video_value = raw_frames
         elif frame_dtype == "float32":
             video_value = None
         else:
-            def video_value(f: np.ndarray) -> torch.Tensor:
+            def video_value(f: Frames) -> torch.Tensor:
                 return frames_to_tensor(f, frame_dtype).squeeze(0)
 
         def fetch(cid: int) -> EpisodePayload:
@@ -501,13 +501,13 @@ class StreamingLeRobotMixture(IterableDataset):
             ds = self.datasets[i]
             info_e = ds.meta.episode(ep)
 
-            def decode(key: str, times: list[float]) -> np.ndarray:
+            def decode(key: str, times: list[float]) -> Frames:
                 self.counters.frames_decoded += len(times)
                 at = [info_e.videos[key].from_timestamp + t for t in times]
                 while True:
                     dec = video(cid, key, payload)
                     try:
-                        return dec.planes_at(at)
+                        return dec.rgb_at(at)
                     except ValueError:
                         if not dec.closed:  # evicted by another thread meanwhile: open it again
                             raise
