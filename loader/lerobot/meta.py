@@ -104,6 +104,7 @@ class LeRobotMeta:
     config: StreamConfig | None = field(default=None, repr=False)  # how the files were read
     _rows: dict[int, int] = field(repr=False, default_factory=dict)
     _numeric: dict[str, np.ndarray] = field(repr=False, default_factory=dict)
+    _episode_infos: dict[int, EpisodeInfo] = field(repr=False, default_factory=dict)
 
     # -- loading --------------------------------------------------------------------------------
 
@@ -179,6 +180,13 @@ class LeRobotMeta:
         return self.episodes.num_rows
 
     def episode(self, episode_index: int) -> EpisodeInfo:
+        """One episode's row (built once per episode: readers ask per sample)."""
+        info = self._episode_infos.get(int(episode_index))
+        if info is None:
+            info = self._episode_infos[int(episode_index)] = self._episode_info(int(episode_index))
+        return info
+
+    def _episode_info(self, episode_index: int) -> EpisodeInfo:
         row = self._rows.get(int(episode_index))
         if row is None:
             raise KeyError(f"{self.root}: no episode {episode_index} in {EPISODES_DIR}/ "

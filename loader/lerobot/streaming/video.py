@@ -357,6 +357,7 @@ class EpisodeVideo:
         self._sorted_pts_list, self._sorted_ids_list = self._sorted_pts.tolist(), self._sorted_ids.tolist()
         sync = np.asarray(arrays["sync_samples"]).astype(np.int64)
         self._sync = sync[(sync >= first) & (sync < end)]
+        self._sync_list = self._sync.tolist()
         self._is_sync = np.zeros(end - first, dtype=bool)
         self._is_sync[self._sync - first] = True
         self._clean = _clean_starts(self._sync - first, self._pts)
@@ -495,11 +496,11 @@ class EpisodeVideo:
 
     def _restart_point(self, sample: int) -> int | None:
         """The sync sample to open a new decoder at, or None to keep feeding the open one."""
-        i = int(np.searchsorted(self._sync, sample, side="right")) - 1
+        i = bisect.bisect_right(self._sync_list, sample) - 1
         target = self._pts[sample - self._first]
         while i > 0 and self._pts[self._sync[i] - self._first] > target:
             i -= 1   # open-GOP leading picture: it references the GOP before
-        sync = int(self._sync[max(i, 0)])
+        sync = self._sync_list[max(i, 0)]
         if self._parked:
             # Feeding on from _next needs no earlier packet; a sample whose references lie before
             # it (sync < _next) needs a real restart.
