@@ -11,6 +11,7 @@ from pid_platform.demo.sample_data import make_sample_source
 
 pytest_plugins = [
     "tests.support.leaks",  # fails the run if a process the suite started outlives it
+    "tests.support.scheduling",  # fails a test that leaves this process under real-time scheduling
     "tests.support.seaweedfs",
     "tests.support.paused_procs",  # `procs`: real processes held at pause points
     "tests.support.http_server",
@@ -19,6 +20,7 @@ pytest_plugins = [
     "tests.support.hub_standin",
     "tests.support.dagster_runs",
     "tests.support.publish_data",  # `source`: a bare git repo holding the dataset, and its sidecar
+    "pytester",  # `pytester`: runs a suite of its own (tests/test_encoder_scheduling.py)
 ]
 
 # Four photographs x eight aspect ratios: every bucket gets real pictures, and it builds fast.

@@ -11,10 +11,11 @@ photograph) with the frame number drawn in as a block code that survives lossy c
 
 from __future__ import annotations
 
+import contextlib
 import fractions
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,7 +76,7 @@ def encode_mp4(path: Path, frames: Sequence[np.ndarray] | Sequence[Sequence[np.n
     path.parent.mkdir(parents=True, exist_ok=True)
     movflags = ("+faststart" if faststart else "") + ("+negative_cts_offsets" if negative_cts_offsets else "")
     muxer_options = {"movflags": movflags} if movflags else {}
-    with av.open(str(path), "w", format="mp4", options=muxer_options) as out:
+    with scheduling_kept(), av.open(str(path), "w", format="mp4", options=muxer_options) as out:
         stream = out.add_stream(codec, rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.codec_context.time_base = fractions.Fraction(1, fps)
@@ -97,6 +98,27 @@ def encode_mp4(path: Path, frames: Sequence[np.ndarray] | Sequence[Sequence[np.n
     return EncodedInfo(path=path, codec=codec, fps=fps, pts=pts,
                        episodes=[(s / fps, (s + n) / fps) for s, n in spans],
                        episode_frames=spans, keyframes=forced)
+
+
+@contextlib.contextmanager
+def scheduling_kept() -> Iterator[None]:
+    """Run an encoder, then give the calling thread back the CPU scheduling it had.
+
+    SVT-AV1 (libsvtav1), run as root, moves the thread that opens an encoder to ``SCHED_FIFO``
+    priority 99 and leaves it there. Every process started from that thread afterwards inherits
+    it: ``dagster dev``, a browser, a DataLoader worker. Under FIFO a process that never blocks is
+    never preempted by its equals. In CI, after the tests had encoded their AV1 videos, two
+    headless-chromium renderers spinning under it held both cores for 40 minutes while ``dagster
+    dev``, FIFO 99 as well, waited behind them."""
+    if not hasattr(os, "sched_getscheduler"):
+        yield
+        return
+    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+    try:
+        yield
+    finally:
+        if (os.sched_getscheduler(0), os.sched_getparam(0)) != (policy, param):
+            os.sched_setscheduler(0, policy, param)
 
 
 def _as_episodes(frames) -> list[list[np.ndarray]]:

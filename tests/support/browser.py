@@ -6,8 +6,9 @@ tests/support/daemons.py); chromium, its child, is started through a wrapper tha
 signal when chromedriver dies (a ``kill -9`` of chromedriver leaves chromium running otherwise; the
 browser process takes its renderers, zygote and crash handlers with it). Every WebDriver command has a deadline, and the
 teardown kills the whole tree by process group after a bounded ``quit``: a renderer that spins
-(seen once in CI: two renderers at 93% CPU each, the machine's two cores, for 40 minutes) fails
-the test instead of hanging the suite.
+fails the test instead of hanging the suite. (In CI two renderers once held both cores for 40
+minutes: they had inherited SCHED_FIFO 99 from the test process, which an SVT-AV1 encoder had left
+real-time; see ``pid_platform.demo.sample_video.scheduling_kept`` and tests/support/scheduling.py.)
 """
 
 from __future__ import annotations

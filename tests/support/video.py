@@ -17,6 +17,7 @@ from pid_platform.demo.sample_video import (
     encode_mp4,
     photo_frames,
     read_frame_number,
+    scheduling_kept,
 )
 
 __all__ = ["CODECS", "CODE_BITS", "EncodedInfo", "decode_all_frames", "draw_frame_number",
@@ -41,7 +42,7 @@ def encode_plain_mp4(path: str | Path, frames: list[np.ndarray], *, codec: str, 
     of codecs the LeRobot writer does not produce."""
     path = Path(path)
     height, width = frames[0].shape[:2]
-    with av.open(str(path), "w", format="mp4") as out:
+    with scheduling_kept(), av.open(str(path), "w", format="mp4") as out:
         stream = out.add_stream(codec, rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         for i, rgb in enumerate(frames):
