@@ -5,7 +5,7 @@ straight into one batch tensor per camera, in shared memory when in a DataLoader
 contiguous, then stack the items into a fresh shared-memory tensor: three passes over float32
 data per frame. Here a sample's camera value stays the decoder's uint8 frames (``RawFrames``)
 until the batch is built; each frame is then written once, converted on the way
-(``items.write_frames``), into the batch. Every other key goes through ``default_collate``, so
+(``video.write_frames``), into the batch. Every other key goes through ``default_collate``, so
 a batch has the keys, order, dtypes and shapes ``default_collate`` over the items gives.
 
 In a DataLoader worker the batch buffers are recycled (``BufferPool``): a fresh shared-memory
@@ -35,7 +35,8 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.data import default_collate, get_worker_info
 
-from .items import Frames, frames_shape, frames_to_tensor, write_frames
+from .items import frames_to_tensor
+from .video import Frames, frames_shape, write_frames
 
 _DTYPES = {"float32": torch.float32, "uint8": torch.uint8}
 

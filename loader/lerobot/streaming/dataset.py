@@ -38,7 +38,6 @@ from .control import read_control
 from .executor import EpisodePayload, PlanRunner, RunCounters
 from .items import (
     EpisodeRows,
-    Frames,
     build_item,
     check_delta_timestamps,
     delta_indices,
@@ -60,7 +59,7 @@ from .state import (
     worker_steps,
 )
 from .tabular import EpisodeTableReader
-from .video import DecoderCache, EpisodeVideo, VideoSpan, frames_held, plan_video_span
+from .video import DecoderCache, EpisodeVideo, Frames, VideoSpan, frames_held, plan_video_span
 
 log = logging.getLogger(__name__)
 

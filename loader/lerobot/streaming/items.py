@@ -24,6 +24,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from .video import Frames, frames_array
+
 _TABULAR_EXCLUDED = ("video",)
 PAD_KEY = "__pad__"
 
@@ -136,41 +138,10 @@ def _np_target(dt: np.dtype) -> np.dtype:
             torch.bool: np.dtype(np.bool_)}[_torch_dtype(dt)]
 
 
-Frames = np.ndarray | Sequence[Sequence[np.ndarray]]
-"""Decoded frames: a (T, C, H, W) uint8 array, or T frames of C (H, W) uint8 planes each
-(``EpisodeVideo.rgb_at``: views of the decoder's converted frames)."""
-
-
-def frames_shape(frames: Frames) -> tuple[int, ...]:
-    """(T, C, H, W) of ``frames``."""
-    if isinstance(frames, np.ndarray):
-        return frames.shape
-    return (len(frames), len(frames[0]), *frames[0][0].shape)
-
-
 def frames_to_tensor(frames: Frames, dtype: str = "float32") -> torch.Tensor:
     """Decoded frames -> a new (T, C, H, W) float32 tensor in [0, 1], as LeRobot's decoders return
     it (``dtype="uint8"``: the decoded values, the float32 ones x 255 exactly)."""
-    out = np.empty(frames_shape(frames), dtype=np.float32 if dtype == "float32" else np.uint8)
-    write_frames(out, frames)
-    return torch.from_numpy(out)
-
-
-def write_frames(out: np.ndarray, frames: Frames) -> None:
-    """Write decoded ``frames`` into ``out``, (T, C, H, W) float32 or uint8, plane by plane (no
-    intermediate tensors, no transpose: the decoder gives planes). numpy, single-threaded:
-    float32(v) / 255 is correctly rounded, so it equals LeRobot's ``tensor.type(torch.float32)
-    / 255`` for every v (a multiply by 1/255 would not); torch's intra-op threads would contend
-    with the decode threads."""
-    if isinstance(frames, np.ndarray):
-        pairs = [(out, frames)]
-    else:
-        pairs = [(out[t, c], plane) for t, planes in enumerate(frames) for c, plane in enumerate(planes)]
-    for target, source in pairs:
-        if out.dtype == np.uint8:
-            np.copyto(target, source)
-        else:
-            np.divide(source, np.float32(255), out=target, dtype=np.float32)
+    return torch.from_numpy(frames_array(frames, np.float32 if dtype == "float32" else np.uint8))
 
 
 def build_item(rows: EpisodeRows, frame: int, *, length: int, deltas: Mapping[str, Sequence[int]] | None,

@@ -64,13 +64,13 @@ from .collate import batched, raw_frames
 from .control import read_control
 from .dataset import StreamingLeRobotDataset, _all_gather_ints, _rank_and_world
 from .executor import EpisodePayload, PlanRunner, RunCounters
-from .items import EpisodeRows, Frames, build_item, frames_to_tensor, mark_padding
+from .items import EpisodeRows, build_item, frames_to_tensor, mark_padding
 from .monitor import PUBLISH_EVERY_S
 from .options import DEFAULT_SEED, StreamingOptions
 from .planner import WorkerPlan, plan_worker
 from .ranges import FetchCounters
 from .state import StreamResumeError
-from .video import DecoderCache, EpisodeVideo, frames_held
+from .video import DecoderCache, EpisodeVideo, Frames, frames_held
 
 STATE_FORMAT = "pid-lerobot-mixture"
 STATE_VERSION = 1

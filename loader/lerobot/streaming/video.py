@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["DecoderCache", "EpisodeVideo", "frames_held", "UnsupportedCodecError", "VideoDecodeError",
-           "RgbPlanes", "VideoFrameError", "VideoSpan", "plan_video_span", "rgb_planes", "stack_planes"]
+           "Frames", "RgbPlanes", "VideoFrameError", "VideoSpan", "frames_array", "frames_shape", "plan_video_span",
+           "rgb_planes", "write_frames"]
 
 
 class VideoFrameError(ValueError):
@@ -231,13 +232,39 @@ def rgb_planes(frame: av.VideoFrame) -> RgbPlanes:
     return out
 
 
-def stack_planes(frames: Sequence[RgbPlanes]) -> np.ndarray:
-    """(T, 3, H, W) uint8 of frames given as RGB planes (a new array)."""
-    first = frames[0][0]
-    out = np.empty((len(frames), 3, *first.shape), dtype=np.uint8)
-    for t, planes in enumerate(frames):
-        for c in range(3):
-            out[t, c] = planes[c]
+Frames = np.ndarray | Sequence[Sequence[np.ndarray]]
+"""Decoded frames: a (T, C, H, W) uint8 array, or T frames of C (H, W) uint8 planes each
+(``EpisodeVideo.rgb_at``: views of the decoder's converted frames)."""
+
+
+def frames_shape(frames: Frames) -> tuple[int, ...]:
+    """(T, C, H, W) of ``frames``."""
+    if isinstance(frames, np.ndarray):
+        return frames.shape
+    return (len(frames), len(frames[0]), *frames[0][0].shape)
+
+
+def write_frames(out: np.ndarray, frames: Frames) -> None:
+    """Write decoded ``frames`` into ``out``, (T, C, H, W) float32 or uint8, plane by plane (no
+    intermediate tensors, no transpose: the decoder gives planes). numpy, single-threaded:
+    float32(v) / 255 is correctly rounded, so it equals LeRobot's ``tensor.type(torch.float32)
+    / 255`` for every v (a multiply by 1/255 would not); torch's intra-op threads would contend
+    with the decode threads."""
+    if isinstance(frames, np.ndarray):
+        pairs = [(out, frames)]
+    else:
+        pairs = [(out[t, c], plane) for t, planes in enumerate(frames) for c, plane in enumerate(planes)]
+    for target, source in pairs:
+        if out.dtype == np.uint8:
+            np.copyto(target, source)
+        else:
+            np.divide(source, np.float32(255), out=target, dtype=np.float32)
+
+
+def frames_array(frames: Frames, dtype: type = np.uint8) -> np.ndarray:
+    """Decoded frames as a new (T, C, H, W) array of ``dtype`` (float32: in [0, 1])."""
+    out = np.empty(frames_shape(frames), dtype=dtype)
+    write_frames(out, frames)
     return out
 
 
@@ -392,7 +419,7 @@ class EpisodeVideo:
     def planes_at(self, times: Sequence[float]) -> np.ndarray:
         """(T, 3, H, W) uint8 RGB frames at ``times`` (seconds in the file), as planes (the
         layout of LeRobot's items); a new array."""
-        return stack_planes(self.rgb_at(times))
+        return frames_array(self.rgb_at(times))
 
     def rgb_at(self, times: Sequence[float]) -> list[RgbPlanes]:
         """The frames at ``times`` (seconds in the file) as RGB planes, not copied (what a
