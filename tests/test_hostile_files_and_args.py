@@ -64,7 +64,7 @@ HOSTILE_SETTINGS: dict[str, tuple[bytes, str]] = {
     "0x10 as hex": (b"seed: 0x10", "seed"),
     "1_000": (b"part_size: 1_000", "part_size"),
     "1:20 as base 60": (b"seed: 1:20", "seed"),
-    "a key written twice": (b"seed: 1\nseed: 2\n", "seed is set twice"),
+    "a key written twice": (b"seed: 1\nseed: 2\n", "seed is written twice"),
     "a string for a boolean": (b"shuffle: 'true'", "shuffle"),
     "a megabyte-free long string": (b"shuffle: " + b"x" * 60000, "shuffle"),
     "a list for a number": (b"seed: [1, 2]", "seed"),

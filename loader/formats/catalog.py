@@ -20,7 +20,7 @@ from typing import Any
 
 from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError, short_repr
-from loader.formats.json_doc import load_json_doc
+from loader.formats.strict_doc import load_json_doc
 from loader.io import urls
 from loader.mixture.definition import Mixture, MixtureError, check_modalities
 

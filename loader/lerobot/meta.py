@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loader.formats.errors import short_repr
-from loader.formats.json_doc import load_json_doc
+from loader.formats.strict_doc import load_json_doc
 from loader.io import StreamConfig
 from loader.io import roots as fs
 

@@ -18,7 +18,11 @@ Each key takes that executor's own settings, unchanged. Which one a run uses:
    holding one of those keys with its settings (``deploy/ecs/executor.yaml``,
    ``deploy/celery/executor.yaml``), and ``PID_EXECUTOR=multiprocess|in_process|celery|ecs`` picks
    the key (the file's only key when unset; ``multiprocess`` with no file). A bad name or a
-   setting the executor's schema refuses fails the load, naming the file.
+   setting the executor's schema refuses fails the load, naming the file. The file is read by
+   the one strict reader (``loader.formats.strict_doc``: a regular file of at most 64 KiB, no
+   anchors, aliases or tags, nesting bounded), so a hostile one is an ``ExecutorConfigError``
+   naming it in milliseconds, never a hang or gigabytes of memory in every process that loads
+   the code location.
 
 (``dagster_k8s.k8s_job_executor`` plugs in the same way; it is not a dependency here: README.)
 Pools (``pools.py``) cap concurrent steps whatever the executor: the multiprocess, Celery and
@@ -33,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
-import yaml
 from dagster._config import process_config
 from dagster._core.definitions.executor_definition import (
     ExecutorRequirement,
@@ -45,9 +48,13 @@ from dagster._core.executor.init import InitExecutorContext
 from dagster_aws.ecs import ecs_executor
 from dagster_celery import celery_executor
 
+from loader.formats.errors import short_repr
+from loader.formats.strict_doc import load_yaml_doc, read_local_doc
+
 EXECUTOR_ENV = "PID_EXECUTOR"
 EXECUTOR_CONFIG_ENV = "PID_EXECUTOR_CONFIG"
 DEFAULT_EXECUTOR = "multiprocess"
+MAX_EXECUTOR_CONFIG_BYTES = 64 * 1024  # an executor's settings are a screenful
 
 EXECUTORS: dict[str, dg.ExecutorDefinition] = {
     "multiprocess": multiprocess_executor,
@@ -72,13 +79,15 @@ def executor_default(environ: Mapping[str, str] | None = None) -> dict[str, Any]
     where = f"{EXECUTOR_CONFIG_ENV}={path}" if path else EXECUTOR_ENV
     from_file: dict[str, Any] = {}
     if path:
-        try:
-            from_file = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise ExecutorConfigError(f"{where}: cannot read it ({e})") from None
+        fix = f"fix the file or unset {EXECUTOR_CONFIG_ENV}"
+        data = read_local_doc(Path(path), max_bytes=MAX_EXECUTOR_CONFIG_BYTES, fix=fix, error=ExecutorConfigError)
+        doc = load_yaml_doc(data, where, max_bytes=MAX_EXECUTOR_CONFIG_BYTES, fix=fix,
+                            error=ExecutorConfigError)
+        from_file = doc if doc is not None else {}
         if not isinstance(from_file, dict) or not all(k in EXECUTORS for k in from_file):
+            found = sorted(from_file) if isinstance(from_file, dict) else f"a {type(from_file).__name__}"
             raise ExecutorConfigError(f"{where}: expected one of {sorted(EXECUTORS)} as the top key, each "
-                                      f"holding that executor's settings; found {sorted(from_file) if isinstance(from_file, dict) else from_file!r}")
+                                      f"holding that executor's settings; found {short_repr(found, 200)}")
     name = env.get(EXECUTOR_ENV) or (next(iter(from_file)) if len(from_file) == 1 else DEFAULT_EXECUTOR)
     if name not in EXECUTORS:
         raise ExecutorConfigError(f"{EXECUTOR_ENV}={name!r}: not an executor here; use one of {sorted(EXECUTORS)}")

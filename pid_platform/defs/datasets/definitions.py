@@ -11,7 +11,9 @@
 
 Each entry becomes an asset (``datasets/<name>``) and is written into ``catalog.json`` by
 ``dataset_catalog``, with the ``sharding`` resource's ``datasets`` (set in the launchpad) on top.
-A malformed file fails the code location's load with the file and the entry named.
+A malformed file fails the code location's load with a ``MixtureError`` naming the file and the
+entry: it is read by the one strict reader (``loader.formats.strict_doc``: a regular file of at
+most 4 MiB, no anchors, aliases or tags, nesting bounded, keys are text).
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from loader.formats.strict_doc import load_yaml_doc, read_local_doc
 from loader.mixture.definition import Mixture, MixtureError
 
 DATASETS_ENV = "PID_DATASETS"
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
+# Ten thousand weighted sources take about 400 KB; anything far past that is not a definitions file.
+MAX_DATASETS_BYTES = 4 * 1024 * 1024
 
 
 def dataset_definitions(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -37,12 +40,10 @@ def dataset_definitions(environ: Mapping[str, str] | None = None) -> dict[str, A
     where = (env.get(DATASETS_ENV) or "").strip()
     if not where:
         return {}
-    path = Path(where)
-    try:
-        doc = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise MixtureError(f"{DATASETS_ENV}={where}: cannot read the dataset definitions ({exc}); "
-                           "fix the file or unset the variable") from None
+    fix = f"fix the file or unset {DATASETS_ENV}"
+    data = read_local_doc(Path(where), max_bytes=MAX_DATASETS_BYTES, fix=fix, error=MixtureError)
+    doc = load_yaml_doc(data, f"{DATASETS_ENV}={where}", max_bytes=MAX_DATASETS_BYTES, fix=fix,
+                        error=MixtureError) or {}
     if not isinstance(doc, dict):
         raise MixtureError(f"{where}: the dataset definitions must map dataset names to definitions, "
                            f"not a {type(doc).__name__}")

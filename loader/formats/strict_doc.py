@@ -1,0 +1,320 @@
+"""The one strict reader of small documents a person or another machine wrote: settings files
+(``sharding.yaml``, ``$PID_DATASETS``, ``$PID_EXECUTOR_CONFIG``), ``catalog.json``, LeRobot's
+``info.json``, and the build's own records in a bucket others can write to (lease, claims).
+
+Python's readers take more than a settings file should. ``yaml.safe_load`` expands aliases (a
+400-byte "billion laughs" becomes gigabytes), follows nesting to a ``RecursionError``, reads a
+named pipe until a writer comes, and gives mixed-type keys (``1:`` beside ``a:``) that break
+sorting later; ``json`` takes ``NaN``, a key written twice (the last wins, silently), numbers of
+any length and nesting to the recursion limit. Here:
+
+* :func:`read_local_doc` opens without blocking, refuses anything but a regular file and reads
+  at most ``max_bytes + 1`` bytes (one past the cap is enough to refuse it);
+* :func:`load_yaml_doc` reads libyaml's events one at a time into plain values: no anchors,
+  aliases, tags or merge keys, nesting bounded, keys are text (a plain key that reads as a
+  number, boolean or null is refused: quote it), a key written twice refused, one
+  document, plain scalars by one set of rules (``true``/``false``, decimal numbers; YAML 1.1's
+  ``yes``/``on``/``010``/``1_000``/``1:20``, read differently by other readers, refused), numbers
+  finite and short;
+* :func:`load_json_doc` is Python's C reader with the same refusals.
+
+Every refusal is the caller's named error (``error(message)``), one short line naming the file,
+the key path and line where there is one, and ending with the caller's ``fix``; it comes in
+milliseconds and bounded memory whatever the file holds. ``loader`` owns it so the build side
+(which imports ``loader``) and the library read settings alike.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import yaml
+
+from loader.formats.errors import FormatError, short_repr
+
+MAX_DIGITS = 40  # a count, a size or a sha256 prefix: int64 needs 19 digits
+MAX_DEPTH = 32  # the deepest settings file here (an executor's) nests 4 levels
+
+ErrorFactory = Callable[[str], Exception]
+
+try:  # libyaml: the same events, read in C (a hostile file at the cap takes milliseconds)
+    from yaml import CSafeLoader as _Loader
+except ImportError:  # pragma: no cover - PyYAML built without libyaml
+    from yaml import SafeLoader as _Loader  # type: ignore[assignment]
+
+
+# --- Files ----------------------------------------------------------------------------------------
+
+def read_local_doc(path: str | os.PathLike[str], *, max_bytes: int, fix: str,
+                   error: ErrorFactory = FormatError) -> bytes:
+    """The first ``max_bytes + 1`` bytes of the regular file ``path``.
+
+    Opened with ``O_NONBLOCK``: a named pipe put in a settings file's place must not hang the
+    process reading it (a code location's load, a sensor tick). A folder, pipe or device is
+    refused, as is a file that cannot be opened, with ``error`` naming the path."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise error(f"{os.fspath(path)}: cannot read it ({exc.strerror or exc}); {fix}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise error(f"{os.fspath(path)} is not a regular file (a folder, a pipe or a device); {fix}")
+        chunks: list[bytes] = []
+        left = max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _decode(data: bytes, origin: str, max_bytes: int, fix: str, error: ErrorFactory) -> str:
+    if len(data) > max_bytes:
+        raise error(f"{origin}: larger than the {max_bytes} bytes this file may be, so not one; {fix}")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise error(f"{origin}: not UTF-8 text (byte {exc.start} is {data[exc.start:exc.start + 1]!r}); "
+                    f"save it as UTF-8; {fix}") from None
+
+
+# --- YAML -----------------------------------------------------------------------------------------
+
+_BOOL_1_1 = re.compile(r"(?i:y|n|yes|no|on|off)")
+_TRUE, _FALSE = ("true", "True", "TRUE"), ("false", "False", "FALSE")
+_NULL = ("", "~", "null", "Null", "NULL")
+_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)")
+_FLOAT = re.compile(r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)(?:[eE][-+]?[0-9]+)?")
+_SPECIAL_FLOAT = (".inf", "+.inf", "-.inf", ".nan")
+_RADIX = re.compile(r"[-+]?0(?:[0-7]+|[oO][0-7]+|[xX][0-9a-fA-F]+|[bB][01]+|[0-9]+)")
+_UNDERSCORE = re.compile(r"[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?")
+_SEXAGESIMAL = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?")
+
+
+class _Refused(ValueError):
+    pass
+
+
+def plain_scalar(text: str) -> Any:
+    """The value of a plain (unquoted) YAML scalar by one set of rules: ``true``/``false``, null,
+    decimal integers and finite floats of at most ``MAX_DIGITS`` digits, else the text itself.
+    Spellings that YAML 1.1 (PyYAML) and YAML 1.2 read differently raise ``ValueError`` saying
+    what to write instead."""
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    if text in _NULL:
+        return None
+    if _BOOL_1_1.fullmatch(text):
+        raise _Refused(f"{text!r} is a boolean to some YAML readers and text to others; write true or false")
+    if text.lower() in _SPECIAL_FLOAT:
+        raise _Refused(f"{text} is not a finite number; give a number")
+    looks_numeric = _FLOAT.fullmatch(text) or _RADIX.fullmatch(text) or _UNDERSCORE.fullmatch(text) \
+        or _SEXAGESIMAL.fullmatch(text)
+    if looks_numeric and len(text) > MAX_DIGITS:
+        raise _Refused(f"a number of {len(text)} characters is out of every setting's range")
+    if _INT.fullmatch(text):
+        return int(text)
+    if _RADIX.fullmatch(text):
+        raise _Refused(f"{text!r} is octal, hexadecimal or binary to some YAML readers (010 is 8) and decimal "
+                       "to others; write the decimal number without a leading 0")
+    if _FLOAT.fullmatch(text):
+        value = float(text)
+        if not math.isfinite(value):
+            raise _Refused(f"{text} is out of the range of a float")
+        return value
+    if _SEXAGESIMAL.fullmatch(text):
+        raise _Refused(f"{text!r} is a base-60 number to YAML 1.1 (1:20 is 80) and text to others; "
+                       "write the decimal number")
+    if _UNDERSCORE.fullmatch(text):
+        raise _Refused(f"{text!r}: YAML readers disagree on '_' in numbers; write the number without '_'")
+    return text
+
+
+def key_path(path: tuple[str | int, ...]) -> str:
+    """``a.b[2].c``: where a value sits in a document, for messages."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return short_repr(out, 120)[1:-1] if len(out) > 120 else out
+
+
+OnKey = Callable[[tuple[str | int, ...], str, int], None]
+
+
+class _YamlReader:
+    def __init__(self, text: str, origin: str, fix: str, error: ErrorFactory, max_depth: int,
+                 on_key: OnKey | None) -> None:
+        self.origin, self.fix, self.error, self.max_depth, self.on_key = origin, fix, error, max_depth, on_key
+        self.events = self._events(text)
+
+    def _events(self, text: str) -> Iterator[yaml.Event]:
+        loader = _Loader(text)
+        try:
+            while loader.check_event():
+                yield loader.get_event()
+        except yaml.YAMLError as exc:
+            what = " ".join(str(exc).split())  # libyaml's message spans lines: one line here
+            raise self.error(f"{self.origin}: not valid YAML ({short_repr(what, 300)}); {self.fix}") from None
+        finally:
+            loader.dispose()
+
+    def refuse(self, where: str, what: str) -> Exception:
+        return self.error(f"{self.origin}: {where}: {what}; {self.fix}" if where else f"{self.origin}: {what}; {self.fix}")
+
+    @staticmethod
+    def where(path: tuple[str | int, ...], event: yaml.Event) -> str:
+        line = f"line {event.start_mark.line + 1}"
+        return f"{key_path(path)} ({line})" if path else line
+
+    def check_node(self, event: yaml.Event, path: tuple[str | int, ...]) -> None:
+        where = self.where(path, event)
+        if isinstance(event, yaml.AliasEvent):
+            raise self.refuse(where, f"an alias (*{short_repr(event.anchor)}); anchors and aliases are not read "
+                                     "here, write the value itself")
+        anchor, tag = getattr(event, "anchor", None), getattr(event, "tag", None)
+        if anchor is not None:
+            raise self.refuse(where, f"an anchor (&{short_repr(anchor)}); anchors and aliases are not read here")
+        if tag is not None:
+            raise self.refuse(where, f"a tag ({short_repr(tag)}); write plain values")
+
+    def value(self, event: yaml.Event, path: tuple[str | int, ...], depth: int) -> Any:
+        self.check_node(event, path)
+        if isinstance(event, yaml.ScalarEvent):
+            if event.style:  # quoted or block text: a string as written
+                return event.value
+            try:
+                return plain_scalar(event.value)
+            except _Refused as exc:
+                raise self.refuse(self.where(path, event), str(exc)) from None
+        if depth >= self.max_depth:
+            raise self.refuse(self.where(path, event), "a list or mapping nested deeper than this file allows "
+                                                       f"({self.max_depth} levels); write a single value")
+        if isinstance(event, yaml.SequenceStartEvent):
+            items: list[Any] = []
+            while not isinstance(nxt := next(self.events), yaml.SequenceEndEvent):
+                items.append(self.value(nxt, (*path, len(items)), depth + 1))
+            return items
+        if isinstance(event, yaml.MappingStartEvent):
+            out: dict[str, Any] = {}
+            lines: dict[str, int] = {}
+            while not isinstance(key := next(self.events), yaml.MappingEndEvent):
+                line = key.start_mark.line + 1
+                if not isinstance(key, yaml.ScalarEvent):
+                    raise self.refuse(self.where(path, key), "a key must be a single name, not a list, a mapping "
+                                                             "or an alias")
+                self.check_node(key, (*path, key.value))
+                name = key.value
+                if self.on_key is not None:
+                    self.on_key(path, name, line)
+                if not key.style and name == "<<":
+                    raise self.refuse(self.where((*path, name), key), "merge keys (<<) are not read here; write "
+                                                                      "the keys themselves")
+                if not key.style and not isinstance(self.value(key, (*path, name), depth), str):
+                    # 1: beside a: gives keys of two types (PyYAML's sort then raises TypeError)
+                    raise self.refuse(self.where((*path, name), key), f"the key {short_repr(name)} is read as a "
+                                      "number, boolean or null, not a name; quote it if it is a name")
+                if name in out:
+                    raise self.refuse("", f"{key_path((*path, name))} is written twice (lines {lines[name]} and "
+                                          f"{line}); keep one of them")
+                out[name] = self.value(next(self.events), (*path, name), depth + 1)
+                lines[name] = line
+            return out
+        raise self.refuse(self.where(path, event), f"unexpected YAML event {type(event).__name__}")
+
+    def document(self) -> Any:
+        next(self.events)  # StreamStartEvent
+        doc = next(self.events)
+        if isinstance(doc, yaml.StreamEndEvent):
+            return None  # empty, or comments only
+        value = self.value(next(self.events), (), 0)
+        if not isinstance(next(self.events), yaml.DocumentEndEvent) or \
+                not isinstance(next(self.events), yaml.StreamEndEvent):
+            raise self.refuse("", "holds more than one YAML document; keep one")
+        return value
+
+
+def load_yaml_doc(data: bytes, origin: str, *, max_bytes: int, fix: str, error: ErrorFactory = FormatError,
+                  max_depth: int = MAX_DEPTH, on_key: OnKey | None = None) -> Any:
+    """The YAML (or JSON: its flow style is YAML) value in ``data`` as plain values: ``dict``
+    with ``str`` keys, ``list``, ``str``, ``int``, finite ``float``, ``bool``, ``None`` (an
+    empty document is ``None``). ``max_depth`` bounds nesting (1: a mapping of single values);
+    ``on_key(path, key, line)`` sees each key before its value (to refuse an unknown one first)."""
+    text = _decode(data, origin, max_bytes, fix, error)
+    return _YamlReader(text, origin, fix, error, max_depth, on_key).document()
+
+
+# --- JSON -----------------------------------------------------------------------------------------
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise _Refused(f"key {short_repr(dup)} is written twice (which one counts is undefined)")
+    return doc
+
+
+def _constant(name: str) -> Any:
+    raise _Refused(f"{name} is not a JSON number")
+
+
+def _int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise _Refused(f"a number of {len(text)} digits")
+    return int(text)
+
+
+def _float(text: str) -> float:
+    if len(text) > MAX_DIGITS + 10:
+        raise _Refused(f"a number of {len(text)} characters")
+    value = float(text)
+    if not math.isfinite(value):  # 1e999: json reads it as inf, which no field of ours may be
+        raise _Refused(f"{text} is out of the range of a float")
+    return value
+
+
+def load_json_doc(data: bytes, origin: str, *, max_bytes: int, fix: str,
+                  error: ErrorFactory = FormatError) -> Any:
+    """The JSON value in ``data`` (UTF-8, a BOM allowed), read from ``origin``.
+
+    ``error(message)`` is raised for anything the format does not allow; the message names
+    ``origin``, what is wrong (the key for a duplicate) and ends with ``fix``.
+    """
+    text = _decode(data, origin, max_bytes, fix, error)
+    try:
+        return json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant,
+                          parse_int=_int, parse_float=_float)
+    except _Refused as exc:
+        raise error(f"{origin}: {exc}; {fix}") from None
+    except json.JSONDecodeError as exc:
+        raise error(f"{origin}: not valid JSON ({short_repr(exc.msg, 120)} at line {exc.lineno} "
+                    f"column {exc.colno}); {fix}") from None
+    except RecursionError:
+        raise error(f"{origin}: nested too deeply to be this file; {fix}") from None
+
+
+def json_field(doc: Any, name: str, kind: type | tuple[type, ...], origin: str, *, fix: str,
+               error: ErrorFactory = FormatError) -> Any:
+    """``doc[name]``, refused unless ``doc`` is an object holding it with a value of ``kind``
+    (``bool`` is never an ``int`` here)."""
+    if not isinstance(doc, dict):
+        raise error(f"{origin}: not a JSON object; {fix}")
+    if name not in doc:
+        raise error(f"{origin}: no {name!r}; {fix}")
+    value = doc[name]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+        raise error(f"{origin}: {name} = {short_repr(value)} is not a {'/'.join(k.__name__ for k in kinds)}; {fix}")
+    return value
