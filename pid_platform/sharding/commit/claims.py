@@ -5,11 +5,17 @@ machines, the cleanup job) share nothing else. A claim is a small object,
 ``<output>/.pid-claims/<subject>/<purpose>-<token>.json``::
 
     {"claim_version": 1, "subject": "<version id>", "purpose": "publish",
-     "holder": "<host> pid <pid>", "expires": <unix seconds>}
+     "holder": "<host> pid <pid>", "expires": <unix seconds>, "renewed": <unix seconds>,
+     "ttl_s": <seconds>}
 
 held for as long as its holder works on ``subject``: renewed by a background thread every third
-of its lifetime, deleted when the work ends. A holder killed with ``kill -9`` leaves it behind;
-it stops counting at ``expires``. Two purposes exist today:
+of its lifetime (``ttl_s``, bounded to ``[MIN_TTL_S, MAX_TTL_S]``), deleted when the work ends.
+A holder killed with ``kill -9`` leaves it behind; it stops counting at its last renewal plus
+its TTL (or ``expires``, if earlier), whatever ``expires`` says. A claim whose deadline lies
+more than two TTLs ahead of the reader's clock (forged, or a clock more than a TTL ahead), and
+one that is not a claim this version reads (not JSON, ``1e400``, a wrong type), protects
+nothing: it is skipped with a warning naming the object. Every wait for a claim is bounded
+(``wait_until_unclaimed``'s ``max_wait_s``) and fails naming the claim. Two purposes exist today:
 
 * ``publish``: a build is uploading, checking or switching the pointer to that version;
 * ``delete``: the cleanup is about to delete that version.
@@ -28,6 +34,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import math
 import os
 import socket
 import time
@@ -36,6 +44,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from loader.formats.errors import short_repr
+from loader.formats.strict_doc import load_json_doc
 from pid_platform.sharding.commit.held import HeldInBackground
 from pid_platform.sharding.errors import BuildError
 
@@ -46,7 +56,14 @@ CLAIMS_DIR = ".pid-claims"
 CLAIM_FORMAT_VERSION = 1
 PUBLISH = "publish"
 DELETE = "delete"
+log = logging.getLogger(__name__)
+
 DEFAULT_TTL_S = 600.0
+MIN_TTL_S = 1.0  # renewed every third of it: three PUTs a second at most
+MAX_TTL_S = 86400.0  # a killed holder's claim counts for a day at most
+DEFAULT_MAX_WAIT_S = 3 * DEFAULT_TTL_S  # a cleanup deletes a version in minutes; past this, stop
+MAX_CLAIM_BYTES = 4096
+MAX_TIME_S = 1e11  # the year 5138: a time past it is not one this code wrote
 MAX_HOLDER_CHARS = 200
 
 
@@ -62,9 +79,18 @@ class Claim:
     holder: str
     expires: float
     key: str  # the object's key, relative to the output
+    renewed: float | None = None  # None: written by an older version (judged by expires alone)
+    ttl_s: float = DEFAULT_TTL_S
+
+    @property
+    def deadline(self) -> float:
+        """When it stops counting: its last renewal plus its TTL, or ``expires`` if earlier."""
+        return self.expires if self.renewed is None else min(self.expires, self.renewed + self.ttl_s)
 
     def live(self, now: float) -> bool:
-        return now < self.expires
+        """Not stale, and not further ahead than a claim can be (two TTLs: the holder's clock may
+        run up to a TTL ahead; a claim "until 2036" is not one a process here wrote)."""
+        return now < self.deadline <= now + 2 * self.ttl_s
 
     def describe(self) -> str:
         return f"{self.purpose} claim of {self.holder} on {self.subject}"
@@ -74,15 +100,36 @@ def _rel(subject: str, purpose: str, token: str) -> str:
     return f"{CLAIMS_DIR}/{subject}/{purpose}-{token}.json"
 
 
+class _NotAClaim(ValueError):
+    pass
+
+
 def _parse(data: bytes, key: str) -> Claim | None:
+    """The claim in ``data``; None (with a warning naming ``key``) when it is not one this version
+    wrote: it then protects nothing, and is never deleted here either (it is not ours)."""
     try:
-        doc = json.loads(data)
-        if doc.get("claim_version") != CLAIM_FORMAT_VERSION:
-            return None
-        return Claim(str(doc["subject"]), str(doc["purpose"]), str(doc["holder"])[:MAX_HOLDER_CHARS],
-                     float(doc["expires"]), key)
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None  # not a claim this version wrote: it protects nothing
+        doc = load_json_doc(data, key, max_bytes=MAX_CLAIM_BYTES, fix="not a claim", error=_NotAClaim)
+        if not isinstance(doc, dict) or doc.get("claim_version") != CLAIM_FORMAT_VERSION:
+            raise _NotAClaim(f"{key}: claim_version {short_repr(doc.get('claim_version') if isinstance(doc, dict) else doc)}")
+
+        def number(name: str, low: float, high: float, required: bool = True) -> float | None:
+            if name not in doc and not required:
+                return None  # a claim of an older version: no renewed, no ttl_s
+            value = doc.get(name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise _NotAClaim(f"{key}: {name} = {short_repr(value)} is not a number in [{low:g}, {high:g}]")
+            return float(value)
+
+        texts = [doc.get(n) for n in ("subject", "purpose", "holder")]
+        if not all(isinstance(t, str) for t in texts):
+            raise _NotAClaim(f"{key}: subject, purpose and holder must be text")
+        expires = number("expires", 0, MAX_TIME_S)
+        ttl = number("ttl_s", MIN_TTL_S, MAX_TTL_S, required=False)
+        return Claim(texts[0], texts[1], texts[2][:MAX_HOLDER_CHARS], expires or 0.0, key,
+                     number("renewed", 0, MAX_TIME_S, required=False), DEFAULT_TTL_S if ttl is None else ttl)
+    except _NotAClaim as exc:
+        log.warning("%s; it is not a claim this version of pid-platform reads, so it protects nothing", exc)
+        return None
 
 
 def claims_on(output: S3Output, subject: str | None = None) -> list[Claim]:
@@ -111,15 +158,20 @@ class HeldClaim(HeldInBackground):
                  ttl_s: float = DEFAULT_TTL_S, now: Callable[[], float] = time.time) -> None:
         self.output, self.subject, self.purpose = output, subject, purpose
         self.holder = (holder or this_process())[:MAX_HOLDER_CHARS]
-        self.ttl_s, self.now = ttl_s, now
+        if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not math.isfinite(ttl_s) \
+                or not MIN_TTL_S <= ttl_s <= MAX_TTL_S:
+            raise BuildError(f"a {purpose} claim's ttl_s = {short_repr(ttl_s)}: give {MIN_TTL_S:g} to "
+                             f"{MAX_TTL_S:g} seconds")
+        self.ttl_s, self.now = float(ttl_s), now
         self.rel = _rel(subject, purpose, uuid.uuid4().hex[:16])
         self.expires = 0.0
         self._thread_name = f"claim-{purpose}"
 
     def _put(self) -> None:
-        expires = self.now() + self.ttl_s
+        t = self.now()
+        expires = t + self.ttl_s
         doc = {"claim_version": CLAIM_FORMAT_VERSION, "subject": self.subject, "purpose": self.purpose,
-               "holder": self.holder, "expires": expires}
+               "holder": self.holder, "expires": expires, "renewed": t, "ttl_s": self.ttl_s}
         self.output.store().put(self.output.key(self.rel), json.dumps(doc).encode(), content_type="application/json")
         self.expires = expires
 
@@ -144,12 +196,20 @@ class HeldClaim(HeldInBackground):
                              "(S3 unreachable?); other processes may no longer honour it, so this one stops")
 
 
+class ClaimWaitTimeout(BuildError):
+    """A claim stayed live for longer than its waiter may wait."""
+
+
 def wait_until_unclaimed(output: S3Output, subject: str, purpose: str, *,
                          now: Callable[[], float] = time.time, poll_s: float = 0.2,
-                         on_wait: Callable[[Claim], None] | None = None) -> None:
+                         on_wait: Callable[[Claim], None] | None = None,
+                         max_wait_s: float = DEFAULT_MAX_WAIT_S) -> None:
     """Return once no live claim of ``purpose`` is held on ``subject`` (a holder that dies
-    leaves one that expires; a live holder releases it when done)."""
+    leaves one that goes stale within its TTL; a live holder releases it when done). After
+    ``max_wait_s`` (on the monotonic clock) raise ``ClaimWaitTimeout`` naming the claim: a
+    waiter holding the build lease must not hold it forever."""
     told = False
+    give_up = time.monotonic() + max_wait_s
     while True:
         live = [c for c in claims_on(output, subject) if c.purpose == purpose and c.live(now())]
         if not live:
@@ -157,6 +217,12 @@ def wait_until_unclaimed(output: S3Output, subject: str, purpose: str, *,
         if on_wait is not None and not told:
             on_wait(live[0])
             told = True
+        if time.monotonic() >= give_up:
+            c = live[0]
+            raise ClaimWaitTimeout(
+                f"{output}: waited {max_wait_s:g} s for the {c.describe()} (s3://{output.bucket}/{c.key}), still "
+                "renewed; nothing was switched. Build again once "
+                "that process is done (if it is gone, its claim stops counting within its TTL)")
         time.sleep(poll_s)
 
 

@@ -5,7 +5,8 @@ building the same ``s3://`` output have different work folders and would race. A
 S3 output therefore holds ``<output>/.pid-build/lease.json``::
 
     {"lease_version": 1, "host": "...", "pid": 1234, "token": "<random>", "started": <unix s>,
-     "renewed": <unix s>, "expires": <unix s>, "ttl_s": 600.0, "version": "<id>" | null}
+     "renewed": <unix s>, "expires": <unix s>, "ttl_s": 600.0, "version": "<id>" | null,
+     "boot": "<boot id>", "pidns": <pid namespace inode>, "pid_start": <clock ticks>}
 
 * taken with a conditional create (``If-None-Match: *``): of two builds, one gets it, the other
   is refused with the holder's host, pid, age and when its lease expires;
@@ -14,8 +15,18 @@ S3 output therefore holds ``<output>/.pid-build/lease.json``::
   the holder stalled, or someone deleted it) sees that and stops before the pointer switch
   (``check_held``, called by the commit) with an error saying so;
 * released (deleted, ``If-Match`` its ETag) when the build ends; a holder killed with
-  ``kill -9`` leaves it behind until ``expires``, and then the next build takes it over with
-  ``If-Match`` on the stale lease's ETag (of two builds taking over, one wins).
+  ``kill -9`` leaves it behind, and the next build takes it over with ``If-Match`` on the stale
+  lease's ETag (of two builds taking over, one wins): at once when the holder ran on this machine
+  and its process is gone (same host, boot and pid namespace; the pid free, a zombie or reused
+  by another process start: ``holder_process.py``), else once the lease is stale.
+
+A lease is stale at its last renewal plus its TTL (or at ``expires`` if earlier), whatever
+``expires`` claims; one whose deadline lies more than two TTLs ahead of this clock (a forged
+record, or a holder's clock more than a TTL ahead) is not honoured. Numbers that are not finite,
+not JSON, or out of range (a TTL outside ``[MIN_TTL_S, MAX_TTL_S]``, a time before 1970 or past
+the year 5000, a pid past 2**31) make the lease unreadable: ``BuildLeaseError`` naming the file.
+The TTL is bounded to ``[MIN_TTL_S, MAX_TTL_S]`` (2 s to a day) and the renewal period to
+``[MIN_RENEW_S, TTL / 2]`` (at least a second: one conditional PUT a second at most).
 
 A server that does not implement ``If-None-Match`` on PUT (it answers 501) gets a weaker take:
 a read that finds no lease, an unconditional write, and a read-back of the token. Expiry is read
@@ -30,15 +41,16 @@ import json
 import logging
 import math
 import os
-import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from loader.formats.errors import short_repr
+from loader.formats.strict_doc import load_json_doc
 from loader.io.errors import (
     ObjectNotFoundError,
     PreconditionFailedError,
@@ -46,6 +58,7 @@ from loader.io.errors import (
     UnsupportedRequestError,
 )
 from pid_platform.sharding.commit.held import HeldInBackground
+from pid_platform.sharding.commit.holder_process import HolderProcess
 from pid_platform.sharding.errors import BuildError
 
 if TYPE_CHECKING:
@@ -58,6 +71,11 @@ LEASE_FORMAT_VERSION = 1
 TTL_ENV = "PID_LEASE_TTL_S"
 RENEW_ENV = "PID_LEASE_RENEW_S"
 DEFAULT_TTL_S = 600.0
+MIN_TTL_S = 2.0  # a renewal every second at least, twice per TTL
+MAX_TTL_S = 86400.0  # a killed build on another machine blocks its output for a day at most
+MIN_RENEW_S = 1.0  # one conditional PUT a second at most
+MAX_TIME_S = 1e11  # the year 5138: a time past it is not one this code wrote
+MAX_PID = 2**31 - 1
 MAX_LEASE_BYTES = 4096  # a lease is one short JSON line; anything larger is not one
 
 
@@ -109,10 +127,16 @@ class LeaseSettings:
             if v is None and name == "renew_s":
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise BuildError(f"build lease {name} = {v!r}: give a number of seconds > 0")
-        if self.ttl_s < 1:
-            raise BuildError(f"build lease ttl_s = {self.ttl_s!r}: give at least 1 second (a shorter lease "
-                             "expires between two renewals of a busy machine)")
+                raise BuildError(f"build lease {name} = {short_repr(v)}: give a number of seconds > 0")
+        if self.ttl_s < MIN_TTL_S:
+            raise BuildError(f"build lease ttl_s = {self.ttl_s!r}: give at least {MIN_TTL_S:g} seconds (a shorter "
+                             "lease expires between two renewals of a busy machine)")
+        if self.ttl_s > MAX_TTL_S:
+            raise BuildError(f"build lease ttl_s = {short_repr(self.ttl_s)}: give at most {MAX_TTL_S:g} seconds "
+                             "(a day: a build killed on another machine blocks its output that long)")
+        if self.renew_s is not None and self.renew_s < MIN_RENEW_S:
+            raise BuildError(f"build lease renew_s = {self.renew_s!r}: give at least {MIN_RENEW_S:g} second "
+                             "(each renewal is a conditional PUT)")
         if self.renew_s is not None and self.renew_s > self.ttl_s / 2:
             raise BuildError(f"build lease renew_s = {self.renew_s!r} with ttl_s = {self.ttl_s!r}: renew at least "
                              "twice per TTL (renew_s <= ttl_s / 2), so one missed renewal does not lose it")
@@ -134,6 +158,8 @@ class LeaseSettings:
                 values[name] = float(text)
             except ValueError:
                 raise BuildError(f"{var}={text[:40]!r}: give a number of seconds, or unset it") from None
+            if len(text) > 40:  # 1e300 is one; a page of digits is not a setting
+                raise BuildError(f"{var}: a number of {len(text)} characters; give a number of seconds")
         try:
             return cls(**values)
         except BuildError as exc:
@@ -141,6 +167,16 @@ class LeaseSettings:
 
 
 # --- The lease ----------------------------------------------------------------------------------
+
+_me: HolderProcess | None = None
+
+
+def _this_process() -> HolderProcess:
+    global _me
+    if _me is None or _me.pid != os.getpid():  # a forked child is another process
+        _me = HolderProcess.this()
+    return _me
+
 
 class BuildLeaseError(BuildError):
     pass
@@ -164,31 +200,73 @@ class LeaseRecord:
     expires: float
     ttl_s: float
     version: str | None = None
+    boot: str | None = None  # the holder's machine boot, pid namespace and process start
+    pidns: int | None = None  # (holder_process.py): None in a lease from an older version
+    pid_start: int | None = None
 
     def to_bytes(self) -> bytes:
         return json.dumps({"lease_version": LEASE_FORMAT_VERSION, "host": self.host, "pid": self.pid,
                            "token": self.token, "started": self.started, "renewed": self.renewed,
-                           "expires": self.expires, "ttl_s": self.ttl_s, "version": self.version}).encode()
+                           "expires": self.expires, "ttl_s": self.ttl_s, "version": self.version,
+                           "boot": self.boot, "pidns": self.pidns, "pid_start": self.pid_start}).encode()
 
     def holder(self) -> str:
         return f"{self.host} pid {self.pid}"
 
+    def process(self) -> HolderProcess:
+        return HolderProcess(self.host, self.pid, self.boot, self.pidns, self.pid_start)
+
+    @property
+    def deadline(self) -> float:
+        """When it is stale: its last renewal plus its TTL, or ``expires`` if that is earlier."""
+        return min(self.expires, self.renewed + self.ttl_s)
+
+    def live(self, now: float) -> bool:
+        """Not stale, and not further ahead than a lease can be (two TTLs: the holder's clock may
+        run ahead of this one by up to a TTL; past that, or forged, it is not honoured)."""
+        return now < self.deadline <= now + 2 * self.ttl_s
+
+
+_LEASE_FIX = "if no build of this output is running, delete it and build again"
+
+
+def _lease_error(message: str) -> BuildLeaseError:
+    return BuildLeaseError(message)
+
 
 def parse_lease(data: bytes, where: str) -> LeaseRecord:
-    try:
-        if len(data) > MAX_LEASE_BYTES:
-            raise ValueError("too large")
-        doc = json.loads(data)
-        if doc.get("lease_version") != LEASE_FORMAT_VERSION:
-            raise ValueError(f"lease_version {doc.get('lease_version')!r}")
-        version = doc.get("version")
-        return LeaseRecord(str(doc["host"])[:100], int(doc["pid"]), str(doc["token"])[:64], float(doc["started"]),
-                           float(doc["renewed"]), float(doc["expires"]), float(doc["ttl_s"]),
-                           None if version is None else str(version)[:128])
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise BuildLeaseError(
-            f"{where} is not a build lease this version of pid-platform reads ({exc}); if no build of this "
-            "output is running, delete it and build again") from None
+    """The lease in ``data`` (read from ``where``), every field checked: a lease another program
+    or person wrote, with ``1e400`` or a ten-digit pid, is a ``BuildLeaseError`` naming the file."""
+    doc = load_json_doc(data, where, max_bytes=MAX_LEASE_BYTES, fix=_LEASE_FIX, error=_lease_error)
+
+    def bad(what: str) -> BuildLeaseError:
+        return BuildLeaseError(f"{where} is not a build lease this version of pid-platform reads ({what}); "
+                               f"{_LEASE_FIX}")
+
+    if not isinstance(doc, dict):
+        raise bad("not a JSON object")
+    if doc.get("lease_version") != LEASE_FORMAT_VERSION:
+        raise bad(f"lease_version {short_repr(doc.get('lease_version'))}")
+
+    def field(name: str, kinds: tuple[type, ...], low: float | None = None, high: float | None = None,
+              optional: bool = False) -> Any:
+        value = doc.get(name)
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise bad(f"{name} = {short_repr(value)}, not a {'/'.join(k.__name__ for k in kinds)}")
+        if low is not None and high is not None and not low <= value <= high:
+            raise bad(f"{name} = {short_repr(value)} is out of range [{low:g}, {high:g}]")
+        return value
+
+    number = (int, float)
+    return LeaseRecord(
+        field("host", (str,))[:100], field("pid", (int,), 1, MAX_PID), field("token", (str,))[:64],
+        float(field("started", number, 0, MAX_TIME_S)), float(field("renewed", number, 0, MAX_TIME_S)),
+        float(field("expires", number, 0, MAX_TIME_S)), float(field("ttl_s", number, MIN_TTL_S / 2, MAX_TTL_S)),
+        (lambda v: None if v is None else v[:128])(field("version", (str,), optional=True)),
+        (lambda v: None if v is None else v[:64])(field("boot", (str,), optional=True)),
+        field("pidns", (int,), 0, 2**64, optional=True), field("pid_start", (int,), 0, 2**63, optional=True))
 
 
 def _ago(seconds: float) -> str:
@@ -222,17 +300,35 @@ class BuildLease(HeldInBackground):
     # Taking it.
     def _fresh(self, started: float | None = None, version: str | None = None) -> LeaseRecord:
         t = self.now()
-        return LeaseRecord(socket.gethostname()[:100], os.getpid(), self.record.token if self.record else
-                           uuid.uuid4().hex, started if started is not None else t, t, t + self.settings.ttl_s,
-                           self.settings.ttl_s, version)
+        me = _this_process()
+        return LeaseRecord(me.host, me.pid, self.record.token if self.record else uuid.uuid4().hex,
+                           started if started is not None else t, t, t + self.settings.ttl_s,
+                           self.settings.ttl_s, version, me.boot, me.pidns, me.start)
 
     def _refuse(self, held: LeaseRecord) -> BuildLeaseHeldError:
         t = self.now()
+        expiry = f"expires at {_utc(held.deadline)} (in {_ago(held.deadline - t)})"
+        here = (f"that process is still running on this machine; if it hangs, stop it and build again (the "
+                f"lease of a gone process is taken over at once; this one {expiry})"
+                if held.process().on_this_machine() else
+                f"if that process is gone, its lease {expiry} and the next build takes it over (one on "
+                "its own machine at once)")
         return BuildLeaseHeldError(
             f"another build of {self.output} is running: {held.holder()} took its lease {_ago(t - held.started)} ago "
             f"(renewed {_ago(t - held.renewed)} ago{', version ' + held.version if held.version else ''}); wait for "
-            f"it to finish. If that process is gone, its lease expires at {_utc(held.expires)} (in "
-            f"{_ago(held.expires - t)}) and the next build takes it over; {self.where} never needs deleting by hand")
+            f"it to finish. {here[0].upper()}{here[1:]}; {self.where} never needs deleting by hand")
+
+    def _takeable(self, held: LeaseRecord) -> str | None:
+        """Why ``held`` may be taken over now (None: it may not; the build is refused)."""
+        t = self.now()
+        if t >= held.deadline:
+            return f"which went stale at {_utc(held.deadline)} (that build stopped without releasing it)"
+        if held.deadline > t + 2 * held.ttl_s:
+            return (f"whose deadline {_utc(held.deadline)} lies further ahead than a lease of {held.ttl_s:g} s "
+                    "can (a forged record, or that machine's clock is more than a TTL ahead)")
+        if held.process().gone():
+            return "whose process is gone (this machine, same boot: killed, or its pid reused by another process)"
+        return None
 
     def acquire(self) -> None:
         for _ in range(5):  # each turn loses one race to another build taking or releasing it
@@ -250,14 +346,14 @@ class BuildLease(HeldInBackground):
             if got is None:
                 continue  # released meanwhile: try the create again
             held = parse_lease(got[0], self.where)
-            if self.now() < held.expires:
+            why = self._takeable(held)
+            if why is None:
                 raise self._refuse(held)
             try:
                 self.etag, self.record = _put_if_match(self.output, self.key, rec.to_bytes(), got[1]), rec
             except PreconditionFailedError:
                 continue  # another build took the stale lease first: read whose it is now
-            log.warning("%s: took over the lease of %s, which expired at %s (that build stopped without "
-                        "releasing it)", self.output, held.holder(), _utc(held.expires))
+            log.warning("%s: took over the lease of %s, %s", self.output, held.holder(), why)
             return
         raise BuildLeaseError(f"{self.where}: could not take the build lease (other builds kept taking and "
                               "releasing it); build again")
@@ -268,7 +364,7 @@ class BuildLease(HeldInBackground):
         got = _get(self.output, self.key)
         if got is not None:
             held = parse_lease(got[0], self.where)
-            if self.now() < held.expires:
+            if self._takeable(held) is None:
                 raise self._refuse(held)
             etag: str | None = got[1]
         else:
