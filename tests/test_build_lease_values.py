@@ -217,3 +217,22 @@ def test_a_wait_for_a_live_claim_is_bounded_and_names_it(s3_env: SeaweedS3) -> N
     message = str(exc.value)
     assert "waited 4 s for the delete claim of cleanup-host pid 77 on v1" in message
     assert f"s3://{bucket}/photos/{CLAIMS_DIR}/v1/delete-" in message
+
+
+# --------------------------------------------------------------------------- the pointer
+
+
+@pytest.mark.parametrize(("body", "match"), [
+    (b'{"format_version": 1, "version": "0123456789abcdef", "manifests": [], "retired": {"0123": 1e400}}',
+     "out of the range of a float"),
+    (b'{"format_version": 1, "format_version": 1}', "written twice"),
+    (b'{"format_version": NaN}', "NaN is not a JSON number"),
+    (b"[" * 100000, "nested too deeply"),
+])
+def test_a_pointer_with_values_no_build_writes_is_a_format_error_naming_it(body: bytes, match: str) -> None:
+    from loader.formats.errors import FormatError
+    from loader.formats.version_pointer import parse_pointer
+
+    with pytest.raises(FormatError, match=match) as exc:
+        parse_pointer(body, "s3://b/photos/current.json")
+    assert "s3://b/photos/current.json" in str(exc.value)

@@ -20,7 +20,7 @@ from typing import Any
 
 from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError, short_repr
-from loader.formats.strict_doc import load_json_doc
+from loader.formats.strict_doc import load_json_doc, read_local_doc
 from loader.io import urls
 from loader.mixture.definition import Mixture, MixtureError, check_modalities
 
@@ -115,11 +115,8 @@ def read_catalog(path: str | os.PathLike[str]) -> Catalog:
     path = Path(path)
     if path.is_dir():
         path = path / CATALOG_NAME
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_CATALOG_BYTES + 1)  # past the cap is refused, never read whole
-    except OSError as exc:
-        raise FormatError(f"{path}: unreadable catalog ({exc}); {_FIX}") from None
+    # Past the cap is refused, never read whole; a pipe or a device in its place is refused, not waited on.
+    data = read_local_doc(path, max_bytes=MAX_CATALOG_BYTES, fix=_FIX)
     return parse_catalog(data, str(path))
 
 

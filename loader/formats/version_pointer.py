@@ -36,12 +36,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from loader.formats.errors import FormatError
+from loader.formats.errors import FormatError, short_repr
+from loader.formats.strict_doc import load_json_doc
 
 POINTER_NAME = "pid-current.json"
 VERSIONS_DIR = "versions"
 POINTER_FORMAT_VERSION = 1
 MAX_BUILT_BY_CHARS = 200
+MAX_POINTER_BYTES = 16 * 1024 * 1024  # a version id and a few manifests; "retired" grows by one line a build
 _VERSION_ID = re.compile(r"^[0-9a-f]{8,64}$")
 
 
@@ -95,29 +97,27 @@ def sibling_version(root: str) -> str | None:
 
 def parse_pointer(data: bytes, origin: str) -> VersionPointer:
     """The pointer in ``data`` (read from ``origin``); ``FormatError`` names what is wrong."""
-    try:
-        doc: Any = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{origin}: not a version pointer (invalid JSON: {exc}); rebuild the output") from None
+    # The strict reader: a pointer in a bucket others can write to may hold NaN, 1e400, a key twice.
+    doc: Any = load_json_doc(data, origin, max_bytes=MAX_POINTER_BYTES, fix="rebuild the output")
     if not isinstance(doc, dict) or doc.get("format_version") != POINTER_FORMAT_VERSION:
         raise FormatError(f"{origin}: not a version pointer of format_version {POINTER_FORMAT_VERSION}; "
                           "rebuild the output with this version of pid-platform")
     version, manifests, retired = doc.get("version"), doc.get("manifests"), doc.get("retired", {})
     if not isinstance(version, str) or not _VERSION_ID.match(version):
-        raise FormatError(f"{origin}: 'version' must be a hex version id, got {version!r}")
+        raise FormatError(f"{origin}: 'version' must be a hex version id, got {short_repr(version)}")
     if not isinstance(manifests, list) or not all(
         isinstance(m, str) and m and not m.startswith("/") and ".." not in m.split("/") for m in manifests
     ):
-        raise FormatError(f"{origin}: 'manifests' must list paths inside the version folder, got {manifests!r}")
+        raise FormatError(f"{origin}: 'manifests' must list paths inside the version folder, got {short_repr(manifests)}")
     if not isinstance(retired, dict) or not all(
         isinstance(k, str) and _VERSION_ID.match(k) and isinstance(v, int | float) for k, v in retired.items()
     ):
-        raise FormatError(f"{origin}: 'retired' must map version ids to times, got {retired!r}")
+        raise FormatError(f"{origin}: 'retired' must map version ids to times, got {short_repr(retired)}")
     built_by = doc.get("built_by")
     if built_by is not None and not isinstance(built_by, str):
         raise FormatError(f"{origin}: 'built_by' must be a string, got {type(built_by).__name__}")
     uses = doc.get("uses", [])
     if not isinstance(uses, list) or not all(isinstance(u, str) and _VERSION_ID.match(u) for u in uses):
-        raise FormatError(f"{origin}: 'uses' must list version ids, got {uses!r}")
+        raise FormatError(f"{origin}: 'uses' must list version ids, got {short_repr(uses)}")
     return VersionPointer(version, list(manifests), {k: float(v) for k, v in retired.items()},
                           built_by[:MAX_BUILT_BY_CHARS] if built_by else None, list(uses))
