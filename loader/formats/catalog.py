@@ -26,6 +26,7 @@ from loader.mixture.definition import Mixture, MixtureError, check_modalities
 
 CATALOG_NAME = "catalog.json"
 CATALOG_VERSION = 1
+ALL_DATASET = "all"  # the dataset of every built source, which the build adds to each catalog
 
 
 class UnknownDatasetError(KeyError):
@@ -73,9 +74,15 @@ class Catalog:
                          for n, v in sorted(self.datasets.items())},
         }
 
-    def resolve(self, name: str) -> list[str]:
-        """Manifest paths of a dataset (or of a single source), sorted."""
-        if name in self.datasets:  # a mixture's manifests: those of every source it names
+    def resolve(self, name: str, *, sources_only: bool = False) -> list[str]:
+        """Manifest paths of a dataset (or of a single source), sorted; ``sources_only``: of a
+        source (a mixture's source is one), a dataset of that name is refused."""
+        if sources_only and name not in self.sources:
+            what = "a dataset" if name in self.datasets else "not"
+            raise UnknownDatasetError(
+                f"source {name!r} is {what} in the catalog at {self.location or '?'} as a source (sources: "
+                f"{short_repr(sorted(self.sources), 300)}); a mixture's sources are built sources: name those")
+        if name in self.datasets and not sources_only:  # a mixture's manifests: those of every source it names
             sources = self.source_names(name)
         elif name in self.sources:
             sources = [name]
@@ -167,9 +174,19 @@ def check_datasets(raw: dict[str, Any], sources: dict[str, SourceEntry], *,
     sources that exist (``unions=False``: left to ``Catalog.resolve``, as catalogs were always
     read); a mixture's sources exist and have the modalities it reads (one ``MixtureError``
     naming the dataset, the source and the fix). The one reader of the ``datasets`` field, for
-    ``catalog.json`` and for the build's settings alike."""
+    ``catalog.json`` and for the build's settings alike.
+
+    A name means one thing: a dataset may not take a source's name (which would a mixture's
+    source, a union's member or ``build_dataset(name)`` mean?), and a definition may not take
+    ``all`` (the build's dataset of every source; ``unions=True``, the definition side)."""
     out: dict[str, list[str] | Mixture] = {}
     for name, value in raw.items():
+        if name in sources:
+            raise MixtureError(f"dataset {name!r} takes the name of the built source {name!r}; rename the dataset "
+                               "(a name means one thing in the catalog)")
+        if unions and name == ALL_DATASET:
+            raise MixtureError(f"dataset {name!r}: {ALL_DATASET!r} is the catalog's dataset of every built source; "
+                               "rename the dataset")
         if isinstance(value, (list, tuple)):
             if not all(isinstance(v, str) for v in value):
                 raise MixtureError(f"dataset {name!r}: {list(value)!r} is not a list of source names")

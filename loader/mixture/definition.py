@@ -10,6 +10,12 @@ Either every source has a ``weight`` (its share of ``samples_per_epoch``; defaul
 sources' sizes), or each has ``repeat`` (each sample this many times per epoch, fractions
 allowed) or ``choose`` (this many samples per epoch); a source with neither counts once
 (``repeat=1``), and the epoch is the sum of those counts.
+
+Counts are bounded where they are defined: a source gives at most ``MAX_COUNT`` samples per
+epoch (what the schedule's exact keys hold), so ``repeat``, ``choose`` and ``samples_per_epoch``
+past what any epoch of these sources could hold are refused naming the dataset, not at
+``make_loader``. ``counts`` is linear in the number of sources (10,000 weighted sources: a few
+milliseconds; ``bench/bench_mixture_counts.py``).
 """
 
 from __future__ import annotations
@@ -20,12 +26,20 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from loader.formats.errors import short_repr
+
 SOURCE_KEYS = ("weight", "repeat", "choose")
+MAX_COUNT = 2**31 - 1  # samples of one source per epoch: the schedule's keys are exact below it
 DATASET_KEYS = ("sources", "samples_per_epoch", "modalities", "aspect_ratios")
 
 
 class MixtureError(ValueError):
     """A mixture definition that cannot be used: names the dataset, the source and the fix."""
+
+
+def short(value: Any) -> str:
+    """A value for a message: ``repeat=1e308`` or a 300-digit count stays one short line."""
+    return short_repr(value, 40)
 
 
 def _number(value: Any) -> bool:
@@ -113,13 +127,14 @@ class Mixture:
             if len(given) > 1:
                 raise self.error(f"has both {given[0]!r} and {given[1]!r}", "give one of weight, repeat or choose", s)
             if s.weight is not None and (not _number(s.weight) or s.weight <= 0):
-                raise self.error(f"weight {s.weight!r} is not a number > 0",
+                raise self.error(f"weight {short(s.weight)} is not a number > 0",
                                 "give a positive weight (its share of samples_per_epoch), or remove the source", s)
-            if s.repeat is not None and (not _number(s.repeat) or s.repeat < 0):
-                raise self.error(f"repeat {s.repeat!r} is not a number >= 0",
+            if s.repeat is not None and (not _number(s.repeat) or not 0 <= s.repeat <= MAX_COUNT):
+                raise self.error(f"repeat {short(s.repeat)} is not a number from 0 to {MAX_COUNT}",
                                 "give how many times each sample comes per epoch (0.5: half of them, 2: twice)", s)
-            if s.choose is not None and (not isinstance(s.choose, int) or isinstance(s.choose, bool) or s.choose < 0):
-                raise self.error(f"choose {s.choose!r} is not a whole number >= 0",
+            if s.choose is not None and (not isinstance(s.choose, int) or isinstance(s.choose, bool)
+                                         or not 0 <= s.choose <= MAX_COUNT):
+                raise self.error(f"choose {short(s.choose)} is not a whole number from 0 to {MAX_COUNT}",
                                 "give how many of its samples each epoch takes", s)
         weighted = [s for s in self.sources if s.weight is not None]
         counted = [s for s in self.sources if s.repeat is not None or s.choose is not None]
@@ -137,8 +152,12 @@ class Mixture:
                 raise self.error(f"samples_per_epoch={spe!r} is given without weights",
                                 "remove samples_per_epoch: with repeat/choose the epoch is the sum of their counts")
             if not isinstance(spe, int) or isinstance(spe, bool) or spe < 1:
-                raise self.error(f"samples_per_epoch {spe!r} is not a whole number >= 1",
+                raise self.error(f"samples_per_epoch {short(spe)} is not a whole number >= 1",
                                 "give the epoch's length in samples, or leave it out (the sources' total)")
+            if spe > MAX_COUNT * len(self.sources):  # some source would give more than MAX_COUNT
+                raise self.error(f"samples_per_epoch {short(spe)} cannot fit an epoch of {len(self.sources)} "
+                                 f"source(s) (at most {MAX_COUNT} samples each)",
+                                 "give a smaller samples_per_epoch, or split the dataset")
         for name, value in (("modalities", self.modalities), ("aspect_ratios", self.aspect_ratios)):
             if value is not None and (not value or not all(isinstance(v, str) and v for v in value)):
                 raise self.error(f"{name} {list(value)!r} is not a list of names", f"list the {name}, or leave it out")
@@ -156,6 +175,14 @@ class Mixture:
         remainder, so the counts sum to it exactly. ``repeat``: ``round(repeat * size)`` (half up);
         ``choose``: as given, at most the source's size."""
         sizes = [int(n) for n in sizes]
+        out = self._counts(sizes)
+        for s, c in zip(self.sources, out, strict=True):
+            if c > MAX_COUNT:
+                raise self.error(f"gives {c} samples per epoch, more than the {MAX_COUNT} an epoch can hold of "
+                                 "one source", "lower its repeat or the dataset's samples_per_epoch, or split it", s)
+        return out
+
+    def _counts(self, sizes: list[int]) -> list[int]:
         for s, n in zip(self.sources, sizes, strict=True):
             if n == 0:
                 raise self.error("has no samples", "build it, or remove it from the dataset", s)
@@ -167,10 +194,16 @@ class Mixture:
                     math.floor(Fraction(s.repeat if s.repeat is not None else 1) * n + Fraction(1, 2))
                     for s, n in zip(self.sources, sizes, strict=True)]
         total = self.samples_per_epoch or sum(sizes)
+        # Exact integers: every weight over one common denominator (floats are dyadic, so it is
+        # the largest of theirs), then total * w_i // W and its remainder. Linear in the sources
+        # (the sum of Fractions, once per source, was quadratic).
         w = [Fraction(s.weight) for s in self.sources]  # type: ignore[arg-type]
-        exact = [total * x / sum(w) for x in w]
-        out = [math.floor(x) for x in exact]
-        by_remainder = sorted(range(len(out)), key=lambda i: (-(exact[i] - out[i]), i))
+        den = math.lcm(*(x.denominator for x in w))
+        num = [x.numerator * (den // x.denominator) for x in w]
+        whole = sum(num)
+        out, rem = zip(*(divmod(total * x, whole) for x in num), strict=True)
+        out = list(out)
+        by_remainder = sorted(range(len(out)), key=lambda i: (-rem[i], i))
         for i in by_remainder[: total - sum(out)]:
             out[i] += 1
         return out

@@ -22,8 +22,9 @@ from collections import OrderedDict
 
 import numpy as np
 
+from loader.mixture.definition import MAX_COUNT
+
 KEY_BITS = 64
-MAX_COUNT = 2**31 - 1
 
 
 class Schedule:

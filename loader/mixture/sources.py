@@ -73,14 +73,14 @@ def concat_tables(tables: Sequence[ShardTable]) -> ShardTable:
 
 def _read_source(mix: Mixture, index: int, catalog: str | None, aspect_ratios: Iterable[str] | None,
                  keep_sha256: bool) -> Wdinfo:
-    from loader.wds.discovery import find_manifests, parse_manifests
+    from loader.wds.discovery import find_source_manifests, parse_manifests
 
     source = mix.sources[index]
     spec = source.spec
     if isinstance(spec, Wdinfo):
         return spec
     try:
-        return parse_manifests(find_manifests(spec, catalog), aspect_ratios=aspect_ratios, keep_sha256=keep_sha256)
+        return parse_manifests(find_source_manifests(spec, catalog), aspect_ratios=aspect_ratios, keep_sha256=keep_sha256)
     except (ManifestError, FormatError) as exc:
         raise mix.error(f"cannot be read ({exc})", "build the source, or fix its name or path", source) from None
 

@@ -44,8 +44,42 @@ def find_manifests(spec: str | Sequence[str], catalog: str | None = None) -> lis
     return sorted(found)
 
 
+def _bare_name(spec: str) -> bool:
+    """A name as a catalog spells one: no path separator, not ``.``-relative, no glob, no URL."""
+    return (bool(spec) and not _is_url(spec) and "/" not in spec and os.sep not in spec
+            and not spec.startswith(".") and not any(c in spec for c in "*?["))
+
+
+def _catalog_holding(spec: str, catalog: str | None) -> Catalog | None:
+    """The catalog given (``catalog=``, else ``$PID_CATALOG``) when it holds the bare name ``spec``:
+    such a name resolves there before the working directory, so a ``photos`` folder where the
+    job runs does not replace the catalog's ``photos`` (``./photos`` names the folder)."""
+    cat_path = catalog or os.environ.get(CATALOG_ENV)
+    if not cat_path or not _bare_name(spec):
+        return None
+    cat = _catalog(cat_path)
+    return cat if spec in cat.datasets or spec in cat.sources else None
+
+
+def find_source_manifests(spec: str | Sequence[str], catalog: str | None = None) -> list[str]:
+    """A mixture source's manifests: as ``find_manifests``, but a name the catalog holds is
+    resolved as a source only (a dataset of that name is refused, never read in its place)."""
+    if isinstance(spec, str):
+        name = urls.without_file_scheme(spec)
+        cat = _catalog_holding(name, catalog)
+        if cat is not None:
+            try:
+                return cat.resolve(name, sources_only=True)
+            except KeyError as exc:
+                raise ManifestError(str(exc)) from None
+    return find_manifests(spec, catalog)
+
+
 def _find_one(spec: str, catalog: str | None) -> list[str]:
     spec = urls.without_file_scheme(spec)
+    cat = _catalog_holding(spec, catalog)
+    if cat is not None:
+        return cat.resolve(spec)
     if _is_url(spec):
         if spec.endswith(".json"):
             return _all_manifests(_catalog(spec)) if spec.endswith(CATALOG_NAME) else [spec]
@@ -84,6 +118,9 @@ def catalog_mixture(spec: str, catalog: str | None) -> Mixture | None:
     """The weighted mixture ``spec`` names in the catalog (``None``: ``spec`` is a path, URL,
     glob, a union dataset or a source; ``find_manifests`` resolves those)."""
     spec = urls.without_file_scheme(spec)
+    cat = _catalog_holding(spec, catalog)
+    if cat is not None:
+        return cat.mixture(spec)
     if _is_url(spec) or os.path.exists(spec) or any(c in spec for c in "*?["):
         return None
     cat_path = catalog or os.environ.get(CATALOG_ENV)

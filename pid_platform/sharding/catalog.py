@@ -6,14 +6,20 @@ import json
 from pathlib import Path
 from typing import Any
 
-from loader.formats.catalog import CATALOG_NAME, Catalog, SourceEntry, check_datasets, write_catalog
+from loader.formats.catalog import (
+    ALL_DATASET,
+    CATALOG_NAME,
+    Catalog,
+    SourceEntry,
+    check_datasets,
+    write_catalog,
+)
 from loader.formats.errors import FormatError
 from loader.formats.wdinfo import WDINFO_NAME, parse_wdinfo, read_wdinfo
+from loader.mixture.definition import MixtureError
 from pid_platform.sharding.commit.s3_output import S3Output, get_bytes, published_sources
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.layout import STATE_DIR
-
-ALL_DATASET = "all"
 
 
 def scan_sources(output_root: Path) -> dict[str, SourceEntry]:
@@ -78,6 +84,9 @@ def _catalog(sources: dict[str, SourceEntry], datasets: dict[str, Any] | None, w
     """The catalog of these built sources; each logical dataset (a list of sources, or a weighted
     mixture) is checked by the catalog's one reader of ``datasets`` (``MixtureError``, a
     ``ValueError``, naming the dataset, the source and the fix)."""
+    if ALL_DATASET in sources:
+        raise MixtureError(f"source {ALL_DATASET!r} under {where}: {ALL_DATASET!r} is the catalog's dataset of every "
+                           "built source; rename the source's folder")
     try:
         defined = check_datasets(dict(datasets or {}), sources)
     except ValueError as exc:

@@ -53,6 +53,9 @@ def summarize(name: str, definition: Any, built: dict[str, SourceEntry]) -> Data
     except MixtureError as exc:
         out.problems.append(str(exc))
         return out
+    if name in built:
+        out.problems.append(f"dataset {name!r} takes the name of the built source {name!r}; rename the dataset "
+                            "(a name means one thing in the catalog)")
     missing = [s.label for s in mix.sources if s.label not in built]
     for src in missing:
         out.problems.append(f"dataset {name!r}, source {src!r}: not built under the output root (built: "

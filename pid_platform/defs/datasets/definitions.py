@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from loader.formats.catalog import ALL_DATASET
+from loader.formats.errors import short_repr
 from loader.formats.strict_doc import load_yaml_doc, read_local_doc
 from loader.mixture.definition import Mixture, MixtureError
 
@@ -49,12 +51,15 @@ def dataset_definitions(environ: Mapping[str, str] | None = None) -> dict[str, A
                            f"not a {type(doc).__name__}")
     for name, value in doc.items():
         if not isinstance(name, str) or not NAME.match(name):
-            raise MixtureError(f"{where}: dataset name {name!r} must be letters, digits, '_' or '-' "
+            raise MixtureError(f"{where}: dataset name {short_repr(name)} must be letters, digits, '_' or '-' "
                                "(it names an asset)")
+        if name == ALL_DATASET:  # a built source's name is refused when the catalog is built
+            raise MixtureError(f"{where}: dataset {name!r}: {ALL_DATASET!r} is the catalog's dataset of every built "
+                               "source; rename the dataset")
         try:
             if isinstance(value, list):
                 if not value or not all(isinstance(v, str) for v in value):
-                    raise MixtureError(f"dataset {name!r}: {value!r} is not a list of source names")
+                    raise MixtureError(f"dataset {name!r}: {short_repr(value)} is not a list of source names")
             else:
                 Mixture.from_json(name, value)
         except MixtureError as exc:
