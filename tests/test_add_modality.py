@@ -24,6 +24,7 @@ from pid_platform.sharding.commit.verify_output import (
 )
 from pid_platform.sharding.errors import ShardingConfigError
 from pid_platform.sharding.layout import STATE_DIR
+from pid_platform.sharding.pipeline import build_source
 from pid_platform.sharding.plan.add_modality import load_plan_cut
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.settings import parse_settings, source_settings
@@ -158,6 +159,47 @@ def test_missing_keys_keep_keeps_the_plan_and_index_mode_skips_them(raw_root: Pa
     assert f"/{NEW}/" in short and "members" in short
     assert key_index_mismatches(out, buckets) == []
     assert build(raw_root, out, new_modality_missing_keys="keep").up_to_date
+
+
+def _pid_positional_zip(out: Path) -> list[tuple[str, ...]]:
+    """What PiD's reader does with a manifest: for each tar it lists, the member streams of every
+    modality's tar zipped by position (no check that the members share a key)."""
+    tuples = []
+    for path in sorted(out.rglob("wdinfo.json")):
+        if STATE_DIR in path.parts:
+            continue
+        doc = json.loads(path.read_text())
+        root = Path(doc["root"])
+        for rel in doc["data_list"]:
+            streams = [member_keys(root / m / rel) for m in doc["data_keys"]]
+            # zip stops at the shortest: a short tar's tail is never read
+            tuples.extend(zip(*streams, strict=False))
+    return tuples
+
+
+def test_keep_is_refused_to_the_roots_pid_reads_and_reshard_stays_positional(
+        raw_root: Path, without_new: Path, tmp_path: Path) -> None:
+    from pid_platform.sharding.commit.manifest_roots import rewrite_manifest_roots
+    out = tmp_path / "out"
+    # As settings: refused before any work.
+    with pytest.raises(ShardingConfigError, match="manifest root 'absolute' with new_modality_missing_keys: keep"):
+        build_source(LocalSourceStore(raw_root), SOURCE, out, ShardingConfig(new_modality_missing_keys="keep"),
+                     manifest_root="absolute")
+    assert not out.exists()
+    # An output that kept a key without the new modality: its roots stay relative.
+    build(raw_root, out, new_modality_missing_keys="keep")
+    shutil.move(without_new, raw_root / SOURCE / NEW)
+    drop_new_file(raw_root)
+    build(raw_root, out, new_modality_missing_keys="keep")
+    assert load_plan_cut(out).keys_without == 1
+    with pytest.raises(ShardingConfigError, match="1 keys are kept without a member of \\['umt5'\\]"):
+        rewrite_manifest_roots(out, "absolute")
+    assert all(m.root == "." for m in manifests(out))
+    # reshard with absolute roots: PiD's positional zip pairs only matching keys.
+    build(raw_root, out)
+    rewrite_manifest_roots(out, "absolute")
+    tuples = _pid_positional_zip(out)
+    assert len(tuples) == 31 and all(len(set(t)) == 1 for t in tuples)
 
 
 def test_a_bad_missing_keys_setting_is_refused_naming_it(raw_root: Path) -> None:

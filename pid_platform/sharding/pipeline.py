@@ -51,6 +51,7 @@ from pid_platform.sharding.plan.add_modality import (
     load_plan_cut,
     may_extend,
     plan_build,
+    refuse_keep_for_positional_readers,
     save_plan_cut,
 )
 from pid_platform.sharding.plan.columnar import Shard, ShardRef
@@ -358,6 +359,7 @@ def run_manifests(
         plans = load_shards(staging, config)
     remove_unplanned(staging, plans)  # an earlier, unfinished build may have left other shards
     cut = load_plan_cut(staging)
+    refuse_keep_for_positional_readers(manifest_root, str(final_dir(out)), cut=cut)
     manifests = write_manifests(staging, source, plans, num_workers=num_workers, root_base=base,
                                 plan_modalities=cut.plan_modalities if cut else None)
     save_outputs(staging, plans)  # what a later no-op rebuild checks the published files against
@@ -428,6 +430,7 @@ def build_source(
     out = Path(out)
     root_base(manifest_root, final_dir(out))  # a bad manifest root is refused before any work
     refuse_roots_on_s3(manifest_root, publish_to)
+    refuse_keep_for_positional_readers(manifest_root, str(final_dir(out)), config=config)
     damaged = forget_damaged_shards(out) if repair else 0
     result = run_intake(store, source, out, config, trust_pickle=trust_pickle, num_workers=num_workers,
                         force=force, validate=validate, revalidate=revalidate, stop_if_up_to_date=True)

@@ -18,6 +18,10 @@ from loader.io import urls
 from pid_platform.sharding.commit.state import refresh_outputs
 from pid_platform.sharding.layout import final_dir
 from pid_platform.sharding.output_lock import build_lock
+from pid_platform.sharding.plan.add_modality import (
+    load_plan_cut,
+    refuse_keep_for_positional_readers,
+)
 
 
 def find_manifests(out: Path) -> list[Path]:
@@ -52,6 +56,7 @@ def rewrite_manifest_roots(out: str | os.PathLike[str], mode: str) -> list[Path]
     """
     out = final_dir(out)
     base = root_base(mode, out)
+    refuse_keep_for_positional_readers(mode, str(out), cut=load_plan_cut(out))
     with build_lock(out):
         manifests = find_manifests(out)
         if not manifests:

@@ -12,6 +12,14 @@ Keys of the committed plan the new folder lacks are the setting
 any other change of the samples does; ``keep`` keeps them in the committed plan without a
 member of the new modality (their committed files must be unchanged; index mode skips them,
 zip mode refuses such a shard when it reads the new modality).
+
+``keep`` output is for our reader only. The new modality's tars then hold fewer members than
+their twins, and PiD's reader zips member streams by position: it would pair different keys and
+never read the tail of a short shard, and nothing in the manifest fields it reads shows this.
+The manifests a PiD job reads are the absolute (or URL) roots, so ``keep`` is refused with them
+(``refuse_keep_for_positional_readers``): as settings before any work (``build_source``), and
+for an output that kept keys when its manifests are written or their roots rewritten. (The other
+way, a placeholder member per missing key, would change the tar contract; not taken.)
 """
 
 from __future__ import annotations
@@ -97,6 +105,24 @@ def _still_listed(store: SourceStore, source: str, kept: list[Sample], modalitie
             if not _same_file(listed, f):
                 return False
     return True
+
+
+def refuse_keep_for_positional_readers(manifest_root: str, where: str, *, config: ShardingConfig | None = None,
+                                       cut: PlanCut | None = None) -> None:
+    """Refuse (``ShardingConfigError``) manifest roots other than relative for ``keep``: the
+    setting ``config``, or an output whose plan ``cut`` kept keys without a modality."""
+    if manifest_root == "relative":
+        return
+    kept = cut is not None and cut.keys_without > 0
+    if not kept and (config is None or config.new_modality_missing_keys != KEEP):
+        return
+    what = (f"{cut.keys_without} keys are kept without a member of {list(cut.added_modalities)}" if kept and cut
+            else "new_modality_missing_keys is keep")
+    raise ShardingConfigError(
+        f"{where}: manifest root {manifest_root!r} with new_modality_missing_keys: keep: {what}, so the new "
+        "modality's tars hold fewer members than their twins, and PiD's reader (which reads absolute or URL "
+        "roots) zips members by position and would pair different keys. Keep relative roots and read it with "
+        "the loader's index mode, or set new_modality_missing_keys: reshard")
 
 
 def _committed_config(final: Path) -> ShardingConfig | None:
