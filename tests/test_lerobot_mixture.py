@@ -275,6 +275,17 @@ def test_an_unknown_root_is_refused(roots, tmp_path: Path) -> None:
     assert "fix its 'root'" in msg
 
 
+@pytest.mark.parametrize(("episodes", "what"), [([], "selects no episode"), ([99], "episodes [99] are not in")])
+def test_an_episode_selection_that_selects_nothing_names_episodes(roots, episodes: list[int], what: str) -> None:
+    mix = Mixture([Source({"repo_id": ARM, "root": roots[ARM]}, weight=1),
+                   Source({"repo_id": CUPS, "root": roots[CUPS], "episodes": episodes}, weight=1)], name="blend")
+    with pytest.raises(MixtureError) as err:
+        StreamingLeRobotDataset.mixture(mix, **OPTIONS)
+    msg = str(err.value)
+    assert msg.startswith(f"dataset 'blend', source 'local/cups': its episodes {episodes!r}: ") and what in msg
+    assert "fix its 'episodes'" in msg and "root" not in msg.split("episodes", 1)[1].split(";")[1]
+
+
 def test_a_spec_that_is_not_a_dataset_is_refused(roots) -> None:
     mix = Mixture([Source({"repo_id": ARM, "roots": roots[ARM]}, weight=1)], name="blend")
     with pytest.raises(MixtureError, match=r"dataset 'blend', source 'local/arm': .*unknown keys \['roots'\]"):

@@ -64,6 +64,10 @@ from .video import DecoderCache, EpisodeVideo, Frames, VideoSpan, frames_held, p
 log = logging.getLogger(__name__)
 
 
+class EpisodeSelectionError(ValueError):
+    """``episodes=`` selects no episode, or episodes the dataset does not have."""
+
+
 @dataclass(frozen=True)
 class EpochSetup:
     """How this epoch's plans are made: the layout, and the exact resume point if one applies."""
@@ -199,10 +203,11 @@ class StreamingLeRobotDataset(IterableDataset):
         chosen = sorted({int(e) for e in episodes})
         missing = sorted(set(chosen) - set(available))
         if missing:
-            raise ValueError(f"episodes {missing[:10]} are not in {self.repo_id} at {public_root(self.root)} "
-                             f"({len(available)} episodes, {available[0]}..{available[-1]})")
+            raise EpisodeSelectionError(f"episodes {missing[:10]} are not in {self.repo_id} at "
+                                        f"{public_root(self.root)} ({len(available)} episodes, "
+                                        f"{available[0]}..{available[-1]})")
         if not chosen:
-            raise ValueError("episodes= selects no episode")
+            raise EpisodeSelectionError("episodes= selects no episode")
         return chosen
 
     def _ensure_sidecar(self, cache_root: str | os.PathLike[str] | None) -> Path:

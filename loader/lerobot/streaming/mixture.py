@@ -49,6 +49,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from loader.formats.errors import short_repr
 from loader.io import StreamConfig
 from loader.io import roots as fs
 from loader.mixture.definition import Mixture, MixtureError, Source
@@ -62,7 +63,12 @@ from loader.wds.errors import ResumeStateError
 from .byte_cache import EpisodeByteCache
 from .collate import batched, raw_frames
 from .control import read_control
-from .dataset import StreamingLeRobotDataset, _all_gather_ints, _rank_and_world
+from .dataset import (
+    EpisodeSelectionError,
+    StreamingLeRobotDataset,
+    _all_gather_ints,
+    _rank_and_world,
+)
 from .executor import EpisodePayload, PlanRunner, RunCounters
 from .items import EpisodeRows, build_item, frames_to_tensor, mark_padding
 from .monitor import PUBLISH_EVERY_S
@@ -199,6 +205,10 @@ class StreamingLeRobotMixture(IterableDataset):
                     sidecar_cache_root=sidecar_cache_root, index_cache_root=index_cache_root, **streaming_options)
             except MixtureError:
                 raise
+            except EpisodeSelectionError as exc:  # the root opened: the selection is what to fix
+                raise mixture.error(f"its episodes {short_repr(spec.get('episodes'), 60)}: {exc}",
+                                    "fix its 'episodes' (episode indices of that dataset; leave it out for every "
+                                    "episode), or remove the source", source) from None
             except Exception as exc:  # what the single reader says, with the dataset and source named
                 root = spec.get("root") or f"hf://datasets/{spec['repo_id']}"
                 raise mixture.error(f"cannot be opened from root {str(root)!r} ({type(exc).__name__}: {exc})",
