@@ -46,8 +46,39 @@ S3 outputs: versions and the pointer (every case reads every sample back with ve
                                                    (test_s3_version_races.py::test_a_cleanup_forgetting_...)
   bucket emptied / deleted during a build          exit 2 before the switch, no pointer; the next build publishes
                                                    (test_s3_version_races.py::test_a_bucket_emptied_or_deleted_...)
-  kill -9 right before the pointer switch          previous version served (test_build_s3_output.py::
-                                                   test_a_build_killed_before_the_pointer_switch_...)
+  kill -9 right before the pointer switch          previous version served; the next build takes the dead
+                                                   build's lease over at once and finishes its version
+                                                   (test_build_s3_output.py::test_a_build_killed_before_the_...)
+  kill -9 of pid-shard into s3://, rerun at once   the rerun takes the lease over (same host, boot, pid
+                                                   namespace; the pid gone or reused), resumes the killed
+                                                   version and publishes it (@ = test_build_lease_values.py:
+                                                   @test_kill_9_of_pid_shard_and_an_immediate_rerun_...)
+  a lease of a live process on this machine        refused, "still running on this machine"; another boot,
+                                                   pid namespace or no identity: refused until stale
+                                                   (@test_a_lease_of_this_machine_is_taken_over_only_when_...,
+                                                   test_build_lease.py::test_a_second_build_is_refused_...)
+  a holder killed on another machine               refused until its lease is stale (test_build_lease.py::
+                                                   test_a_holder_killed_with_kill_9_on_another_machine_...)
+
+Lease and claim values (@ = test_build_lease_values.py)
+  lease.json: 1e400 in pid / expires, NaN, a 30-digit pid, ttl_s 1e300, a pid as text, a list
+                                                   BuildLeaseError naming the file, exit 2, no traceback
+                                                   (@test_a_lease_with_values_no_build_writes_is_refused_...)
+  expires ten years ahead (dead holder), renewed ten years ahead
+                                                   stale at renewed + ttl_s; a deadline > 2 TTLs ahead is not
+                                                   honoured (@test_a_dead_holders_lease_claiming_ten_years_...)
+  PID_LEASE_TTL_S=1e300 / 86401 / 60 digits, PID_LEASE_RENEW_S=1e-9
+                                                   BuildError naming the variable: TTL 2 s..1 day, renewal
+                                                   1 s..TTL/2 (@test_lease_ttl_and_renewal_are_bounded,
+                                                   test_build_lease.py::test_lease_settings_are_checked_...)
+  a claim's ttl_s 0 / 1e300 / nan / inf            BuildError (@test_a_claims_ttl_is_bounded)
+  a delete claim expiring in ten years, 1e400 in a claim
+                                                   not honoured (a warning names the object); the build does
+                                                   not wait (@test_a_delete_claim_of_ten_years_does_not_...)
+  a live claim renewed forever                     the wait ends after max_wait_s with ClaimWaitTimeout
+                                                   naming the claim (@test_a_wait_for_a_live_claim_is_bounded_...)
+  current.json: 1e400, NaN, a key twice, nesting   FormatError naming the file
+                                                   (@test_a_pointer_with_values_no_build_writes_is_a_format_...)
   a tar deleted from the current version (rebuild, --revalidate, another work folder)
                                                    sent again, "repaired"; reader error names --repair
                                                    (test_build_repair.py::test_a_tar_deleted_from_the_current_s3_...)
@@ -86,6 +117,39 @@ Settings files and other files a sensor or run reads (``~`` = test_hostile_files
   catalog.json / LeRobot info.json: NaN, Infinity, 1e999, a key twice, nesting 100000 deep,
   5000 digits, bad UTF-8                           FormatError / LeRobotMetaError naming the file (~test_a_hostile_catalog_...,
                                                    ~test_a_hostile_lerobot_info_json_...)
+  PID_DATASETS and PID_EXECUTOR_CONFIG: an alias bomb, a FIFO with no writer, non-UTF-8, nesting
+  30000 (libyaml's limit) and 40 (ours) deep, mixed-type keys (1: beside a:), a folder, a missing file
+                                                   MixtureError / ExecutorConfigError naming the file and key,
+                                                   < 1 s and < 50 MB each, one strict reader
+                                                   (loader/formats/strict_doc.py) for every settings file
+                                                   (test_hostile_code_location_files.py::test_a_hostile_code_...)
+
+Mixtures (% = test_mixture_names_and_counts.py)
+  a dataset named like a built source, or "all"; a source named "all"
+                                                   MixtureError naming both, at definition (catalog build,
+                                                   PID_DATASETS load) and when a catalog is read
+                                                   (%test_a_dataset_may_not_take_..., %test_all_is_the_builds_...,
+                                                   %test_a_catalog_that_gives_a_source_name_...)
+  a ./photos folder where the job runs, build_dataset("photos", catalog=...)
+                                                   the catalog's photos; "./photos" names the folder
+                                                   (%test_a_name_given_with_a_catalog_resolves_there_...)
+  a mixture source naming a dataset                refused: a mixture's sources are sources
+                                                   (%test_a_mixtures_source_resolves_as_a_source_only)
+  repeat=1e308, choose=10**300, samples_per_epoch=10**18, a count past 2**31 - 1
+                                                   MixtureError naming the dataset, at definition, one short
+                                                   line (%test_counts_that_cannot_fit_an_epoch_...)
+  10,000 weighted sources                          counts in milliseconds, linear (timed in
+                                                   bench/bench_mixture_counts.py, not in a test)
+  a LeRobot mixture source whose episodes select nothing
+                                                   MixtureError saying fix 'episodes' (test_lerobot_mixture.py::
+                                                   test_an_episode_selection_that_selects_nothing_names_episodes)
+
+Adding a modality (new_modality_missing_keys: keep)
+  keep with --manifest-root absolute / a URL, or pid-rewrite-roots of an output that kept keys
+                                                   ShardingConfigError (PiD's positional zip would pair
+                                                   different keys); reshard builds with absolute roots zip
+                                                   matching keys only (test_add_modality.py::
+                                                   test_keep_is_refused_to_the_roots_pid_reads_and_reshard_...)
 
 Console scripts (exit 2, one error line, no traceback, nothing made; ~test_pid_*)
   pid-build-mp4-sidecar: repo id without owner, revision with '..', unsupported / credentialed root,
