@@ -147,7 +147,7 @@ def key_path(path: tuple[str | int, ...]) -> str:
     out = ""
     for part in path:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return short_repr(out, 120)[1:-1] if len(out) > 120 else out
+    return out if len(out) <= 120 else f"{out[:117]}..."
 
 
 OnKey = Callable[[tuple[str | int, ...], str, int], None]
