@@ -8,8 +8,8 @@ import json
 import logging
 import os
 import subprocess
-import time
 import sys
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -161,7 +161,9 @@ LAUNCH = """mutation($params: ExecutionParams!) { launchRun(executionParams: $pa
 
 def _dequeue(context) -> None:
     """One iteration of the daemon's run queue (``dagster-daemon``'s QueuedRunCoordinatorDaemon)."""
-    from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
+    from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
+        QueuedRunCoordinatorDaemon,
+    )
 
     daemon = QueuedRunCoordinatorDaemon(interval_seconds=1)
     list(daemon.run_iteration(context))
