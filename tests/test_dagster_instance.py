@@ -91,6 +91,32 @@ def test_an_alert_names_a_ui_materialization_by_its_assets() -> None:
                              "(partition photos): twin_tar_shards: disk full")
     assert (alert["job"], alert["job_name"]) == ("materialize sample_set, twin_tar_shards", "__ASSET_JOB")
     assert job_label(dg.DagsterRun(job_name="source_build", run_id="x")) == "source_build"
+    # An automation run of four assets and their checks: two named, the rest counted.
+    many = dg.DagsterRun(job_name="__ASSET_JOB", run_id="x", asset_selection={
+        dg.AssetKey(a) for a in ("twin_tar_shards", "key_indexes", "wdinfo_manifests", "sample_set")},
+        asset_check_selection={dg.AssetCheckKey(dg.AssetKey("key_indexes"), "twin_tar_keys_match")})
+    assert job_label(many) == "materialize key_indexes, sample_set and 2 more"
+
+
+def test_step_errors_carry_no_module_paths() -> None:
+    """What the run view and the alert say of a failed step: the error's own class name and
+    message, not ``dagster._core...Failure: pid_platform.sharding.errors.X: ...``."""
+    from pid_platform.defs.automation.alerts import step_errors
+    from pid_platform.defs.retries import fail_without_retry_on
+    from pid_platform.sharding.errors import BuildError
+
+    @dg.asset
+    def broken() -> None:
+        with fail_without_retry_on():
+            raise BuildError("photos: image/a.jpg is not a JPEG; remove it or fix it")
+
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([broken], instance=instance, raise_on_error=False)
+        failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+        shown = failure.event_specific_data.error.message
+        assert "BuildError: photos: image/a.jpg is not a JPEG" in shown and "pid_platform." not in shown
+        assert step_errors(instance, result.run_id) == {
+            "broken": "BuildError: photos: image/a.jpg is not a JPEG; remove it or fix it"}
 
 
 def test_bad_pool_limits_say_what_to_write() -> None:
