@@ -4,10 +4,12 @@ run-failure alert (a log line and a webhook POST to a real local HTTP server).""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -40,6 +42,13 @@ def test_start_up_puts_the_checked_in_config_and_pool_limits_in_force(tmp_path: 
         assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
         config = instance.get_concurrency_config()
         assert config.run_queue_config.max_concurrent_runs == 4
+        # One run of a source at a time, whoever starts it; slots of a terminated run come back soon.
+        (limit,) = config.run_queue_config.tag_concurrency_limits
+        assert limit == {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
+        assert instance.run_monitoring_settings["free_slots_after_run_end_seconds"] == 10
+        # Job pages do not say "Auto-materialize off" while the automation sensor runs.
+        from dagster._daemon.asset_daemon import get_auto_materialize_paused
+        assert not get_auto_materialize_paused(instance)
         assert (config.pool_config.default_pool_limit, config.pool_config.pool_granularity.value) == (1, "op")
         assert (instance.run_retries_enabled, instance.run_retries_max_retries) == (True, 2)
         assert instance.run_monitoring_enabled
@@ -82,6 +91,32 @@ def test_an_alert_names_a_ui_materialization_by_its_assets() -> None:
                              "(partition photos): twin_tar_shards: disk full")
     assert (alert["job"], alert["job_name"]) == ("materialize sample_set, twin_tar_shards", "__ASSET_JOB")
     assert job_label(dg.DagsterRun(job_name="source_build", run_id="x")) == "source_build"
+    # An automation run of four assets and their checks: two named, the rest counted.
+    many = dg.DagsterRun(job_name="__ASSET_JOB", run_id="x", asset_selection={
+        dg.AssetKey(a) for a in ("twin_tar_shards", "key_indexes", "wdinfo_manifests", "sample_set")},
+        asset_check_selection={dg.AssetCheckKey(dg.AssetKey("key_indexes"), "twin_tar_keys_match")})
+    assert job_label(many) == "materialize key_indexes, sample_set and 2 more"
+
+
+def test_step_errors_carry_no_module_paths() -> None:
+    """What the run view and the alert say of a failed step: the error's own class name and
+    message, not ``dagster._core...Failure: pid_platform.sharding.errors.X: ...``."""
+    from pid_platform.defs.automation.alerts import step_errors
+    from pid_platform.defs.retries import fail_without_retry_on
+    from pid_platform.sharding.errors import BuildError
+
+    @dg.asset
+    def broken() -> None:
+        with fail_without_retry_on():
+            raise BuildError("photos: image/a.jpg is not a JPEG; remove it or fix it")
+
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([broken], instance=instance, raise_on_error=False)
+        failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+        shown = failure.event_specific_data.error.message
+        assert "BuildError: photos: image/a.jpg is not a JPEG" in shown and "pid_platform." not in shown
+        assert step_errors(instance, result.run_id) == {
+            "broken": "BuildError: photos: image/a.jpg is not a JPEG; remove it or fix it"}
 
 
 def test_bad_pool_limits_say_what_to_write() -> None:
@@ -144,3 +179,80 @@ def test_failed_run_has_its_origin_and_raises_the_alert(
         monkeypatch.setenv("PID_ALERT_WEBHOOK_URL", "http://127.0.0.1:9/alerts")
         with pytest.raises(Exception, match=r"127\.0\.0\.1:9/alerts .*PID_ALERT_WEBHOOK_URL"):
             sensor(context)
+
+
+LAUNCH = """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) {
+  __typename ... on LaunchRunSuccess { run { runId status } } ... on PythonError { message } } }"""
+
+
+def _dequeue(context) -> None:
+    """One iteration of the daemon's run queue (``dagster-daemon``'s QueuedRunCoordinatorDaemon)."""
+    from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
+        QueuedRunCoordinatorDaemon,
+    )
+
+    daemon = QueuedRunCoordinatorDaemon(interval_seconds=1)
+    list(daemon.run_iteration(context))
+
+
+def _wait_done(instance: dg.DagsterInstance, run_id: str, timeout_s: float) -> dg.DagsterRunStatus:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = instance.get_run_by_id(run_id).status
+        if status in (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED):
+            return status
+        time.sleep(0.5)
+    raise AssertionError(f"run {run_id} still {instance.get_run_by_id(run_id).status} after {timeout_s} s")
+
+
+@pytest.mark.slow
+def test_two_launchpad_builds_of_one_source_run_one_at_a_time(
+    sqlite_home: Path, out_root: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two launchpad runs of one source, as the UI sends them (GraphQL ``launchRun`` with the
+    partition tag), through the checked-in run queue: the daemon starts one; the other waits,
+    queued, until the first has ended, then builds. A run of another source is not held back."""
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+    from dagster_graphql.test.utils import execute_dagster_graphql
+
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the code server and run workers import this tree
+    selector = {"repositoryLocationName": "pid_platform", "repositoryName": "__repository__",
+                "jobName": "source_build"}
+
+    def params(partition: str, **sharding: object) -> dict:
+        config = {"resources": {"sharding": {"config": {"num_workers": 1, **sharding}}}}
+        return {"params": {"selector": selector, "runConfigData": config,
+                           "executionMetadata": {"tags": [{"key": "dagster/partition", "value": partition}]}}}
+
+    with dg.DagsterInstance.get() as instance, WorkspaceProcessContext(
+            instance, WorkspaceFileTarget(paths=[str(REPO / "workspace.yaml")])) as context:
+        instance.add_dynamic_partitions("sources", ["photos", "other"])
+        runs = []
+        for variables in (params("photos"), params("photos", shard_size=2), params("other")):
+            result = execute_dagster_graphql(context.create_request_context(), LAUNCH, variables)
+            launched = result.data["launchRun"]
+            assert launched["__typename"] == "LaunchRunSuccess", launched
+            assert launched["run"]["status"] == "QUEUED"
+            runs.append(launched["run"]["runId"])
+        first, second, other = runs
+
+        _dequeue(context)
+        status = {r: instance.get_run_by_id(r).status for r in runs}
+        assert status[first] != dg.DagsterRunStatus.QUEUED
+        assert status[second] == dg.DagsterRunStatus.QUEUED, status
+        assert status[other] != dg.DagsterRunStatus.QUEUED  # another source is not held back
+        # While the first build of photos works, the second stays in the queue.
+        while instance.get_run_by_id(first).status not in (
+                dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE):
+            _dequeue(context)
+            assert instance.get_run_by_id(second).status == dg.DagsterRunStatus.QUEUED
+            time.sleep(0.5)
+        assert instance.get_run_by_id(first).status == dg.DagsterRunStatus.SUCCESS
+        _dequeue(context)
+        assert _wait_done(instance, second, 300) == dg.DagsterRunStatus.SUCCESS
+        # "other" has no files: it fails on its own, whatever photos does.
+        assert _wait_done(instance, other, 300) == dg.DagsterRunStatus.FAILURE
+    # The second build ran after the first, whole: its setting is the committed one.
+    built = json.loads((out_root / "photos" / ".pid-build" / "sharding.json").read_bytes())
+    assert built["shard_size"] == 2

@@ -224,6 +224,48 @@ def test_sensor_adds_datasets_and_requests_builds_when_they_change(lerobot_env: 
         assert {p.name: p.limit for p in instance.event_log_storage.get_pool_limits()} == {PUBLISH_POOL: 2}
 
 
+def test_sensor_builds_what_changed_since_the_last_build_not_the_last_request(lerobot_env: dict) -> None:
+    """Keyed by the last sidecar build, as raw_sources_sensor is: a sidecar built outside the
+    sensor (pid-demo, the Materialize button) is not built again on the first tick, and a dataset
+    set back to an earlier state after a build of the other (A -> B -> A) is built again."""
+    with dg.instance_for_test() as instance:
+        defs = load_defs()
+        sensor = defs.resolve_sensor_def("lerobot_datasets_sensor")
+
+        def tick(cursor: str | None) -> dg.SensorResult:
+            with dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
+                                         resources=defs.resources) as ctx:
+                res = sensor(ctx)
+            for event in res.asset_events:
+                instance.report_runless_asset_event(event)
+            return res
+
+        assert _run(defs, instance).success  # built before the sensor's first tick
+        assert tick(None).run_requests == []  # no redundant build
+        checkout = lerobot_env["root"] / DATASET
+        info = checkout / "meta" / "info.json"
+        state_a = info.read_bytes()
+
+        def commit(data: bytes, message: str) -> None:
+            info.write_bytes(data)
+            git("commit", "--quiet", "-am", message, cwd=checkout)
+            git("push", "--quiet", "origin", "HEAD", cwd=checkout)  # a revision the repository has
+
+        commit(state_a + b"\n", "state B")
+        to_b = tick(None)
+        assert [r.partition_key for r in to_b.run_requests] == [DATASET]
+        assert _run(defs, instance).success  # B built
+        assert tick(to_b.cursor).run_requests == []
+        commit(state_a, "back to state A")  # the same files as the first build (a new commit)
+        back = tick(to_b.cursor)
+        assert [r.partition_key for r in back.run_requests] == [DATASET]
+        assert back.run_requests[0].run_key not in {r.run_key for r in to_b.run_requests}
+        # While a build of it runs, the dataset is left to that run.
+        instance.create_run_for_job(defs.resolve_job_def(JOB), tags={"dagster/partition": DATASET},
+                                    status=dg.DagsterRunStatus.STARTED)
+        assert tick(None).run_requests == []
+
+
 def test_publish_pool_lets_one_publish_run_at_a_time(lerobot_env: dict) -> None:
     """With the pool's single slot held by another run, the publish step waits; it runs once freed."""
     with dg.instance_for_test() as instance:
@@ -237,9 +279,13 @@ def test_publish_pool_lets_one_publish_run_at_a_time(lerobot_env: dict) -> None:
         worker = threading.Thread(target=lambda: done.append(
             _run(defs, instance, asset_selection=[dg.AssetKey("published_mp4_sidecar")])))
         worker.start()
-        time.sleep(1.5)
-        assert not done and worker.is_alive()  # blocked on the pool
+        # The run reaches the pool in its own time (seconds on a loaded machine), then waits there.
+        deadline = time.monotonic() + 60
+        while storage.get_concurrency_info(PUBLISH_POOL).pending_step_count == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert storage.get_concurrency_info(PUBLISH_POOL).pending_step_count == 1
+        time.sleep(1.0)
+        assert not done and worker.is_alive()  # blocked on the pool
         storage.free_concurrency_slot_for_step("another-run", "publish")
         worker.join(timeout=60)
         assert done and done[0].success

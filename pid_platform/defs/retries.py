@@ -27,6 +27,12 @@ IO_RETRY = dg.RetryPolicy(max_retries=3, delay=10, backoff=dg.Backoff.EXPONENTIA
 PERMANENT_ERRORS: tuple[type[BaseException], ...] = (BuildError, ValueError, tarfile.TarError)
 
 
+def failure_text(exc: BaseException) -> str:
+    """What the run view and the alert show for ``exc``: its class's own name and its message, no
+    module path (``FileNotFoundError: ...``, ``TasksUnfinishedError: ...``)."""
+    return f"{type(exc).__name__}: {exc}"
+
+
 @contextmanager
 def fail_without_retry_on(*errors: type[BaseException]) -> Iterator[None]:
     """Inside an asset or check: turn ``errors`` (default ``PERMANENT_ERRORS``) into a final failure."""
@@ -34,7 +40,7 @@ def fail_without_retry_on(*errors: type[BaseException]) -> Iterator[None]:
     try:
         yield
     except final as exc:
-        raise dg.Failure(description=f"{type(exc).__module__}.{type(exc).__name__}: {exc}",
+        raise dg.Failure(description=failure_text(exc),
                          allow_retries=False) from exc
 
 
@@ -60,5 +66,5 @@ def retry_only_transient() -> Iterator[None]:
     except Exception as exc:
         if is_transient(exc):
             raise
-        raise dg.Failure(description=f"{type(exc).__module__}.{type(exc).__name__}: {exc}",
+        raise dg.Failure(description=failure_text(exc),
                          allow_retries=False) from exc

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import dagster as dg
+from dagster._daemon.asset_daemon import set_auto_materialize_paused
 
 from loader.formats.wdinfo import WDINFO_NAME, read_wdinfo
 from loader.lerobot.sidecar import read_sidecar
@@ -99,6 +100,10 @@ def prepare_home(home: Path) -> Path:
             target.write_text(wanted)
     with dg.DagsterInstance.from_config(str(home)) as instance:
         apply_pool_limits(instance)
+        # The legacy global auto-materialize toggle: automation runs through this code location's
+        # automation-condition sensor either way, but a paused toggle makes every job page say
+        # "Auto-materialize off" while it does run.
+        set_auto_materialize_paused(instance, False)
     return home
 
 

@@ -23,14 +23,29 @@ MAX_ERROR_CHARS = 500  # per step: a chat message, not a traceback (the run's pa
 log = logging.getLogger("pid_platform.alerts")
 
 
+MAX_LABEL_ASSETS = 2  # an alert's job label names this many assets, then counts the rest
+
+
 def job_label(run: dg.DagsterRun) -> str:
     """The run's job as an operator knows it: a Materialize click or an automation run goes through
-    Dagster's hidden ``__ASSET_JOB``, named here by the assets it materialized."""
+    Dagster's hidden ``__ASSET_JOB``, named here by the assets it materialized (two of them, then
+    how many more: the run's page lists them all, and its checks)."""
     if run.job_name != IMPLICIT_ASSET_JOB_NAME:
         return run.job_name
     assets = sorted(k.to_user_string() for k in run.asset_selection or ())
-    checks = sorted(f"{k.asset_key.to_user_string()}:{k.name}" for k in run.asset_check_selection or ())
-    return "materialize " + (", ".join(assets + checks) or "assets")
+    if not assets:
+        return "materialize checks" if run.asset_check_selection else "materialize assets"
+    shown, rest = assets[:MAX_LABEL_ASSETS], len(assets) - MAX_LABEL_ASSETS
+    return "materialize " + ", ".join(shown) + (f" and {rest} more" if rest > 0 else "")
+
+
+def _without_module_path(message: str, cls_name: str) -> str:
+    # Dagster renders an error as "module.path.ClassName: message"; an operator needs the class's
+    # own name at most.
+    head, sep, rest = message.partition(": ")
+    if sep and head.endswith("." + cls_name):
+        return f"{cls_name}: {rest}"
+    return message
 
 
 def run_failure_alert(run: dg.DagsterRun, error: str | None, failed_steps: list[str],
@@ -78,7 +93,7 @@ def step_errors(instance: dg.DagsterInstance, run_id: str) -> dict[str, str]:
         while error is not None and error.cause is not None and (
                 error.cls_name.startswith("Dagster") or error.cls_name == "Failure"):
             error = error.cause
-        lines = (error.message if error else "").strip().splitlines()
+        lines = (_without_module_path(error.message, error.cls_name) if error else "").strip().splitlines()
         errors[event.step_key] = (lines[0] if lines else "failed")[:MAX_ERROR_CHARS]
     return errors
 

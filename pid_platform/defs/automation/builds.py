@@ -34,30 +34,43 @@ class CommittedBuild:
 def build_in_progress(instance: dg.DagsterInstance, source: str) -> dg.DagsterRun | None:
     """A queued or running run that builds any of ``source``'s assets (a ``source_build`` run, or
     assets materialized from the UI), if there is one."""
-    runs = instance.get_runs(dg.RunsFilter(statuses=IN_PROGRESS, tags={"dagster/partition": source}))
+    return run_in_progress(instance, source, source_build_job.name, _SOURCE_KEYS)
+
+
+def run_in_progress(instance: dg.DagsterInstance, partition: str, job_name: str,
+                    asset_keys: set[dg.AssetKey]) -> dg.DagsterRun | None:
+    """A queued or running run of ``job_name``, or one materializing any of ``asset_keys``, for
+    ``partition``, if there is one."""
+    runs = instance.get_runs(dg.RunsFilter(statuses=IN_PROGRESS, tags={"dagster/partition": partition}))
     for run in runs:
-        if run.job_name == source_build_job.name or _SOURCE_KEYS & set(run.asset_selection or ()):
+        if run.job_name == job_name or asset_keys & set(run.asset_selection or ()):
             return run
     return None
 
 
-def _recorded(record: dg.EventLogRecord | None) -> CommittedBuild | None:
+def _recorded(record: dg.EventLogRecord | None, version_key: str = "settings_version") -> CommittedBuild | None:
     if record is None:
         return None
     event = record.asset_materialization or record.asset_observation
     metadata = event.metadata if event is not None else {}
-    version, fingerprint = metadata.get("settings_version"), metadata.get("input_fingerprint")
+    version, fingerprint = metadata.get(version_key), metadata.get("input_fingerprint")
     if version is None or fingerprint is None:
         return None
     return CommittedBuild(str(version.value), str(fingerprint.value), record.storage_id)
 
 
+def last_materialized_build(instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition: str,
+                            version_key: str) -> CommittedBuild | None:
+    """What the newest materialization of ``asset_key`` for ``partition`` was made from: its
+    ``version_key`` and ``input_fingerprint`` metadata (``None``: none recorded)."""
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[partition]), limit=1).records
+    return _recorded(records[0] if records else None, version_key)
+
+
 def last_committed_build(instance: dg.DagsterInstance, source: str) -> CommittedBuild | None:
     """What the newest committed build of ``source`` was made from (``None``: none recorded)."""
-    found = []
-    commits = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=COMMIT_ASSET, asset_partitions=[source]), limit=1).records
-    found.append(_recorded(commits[0] if commits else None))
+    found = [last_materialized_build(instance, COMMIT_ASSET, source, "settings_version")]
     # Observations of sample_set are up-to-date rebuilds: nothing staged, the committed build stands.
     checked = instance.fetch_observations(
         dg.AssetRecordsFilter(asset_key=INTAKE_ASSET, asset_partitions=[source]), limit=1).records

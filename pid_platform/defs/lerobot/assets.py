@@ -19,7 +19,7 @@ from loader.lerobot.sidecar import (
     validate_sidecar,
 )
 from loader.lerobot.sidecar.publish_layout import POINTER_VERSION, PublishRefused
-from pid_platform.defs.lerobot.datasets import LEROBOT_DATASET_ASSET
+from pid_platform.defs.lerobot.datasets import LEROBOT_DATASET_ASSET, dataset_fingerprint
 from pid_platform.defs.lerobot.partitions import LEROBOT_GROUP, lerobot_datasets_partitions
 from pid_platform.defs.lerobot.pools import PUBLISH_POOL
 from pid_platform.defs.lerobot.resources import LeRobotResource
@@ -100,6 +100,9 @@ def mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource) -> 
     out = lerobot.sidecar_path(dataset)
     repo_id = lerobot.repo_id(dataset)
     revision, how = lerobot.revision(dataset)
+    # What this build is made from, taken before it reads anything: lerobot_datasets_sensor
+    # requests no build while the dataset's fingerprint is still this one.
+    fingerprint = dataset_fingerprint(lerobot, dataset)
     with fail_without_retry_on():  # a malformed dataset stays malformed
         meta = LeRobotMeta.load(data_root)
     rebuilt = not out.exists() or bool(validate_sidecar(out, meta, repo_id=repo_id, revision=revision,
@@ -148,6 +151,8 @@ def mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotResource) -> 
             "revision_source": how,
             "data_root": manifest["data_root"],
             "schema_version": manifest["schema_version"],
+            "sidecar_code_version": SIDECAR_CODE_VERSION,
+            "input_fingerprint": fingerprint,
             # One row per MP4: the table, and its row count where the UI shows it.
             "video_files": files,
             **row_count(len(manifest["files"])),
