@@ -179,23 +179,28 @@ def test_an_unpinned_dataset_fails_its_git_publish_without_retries(lerobot_env: 
         assert retries == []  # a refusal is final; retrying would not pin anything
 
 
+def _sensor_tick(defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None) -> dg.SensorResult:
+    """One tick of lerobot_datasets_sensor, its events and partitions applied as the daemon does."""
+    sensor = defs.resolve_sensor_def("lerobot_datasets_sensor")
+    # A context manager: the code location's resources include the s3 resource, which is
+    # opened and closed like the daemon does.
+    with dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
+                                 resources=defs.resources) as ctx:
+        res = sensor(ctx)
+    for event in res.asset_events:
+        instance.report_runless_asset_event(event)
+    for request in res.dynamic_partitions_requests or []:
+        instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+    return res
+
+
 def test_sensor_adds_datasets_and_requests_builds_when_they_change(lerobot_env: dict) -> None:
     # sqlite storage: it keeps pool limits (the in-memory one has none), as a deployment does.
     with dg.instance_for_test() as instance:
         defs = load_defs()
-        sensor = defs.resolve_sensor_def("lerobot_datasets_sensor")
 
         def tick(cursor: str | None) -> dg.SensorResult:
-            # A context manager: the code location's resources include the s3 resource, which is
-            # opened and closed like the daemon does.
-            with dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
-                                         resources=defs.resources) as ctx:
-                res = sensor(ctx)
-            for event in res.asset_events:  # what the daemon does with them
-                instance.report_runless_asset_event(event)
-            for request in res.dynamic_partitions_requests or []:
-                instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
-            return res
+            return _sensor_tick(defs, instance, cursor)
 
         def observed_versions() -> list[str]:
             records = instance.fetch_observations(dg.AssetKey("lerobot_dataset"), limit=10).records
@@ -230,15 +235,9 @@ def test_sensor_builds_what_changed_since_the_last_build_not_the_last_request(le
     set back to an earlier state after a build of the other (A -> B -> A) is built again."""
     with dg.instance_for_test() as instance:
         defs = load_defs()
-        sensor = defs.resolve_sensor_def("lerobot_datasets_sensor")
 
         def tick(cursor: str | None) -> dg.SensorResult:
-            with dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
-                                         resources=defs.resources) as ctx:
-                res = sensor(ctx)
-            for event in res.asset_events:
-                instance.report_runless_asset_event(event)
-            return res
+            return _sensor_tick(defs, instance, cursor)
 
         assert _run(defs, instance).success  # built before the sensor's first tick
         assert tick(None).run_requests == []  # no redundant build
