@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 
 from loader.wds.errors import DecodeError, UnsafeDataError
+from loader.wds.image import ImageTransform, check_image_transform, sample_rng
+from loader.wds.image_decode import decode_planned
 
 IMAGE_EXTS = {"jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif"}
 PICKLE_EXTS = {"pkl", "pickle", "pt", "pth", "ckpt"}
@@ -23,6 +25,7 @@ class Decoder:
     def __init__(
         self, image: str = "pil", caption_fields: Sequence[str] = CAPTION_FIELDS,
         caption_weights: Sequence[float] | None = None, trusted_data: bool = False, seed: int = 0,
+        image_transform: ImageTransform | None = None,
     ):
         if image not in ("pil", "tensor", "numpy", "bytes"):
             raise ValueError(f"image must be 'pil', 'tensor', 'numpy' or 'bytes', got {image!r}")
@@ -31,10 +34,17 @@ class Decoder:
         self.caption_weights = caption_weights
         self.trusted_data = trusted_data
         self.seed = seed
+        self.image_transform = None if image_transform is None else check_image_transform(image_transform, image)
 
-    def _image(self, data: bytes):
+    def _image(self, data: bytes, sample: dict):
         if self.image == "bytes":
             return data
+        if self.image_transform is not None:
+            # Decoded at the size the transform keeps; its random numbers depend on (seed,
+            # epoch, key) only (a mixture's repeat of a sample gets a crop of its own).
+            rng = sample_rng(self.seed, sample.get("__epoch__"), str(sample.get("__key__")),
+                             f"{sample.get('__source__', '')}:{sample.get('__repeat__', 0)}")
+            return decode_planned(data, self.image_transform, rng, self.image)
         from PIL import Image, ImageOps
 
         im = Image.open(io.BytesIO(data))
@@ -65,7 +75,7 @@ class Decoder:
     def _value(self, name: str, ext: str, data: bytes, sample: dict) -> Any:
         last = ext.rsplit(".", 1)[-1].lower()
         if last in IMAGE_EXTS:
-            return self._image(data)
+            return self._image(data, sample)
         if last == "json":
             return self._caption(data, sample) if "caption" in name else json.loads(data)
         if last == "npy":

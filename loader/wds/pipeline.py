@@ -12,6 +12,7 @@ from loader.wds.decode import CAPTION_FIELDS, Decoder
 from loader.wds.discovery import catalog_mixture, load_wdinfo
 from loader.wds.distributed import data_parallel_rank, run_on_rank0_and_broadcast
 from loader.wds.expand import ExpandOptions
+from loader.wds.image import ImageTransform, check_image_transform
 from loader.wds.resume import ResumableLoader
 from loader.wds.shard_table import Wdinfo
 from loader.wds.shardlists import ShardlistBasic, ShardlistBasicParallelSync
@@ -37,6 +38,7 @@ def build_dataset(
     trusted_data: bool = False,
     on_decode_error: str = "raise",
     augment: Sequence[Callable[[dict], dict | None]] = (),
+    image_transform: ImageTransform | Sequence[ImageTransform] | None = None,
     batch_size: int | None = None,
     same_aspect_batches: bool = False,
     drop_last: bool = False,
@@ -68,6 +70,11 @@ def build_dataset(
     A :class:`loader.mixture.Mixture`, or the name of a weighted dataset in the catalog, gives
     a mixture (``loader/mixture``): its own order, dealt and resumed the same way; its samples
     also carry ``__source__`` and ``__repeat__``.
+
+    ``image_transform`` (``loader.wds.image``: ``Resize``, ``CenterCrop``, ``RandomCrop``,
+    ``RandomResizedCrop``, or a list of them) is the crop and resize training applies, declared
+    so that images are decoded at that size (a JPEG at a DCT scale and only the crop's region:
+    ``image_decode.py``); its random numbers depend on (seed, epoch, sample key) only.
 
     ``batch_size``/``drop_last`` here are a deprecated alias of ``make_loader(dataset,
     batch_size=, drop_last=)``: the one convention of both loaders (LeRobot's takes it there too).
@@ -113,10 +120,12 @@ def build_dataset(
         mode=mode, missing_key_policy=missing_key_policy, zip_fallback_to_index=zip_fallback_to_index,
         shard_error_policy=shard_error_policy, stream_config=stream_config, verify=verify,
     )
+    if image_transform is not None:
+        image_transform = check_image_transform(image_transform, decode)
     decoder = None
     if decode is not None:
         decoder = Decoder(image=decode, caption_fields=caption_fields, caption_weights=caption_weights,
-                          trusted_data=trusted_data, seed=seed)
+                          trusted_data=trusted_data, seed=seed, image_transform=image_transform)
     return TwinTarDataset(
         table, shardlist, modalities=modalities, options=options, shuffle_buffer=shuffle_buffer,
         decoder=decoder, maps=augment, batch_size=batch_size, same_aspect_batches=same_aspect_batches,
