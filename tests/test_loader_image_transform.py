@@ -256,3 +256,28 @@ def test_bad_parameters_give_one_clear_error_at_build_dataset(built32: Path) -> 
     # A list is a composition.
     ds = build_dataset(root, modalities=["image"], decode="numpy", image_transform=[Resize(40), CenterCrop(32)])
     assert {s["image"].shape for s in ds} == {(32, 32, 3)}
+
+
+# ----------------------------------------------------------------------------- the training example
+
+
+def test_the_training_example_declares_its_image_size(built32: Path, tmp_path: Path) -> None:
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "train_policy.py"
+    spec = importlib.util.spec_from_file_location("train_policy_image_size", script)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    argv = ["--data", "twin-tars", "--root", str(built32), "--checkpoint-dir", str(tmp_path), "--num-workers", "0",
+            "--batch-size", "4"]
+    with pytest.raises(SystemExit):
+        example.parse_args([*argv, "--image-size", "8"])  # smaller than the letterbox: refused
+    task = example.TwinTarTask(example.parse_args([*argv, "--image-size", "64"]), rank=0)
+    transform = task.loader.dataset.decoder.image_transform
+    assert isinstance(transform, Resize) and transform.size == [64]
+    batch = next(iter(task.loader))
+    assert batch["letterboxed"].shape == (4, 3, 32, 32)
+    # The aspect target is the resized image's: within rounding of the photograph's own.
+    for key, target in zip(batch["__key__"], batch["log_aspect"].tolist(), strict=True):
+        w, h = (int(v) for v in key.rsplit("-", 1)[1].split("x"))
+        assert abs(target - np.log(w / h)) < 0.05, key
