@@ -189,6 +189,27 @@ def test_region_decode_is_bit_exact(orientation: int, backend: bool) -> None:
             assert np.array_equal(got, want), (orientation, transform, k)
 
 
+@pytest.mark.parametrize("kind", ["grayscale", "cmyk", "progressive"])
+def test_other_jpeg_kinds_crop_bit_exact(kind: str, backend: bool) -> None:
+    im = _photo("rocket", (700, 500))
+    buf = io.BytesIO()
+    if kind == "progressive":
+        im.save(buf, "JPEG", quality=90, progressive=True)
+    else:
+        im.convert("L" if kind == "grayscale" else "CMYK").save(buf, "JPEG", quality=90)
+    data = buf.getvalue()
+    for k in range(3):
+        want, _ = _reference(data, RandomCrop((200, 300)), random.Random(k))
+        got = np.asarray(decode_planned(data, RandomCrop((200, 300)), random.Random(k), use_native=backend))
+        assert np.array_equal(got, want), (kind, k)
+
+
+def test_a_truncated_jpeg_is_an_error_as_with_pillow(backend: bool) -> None:
+    data = _jpeg(_photo("rocket", (700, 500)), 1)
+    with pytest.raises((ValueError, OSError), match="truncated"):
+        decode_planned(data[: len(data) // 2], Resize(100), random.Random(0), use_native=backend)
+
+
 def test_a_crop_larger_than_the_image_pads_with_zeros_as_torchvision() -> None:
     data = _jpeg(_photo("coffee", (300, 200)), 1)
     full = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))

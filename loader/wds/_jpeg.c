@@ -18,10 +18,12 @@
 #include <stdio.h>
 #include <string.h>
 #include <jpeglib.h>
+#include <jerror.h>
 
 struct err_mgr {
     struct jpeg_error_mgr pub;
     jmp_buf jump;
+    int truncated;
     char message[JMSG_LENGTH_MAX];
 };
 
@@ -31,8 +33,12 @@ static void on_error(j_common_ptr cinfo) {
     longjmp(err->jump, 1);
 }
 
-static void on_message(j_common_ptr cinfo) {
-    (void)cinfo; /* warnings (a corrupt but decodable stream) are not printed to stderr */
+/* Warnings are not printed. One is an error: the data ended before the rows asked for (libjpeg
+ * would hand on grey rows where Pillow says "image file is truncated"); the others (extraneous
+ * bytes before a marker...) are ignored, as Pillow ignores them. */
+static void on_warning(j_common_ptr cinfo, int level) {
+    if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF)
+        ((struct err_mgr *)cinfo->err)->truncated = 1;
 }
 
 static PyObject *UnsupportedJpeg;
@@ -59,7 +65,8 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     err.message[0] = 0;
     cinfo.err = jpeg_std_error(&err.pub);
     err.pub.error_exit = on_error;
-    err.pub.output_message = on_message;
+    err.pub.emit_message = on_warning;
+    err.truncated = 0;
     volatile int created = 0;
 
     Py_BEGIN_ALLOW_THREADS
@@ -107,6 +114,10 @@ static PyObject *decode(PyObject *self, PyObject *args) {
             goto done;
         }
         row += got;
+    }
+    if (err.truncated) {
+        strcpy(err.message, "image file is truncated");
+        goto done;
     }
     width = cinfo.output_width;
     /* The rows below the region are not needed: stop here (no error for what was not read). */

@@ -58,7 +58,7 @@ def map_box(method: Image.Transpose | None, box: Box, w: float, h: float) -> Box
 
 def pick_scale(plan: Plan) -> int:
     """The largest DCT reduction that keeps the box at or above the output size (never fewer
-    pixels than the output asks for), 1 where the box leaves the image (padding)."""
+    pixels than the output asks for)."""
     x0, y0, x1, y1 = plan.box
     bw, bh = x1 - x0, y1 - y0
     for s in SCALES:
