@@ -136,11 +136,11 @@ def _box_rng(key: str):
     return sample_rng(SEED, 0, key, ":0")
 
 
-def peer_pass(urls: list[str], transform) -> list:
+def peer_images(urls: list[str], transform):
+    """(key, image) as the peer hands them on: webdataset's PIL decode, then what its user writes."""
     import webdataset as wds
     from PIL import Image, ImageOps
 
-    out = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode("pil"):
@@ -151,8 +151,11 @@ def peer_pass(urls: list[str], transform) -> list:
                     im = im.crop(tuple(int(v) for v in plan.box))
                 else:
                     im = im.resize(plan.size, Image.Resampling.BILINEAR, box=plan.box)
-            out.append((s["__key__"], im.size))
-    return out
+            yield s["__key__"], im
+
+
+def peer_pass(urls: list[str], transform) -> list:
+    return [(key, im.size) for key, im in peer_images(urls, transform)]
 
 
 def ours_pass(root: Path, transform) -> list:
@@ -191,27 +194,16 @@ def _psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 def check(root: Path, urls: list[str], transform, row: str) -> str:
     """Ours and the peer: the same keys, sizes, and pixels within resampling (untimed)."""
-    import webdataset as wds
-    from PIL import Image, ImageOps
-
     from loader.wds.pipeline import build_dataset
 
     ours = {s["__key__"]: np.asarray(s["image"]) for s in build_dataset(
         str(root), modalities=["image"], decode="pil", image_transform=transform, shuffle=False, seed=SEED)}
     worst = float("inf")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode("pil"):
-            im = ImageOps.exif_transpose(s["image.jpg"]).convert("RGB")
-            if transform is not None:
-                plan = transform(im.width, im.height, _box_rng(s["__key__"]))
-                im = (im.crop(tuple(int(v) for v in plan.box)) if plan.is_crop
-                      else im.resize(plan.size, Image.Resampling.BILINEAR, box=plan.box))
-            mine = ours.pop(s["__key__"])
-            peer = np.asarray(im)
-            if mine.shape != peer.shape:
-                raise SystemExit(f"{row}: {s['__key__']}: ours {mine.shape} vs the peer's {peer.shape}")
-            worst = min(worst, _psnr(mine, peer))
+    for key, im in peer_images(urls, transform):
+        mine, peer = ours.pop(key), np.asarray(im)
+        if mine.shape != peer.shape:
+            raise SystemExit(f"{row}: {key}: ours {mine.shape} vs the peer's {peer.shape}")
+        worst = min(worst, _psnr(mine, peer))
     if ours:
         raise SystemExit(f"{row}: the peer did not read {sorted(ours)[:3]}")
     if worst < 38.0:

@@ -302,3 +302,52 @@ def test_the_training_example_declares_its_image_size(built32: Path, tmp_path: P
     for key, target in zip(batch["__key__"], batch["log_aspect"].tolist(), strict=True):
         w, h = (int(v) for v in key.rsplit("-", 1)[1].split("x"))
         assert abs(target - np.log(w / h)) < 0.05, key
+
+
+# ----------------------------------------------------------------------------- decode="cuda"
+
+CUDA = torch.cuda.is_available()
+
+
+@pytest.mark.skipif(CUDA, reason="checks the error where there is no GPU")
+def test_decode_cuda_without_a_gpu_is_one_clear_error(built32: Path) -> None:
+    from loader.wds.image_cuda import CudaDecodeUnavailable
+
+    with pytest.raises(CudaDecodeUnavailable, match="needs a CUDA GPU.*use decode='tensor'"):
+        build_dataset(str(built32), decode="cuda", image_transform=RRC)
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_the_gpu_path_turns_crops_and_resizes_like_the_cpu_path(orientation: int) -> None:
+    """The GPU path's tensor steps, run on the CPU: EXIF turns equal Pillow's, whole-pixel crops
+    are exact, resizes close (torch's antialiased bilinear on the box's whole pixels)."""
+    from loader.wds.image_cuda import apply_plan, turn
+
+    data = _jpeg(_photo("astronaut", (640, 480)), orientation)
+    stored = torch.from_numpy(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).copy()).permute(2, 0, 1)
+    method = image_decode.ORIENT.get(orientation)
+    upright = turn(stored, method)
+    want = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB"))
+    assert np.array_equal(upright.permute(1, 2, 0).numpy(), want)
+    for transform, floor in ((RandomCrop(200), float("inf")), (CenterCrop(700), float("inf")),
+                             (RandomResizedCrop(128, scale=(0.25, 1.0)), 28.0)):
+        for k in range(3):
+            ref, plan = _reference(data, transform, random.Random(k))
+            got = apply_plan(upright, plan).permute(1, 2, 0).numpy()
+            assert got.shape == ref.shape and _psnr(got, ref) >= floor, (transform, k, _psnr(got, ref))
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (nvJPEG)")
+def test_decode_cuda_gives_the_cpu_crops_on_the_gpu(built32: Path) -> None:
+    cpu = {s["__key__"]: s["image"] for s in build_dataset(str(built32), modalities=["image"], decode="tensor",
+                                                            image_transform=RRC, seed=SEED)}
+    ds = build_dataset(str(built32), modalities=["image"], decode="cuda", image_transform=RRC, seed=SEED)
+    with pytest.raises(ValueError, match="num_workers=0"):
+        make_loader(ds, num_workers=2)
+    seen = 0
+    for s in ds:
+        t = s["image"]
+        assert t.is_cuda and t.dtype == torch.uint8 and t.shape == (3, 48, 48)
+        assert _psnr(t.cpu().numpy(), cpu[s["__key__"]].numpy()) >= 28.0, s["__key__"]
+        seen += 1
+    assert seen == 32

@@ -27,8 +27,12 @@ class Decoder:
         caption_weights: Sequence[float] | None = None, trusted_data: bool = False, seed: int = 0,
         image_transform: ImageTransform | None = None,
     ):
-        if image not in ("pil", "tensor", "numpy", "bytes"):
-            raise ValueError(f"image must be 'pil', 'tensor', 'numpy' or 'bytes', got {image!r}")
+        if image not in ("pil", "tensor", "numpy", "bytes", "cuda"):
+            raise ValueError(f"image must be 'pil', 'tensor', 'numpy', 'bytes' or 'cuda', got {image!r}")
+        if image == "cuda":  # nvJPEG; imported only when asked for
+            from loader.wds.image_cuda import check_cuda
+
+            check_cuda()
         self.image = image
         self.caption_fields = tuple(caption_fields)
         self.caption_weights = caption_weights
@@ -39,11 +43,17 @@ class Decoder:
     def _image(self, data: bytes, sample: dict):
         if self.image == "bytes":
             return data
+        rng = None
         if self.image_transform is not None:
             # Decoded at the size the transform keeps; its random numbers depend on (seed,
             # epoch, key) only (a mixture's repeat of a sample gets a crop of its own).
             rng = sample_rng(self.seed, sample.get("__epoch__"), str(sample.get("__key__")),
                              f"{sample.get('__source__', '')}:{sample.get('__repeat__', 0)}")
+        if self.image == "cuda":
+            from loader.wds.image_cuda import decode_cuda
+
+            return decode_cuda(data, self.image_transform, rng)
+        if rng is not None:
             return decode_planned(data, self.image_transform, rng, self.image)
         from PIL import Image, ImageOps
 

@@ -141,6 +141,10 @@ def make_loader(dataset: TwinTarDataset, *, batch_size: Any = _KEEP, num_workers
     """A resumable DataLoader over ``dataset``: ``batch_size`` samples per batch (None: samples)
     and ``drop_last``, as ``loader.lerobot.streaming.make_loader(ds, batch_size=)`` takes them
     (the one convention for both loaders; ``build_dataset(batch_size=)`` is a deprecated alias)."""
+    decoder = getattr(dataset, "decoder", None)
+    if num_workers and getattr(decoder, "image", None) == "cuda":
+        raise ValueError("decode='cuda' decodes in the training process (CUDA tensors cannot leave DataLoader "
+                         f"workers safely): use num_workers=0, or decode='tensor' with workers; got num_workers={num_workers}")
     drop_last = dataloader_kwargs.pop("drop_last", None)
     if batch_size is not _KEEP or drop_last is not None:
         if batch_size is _KEEP:
