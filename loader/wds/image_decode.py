@@ -101,6 +101,8 @@ def _jpeg_region(im: Image.Image, data: bytes, plan: Plan, method: Image.Transpo
     """The displayed region of the JPEG that ``plan`` needs, at its DCT scale, and the plan's box
     relative to it (in the region's pixels)."""
     s = pick_scale(plan)
+    while s > 1 and min(W, H) < s:  # a padded box around a tiny image: no reduction below one pixel
+        s //= 2
     inverse = INVERSE.get(method, method) if method is not None else None
     stored = map_box(inverse, plan.box, *_shown_size(method, W, H))  # the box in the file's own pixels
     sw, sh = -(-W // s), -(-H // s)  # libjpeg's scaled size: ceil
