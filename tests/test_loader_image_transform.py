@@ -274,6 +274,8 @@ def test_bad_parameters_give_one_clear_error_at_build_dataset(built32: Path) -> 
         build_dataset(root, image_transform=lambda im: im)
     with pytest.raises(ImageTransformError, match="decode must be"):
         build_dataset(root, image_transform=Resize(256), decode="bytes")
+    with pytest.raises(ImageTransformError, match="other callables"):  # before any manifest is looked for
+        build_dataset(str(built32 / "no-such-folder"), image_transform="RandomCrop(64)")
     # A list is a composition.
     ds = build_dataset(root, modalities=["image"], decode="numpy", image_transform=[Resize(40), CenterCrop(32)])
     assert {s["image"].shape for s in ds} == {(32, 32, 3)}

@@ -79,6 +79,8 @@ def build_dataset(
     ``batch_size``/``drop_last`` here are a deprecated alias of ``make_loader(dataset,
     batch_size=, drop_last=)``: the one convention of both loaders (LeRobot's takes it there too).
     """
+    if image_transform is not None:  # before any manifest is read: one clear error
+        image_transform = check_image_transform(image_transform, decode)
     if batch_size is not None:
         warnings.warn("build_dataset(batch_size=) is deprecated: pass batch_size (and drop_last) to "
                       "make_loader(dataset, batch_size=...), as the LeRobot loader takes them",
@@ -120,8 +122,6 @@ def build_dataset(
         mode=mode, missing_key_policy=missing_key_policy, zip_fallback_to_index=zip_fallback_to_index,
         shard_error_policy=shard_error_policy, stream_config=stream_config, verify=verify,
     )
-    if image_transform is not None:
-        image_transform = check_image_transform(image_transform, decode)
     decoder = None
     if decode is not None:
         decoder = Decoder(image=decode, caption_fields=caption_fields, caption_weights=caption_weights,
