@@ -45,6 +45,8 @@ QUICK_ARGS: dict[str, list[str]] = {
     # The coordinator at the 10 M samples (1-2 min, plus 1 GB of synthetic table written
     # once) and the 1 vs 2 workers build of 12,000 photographs: its own defaults.
     "bench_build_scale": [],
+    # 30 4K photographs (generated and built once, ~2 min), 3 alternating rounds of 4 rows.
+    "bench_decode": ["--rounds", "3"],
 }
 TARGET_LINE = re.compile(r"^(PASS|MISS):\s*(.*)$")
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"

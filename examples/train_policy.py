@@ -11,6 +11,8 @@
   per camera plus a state MLP predicts the action (MSE).
 * ``--data twin-tars``: twin tars through ``loader.wds.pipeline``; each image is letterboxed into
   32x32 (its shape survives as black borders) and a small conv net predicts log(width / height).
+  ``--image-size N`` declares ``Resize(N)`` to the loader (``build_dataset(image_transform=)``):
+  the images arrive with their shorter side N, a JPEG decoded at a DCT scale instead of whole.
 
 Both loaders give every rank the same number of batches; where a rank has fewer samples they add
 repeats, flagged ``__pad__`` in the batch, which the loss leaves out (a batch of repeats only
@@ -71,6 +73,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=10, help="steps between progress lines")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0, help="model init and data order")
+    p.add_argument("--image-size", type=int,
+                   help="twin-tars only: the images' shorter side in training; declared to the loader as "
+                        "loader.wds.image.Resize(N), so a JPEG is decoded at the DCT scale that keeps N, not whole")
     p.add_argument("--step-delay-s", type=float, default=0.0,
                    help="sleep after each step (slows a demo down enough to interrupt it)")
     args = p.parse_args(argv)
@@ -86,6 +91,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--repo-id applies to --data lerobot only")
     if args.catalog is not None and args.data != "twin-tars":
         p.error("--catalog applies to --data twin-tars only")
+    if args.image_size is not None and args.data != "twin-tars":
+        p.error("--image-size applies to --data twin-tars only")
+    if args.image_size is not None and args.image_size < LETTERBOX:
+        p.error(f"--image-size must be at least the {LETTERBOX}-pixel letterbox, got {args.image_size}")
     # A twin-tars --root may also be a glob or a catalog name (no slash); anything else must exist.
     local = not urls.has_scheme(args.root) and not any(c in args.root for c in "*?[")
     if local and (args.data == "lerobot" or "/" in args.root) and not Path(args.root).exists():
@@ -204,10 +213,13 @@ class LeRobotTask(Task):
 
 class TwinTarTask(Task):
     def __init__(self, args: argparse.Namespace, rank: int):
+        from loader.wds.image import Resize
         from loader.wds.pipeline import build_dataset, make_loader
 
+        # The resize is declared to the loader (it decodes at that size); the letterbox stays an augment.
+        transform = Resize(args.image_size) if args.image_size else None
         ds = build_dataset(args.root, catalog=args.catalog, modalities=["image"], seed=args.seed,
-                           augment=[letterbox_sample])
+                           image_transform=transform, augment=[letterbox_sample])
         super().__init__(make_loader(ds, batch_size=args.batch_size, num_workers=args.num_workers), AspectNet(),
                          f"{args.root}: {int(sum(ds.shards.counts))} samples in {len(ds.shards.counts)} shards, "
                          f"{args.num_workers} workers per rank")

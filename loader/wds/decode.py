@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 
 from loader.wds.errors import DecodeError, UnsafeDataError
+from loader.wds.image import ImageTransform, check_image_transform, sample_rng
+from loader.wds.image_decode import decode_planned
 
 IMAGE_EXTS = {"jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif"}
 PICKLE_EXTS = {"pkl", "pickle", "pt", "pth", "ckpt"}
@@ -23,24 +25,44 @@ class Decoder:
     def __init__(
         self, image: str = "pil", caption_fields: Sequence[str] = CAPTION_FIELDS,
         caption_weights: Sequence[float] | None = None, trusted_data: bool = False, seed: int = 0,
+        image_transform: ImageTransform | None = None,
     ):
-        if image not in ("pil", "tensor", "numpy", "bytes"):
-            raise ValueError(f"image must be 'pil', 'tensor', 'numpy' or 'bytes', got {image!r}")
+        if image not in ("pil", "tensor", "numpy", "bytes", "cuda"):
+            raise ValueError(f"image must be 'pil', 'tensor', 'numpy', 'bytes' or 'cuda', got {image!r}")
+        if image == "cuda":  # nvJPEG; imported only when asked for
+            from loader.wds.image_cuda import check_cuda
+
+            check_cuda()
         self.image = image
         self.caption_fields = tuple(caption_fields)
         self.caption_weights = caption_weights
         self.trusted_data = trusted_data
         self.seed = seed
+        self.image_transform = None if image_transform is None else check_image_transform(image_transform, image)
 
-    def _image(self, data: bytes):
+    def _image(self, data: bytes, sample: dict):
         if self.image == "bytes":
             return data
+        rng = None
+        if self.image_transform is not None:
+            # Decoded at the size the transform keeps; its random numbers depend on (seed,
+            # epoch, key) only (a mixture's repeat of a sample gets a crop of its own).
+            rng = sample_rng(self.seed, sample.get("__epoch__"), str(sample.get("__key__")),
+                             f"{sample.get('__source__', '')}:{sample.get('__repeat__', 0)}")
+        if self.image == "cuda":
+            from loader.wds.image_cuda import decode_cuda
+
+            return decode_cuda(data, self.image_transform, rng)
+        if rng is not None:
+            return decode_planned(data, self.image_transform, rng, self.image)
         from PIL import Image, ImageOps
 
         im = Image.open(io.BytesIO(data))
         # The displayed image: the build buckets and indexes the size after EXIF orientation,
         # so the pixels handed on must be turned the same way (decode="bytes" keeps the file).
-        im = ImageOps.exif_transpose(im).convert("RGB")
+        # In place, and no convert to the mode it has: each would copy a 4K image (~10 ms).
+        ImageOps.exif_transpose(im, in_place=True)
+        im = im.convert("RGB") if im.mode != "RGB" else im
         if self.image == "pil":
             return im
         arr = np.asarray(im)
@@ -65,7 +87,7 @@ class Decoder:
     def _value(self, name: str, ext: str, data: bytes, sample: dict) -> Any:
         last = ext.rsplit(".", 1)[-1].lower()
         if last in IMAGE_EXTS:
-            return self._image(data)
+            return self._image(data, sample)
         if last == "json":
             return self._caption(data, sample) if "caption" in name else json.loads(data)
         if last == "npy":

@@ -12,6 +12,7 @@ from loader.wds.decode import CAPTION_FIELDS, Decoder
 from loader.wds.discovery import catalog_mixture, load_wdinfo
 from loader.wds.distributed import data_parallel_rank, run_on_rank0_and_broadcast
 from loader.wds.expand import ExpandOptions
+from loader.wds.image import ImageTransform, check_image_transform
 from loader.wds.resume import ResumableLoader
 from loader.wds.shard_table import Wdinfo
 from loader.wds.shardlists import ShardlistBasic, ShardlistBasicParallelSync
@@ -37,6 +38,7 @@ def build_dataset(
     trusted_data: bool = False,
     on_decode_error: str = "raise",
     augment: Sequence[Callable[[dict], dict | None]] = (),
+    image_transform: ImageTransform | Sequence[ImageTransform] | None = None,
     batch_size: int | None = None,
     same_aspect_batches: bool = False,
     drop_last: bool = False,
@@ -69,9 +71,16 @@ def build_dataset(
     a mixture (``loader/mixture``): its own order, dealt and resumed the same way; its samples
     also carry ``__source__`` and ``__repeat__``.
 
+    ``image_transform`` (``loader.wds.image``: ``Resize``, ``CenterCrop``, ``RandomCrop``,
+    ``RandomResizedCrop``, or a list of them) is the crop and resize training applies, declared
+    so that images are decoded at that size (a JPEG at a DCT scale and only the crop's region:
+    ``image_decode.py``); its random numbers depend on (seed, epoch, sample key) only.
+
     ``batch_size``/``drop_last`` here are a deprecated alias of ``make_loader(dataset,
     batch_size=, drop_last=)``: the one convention of both loaders (LeRobot's takes it there too).
     """
+    if image_transform is not None:  # before any manifest is read: one clear error
+        image_transform = check_image_transform(image_transform, decode)
     if batch_size is not None:
         warnings.warn("build_dataset(batch_size=) is deprecated: pass batch_size (and drop_last) to "
                       "make_loader(dataset, batch_size=...), as the LeRobot loader takes them",
@@ -116,7 +125,7 @@ def build_dataset(
     decoder = None
     if decode is not None:
         decoder = Decoder(image=decode, caption_fields=caption_fields, caption_weights=caption_weights,
-                          trusted_data=trusted_data, seed=seed)
+                          trusted_data=trusted_data, seed=seed, image_transform=image_transform)
     return TwinTarDataset(
         table, shardlist, modalities=modalities, options=options, shuffle_buffer=shuffle_buffer,
         decoder=decoder, maps=augment, batch_size=batch_size, same_aspect_batches=same_aspect_batches,
@@ -132,6 +141,10 @@ def make_loader(dataset: TwinTarDataset, *, batch_size: Any = _KEEP, num_workers
     """A resumable DataLoader over ``dataset``: ``batch_size`` samples per batch (None: samples)
     and ``drop_last``, as ``loader.lerobot.streaming.make_loader(ds, batch_size=)`` takes them
     (the one convention for both loaders; ``build_dataset(batch_size=)`` is a deprecated alias)."""
+    decoder = getattr(dataset, "decoder", None)
+    if num_workers and getattr(decoder, "image", None) == "cuda":
+        raise ValueError("decode='cuda' decodes in the training process (CUDA tensors cannot leave DataLoader "
+                         f"workers safely): use num_workers=0, or decode='tensor' with workers; got num_workers={num_workers}")
     drop_last = dataloader_kwargs.pop("drop_last", None)
     if batch_size is not _KEEP or drop_last is not None:
         if batch_size is _KEEP:
