@@ -9,6 +9,7 @@ task that fails for good leaves the others' records, and "re-execute from failur
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import threading
@@ -214,8 +215,15 @@ def test_reexecute_from_failure_runs_only_the_unfinished_task(
     # holding it fails for good (a missing file is no transient error), the other two finish.
     assert _execute(instance, config, ["sample_set"])[0]
     victim = _a_file_of(raw_root)
-    hidden = tmp_path / victim.name
-    victim.rename(hidden)
+    # Hidden without touching any file's identity (renaming the file itself moves its ctime,
+    # which a write task refuses as a source changed since the plan): the image folder becomes
+    # links to every other file of the real one, moved aside under a name no listing takes.
+    image = victim.parent
+    real = image.rename(image.with_name("_image"))
+    image.mkdir()
+    for f in sorted(real.iterdir()):
+        if f.name != victim.name:
+            (image / f.name).symlink_to(f)
     ok, failed_run = _execute(instance, config, ["twin_tar_shards", "key_indexes", "wdinfo_manifests"])
     assert not ok
     failed = _task_steps(instance, failed_run, dg.DagsterEventType.STEP_FAILURE)
@@ -235,7 +243,8 @@ def test_reexecute_from_failure_runs_only_the_unfinished_task(
     assert {r["index"]: Path(r["path"]).stat().st_mtime_ns for r in records(staged, WRITE)} == done
 
     # The file is back: re-executed from failure, only the unfinished task runs, then what follows.
-    hidden.rename(victim)
+    shutil.rmtree(image)
+    real.rename(image)
     ok, rerun = _execute(instance, reexecution=dg.ReexecutionOptions.from_failure(failed_run, instance))
     assert ok
     assert _task_steps(instance, rerun, dg.DagsterEventType.STEP_START) == failed

@@ -295,7 +295,10 @@ def test_only_transient_io_errors_are_left_to_the_retry_policy() -> None:
     from pid_platform.defs.retries import is_transient, retry_only_transient
 
     assert all(is_transient(e) for e in (ConnectionResetError(), TimeoutError(), S3AccessError("503"), OSError(5, "EIO")))
-    lasting = (FileNotFoundError("samples.parquet"), PermissionError("out"), ValueError("bad"), KeyError("x"))
+    from pid_platform.sharding.errors import PlannedFileChangedError
+
+    lasting = (FileNotFoundError("samples.parquet"), PermissionError("out"), ValueError("bad"), KeyError("x"),
+               PlannedFileChangedError("image/a.jpg: the source changed after the plan"))  # an OSError too
     assert not any(is_transient(e) for e in lasting)
     for error in lasting:
         with pytest.raises(dg.Failure) as failure, retry_only_transient():

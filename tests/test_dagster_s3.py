@@ -177,6 +177,45 @@ def test_any_machine_finds_an_s3_build_up_to_date_and_reshards_it_from_the_bucke
     assert sum(json.loads(v)["total_key_count"] for k, v in resharded.items() if k.endswith("wdinfo.json")) == 32
 
 
+def test_a_tar_deleted_from_the_served_version_is_sent_again_by_the_dagster_steps(
+    s3_env: SeaweedS3, photo_drop_template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    instance: dg.DagsterInstance,
+) -> None:
+    """A re-shard with the same settings on a fresh machine stages the very version the pointer
+    names: its write tasks keep what the bucket holds and send the tar that was deleted, never
+    copying a tar onto itself (which failed every retry, blaming a re-staged plan)."""
+    client = s3_env.client()
+    s3_env.make_bucket("dagster-repair-raw")
+    s3_env.make_bucket("dagster-repair-out")
+    upload_tree(client, photo_drop_template, "dagster-repair-raw", "drops")
+    monkeypatch.setenv("PID_RAW_ROOT", "s3://dagster-repair-raw/drops")
+    monkeypatch.setenv("PID_OUTPUT_ROOT", "s3://dagster-repair-out/built")
+    instance.add_dynamic_partitions(SOURCES, ["photos"])
+
+    def run(machine: str, **kwargs):
+        monkeypatch.setenv("PID_WORK_ROOT", str(tmp_path / machine))
+        return load_defs().resolve_job_def("source_build").execute_in_process(
+            instance=instance, partition_key="photos", raise_on_error=False,
+            run_config=run_config(max_shard_size_mb=0.25, write_tasks=2), **kwargs)
+
+    assert run("machine-1").success
+    version = pointer(client, "dagster-repair-out", "built/photos")["version"]
+    prefix = f"built/photos/versions/{version}/"
+    listed = client.list_objects_v2(Bucket="dagster-repair-out", Prefix=prefix)["Contents"]
+    lost = sorted(o["Key"] for o in listed if o["Key"].endswith(".tar"))[0]
+    client.delete_object(Bucket="dagster-repair-out", Key=lost)
+
+    again = run("machine-2", asset_selection=[dg.AssetKey(a) for a in
+                                              ("twin_tar_shards", "key_indexes", "wdinfo_manifests")])
+    assert again.success
+    shards = materialized(again)["twin_tar_shards"]
+    assert shards["written"] == 1 and shards["reused"] == shards["shards"] - 1  # that shard only
+    assert pointer(client, "dagster-repair-out", "built/photos")["version"] == version
+    client.head_object(Bucket="dagster-repair-out", Key=lost)
+    dataset = build_dataset("s3://dagster-repair-out/built/photos", decode=None, shuffle=False, verify="sha256")
+    assert len({s["__key__"] for s in dataset}) == 32
+
+
 def test_adding_a_modality_through_the_dagster_s3_path_writes_no_image_tar(
     s3_env: SeaweedS3, raw_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     instance: dg.DagsterInstance,

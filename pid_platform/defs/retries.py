@@ -52,8 +52,9 @@ LASTING_OS_ERRORS: tuple[type[OSError], ...] = (
 
 
 def is_transient(exc: BaseException) -> bool:
-    """An I/O error a retry may heal (a network blip, a throttled bucket, a busy disk)."""
-    return isinstance(exc, OSError) and not isinstance(exc, LASTING_OS_ERRORS)
+    """An I/O error a retry may heal (a network blip, a throttled bucket, a busy disk); never a
+    build error (a source file changed since the plan is an ``OSError`` too, and stays changed)."""
+    return isinstance(exc, OSError) and not isinstance(exc, (*LASTING_OS_ERRORS, BuildError))
 
 
 @contextmanager

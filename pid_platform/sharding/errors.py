@@ -1,5 +1,7 @@
 """Build errors: each names the file or folder, and the fix."""
 
+from loader.formats.twin_tar import SourceChangedError
+
 
 class BuildError(RuntimeError):
     """Base class of errors that stop a build."""
@@ -31,3 +33,9 @@ class ForeignOutputError(OutputNotWritableError):
 
 class ShardingConfigError(BuildError, ValueError):
     """A sharding setting is out of range (the message names the field)."""
+
+
+class PlannedFileChangedError(BuildError, SourceChangedError):
+    """A source file is not the one the plan fingerprinted (rewritten, replaced or gone since),
+    or the plan names a file outside its source: the plan is stale or was tampered with. A
+    ``SourceChangedError`` too, as a size that changed while a tar was written is."""

@@ -21,7 +21,7 @@ import pyarrow as pa
 from loader.formats.atomic import atomic_write_bytes
 from loader.io import urls
 from pid_platform.sharding.compute import pc
-from pid_platform.sharding.errors import BuildError, SourceNotFoundError
+from pid_platform.sharding.errors import BuildError, PlannedFileChangedError, SourceNotFoundError
 
 if TYPE_CHECKING:  # boto3 and the HTTP stack: imported where S3 is used, not for a local listing
     from loader.io.objects import S3Objects
@@ -140,6 +140,12 @@ class SourceStore(ABC):
         """The first ``n`` bytes (enough to sniff a format without fetching the whole file)."""
         return self.read(source, entry)[:n]
 
+    def planned_path(self, source: str, entry: FileEntry) -> str | None:
+        """A local file to copy a planned file's bytes from, once checked to be the file the
+        plan fingerprinted (``PlannedFileChangedError`` otherwise); None where the bytes are
+        read with ``read`` (an object store checks them there, by ETag)."""
+        return None
+
     def describe(self, source: str, entry: FileEntry) -> str:
         return f"{self.uri.rstrip('/')}/{source}/{entry.modality}/{entry.name}"
 
@@ -170,10 +176,58 @@ def _printable(name: str) -> str:
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
+def plain_name(name: object, what: str) -> str:
+    """``name`` as one path component (no folder, no ``..``): what a plan may name a file or a
+    modality folder by. A plan file is read from a shared folder or bucket, so it is checked."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise PlannedFileChangedError(f"the plan names {what} {name!r}, not a file name of the source: the plan "
+                                      "files were changed after the plan; run the plan again")
+    return name
+
+
 class LocalSourceStore(SourceStore):
     def __init__(self, root: str | os.PathLike[str]):
         self.root = Path(root).resolve()
         self.uri = str(self.root)
+        self._modality_dirs: dict[tuple[str, str], tuple[str, Path]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_modality_dirs": {}}
+
+    def _modality_dir(self, source: str, modality: str) -> tuple[str, Path]:
+        """(the modality folder, resolved; the source folder, resolved), once per folder."""
+        found = self._modality_dirs.get((source, modality))
+        if found is None:
+            src_root = self._source_dir(plain_name(source, "the source")).resolve()
+            folder = (src_root / plain_name(modality, "the modality folder")).resolve()
+            if not folder.is_relative_to(src_root):
+                raise PlannedFileChangedError(f"{src_root / modality}: links out of the source {src_root}; its files "
+                                              "are not read (the listing skips such a folder)")
+            found = self._modality_dirs[(source, modality)] = (os.fspath(folder), src_root)
+        return found
+
+    def _path(self, source: str, entry: FileEntry) -> str:
+        """The file ``entry`` names, by name under its modality folder of ``source``: never a path
+        a plan or cache carries, so a changed plan file cannot make a build read another file."""
+        folder, _ = self._modality_dir(source, entry.modality)
+        return os.path.join(folder, plain_name(entry.name, "the file"))
+
+    def planned_path(self, source: str, entry: FileEntry) -> str:
+        path = self._path(source, entry)
+        try:
+            if stat.S_ISLNK(os.lstat(path).st_mode):  # as the listing: a link must stay in the source
+                _, src_root = self._modality_dir(source, entry.modality)
+                if not Path(path).resolve().is_relative_to(src_root):
+                    raise PlannedFileChangedError(f"{path}: links out of the source {src_root}; not read")
+            st = os.stat(path)
+        except FileNotFoundError:
+            st = None
+        now = None if st is None else f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+        if now != entry.fingerprint:
+            raise PlannedFileChangedError(
+                f"{path}: the source changed after the plan ({'gone' if st is None else 'rewritten or replaced'}: "
+                f"identity {now or '-'}, planned {entry.fingerprint}); run the plan again")
+        return path
 
     def _source_dir(self, source: str) -> Path:
         d = self.root / source
@@ -246,8 +300,7 @@ class LocalSourceStore(SourceStore):
         return out
 
     def read(self, source: str, entry: FileEntry) -> bytes:
-        path = entry.local_path or str(self.root / source / entry.modality / entry.name)
-        with open(path, "rb") as fh:
+        with open(self._path(source, entry), "rb") as fh:
             return fh.read()
 
     def read_source_file(self, source: str, name: str, max_bytes: int | None = None) -> bytes | None:
@@ -268,8 +321,7 @@ class LocalSourceStore(SourceStore):
         atomic_write_bytes(self._source_dir(source) / name, data)
 
     def read_head(self, source: str, entry: FileEntry, n: int) -> bytes:
-        path = entry.local_path or str(self.root / source / entry.modality / entry.name)
-        with open(path, "rb") as fh:
+        with open(self._path(source, entry), "rb") as fh:
             return fh.read(n)
 
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+import re
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from loader.io.errors import ObjectNotFoundError, PreconditionFailedError
 from loader.io.s3_client import S3AccessError
@@ -36,6 +38,7 @@ from pid_platform.sharding.commit.state import (
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.intake.cache import CACHE_NAME
 from pid_platform.sharding.intake.task import slice_bounds
+from pid_platform.sharding.pause_points import pause_point
 from pid_platform.sharding.plan.columnar import Shard
 from pid_platform.sharding.plan.plan_files import PLAN, SHARDS, PlanSource
 from pid_platform.sharding.tasks import records as local_records
@@ -43,8 +46,16 @@ from pid_platform.sharding.tasks.records import RECORD_FORMAT, WRITE
 
 STAGED = ".pid-build/staged"
 STAGED_NAME = "staged.json"
+STAGING_NAME = "staging.json"  # a plan began staging (``stage_plan_state``)
+# Held (PID_PAUSE_AT) once the plan's state files are staged, before staged.json: tests kill it there.
+STAGING_POINT = "s3-plan:state-staged"
 INTAKE_NAME = "intake.json"
 STAGED_FORMAT = 1
+# staged.json's own format: 2 adds the pointer the plan saw and the staged plan's ETag.
+STAGED_PLAN_FORMAT = 2
+# A version id as ``s3_output.version_id`` and ``in_place.InPlace.version_id`` make them (hex):
+# staged.json is read from the bucket, and a version id becomes a folder name.
+VERSION_ID = re.compile(r"[0-9a-f]{8,64}")
 # What the write tasks and the commit read of the plan's state (VERSION_INPUTS, how the samples
 # were validated, and the listing's fingerprint the committed build reports).
 # What an intake leaves beside a build: a plan on another machine cuts the samples from it.
@@ -67,8 +78,19 @@ class StagedStateError(BuildError):
 
 
 @dataclass(frozen=True)
+class SeenPointer:
+    """The pointer a plan was cut against: the commit switches only from it (``None`` version:
+    no version was published; ``etag`` as the bucket gave it)."""
+
+    version: str | None
+    etag: str | None
+
+
+@dataclass(frozen=True)
 class Staged:
-    """What ``staged.json`` says: the version the staged plan builds, and its state files."""
+    """What ``staged.json`` says: the version the staged plan builds, its state files (each
+    with its sha256), the staged plan.parquet's ETag (the write tasks read it by ranges, each
+    pinned to it) and the pointer the plan saw."""
 
     version: str
     plan_sha256: str
@@ -79,10 +101,13 @@ class Staged:
     # are left there untouched. None: every object goes into ``versions/<version>/``.
     base: str | None = None
     reused: tuple[str, ...] = ()
+    pointer: SeenPointer = SeenPointer(None, None)
+    plan_etag: str | None = None
 
     def to_bytes(self) -> bytes:
-        doc = {"format": STAGED_FORMAT, "version": self.version, "plan_sha256": self.plan_sha256,
-               "source": self.source, "state": self.state}
+        doc = {"format": STAGED_PLAN_FORMAT, "version": self.version, "plan_sha256": self.plan_sha256,
+               "source": self.source, "state": self.state, "plan_etag": self.plan_etag,
+               "pointer": {"version": self.pointer.version, "etag": self.pointer.etag}}
         if self.base is not None:
             doc["in_place"] = {"base": self.base, "reused": list(self.reused)}
         return json.dumps(doc, sort_keys=True, indent=1).encode()
@@ -167,28 +192,100 @@ def pull_files(output: S3Output, files: dict[str, str], under: str, folder: Path
         path.write_bytes(data)
 
 
-def read_staged(output: S3Output) -> Staged | None:
-    doc = get_json(output, rel(STAGED_NAME))
-    if doc is None or doc.get("format") != STAGED_FORMAT:
-        return None
+def _plain_id(value: object, what: str, where: str) -> str:
+    if not isinstance(value, str) or not VERSION_ID.fullmatch(value):
+        raise ValueError(f"its {what} {value!r} is not a version id ({where} names folders by it)")
+    return value
+
+
+def _sha256_of(value: object, what: str) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise ValueError(f"{what}: {value!r} is not a sha256")
+    return value
+
+
+def _opt_str(value: object, what: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{what}: {value!r} is not a string")
+    return value
+
+
+def parse_staged(data: bytes, where: str) -> Staged:
+    """``staged.json`` read from ``where``; ``StagedStateError`` naming the file for anything
+    that is not a whole document of this format (every field is checked: the write tasks and the
+    commit act on it)."""
     try:
+        doc = json.loads(data)
+        if not isinstance(doc, dict) or doc.get("format") != STAGED_PLAN_FORMAT:
+            raise ValueError(f"format {doc.get('format') if isinstance(doc, dict) else None!r}, not "
+                             f"{STAGED_PLAN_FORMAT} (staged by another pid-shard?)")
+        state = doc["state"]
+        if not isinstance(state, dict) or PLAN not in state:
+            raise ValueError("it names no plan.parquet")
+        state = {n: _sha256_of(sha, f"state {n}") for n, sha in state.items()}
+        if _sha256_of(doc["plan_sha256"], "plan_sha256") != state[PLAN]:
+            raise ValueError("its plan_sha256 is not its plan.parquet's")
+        pointer = doc["pointer"]
+        if pointer is not None and not isinstance(pointer, dict):
+            raise ValueError(f"pointer: {pointer!r}")
+        seen = SeenPointer(None, None) if pointer is None else SeenPointer(
+            None if pointer.get("version") is None else _plain_id(pointer["version"], "pointer's version", where),
+            _opt_str(pointer.get("etag"), "pointer etag"))
         in_place = doc.get("in_place")
-        return Staged(str(doc["version"]), str(doc["plan_sha256"]), str(doc["source"]), dict(doc["state"]),
-                      str(in_place["base"]) if in_place else None,
-                      tuple(str(m) for m in in_place["reused"]) if in_place else ())
-    except (KeyError, TypeError, ValueError):
-        return None
+        if in_place is not None and not (isinstance(in_place, dict) and isinstance(in_place.get("reused"), list)):
+            raise ValueError(f"in_place: {in_place!r}")
+        if not isinstance(doc["source"], str):
+            raise ValueError(f"source: {doc['source']!r}")
+        return Staged(_plain_id(doc["version"], "version", where), state[PLAN], doc["source"], state,
+                      _plain_id(in_place["base"], "in-place base", where) if in_place else None,
+                      tuple(str(m) for m in in_place["reused"]) if in_place else (), seen,
+                      _opt_str(doc.get("plan_etag"), "plan_etag"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StagedStateError(f"{where}: not a staged plan this pid-shard can use ({exc}); run `pid-shard plan` "
+                               "(the same --input-dir, --output-dir and settings) again") from None
 
 
-def stage_plan_state(output: S3Output, folder: Path, source: str, *, version: str | None = None,
-                     base: str | None = None, reused: tuple[str, ...] = ()) -> Staged:
+def read_staged(output: S3Output) -> Staged | None:
+    """The staged plan; None when there is no ``staged.json``; ``StagedStateError`` when there is
+    one but it is damaged, of another format or names what it must not."""
+    data = s3_output.get_bytes(output, rel(STAGED_NAME))
+    return None if data is None else parse_staged(data, f"{output}/{rel(STAGED_NAME)}")
+
+
+def leftovers(output: S3Output) -> list[str]:
+    """What lies under ``staged/`` (a few names): a plan or intake was staged there, or begun."""
+    prefix = output.key(STAGED) + "/"
+    found = []
+    for o in output.store().list(prefix):
+        found.append(o.key[len(prefix):])
+        if len(found) >= 3:
+            break
+    return found
+
+
+def stage_plan_state(output: S3Output, folder: Path, source: str, seen: SeenPointer, *,
+                     version: str | None = None, base: str | None = None, reused: tuple[str, ...] = (),
+                     before_marker: Callable[[], None] = lambda: None) -> Staged:
     """The plan staged in ``folder`` (a local staging or committed folder) into the bucket, for
-    the write tasks and the commit on other machines; ``staged.json`` last. ``version``, ``base``
-    and ``reused``: a version published in place (``Staged``; default: one of its own)."""
-    # A staged plan being replaced: its marker goes first, so no task takes the new files for it.
+    the write tasks and the commit on other machines; ``staged.json`` last. ``seen``: the pointer
+    the plan was cut against. ``version``, ``base`` and ``reused``: a version published in place
+    (``Staged``; default: one of its own). ``before_marker`` runs right before ``staged.json``
+    is written (the lease check: a plan that lost its lease stages nothing a task would take)."""
+    # First a mark that a plan is being staged (so a plan killed from here on leaves ``staged/``
+    # not empty: the tasks refuse rather than find the output up to date), then the replaced
+    # plan's staged.json goes, so no task takes the new files for it.
+    put(output, rel(STAGING_NAME), json.dumps({"format": STAGED_FORMAT}).encode(), "staging the plan")
     delete(output, rel(STAGED_NAME))
     state = push_files(output, state_dir(folder), SHARED_STATE, "state", "staging the plan")
-    staged = Staged(version or s3_output.version_id(folder), state["plan.parquet"], source, state, base, reused)
+    pause_point(STAGING_POINT)
+    try:
+        plan_etag = output.store().head(output.key(rel("state", PLAN))).etag
+    except (ObjectNotFoundError, S3AccessError) as exc:
+        raise StagedStateError(f"{exc} (staging the plan: the staged plan.parquet is gone; another build of this "
+                               "output is staging anew?)") from None
+    staged = Staged(version or s3_output.version_id(folder), state[PLAN], source, state, base, reused, seen,
+                    plan_etag)
+    before_marker()
     put(output, rel(STAGED_NAME), staged.to_bytes(), "staging the plan")
     return staged
 
@@ -212,17 +309,54 @@ def staged_plan(output: S3Output, staged: Staged, folder: Path) -> Iterator[Plan
     if not local.is_file() and SHARDS not in staged.state:
         pull_plan_state(output, staged, folder, (PLAN,))
     what = f"{output}/{rel('state', PLAN)}"
-    try:
-        if local.is_file():
+    if local.is_file():
+        try:
             yield local
-            return
-        with output.store().open_ranged(output.key(rel("state", PLAN))) as ranged:
-            yield ranged
-    except (ObjectNotFoundError, PreconditionFailedError, ValueError) as exc:
-        raise StagedStateError(f"{what}: not the plan {output}/{rel(STAGED_NAME)} names ({exc}); another build of "
-                               "this output is staging anew? run the build (or `pid-shard plan`) again") from None
+        except ValueError as exc:  # rows that are not the plan's shards (``plan_files._checked``)
+            raise _not_the_plan(output, what, exc) from None
+        return
+    # Only the plan's own reads are translated: an error of the caller's work (a tar missing
+    # from the bucket) is its own, never "the plan was staged anew".
+    try:
+        ranged = output.store().open_ranged(output.key(rel("state", PLAN)))
+    except ObjectNotFoundError as exc:
+        raise _not_the_plan(output, what, exc) from None
     except S3AccessError as exc:
         raise BuildError(f"{exc} (reading the staged plan {what})") from None
+    if staged.plan_etag is None or ranged.etag != staged.plan_etag:
+        raise _not_the_plan(output, what, f"its ETag is {ranged.etag}, {rel(STAGED_NAME)} names {staged.plan_etag}")
+    with ranged:
+        try:
+            yield _PlanReads(ranged, output, what)
+        except ValueError as exc:
+            raise _not_the_plan(output, what, exc) from None
+
+
+def _not_the_plan(output: S3Output, what: str, why: object) -> StagedStateError:
+    return StagedStateError(f"{what}: not the plan {output}/{rel(STAGED_NAME)} names ({why}); changed after the plan, "
+                            "or another build of this output is staging anew? run `pid-shard plan` again")
+
+
+class _PlanReads:
+    """The staged plan's ranged reads, their failures said as what they mean."""
+
+    def __init__(self, ranged: Any, output: S3Output, what: str) -> None:
+        self._ranged, self._output, self._what = ranged, output, what
+        self.name = what
+
+    def __getattr__(self, attr: str) -> Any:
+        target = getattr(self._ranged, attr)
+        if not callable(target):
+            return target
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return target(*args, **kwargs)
+            except (ObjectNotFoundError, PreconditionFailedError) as exc:
+                raise _not_the_plan(self._output, self._what, exc) from None
+            except S3AccessError as exc:
+                raise BuildError(f"{exc} (reading the staged plan {self._what})") from None
+        return call
 
 
 def push_intake(output: S3Output, staging: Path) -> None:

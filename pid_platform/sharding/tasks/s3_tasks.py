@@ -20,7 +20,12 @@ own (``PID_WORK_ROOT``) that nothing else reads; the staged build lives under
   (every shard's digests and check findings) comes last.
 * ``pid-shard commit``: the manifests, from the plan and the records' digests (no tar is read),
   sent after every object is checked in one listing, then the pointer switch, as
-  ``s3_output.publish_version`` does; then ``staged/`` is deleted.
+  ``s3_output.publish_version`` does, but only from the pointer the plan saw (``staged.json``);
+  then ``staged/`` is deleted.
+
+Nothing staged is taken on trust: ``staged.json`` is checked field by field (a version id that
+is not one is refused), the plan is read pinned to the ETag it names, a plan that lost its lease
+stages nothing, and ``staged/`` holding anything without a ``staged.json`` is never "up to date".
 
 The bytes of the version (its id included) are those of the one-process ``pid-shard`` build
 of the same source and settings, whatever ``N`` and however many machines.
@@ -65,7 +70,12 @@ from pid_platform.sharding.commit.manifests import (
     write_key_index_of,
     write_manifests,
 )
-from pid_platform.sharding.commit.s3_output import CARRIED_STATE, PublishedVersion, S3Output
+from pid_platform.sharding.commit.s3_output import (
+    CARRIED_STATE,
+    PublishedVersion,
+    PublishRaceError,
+    S3Output,
+)
 from pid_platform.sharding.commit.state import (
     FINGERPRINT,
     INTAKE_SETTINGS,
@@ -107,9 +117,13 @@ from pid_platform.sharding.tasks.run import (
     spans_text,
     stage_plan,
 )
-from pid_platform.sharding.tasks.s3_staging import STAGED_NAME, Staged
+from pid_platform.sharding.tasks.s3_staging import STAGED_NAME, SeenPointer, Staged
 from pid_platform.sharding.write.tar_digests import tar_digests
 from pid_platform.sharding.write.tars import ShardResult, shard_files, write_shards
+
+# Held (PID_PAUSE_AT) by ``pid-shard plan`` of an s3 output once its plan is cut, before it stages
+# anything in the bucket: tests stall a plan there (SIGSTOP) past its lease.
+PLAN_BEFORE_STAGING_POINT = "s3-plan:before-staging"
 
 # The checks a write task runs on each shard's tars before it sends them (``verify_output``).
 TWIN_KEYS, SIZE_BOUND, KEY_INDEX = "twin_keys", "size_bound", "key_index"
@@ -127,14 +141,20 @@ def _beside(work: Path, name: str) -> Path:
 
 def staged_or_refuse(output: S3Output, what: str) -> Staged | None:
     """The staged plan; None when nothing is staged over a published version (the plan found it
-    up to date); a ``TaskOrderError`` when nothing was ever planned."""
-    staged = staging.read_staged(output)
+    up to date and left ``staged/`` empty); a ``TaskOrderError`` when nothing was ever planned,
+    or when ``staged/`` holds what a plan or intake began and no ``staged.json`` (a plan killed
+    while staging, an intake staged since): the source changed, so never "up to date"."""
+    staged = staging.read_staged(output)  # a damaged staged.json: StagedStateError, naming it
     if staged is not None:
         return staged
-    if s3_output.read_pointer(output) is not None:
+    left = staging.leftovers(output)
+    if s3_output.read_pointer(output) is not None and not left:
         return None
-    raise TaskOrderError(f"{what} of {output}: no plan is staged ({output}/{staging.rel(STAGED_NAME)} is missing); "
-                         "run `pid-shard plan` (the same --input-dir, --output-dir and settings) first")
+    why = (f"{output}/{staging.rel(STAGED_NAME)} is missing beside {', '.join(left)}{' ...' if len(left) > 2 else ''} "
+           "(a plan was killed while staging, or an intake was staged since)") if left else (
+        f"{output}/{staging.rel(STAGED_NAME)} is missing")
+    raise TaskOrderError(f"{what} of {output}: no plan is staged ({why}); run `pid-shard plan` (the same --input-dir, "
+                         "--output-dir and settings) first")
 
 
 def run_s3_intake_task(
@@ -178,11 +198,15 @@ def _pull_intake_parts(output: S3Output, work: Path) -> None:
 
 def _already_served(output: S3Output, folder: Path, vid: str, uses: list[str], config: ShardingConfig) -> bool:
     """Whether the pointer names version ``vid`` (reading from ``uses``) or one cut with
-    ``config`` from the very samples staged in ``folder``: a commit would change nothing."""
+    ``config`` from the very samples staged in ``folder``, and every object its manifests list
+    is there with its size: a commit would change nothing. A damaged served version is staged
+    again: its write tasks send what is missing (``published_problems``: one listing)."""
     pointer = s3_output.read_pointer(output)
     if pointer is None:
         return False
-    return (pointer.version == vid and pointer.uses == uses) or published_intake_matches(output, folder, config)
+    if pointer.version == vid and pointer.uses == uses:
+        return not published_problems(output)
+    return published_intake_matches(output, folder, config)
 
 
 def pull_committed_plan(output: S3Output, folder: Path) -> Path | None:
@@ -240,18 +264,29 @@ def published_as(staged_id: str, in_place: InPlace | None) -> tuple[str, list[st
     return in_place.version_id(staged_id), [in_place.base]
 
 
+def seen_pointer(output: S3Output) -> SeenPointer:
+    """The pointer as a plan reads it before it cuts: what its commit may switch from."""
+    pointer, etag = s3_output.read_pointer_tagged(output)
+    return SeenPointer(pointer.version if pointer else None, etag)
+
+
 def _stage_in_bucket(output: S3Output, folder: Path, source: str, staged_id: str,
-                     in_place: InPlace | None) -> Staged:
-    """The plan of ``folder`` (version id ``staged_id``: a digest of the plan, computed once)
-    staged for the write tasks; published in place when ``in_place`` (its ``MARKER`` first,
-    before any task puts a tar into another version's folder)."""
+                     in_place: InPlace | None, seen: SeenPointer) -> Staged:
+    """The plan of ``folder`` (version id ``staged_id``: a digest of the plan, computed once),
+    cut against the pointer ``seen``, staged for the write tasks; published in place when
+    ``in_place`` (its ``MARKER`` first, before any task puts a tar into another version's
+    folder). A plan that lost the build lease (stalled past its TTL while another build took
+    it) stops here and before ``staged.json``, staging nothing a task would take."""
+    check_held(output)
     vid, _uses = published_as(staged_id, in_place)
     if in_place is None:
-        return staging.stage_plan_state(output, folder, source, version=vid)
+        return staging.stage_plan_state(output, folder, source, seen, version=vid,
+                                        before_marker=lambda: check_held(output))
     if in_place.placed and s3_output.get_bytes(output, f"{version_dir(vid)}/{MARKER}") is None:
         staging.put(output, f"{version_dir(vid)}/{MARKER}", in_place.marker(), "staging the plan")
-    return staging.stage_plan_state(output, folder, source, version=vid, base=in_place.base,
-                                    reused=load_plan_cut(folder).reused_modalities)
+    return staging.stage_plan_state(output, folder, source, seen, version=vid, base=in_place.base,
+                                    reused=load_plan_cut(folder).reused_modalities,
+                                    before_marker=lambda: check_held(output))
 
 
 def run_s3_plan(
@@ -263,6 +298,7 @@ def run_s3_plan(
     already names the version this plan builds (nothing staged: the tasks have nothing to do)."""
     work = s3_output.work_dir(output, work_root)
     with build_lease(output):
+        seen = seen_pointer(output)  # before anything is read of the published version
         _pull_intake_parts(output, work)
         seed_intake_cache(output, work)  # the published outcomes: validate only what changed since
         committed = pull_committed_plan(output, scratch_dir(output, work_root, "committed"))
@@ -277,8 +313,10 @@ def run_s3_plan(
         if _already_served(output, folder, vid, uses, config):
             _delete_staged(output)
             return plan, None
+        pause_point(PLAN_BEFORE_STAGING_POINT)
+        check_held(output)  # before the first object of the staging changes
         staging.clear_write_records(output)
-        return plan, _stage_in_bucket(output, folder, source, staged_id, in_place).version
+        return plan, _stage_in_bucket(output, folder, source, staged_id, in_place, seen).version
 
 
 def pull_staged_intake(output: S3Output, work: Path) -> bool:
@@ -298,6 +336,7 @@ def stage_plan_in_bucket(store: SourceStore, source: str, output: S3Output, work
     and staged in the bucket for the write tasks; ``(shards, version)``. Earlier write records
     are forgotten, so this run's tasks report what they did themselves (every shard still in
     the bucket is kept)."""
+    seen = seen_pointer(output)
     committed = pull_committed_plan(output, _beside(work, "committed"))
     plans = stage_plan(store, source, work, config, fresh_tasks=True, committed=committed)
     if committed is not None:
@@ -305,7 +344,8 @@ def stage_plan_in_bucket(store: SourceStore, source: str, output: S3Output, work
     staging.clear_write_records(output)
     folder = versions.staging_dir(work)
     staged_id = s3_output.version_id(folder)
-    return plans, _stage_in_bucket(output, folder, source, staged_id, in_place_of(output, folder, staged_id)).version
+    in_place = in_place_of(output, folder, staged_id)
+    return plans, _stage_in_bucket(output, folder, source, staged_id, in_place, seen).version
 
 
 class _CurrentTars:
@@ -357,6 +397,12 @@ def run_s3_write_task(
     vdir = version_dir(staged.version)
     there = {v: s3_output.list_sizes(output, version_dir(v)) for v in {staged.version, staged.home(True)}}
     current = _CurrentTars(output)
+    if current.version is not None and current.version not in there:
+        there[current.version] = s3_output.list_sizes(output, version_dir(current.version))
+
+    def there_current() -> dict[str, int]:
+        return there[current.version]  # listed once: a copy only from an object that is there
+
     bucket = output.store()
     counts: Counter[str] = Counter()
     found: dict[int, dict] = {}  # shard position -> its marker
@@ -380,7 +426,11 @@ def run_s3_write_task(
                                          "`pid-shard plan` again (nothing was published)")
                 elif home != staged.version and rel_m in there[home]:
                     pass  # put there by an earlier run of this version (its MARKER): never replaced, checked below
-                elif current.version is not None and current.sha.get(rel_m) == shas[m]:
+                elif home == current.version and there[home].get(rel_m) == plan.tar_bytes(m) \
+                        and current.sha.get(rel_m) == shas[m]:
+                    pass  # the served version's own object (a repair): never copied onto itself
+                elif current.version not in (None, home) and current.sha.get(rel_m) == shas[m] \
+                        and there_current().get(rel_m) == plan.tar_bytes(m):
                     bucket.copy(output.key(version_dir(current.version), rel_m), output.key(version_dir(home), rel_m))
                     counts["copied"] += 1
                 else:
@@ -388,7 +438,7 @@ def run_s3_write_task(
             bucket.put(output.key(vdir, index_rel), scratch / index_rel)
             # Last: the marker vouches for the shard's objects (a rerun keeps them).
             bucket.put(output.key(staging.shard_marker_rel(plan)), json.dumps(marker, sort_keys=True).encode())
-        except S3AccessError as exc:
+        except (S3AccessError, ObjectNotFoundError) as exc:
             raise BuildError(f"{exc} (write task {index} of {of}, shard {plan.relpath}; nothing was published)") from None
         found[i] = marker
         for f in shard_files(scratch, plan):
@@ -412,6 +462,10 @@ def run_s3_write_task(
                         for r, n in objs.items())):
                     found[i] = marker
                     counts["kept"] += 1  # sent by an earlier run of this task
+                    finished += 1
+                elif (served := _served_shard(staged, current, there, plan)) is not None:
+                    found[i] = served
+                    counts["kept"] += 1  # whole in the served version: nothing to write or send
                     finished += 1
                 else:
                     todo.append((i, plan))
@@ -439,6 +493,23 @@ def run_s3_write_task(
     shutil.rmtree(scratch, ignore_errors=True)
     return TaskOutcome(WRITE, index, of, Path(rel), False, stop - first, first, len(sent), counts["kept"],
                        copied=counts["copied"])
+
+
+def _served_shard(staged: Staged, current: _CurrentTars, there: dict[str, dict[str, int]],
+                  plan: ShardPlan) -> dict | None:
+    """The marker of a shard that the served version holds whole (a plan of the version the
+    pointer names, staged again to repair it): every tar with the planned size and the checksum
+    its manifest lists, and its key index. None: the shard is written (and what is missing sent)."""
+    if staged.version != current.version or staged.base is not None:
+        return None
+    listed = there[staged.version]
+    index_bytes = listed.get(key_index_rel(plan))
+    if index_bytes is None or any(listed.get(r) != n for r, n in shard_objects(plan, index_bytes).items()):
+        return None
+    shas = {m: current.sha.get(tar_rel(plan, m)) for m in plan.modalities}
+    if not all(shas.values()):
+        return None
+    return {"digest": plan.digest(), "tars": shas, "key_index_bytes": index_bytes, "problems": {}}
 
 
 def key_index_rel(plan: Shard) -> str:
@@ -594,7 +665,8 @@ def _publish(output: S3Output, staged: Staged, bodies: dict[str, bytes | Path], 
     (``s3_output.publish_version``'s end)."""
     vid = staged.version
     uses = [staged.base] if staged.base is not None else []
-    current, etag = s3_output.read_pointer_tagged(output)
+    current, _etag = s3_output.read_pointer_tagged(output)
+    refuse_if_moved(output, staged, current)
     result = PublishedVersion(str(output), vid, current.version if current else None)
     holder = this_process()
     check_held(output, vid)
@@ -625,8 +697,25 @@ def _publish(output: S3Output, staged: Staged, bodies: dict[str, bytes | Path], 
         pause_point("publish:before-switch")
         claim.check()
         check_held(output, vid)
-        s3_output.switch_pointer(output, vid, manifest_rels, current, etag, holder, now, uses=uses)
+        # If-Match the ETag the plan saw: a pointer moved since the plan (a newer build published)
+        # refuses the switch (``switch_pointer`` only steps over a change of its retired record).
+        s3_output.switch_pointer(output, vid, manifest_rels, current, staged.pointer.etag, holder, now, uses=uses)
     return result
+
+
+def refuse_if_moved(output: S3Output, staged: Staged, current: VersionPointer | None) -> None:
+    """``PublishRaceError`` unless the pointer still names the version the staged plan was cut
+    against: a commit never moves the pointer back over a build published after the plan."""
+    now_there = current.version if current else None
+    if now_there == staged.pointer.version:
+        return
+    was = f"version {staged.pointer.version}" if staged.pointer.version else "no version (a first publish)"
+    by = f" by {current.built_by}" if current is not None and current.built_by else ""
+    raise PublishRaceError(
+        f"{output}/{POINTER_NAME} names {f'version {now_there}' if now_there else 'no version'}{by}, published after "
+        f"the plan staged in {output}/{staging.rel(STAGED_NAME)} was cut against {was}: committing it would move "
+        "readers back over that build; nothing was switched. Run `pid-shard plan` again (then the tasks and the "
+        "commit) to build on top of what is current now")
 
 
 def _delete_staged(output: S3Output) -> None:

@@ -97,9 +97,12 @@ def _write_tars(store: SourceStore, source: str, out: Path, plan: ShardPlan, mod
     for m in modalities:
         members = []
         for name, s in plan.members(m):
+            # By name under the source root, checked against the planned fingerprint: a plan
+            # file (shared, so it could be changed) never decides which file is read.
             f = s.files[m]
-            if f.local_path is not None:
-                members.append(TarMember(name, f.size, path=f.local_path))
+            path = store.planned_path(source, f)
+            if path is not None:
+                members.append(TarMember(name, f.size, path=path))
             else:
                 members.append(TarMember(name, f.size, data=store.read(source, f)))
         write_tar(tar_path(out, plan.bucket, m, plan.relpath), members, durable=False)
