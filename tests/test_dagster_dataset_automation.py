@@ -106,6 +106,33 @@ def test_the_catalog_follows_a_commit_while_other_builds_are_queued(definitions:
         assert instance.get_run_by_id(queued.run_id).status == dg.DagsterRunStatus.NOT_STARTED
 
 
+def test_a_commit_while_the_catalog_run_works_is_not_lost(definitions: Path) -> None:
+    """The catalog's run may scan the sources before a commit that lands while it works: the
+    commit must still bring a catalog run after it (eager() forgot it once the run ended)."""
+    with dagster_instance() as instance:
+        defs = load_defs()
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+        assert build_source(defs, instance, "photos").success
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+        assert tick.get_num_requested(CATALOG) == 1
+        # The requested catalog run, launched and working...
+        working = instance.create_run_for_job(defs.resolve_job_def("catalog_build"),
+                                              status=dg.DagsterRunStatus.STARTED)
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+        assert tick.get_num_requested(CATALOG) == 0
+        # ... while portraits commits; then the run ends (its catalog written).
+        assert build_source(defs, instance, "portraits").success
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+        assert tick.get_num_requested(CATALOG) == 0  # not while its run works
+        assert build_catalog(defs, instance).success
+        instance.report_run_canceled(working)
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+        assert tick.get_num_requested(CATALOG) == 1
+        assert build_catalog(defs, instance).success
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+        assert tick.get_num_requested(CATALOG) == 0  # handled
+
+
 def test_dataset_assets_follow_their_sources_and_rerun_their_check(definitions: Path) -> None:
     """Found on the second day: after every build datasets/<name> read stale, had no automation
     condition, and their sources_match check was never re-run. Now a rebuild of a source requests

@@ -24,8 +24,13 @@ NIGHTLY_CATALOG_CRON = "30 3 * * *"
 # dependency in progress" would (during a queue of 40 new sources the catalog listed the first
 # after the whole queue, 25 minutes later): it lists what is committed and follows each commit.
 # Which manifests it lists is decided by the asset, not here.
+# And a commit that lands while the catalog's own run works is not lost: eager() forgets an
+# update once the asset's next materialization is seen, though that run may have scanned the
+# sources before the commit; here only a new request of the catalog clears it.
 _AC = dg.AutomationCondition
-CATALOG_FOLLOWS = (_AC.eager().without(~_AC.any_deps_missing()).without(~_AC.any_deps_in_progress())
+CATALOG_FOLLOWS = (_AC.in_latest_time_window()
+                   & _AC.any_deps_updated().since(_AC.newly_requested() | _AC.initial_evaluation())
+                   & ~_AC.in_progress()
                    & _AC.all_deps_blocking_checks_passed()).with_label(
     "after new manifests of any source (sources not built yet or still building do not hold it back)")
 # The catalog's code version is a digest of $PID_DATASETS (set as the code location loads,

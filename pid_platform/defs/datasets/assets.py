@@ -1,8 +1,10 @@
 """One asset per logical dataset (``datasets/<name>``), downstream of exactly its sources'
-manifests, so the lineage shows which sources feed which dataset and a source's re-shard marks
-the datasets it feeds stale. Its metadata: each source's share of the epoch, samples per epoch
-and repeats, as a table and a plot; its blocking check ``sources_match`` fails when a source is
-not built or the sources' modalities do not fit the definition.
+manifests and the catalog, so the lineage shows which sources feed which dataset and a source's
+re-shard marks the datasets it feeds stale; automation re-runs it after them. Its metadata: each
+source's share of the epoch, samples per epoch and repeats, as a table and a plot; its blocking
+check ``sources_match`` fails when its entry in ``$PID_DATASETS`` is wrong, a source is not
+built, the sources' modalities do not fit the definition, or ``catalog.json`` (what the loader
+reads) does not hold this definition.
 """
 
 from __future__ import annotations
