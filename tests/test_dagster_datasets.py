@@ -18,6 +18,7 @@ from dagster._time import get_current_datetime
 from loader.formats.catalog import read_catalog
 from loader.mixture import Mixture
 from pid_platform.demo.sample_data import make_sample_source
+from tests.support.daemon_ticks import remote_schedules, sensor_is_running, workspace_context
 from tests.support.dagster_runs import (
     build_catalog,
     build_source,
@@ -78,6 +79,17 @@ def test_a_dataset_asset_per_definition_downstream_of_its_sources(roots: Path) -
         assert sorted(mapping.partition_keys) == ["photos", "portraits"]  # which sources feed it
 
         assert build_source(defs, instance, "photos").success and build_source(defs, instance, "portraits").success
+        # The catalog is written whatever one dataset says: every built source, the datasets that
+        # fit them; 'ghostly' (a source not built yet) and 'deep' (a modality missing) are left out.
+        catalog_run = build_catalog(defs, instance)
+        assert catalog_run.success
+        written = read_catalog(roots)
+        assert sorted(written.sources) == ["photos", "portraits"]
+        assert sorted(written.datasets) == ["all", "blend", "both"]
+        assert written.mixture("blend") == Mixture.from_json("blend", BLEND)
+        left_out = materialized(catalog_run)["dataset_catalog"]["datasets_left_out"]
+        assert sorted(left_out) == ["deep", "ghostly"] and "source 'ghost'" in left_out["ghostly"]
+
         result = _materialize(defs, instance, ["blend", "both", "ghostly", "deep"])
         meta = materialized(result)
         blend = meta["datasets/blend"]
@@ -100,14 +112,10 @@ def test_a_dataset_asset_per_definition_downstream_of_its_sources(roots: Path) -
         assert len(deep) == 1 and "source 'photos'" in deep[0] and "lacks modalities ['depth']" in deep[0]
         assert not result.success  # the blocking checks failed the run
 
-        # dataset_catalog writes the file's valid definitions; a bad one fails it with its message.
-        bad = build_catalog(defs, instance)
-        assert not bad.success
-        failure = next(e for e in bad.all_events if e.is_step_failure)
-        assert "dataset 'deep'" in failure.step_failure_data.error.message or \
-            "dataset 'ghostly'" in failure.step_failure_data.error.message
+        # The launchpad's sharding.datasets redefine them for a run: then they fit, and are written.
         ok = build_catalog(defs, instance, datasets={"ghostly": ["photos"], "deep": ["portraits"]})
-        assert ok.success
+        assert ok.success and materialized(ok)["dataset_catalog"]["datasets_left_out"] == {}
+        assert sorted(read_catalog(roots).datasets) == ["all", "blend", "both", "deep", "ghostly"]
         assert read_catalog(roots).mixture("blend") == Mixture.from_json("blend", BLEND)
 
         # A re-shard of a source marks the datasets it feeds stale.
@@ -125,7 +133,7 @@ def test_without_definitions_there_are_no_dataset_assets(out_root: Path, monkeyp
     assert not [k for k in keys if k.path[0] == "datasets"]
 
 
-def test_a_malformed_definitions_file_fails_the_load_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_strict_reader_names_the_file_the_dataset_and_the_key(tmp_path: Path) -> None:
     from pid_platform.defs.datasets.definitions import dataset_definitions
 
     bad = tmp_path / "datasets.yaml"
@@ -136,3 +144,62 @@ def test_a_malformed_definitions_file_fails_the_load_naming_it(tmp_path: Path, m
     bad.write_text(yaml.safe_dump({"a b": ["photos"]}))
     with pytest.raises(ValueError, match="dataset name 'a b'"):
         dataset_definitions({"PID_DATASETS": str(bad)})
+
+
+def _loaded_and_running(names: set[str]) -> set[str]:
+    """The code location loaded as the daemon loads it (a sqlite instance: the workspace wants
+    one it can share with a code server); of ``names``, the sensors running there. The daily
+    schedule must be there too."""
+    with dg.instance_for_test() as instance, workspace_context(instance) as context:
+        assert "daily_source_rebuild" in {s.name for s in remote_schedules(context)}
+        return {n for n in names if sensor_is_running(context, n)}
+
+
+def test_a_bad_datasets_yaml_keeps_the_code_location_and_shows_its_error_on_the_datasets(
+        roots: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A typo in datasets.yaml once unloaded the code location: every sensor, the schedule and the
+    run-failure alert stopped, and the cause was screens down a stack trace. Now the location
+    loads as the daemon loads it; a bad entry's asset shows its error (file, dataset, key), a file
+    that cannot be read at all shows it on the catalog's dataset_definitions_read check, and the
+    catalog goes on listing every built source with the datasets it had."""
+    path = roots.parent / "datasets.yaml"
+    sensors = {"raw_sources_sensor", "run_failure_alert_sensor", "follow_upstream_sensor"}
+    with dagster_instance() as instance:
+        defs = load_defs()
+        assert build_source(defs, instance, "photos").success and build_source(defs, instance, "portraits").success
+        assert build_catalog(defs, instance).success  # blend and both, as defined
+
+        # One entry wrong: a negative weight.
+        path.write_text(yaml.safe_dump({**DEFINITIONS, "blend": {"sources": {"photos": {"weight": -1}}}}))
+        assert _loaded_and_running(sensors) == sensors
+        defs = load_defs()
+        description = defs.resolve_assets_def(_key("blend")).specs_by_key[_key("blend")].description
+        assert str(path) in description and "dataset 'blend', source 'photos'" in description
+        failed = _materialize(defs, instance, ["blend"])
+        (check,) = failed.get_asset_check_evaluations()
+        (problem,) = check.metadata["problems"].value
+        assert not check.passed and str(path) in problem and "dataset 'blend', source 'photos'" in problem
+        catalog_run = build_catalog(defs, instance)
+        assert catalog_run.success  # the catalog keeps blend as it was, and says why
+        kept = materialized(catalog_run)["dataset_catalog"]["datasets_kept"]
+        assert sorted(kept) == ["blend"] and "weight" in kept["blend"]
+        assert read_catalog(roots).mixture("blend") == Mixture.from_json("blend", BLEND)
+        read = {e.check_name: e for e in catalog_run.get_asset_check_evaluations()}["dataset_definitions_read"]
+        (problem,) = read.metadata["problems"].value
+        assert not read.passed and problem == check.metadata["problems"].value[0]
+
+        # The file cannot be read at all (a key written twice): still loaded, every sensor running.
+        path.write_text("both: [photos]\nblend:\n  sources: {photos: {weight: 1}}\n  samples_per_epoch: 1\n"
+                        "  samples_per_epoch: 2\n")
+        assert _loaded_and_running(sensors) == sensors
+        defs = load_defs()
+        catalog_run = build_catalog(defs, instance)
+        assert catalog_run.success
+        written = read_catalog(roots)
+        assert sorted(written.sources) == ["photos", "portraits"]
+        assert sorted(written.datasets) == ["all", "blend", "both"]  # the datasets it had
+        assert written.mixture("blend") == Mixture.from_json("blend", BLEND)
+        assert not [k for k in defs.resolve_asset_graph().get_all_asset_keys() if k.path[0] == "datasets"]
+        read = {e.check_name: e for e in catalog_run.get_asset_check_evaluations()}["dataset_definitions_read"]
+        (problem,) = read.metadata["problems"].value
+        assert not read.passed and str(path) in problem and "blend.samples_per_epoch is written twice" in problem

@@ -12,6 +12,7 @@ import dagster as dg
 import pytest
 from dagster_aws.s3 import S3Resource
 
+from pid_platform.defs.datasets.definitions import read_datasets_file
 from pid_platform.defs.resources import (
     SHARDING_CODE_VERSION,
     LocalSourceStoreResource,
@@ -57,8 +58,8 @@ EXPECTED_ASSETS = {
         "deps": ["key_indexes"], "group": BUILD, "partitions": SOURCES, "code_version": "<sharding>",
         "kinds": ["json", "python"], "checks": ["manifest_counts_match_tars"], "pools": [],
     },
-    "dataset_catalog": {
-        "deps": ["wdinfo_manifests"], "group": "catalog", "partitions": None, "code_version": None,
+    "dataset_catalog": {  # its code version: a digest of $PID_DATASETS (an edit makes automation rewrite it)
+        "deps": ["wdinfo_manifests"], "group": "catalog", "partitions": None, "code_version": "<datasets>",
         "kinds": ["json", "python"], "checks": ["catalog_lists_every_built_source"], "pools": [],
     },
     "mp4_sidecar": {
@@ -123,7 +124,8 @@ def _snapshot_assets(defs: dg.Definitions) -> dict:
             "deps": sorted(k.to_user_string() for k in node.parent_keys),
             "group": node.group_name,
             "partitions": str(node.partitions_def) if node.partitions_def else None,
-            "code_version": "<sharding>" if version == SHARDING_CODE_VERSION else version,
+            "code_version": "<sharding>" if version == SHARDING_CODE_VERSION else
+            "<datasets>" if version == f"datasets-{read_datasets_file().version()}" else version,
             "kinds": sorted(node.kinds),
             "checks": sorted(c.name for c in node.check_keys),
             "pools": sorted(node.pools or ()),

@@ -7,12 +7,23 @@ from pathlib import Path
 
 import dagster as dg
 
-from loader.formats.catalog import CATALOG_NAME, parse_catalog
+from loader.formats.catalog import CATALOG_NAME, SourceEntry, parse_catalog
 from loader.formats.errors import FormatError
 from pid_platform.defs.checks.common import result
 from pid_platform.defs.resources import SourceStoreResource
 from pid_platform.sharding.catalog import scan_s3_sources, scan_sources
 from pid_platform.sharding.commit.s3_output import get_bytes
+
+
+def built_and_catalog(source_store: SourceStoreResource) -> tuple[dict[str, SourceEntry], bytes | None, str]:
+    """The sources with committed manifests under the output root, the bytes of its
+    ``catalog.json`` (None: none yet) and where that is."""
+    root = source_store.root_target()
+    if root is not None:
+        return scan_s3_sources(root), get_bytes(root, CATALOG_NAME), f"{root}/{CATALOG_NAME}"
+    out = Path(source_store.output_root)
+    path = out / CATALOG_NAME
+    return scan_sources(out), path.read_bytes() if path.is_file() else None, str(path)
 
 
 @dg.asset_check(
@@ -22,17 +33,7 @@ from pid_platform.sharding.commit.s3_output import get_bytes
                 "with exactly those manifests, and dataset 'all' names them all.",
 )
 def catalog_lists_every_built_source(source_store: SourceStoreResource) -> dg.AssetCheckResult:
-    root = source_store.root_target()
-    if root is not None:
-        built = scan_s3_sources(root)
-        data = get_bytes(root, CATALOG_NAME)
-        where = f"{root}/{CATALOG_NAME}"
-    else:
-        out = Path(source_store.output_root)
-        built = scan_sources(out)
-        path = out / CATALOG_NAME
-        data = path.read_bytes() if path.is_file() else None
-        where = str(path)
+    built, data, where = built_and_catalog(source_store)
     if data is None:
         return result([f"{where}: missing"], sources_built=len(built))
     try:

@@ -1,29 +1,35 @@
 """One asset per logical dataset (``datasets/<name>``), downstream of exactly its sources'
-manifests, so the lineage shows which sources feed which dataset and a source's re-shard marks
-the datasets it feeds stale. Its metadata: each source's share of the epoch, samples per epoch
-and repeats, as a table and a plot; its blocking check ``sources_match`` fails when a source is
-not built or the sources' modalities do not fit the definition.
+manifests and the catalog, so the lineage shows which sources feed which dataset and a source's
+re-shard marks the datasets it feeds stale; automation re-runs it after them. Its metadata: each
+source's share of the epoch, samples per epoch and repeats, as a table and a plot; its blocking
+check ``sources_match`` fails when its entry in ``$PID_DATASETS`` is wrong, a source is not
+built, the sources' modalities do not fit the definition, or ``catalog.json`` (what the loader
+reads) does not hold this definition.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
-from loader.formats.catalog import SourceEntry
+from loader.formats.catalog import Catalog, SourceEntry, parse_catalog
+from loader.formats.errors import FormatError, short_repr
 from loader.mixture.definition import Mixture, MixtureError, Source, check_modalities
-from pid_platform.defs.datasets.definitions import dataset_definitions
+from pid_platform.defs.automation.conditions import DATASET_FOLLOWS
+from pid_platform.defs.checks.catalog import built_and_catalog
+from pid_platform.defs.datasets.definitions import DATASETS_ENV, read_datasets_file
 from pid_platform.defs.groups import CATALOG_GROUP
 from pid_platform.defs.plots import bar_png, png_markdown
 from pid_platform.defs.resources import ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
-from pid_platform.sharding.catalog import scan_s3_sources, scan_sources
 
 DATASETS_PREFIX = "datasets"
 CHECK_NAME = "sources_match"
+DEFINITIONS_CHECK = "dataset_definitions_read"
 
 
 @dataclass
@@ -90,20 +96,45 @@ def _table(summary: DatasetSummary) -> dg.MetadataValue:
     return dg.MetadataValue.table(records, schema=schema)
 
 
-def _built_sources(source_store: SourceStoreResource) -> dict[str, SourceEntry]:
-    root = source_store.root_target()
-    return scan_s3_sources(root) if root is not None else scan_sources(Path(source_store.output_root))
-
-
 def _sources_of(definition: Any) -> list[str]:
-    if isinstance(definition, list):
-        return sorted(definition)
-    return sorted(definition.get("sources") or {})
+    """The source names a definition mentions, as far as it can be read (a bad entry still gets
+    its asset, to show its error)."""
+    named = definition.get("sources") if isinstance(definition, dict) else definition
+    if isinstance(named, (dict, list)):
+        return sorted({s for s in named if isinstance(s, str)})
+    return []
 
 
-def dataset_asset(name: str, definition: Any) -> dg.AssetsDefinition:
+def _digest(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()[:16]
+
+
+def _catalog_problem(name: str, current: Any, data: bytes | None, where: str) -> str | None:
+    """Why catalog.json does not hold this definition of the dataset (the loader reads that), or None."""
+    if data is None:
+        return f"{where} is missing; materialize dataset_catalog"
+    try:
+        written = parse_catalog(data, where).to_json()["datasets"].get(name)
+    except (FormatError, ValueError) as exc:
+        return str(exc)
+    if written is None:
+        return f"dataset {name!r} is not in {where} (dataset_catalog leaves out a dataset that does not fit the " \
+               "built sources); fix the problems above, then materialize dataset_catalog"
+    try:  # as the catalog writes it: a union as its sorted list, a mixture in its canonical form
+        value = list(current) if isinstance(current, list) else Mixture.from_json(name, current)
+        wanted = Catalog({}, {name: value}).to_json()["datasets"][name]
+    except MixtureError:
+        return None  # the definition's own error is reported already
+    if written != wanted:
+        return f"{where} holds another definition of {name!r} ({short_repr(written, 200)}); materialize " \
+               "dataset_catalog to write this one"
+    return None
+
+
+def dataset_asset(name: str, definition: Any, error: str | None = None) -> dg.AssetsDefinition:
     key = dg.AssetKey([DATASETS_PREFIX, name])
     sources = _sources_of(definition)
+    bad = f" Its entry in ${DATASETS_ENV} is wrong: {error}" if error else ""
 
     @dg.asset(
         key=key,
@@ -113,16 +144,38 @@ def dataset_asset(name: str, definition: Any) -> dg.AssetsDefinition:
         group_name=CATALOG_GROUP,
         kinds={"python", "json"},
         retry_policy=IO_RETRY,
+        # An edited entry marks the dataset stale (code version); the catalog and its sources'
+        # new manifests make automation re-run it, and with it its check.
+        code_version=_digest(definition, error),
+        automation_condition=DATASET_FOLLOWS,
         check_specs=[dg.AssetCheckSpec(CHECK_NAME, asset=key, blocking=True,
-                                       description="Every source is built and has the modalities the dataset reads.")],
+                                       description="The definition reads, every source is built with the modalities "
+                                                   "the dataset reads, and catalog.json holds this definition.")],
         description=f"Logical dataset {name!r}: sources {sources}; each source's share of an epoch, samples per "
-                    "epoch and repeats (table and plot). The loader reads it with build_dataset(name, catalog=...).",
+                    "epoch and repeats (table and plot). The loader reads it with build_dataset(name, catalog=...)."
+                    + bad,
     )
     def _dataset(source_store: SourceStoreResource, sharding: ShardingResource) -> dg.MaterializeResult:
-        # The launchpad's sharding.datasets may redefine the dataset for a run (as for the catalog).
-        current = sharding.datasets.get(name, definition)
+        # The file as it is now (the run may start after an edit), the launchpad's
+        # sharding.datasets on top (as for the catalog).
+        found = read_datasets_file()
+        current = sharding.datasets.get(name, found.definitions.get(name))
         with fail_without_retry_on():
-            summary = summarize(name, current, _built_sources(source_store))
+            built, data, where = built_and_catalog(source_store)
+        if name in sharding.datasets:
+            problem = None
+        elif name in found.errors:
+            problem = found.errors[name]
+        elif current is None:
+            problem = found.file_error or (f"dataset {name!r} is no longer defined in {found.where}; reload the "
+                                           "definitions (Deployment, Reload) to drop its asset")
+        else:
+            problem = None
+        summary = summarize(name, current, built) if problem is None else DatasetSummary(problems=[problem])
+        if problem is None and not summary.problems:
+            in_catalog = _catalog_problem(name, current, data, where)
+            if in_catalog:
+                summary.problems.append(in_catalog)
         per_epoch = {r[0]: r[3] for r in summary.rows}
         return dg.MaterializeResult(
             metadata={
@@ -131,20 +184,49 @@ def dataset_asset(name: str, definition: Any) -> dg.AssetsDefinition:
                 "shares": _table(summary),
                 "shares_plot": png_markdown(bar_png(per_epoch, title=f"{name}: samples per epoch by source",
                                                     ylabel="samples per epoch"), f"{name} shares"),
-                "definition": dg.MetadataValue.json(current),
+                "definition": dg.MetadataValue.json(current if current is not None else {}),
             },
             check_results=[dg.AssetCheckResult(
                 check_name=CHECK_NAME, passed=not summary.problems,
                 severity=dg.AssetCheckSeverity.ERROR,
                 metadata={"problems": dg.MetadataValue.json(summary.problems)},
-                description="; ".join(summary.problems) or "every source is built with the modalities read",
+                description="; ".join(summary.problems) or "every source is built with the modalities read, "
+                                                           "and catalog.json holds this definition",
             )],
         )
 
     return _dataset
 
 
+def definitions_read_check() -> dg.AssetChecksDefinition:
+    """A check on dataset_catalog that ``$PID_DATASETS`` reads: a file that cannot be read names
+    no dataset asset to show its error on, so the catalog, which writes the definitions, shows it.
+    Not blocking: the catalog it checks is written all the same (keeping the datasets it had)."""
+
+    @dg.asset_check(asset="dataset_catalog", name=DEFINITIONS_CHECK, blocking=False,
+                    description=f"${DATASETS_ENV} reads: every entry is a valid dataset definition (an error names "
+                                "the file, the dataset and the key).")
+    def _read() -> dg.AssetCheckResult:
+        found = read_datasets_file()
+        problems = found.problems()
+        return dg.AssetCheckResult(
+            passed=not problems, severity=dg.AssetCheckSeverity.ERROR,
+            description="; ".join(problems) or f"{found.where}: {len(found.definitions)} datasets",
+            metadata={"file": str(found.where), "problems": dg.MetadataValue.json(problems),
+                      "datasets": dg.MetadataValue.json(sorted(found.definitions))},
+        )
+
+    return _read
+
+
 @dg.definitions
 def datasets() -> dg.Definitions:
-    """The assets of the datasets in ``$PID_DATASETS`` (none without it)."""
-    return dg.Definitions(assets=[dataset_asset(n, d) for n, d in sorted(dataset_definitions().items())])
+    """The assets of the datasets in ``$PID_DATASETS`` (none without it), and the check that it
+    reads. A bad file never fails the load: every entry with a usable name still gets its asset."""
+    found = read_datasets_file()
+    if found.where is None:
+        return dg.Definitions()
+    return dg.Definitions(
+        assets=[dataset_asset(n, d, found.errors.get(n)) for n, d in sorted(found.definitions.items())],
+        asset_checks=[definitions_read_check()],
+    )

@@ -11,16 +11,21 @@
 
 Each entry becomes an asset (``datasets/<name>``) and is written into ``catalog.json`` by
 ``dataset_catalog``, with the ``sharding`` resource's ``datasets`` (set in the launchpad) on top.
-A malformed file fails the code location's load with a ``MixtureError`` naming the file and the
-entry: it is read by the one strict reader (``loader.formats.strict_doc``: a regular file of at
-most 4 MiB, no anchors, aliases or tags, nesting bounded, keys are text).
+The file is read by the one strict reader (``loader.formats.strict_doc``: a regular file of at
+most 4 MiB, no anchors, aliases or tags, nesting bounded, keys are text). A malformed file never
+fails the code location's load (that would stop every sensor, the schedule and the run-failure
+alert): ``read_datasets_file`` keeps each error, naming the file, the dataset and the key, and
+the dataset assets and the catalog's ``dataset_definitions_read`` check show it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,38 +40,86 @@ NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
 MAX_DATASETS_BYTES = 4 * 1024 * 1024
 
 
-def dataset_definitions(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The definitions in ``$PID_DATASETS`` as plain values (``{}`` without the variable), each
-    checked as far as it can be without the built sources (names, weights, repeat, choose)."""
+@dataclass(frozen=True)
+class DatasetsFile:
+    """What ``$PID_DATASETS`` holds: every entry with a usable name, and what is wrong, naming
+    the file, the dataset and the key."""
+
+    where: str | None  # the file; None without PID_DATASETS
+    definitions: dict[str, Any] = field(default_factory=dict)  # every entry with a usable name, as written
+    errors: dict[str, str] = field(default_factory=dict)  # dataset name -> what is wrong with its entry
+    file_error: str | None = None  # the file as a whole (unreadable, not a mapping, a bad name)
+
+    def valid(self) -> dict[str, Any]:
+        """The entries that can be written into the catalog (given their sources are built)."""
+        return {n: d for n, d in self.definitions.items() if n not in self.errors}
+
+    def problems(self) -> list[str]:
+        return ([self.file_error] if self.file_error else []) + [self.errors[n] for n in sorted(self.errors)]
+
+    def version(self) -> str:
+        """A digest of the definitions and errors: a code version that moves with every edit."""
+        doc = {"definitions": self.definitions, "errors": self.errors, "file_error": self.file_error}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True, default=repr).encode()).hexdigest()[:16]
+
+
+def _check_entry(where: str, name: Any, value: Any) -> None:
+    if not isinstance(name, str) or not NAME.match(name):
+        raise MixtureError(f"{where}: dataset name {short_repr(name)} must be letters, digits, '_' or '-' "
+                           "(it names an asset)")
+    if name == ALL_DATASET:  # a built source's name is refused when the catalog is built
+        raise MixtureError(f"{where}: dataset {name!r}: {ALL_DATASET!r} is the catalog's dataset of every built "
+                           "source; rename the dataset")
+    try:
+        if isinstance(value, list):
+            if not value or not all(isinstance(v, str) for v in value):
+                raise MixtureError(f"dataset {name!r}: {short_repr(value)} is not a list of source names")
+        else:
+            Mixture.from_json(name, value)
+    except MixtureError as exc:
+        raise MixtureError(f"{where}: {exc}") from None
+
+
+def read_datasets_file(environ: Mapping[str, str] | None = None) -> DatasetsFile:
+    """``$PID_DATASETS`` read (an empty ``DatasetsFile`` without the variable), each entry checked
+    as far as it can be without the built sources (names, weights, repeat, choose). Nothing
+    raises: a bad entry is kept with its error (its asset shows it), a file that cannot be read
+    or a name that cannot name an asset is the ``file_error``."""
     env = os.environ if environ is None else environ
     where = (env.get(DATASETS_ENV) or "").strip()
     if not where:
-        return {}
+        return DatasetsFile(None)
     fix = f"fix the file or unset {DATASETS_ENV}"
-    data = read_local_doc(Path(where), max_bytes=MAX_DATASETS_BYTES, fix=fix, error=MixtureError)
-    doc = load_yaml_doc(data, f"{DATASETS_ENV}={where}", max_bytes=MAX_DATASETS_BYTES, fix=fix,
-                        error=MixtureError) or {}
+    try:
+        data = read_local_doc(Path(where), max_bytes=MAX_DATASETS_BYTES, fix=fix, error=MixtureError)
+        doc = load_yaml_doc(data, f"{DATASETS_ENV}={where}", max_bytes=MAX_DATASETS_BYTES, fix=fix,
+                            error=MixtureError) or {}
+    except MixtureError as exc:
+        return DatasetsFile(where, file_error=str(exc))
     if not isinstance(doc, dict):
-        raise MixtureError(f"{where}: the dataset definitions must map dataset names to definitions, "
-                           f"not a {type(doc).__name__}")
+        return DatasetsFile(where, file_error=f"{where}: the dataset definitions must map dataset names to "
+                                              f"definitions, not a {type(doc).__name__}; {fix}")
+    definitions: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    bad_names: list[str] = []
     for name, value in doc.items():
-        if not isinstance(name, str) or not NAME.match(name):
-            raise MixtureError(f"{where}: dataset name {short_repr(name)} must be letters, digits, '_' or '-' "
-                               "(it names an asset)")
-        if name == ALL_DATASET:  # a built source's name is refused when the catalog is built
-            raise MixtureError(f"{where}: dataset {name!r}: {ALL_DATASET!r} is the catalog's dataset of every built "
-                               "source; rename the dataset")
         try:
-            if isinstance(value, list):
-                if not value or not all(isinstance(v, str) for v in value):
-                    raise MixtureError(f"dataset {name!r}: {short_repr(value)} is not a list of source names")
-            else:
-                Mixture.from_json(name, value)
+            _check_entry(where, name, value)
         except MixtureError as exc:
-            raise MixtureError(f"{where}: {exc}") from None
-    return doc
+            if isinstance(name, str) and NAME.match(name) and name != ALL_DATASET:
+                errors[name] = str(exc)
+            else:
+                bad_names.append(str(exc))
+                continue
+        definitions[name] = value
+    return DatasetsFile(where, definitions, errors, "; ".join(bad_names) or None)
 
 
-def merged_definitions(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """The file's definitions with the ``sharding.datasets`` setting on top (what the catalog holds)."""
-    return {**dataset_definitions(), **dict(settings)}
+def dataset_definitions(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The definitions in ``$PID_DATASETS`` as plain values (``{}`` without the variable); the
+    first problem raises (a ``MixtureError`` naming the file, the dataset and the key)."""
+    found = read_datasets_file(environ)
+    problems = found.problems()
+    if problems:
+        raise MixtureError(problems[0])
+    return found.definitions

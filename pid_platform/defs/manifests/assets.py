@@ -1,10 +1,15 @@
 """Key indexes and ``wdinfo.json`` manifests of one source, and the catalog of all sources."""
 
+import hashlib
+import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 
+from loader.formats.catalog import parse_catalog
+from loader.formats.errors import FormatError
 from loader.formats.wdinfo import WDINFO_NAME, read_wdinfo
 from pid_platform.defs.automation.conditions import (
     CATALOG_CONDITION,
@@ -12,8 +17,10 @@ from pid_platform.defs.automation.conditions import (
     FOLLOW_UPSTREAM,
 )
 from pid_platform.defs.automation.fingerprint import load_fingerprint
+from pid_platform.defs.checks.catalog import built_and_catalog
 from pid_platform.defs.checks.common import built_plans
-from pid_platform.defs.datasets.definitions import merged_definitions
+from pid_platform.defs.datasets.catalog_entries import catalog_datasets
+from pid_platform.defs.datasets.definitions import read_datasets_file
 from pid_platform.defs.groups import BUILD_GROUP, CATALOG_GROUP
 from pid_platform.defs.metadata import bucket_label, first, row_count, table
 from pid_platform.defs.partitions import sources_partitions
@@ -266,23 +273,41 @@ def _s3_manifests(source_store: SourceStoreResource, sharding: ShardingResource,
     freshness_policy=CATALOG_FRESHNESS,
     retry_policy=IO_RETRY,
 )
-def dataset_catalog(source_store: SourceStoreResource, sharding: ShardingResource) -> dg.MaterializeResult:
+def dataset_catalog(context: dg.AssetExecutionContext, source_store: SourceStoreResource,
+                    sharding: ShardingResource) -> dg.MaterializeResult:
     """`catalog.json` at the output root: every source with a manifest, and the logical datasets
-    (`sharding.datasets`, plus `all`) that group them; the loader resolves a dataset name
-    to its manifests through it.
+    (`$PID_DATASETS`, with `sharding.datasets` on top, plus `all`) that group them; the loader
+    resolves a dataset name to its manifests through it.
+
+    One dataset never stops it: a dataset naming a source not built yet, a bad entry, or a
+    `datasets.yaml` that cannot be read keeps the definition the catalog had (if it still fits)
+    or is left out (`datasets_kept`, `datasets_left_out`); its own asset's check fails.
     """
     with retry_only_transient():
-        datasets = merged_definitions(sharding.datasets)  # $PID_DATASETS, the setting on top
+        found = read_datasets_file()
+        built, data, where = built_and_catalog(source_store)
+        previous = _previous_datasets(data, where)
+        chosen = catalog_datasets(found, sharding.datasets, built, previous)
         root = source_store.root_target()
         if root is not None:
-            path, catalog = build_s3_catalog(root, datasets)
+            path, catalog = build_s3_catalog(root, chosen.datasets)
         else:
-            path, catalog = build_catalog(Path(source_store.output_root), datasets)
+            path, catalog = build_catalog(Path(source_store.output_root), chosen.datasets)
+    for name, why in sorted({**chosen.kept, **chosen.left_out}.items()):
+        what = "keeps its previous definition" if name in chosen.kept else "is left out"
+        context.log.warning(f"dataset {name!r} {what} in {path}: {why}")
     rows = [(s.name, len(s.buckets), s.total_key_count, ", ".join(s.data_keys)) for s in catalog.sources.values()]
+    written = json.dumps(catalog.to_json(), sort_keys=True).encode()
     return dg.MaterializeResult(
+        # What the catalog holds (sources, manifests and datasets): a dataset asset reads stale
+        # exactly when the catalog it is resolved through changed.
+        data_version=dg.DataVersion(hashlib.sha256(written).hexdigest()[:16]),
         metadata={
             "sources": dg.MetadataValue.json(sorted(catalog.sources)),
             "datasets": dg.MetadataValue.json(catalog.to_json()["datasets"]),
+            "datasets_kept": dg.MetadataValue.json(chosen.kept),
+            "datasets_left_out": dg.MetadataValue.json(chosen.left_out),
+            "definitions_version": found.version(),
             "total_key_count": sum(s.total_key_count for s in catalog.sources.values()),
             "sources_table": table(
                 (("source", "string"), ("buckets", "int"), ("samples", "int"), ("modalities", "string")), rows),
@@ -290,3 +315,14 @@ def dataset_catalog(source_store: SourceStoreResource, sharding: ShardingResourc
             "catalog": dg.MetadataValue.path(str(path)),
         }
     )
+
+
+def _previous_datasets(data: bytes | None, where: str) -> dict[str, Any]:
+    """The datasets of the catalog being replaced ({} when there is none or it cannot be read:
+    it is rewritten whole either way)."""
+    if data is None:
+        return {}
+    try:
+        return dict(parse_catalog(data, where).to_json()["datasets"])
+    except (FormatError, ValueError):
+        return {}
