@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Iterator
 
 from loader.formats.errors import FormatError, short_repr
 from loader.formats.pid_names import split_pid_member_name
 from loader.formats.twin_tar import TarReadError
+from loader.io import urls
+from loader.io.config import StreamConfig
 from loader.io.heap import keep_heap_for_batches
 from loader.wds.consumed import SID_SHIFT
 from loader.wds.epoch_plan import Task
@@ -32,6 +35,8 @@ from loader.wds.shard_table import TarSample
 log = logging.getLogger(__name__)
 
 KEEP_OPEN = 4  # shards whose tars stay open between tasks (x modalities file descriptors)
+PREPARE_BATCHES = 3  # read ahead: the planned batches whose tars are opened before they are read
+PREPARED = 8  # read ahead: tars opened ahead, at most (their bytes are bounded by the ReadAhead's budget)
 SKIP_AHEAD = 8  # further ahead than this, a reader with header offsets reopens there instead of skipping
 _READ_ERRORS = (TarReadError, EOFError, OSError)
 
@@ -69,7 +74,7 @@ def _read_index_uncached(shard: TarSample, modalities: tuple[str, ...], offsets:
     with open_stream(shard.key_index) as fh:
         data = fh.read()  # small, and parquet wants to seek: remote streams do not
     try:
-        index = read_key_columns(data, modalities, offsets=offsets, origin=shard.key_index)
+        index = read_key_columns(data, modalities, offsets=offsets, sizes=offsets, origin=shard.key_index)
     except FormatError as exc:
         raise ShardReadError(f"shard {shard.path}: {exc}") from None
     keys = index.keys
@@ -78,6 +83,11 @@ def _read_index_uncached(shard: TarSample, modalities: tuple[str, ...], offsets:
             f"shard {shard.path}: its key index {shard.key_index} lists {len(keys)} samples, the manifest "
             f"counts {shard.sample_count}; rebuild the manifest or the shard, or set shard_error_policy='skip'"
         )
+    for m, offs in index.offsets.items():
+        # One more offset: where the last member ends (the end-of-archive blocks), so a read-ahead
+        # of a shard's last task stops there rather than at the tar's record padding.
+        size = index.sizes.get(m, [None])[-1] if keys else None
+        offs.append(None if size is None or offs[-1] is None else offs[-1] + 512 + -(-size // 512) * 512)
     return keys, index.offsets
 
 
@@ -111,6 +121,18 @@ def _check_index_keys(shard: TarSample, keys: list[str], stats) -> None:
         stats.escaping_keys += sum(1 for k in keys if _escapes(k))
 
 
+def _task_end(task: Task) -> int:
+    """The member after the task's last."""
+    return max((b for _, b in task.ranges), default=0)
+
+
+def _limits(index, mods: tuple[str, ...], last: int, count: int) -> dict[str, int | None]:
+    """Per modality, the byte a read of the members before ``last`` ends at: the next member's
+    header included (the tar reader reads it with the last member's padding; after the last
+    member, the first end-of-archive block); None: the tar's end."""
+    return {m: None if (o := index[1][m][min(last, count)]) is None else o + 512 for m in mods}
+
+
 def _field(modality: str, ext: str) -> str:
     return f"{modality}.{ext}" if ext else modality
 
@@ -131,14 +153,17 @@ class _Tars:
     """A shard's modality tars, open; ``pos`` is the member index the next read is for."""
 
     def __init__(self, shard: TarSample, modalities: tuple[str, ...], starts: dict[str, int], pos: int,
-                 opts, stats, verify: bool):
+                 opts, stats, verify: bool, ahead=None, limits: dict[str, int | None] | None = None,
+                 ahead_to: int | None = None):
         self.shard, self.modalities, self.pos, self.verify = shard, modalities, pos, verify
+        self.ahead_to = ahead_to  # read-ahead: the member the streams' limits end before (None: no limit)
         self.tars: list[OpenTar] = []
         try:
             for m in modalities:
                 sha = (shard.sha256 or {}).get(m) if verify else None
                 self.tars.append(OpenTar(shard.url(m), starts[m], opts.stream_config, stats.stream, sha,
-                                         members=shard.sample_count))
+                                         members=shard.sample_count, ahead=ahead,
+                                         limit=(limits or {}).get(m)))
         except BaseException:
             self.close()
             raise
@@ -150,9 +175,15 @@ class _Tars:
 
     def read_error(self, exc: BaseException) -> ShardReadError:
         """A read failure as the loader's error, naming the tar it happened in."""
-        origin = getattr(exc, "origin", None)
+        origin = getattr(exc, "origin", None) or getattr(exc, "filename", None)
         tar = next((t for t in self.tars if t.url == origin), self.tars[0])
         return tar.read_error(exc)
+
+    def want(self, limits: dict[str, int | None], upto: int) -> None:
+        """Read ahead up to these byte limits (the member ``upto`` ends before them)."""
+        for m, t in zip(self.modalities, self.tars, strict=True):
+            t.stream.want(limits[m])
+        self.ahead_to = upto
 
     def check_sha256(self) -> None:
         for m, t in zip(self.modalities, self.tars, strict=True):
@@ -222,6 +253,10 @@ class TwinReader:
         self.shards, self.modalities, self.options, self.stats = shards, modalities, options, stats
         keep_heap_for_batches()
         self._open: OrderedDict[tuple[int, str], _Tars] = OrderedDict()
+        self._prepared: OrderedDict[tuple, _Tars] = OrderedDict()  # tars opened ahead, by (shard, mode, first, mods)
+        config = options.stream_config
+        reads_ahead = (config.read_ahead_bytes if config is not None else StreamConfig.read_ahead_bytes) > 0
+        self._ahead = False if reads_ahead else None  # False: a ReadAhead is made at the first remote tar
         self._fields: dict[tuple[str, ...], list[_Fields]] = {}
 
     def _fields_of(self, mods: tuple[str, ...]) -> list[_Fields]:
@@ -236,6 +271,11 @@ class TwinReader:
     def close(self) -> None:
         while self._open:
             self._open.popitem()[1].close()
+        while self._prepared:
+            self._prepared.popitem()[1].close()
+        if self._ahead:
+            self._ahead.close()
+            self._ahead = False
 
     def _drop(self, shard_id: int, mode: str) -> None:
         tars = self._open.pop((shard_id, mode), None)
@@ -291,24 +331,46 @@ class TwinReader:
 
     def _tars(self, shard: TarSample, task: Task, mods: tuple[str, ...], mode: str, first: int) -> _Tars:
         """The shard's tars positioned before member ``first``: kept open from an earlier task
-        when they are at or a little before it, else opened at its key-index offsets."""
+        when they are at or a little before it, else opened at its key-index offsets (or taken
+        from those ``prepare`` opened ahead)."""
         verify = self.options.verify is not None
         key = (task.shard_id, mode)
+        last = _task_end(task)
+        ahead = self._ahead_for(shard)
         tars = self._open.pop(key, None)
         if tars is not None and tars.modalities == mods and not verify:
             gap = first - tars.pos
             # Zip mode passes members cheaply (headers only); past a few, a key index's offset is cheaper.
-            if gap == 0 or (mode == "zip" and gap > 0 and (gap <= SKIP_AHEAD or not shard.key_index)):
+            # Read ahead by ranges, a gap's bytes are fetched for nothing: the offset always wins.
+            skip = mode == "zip" and gap > 0 and (not shard.key_index or (ahead is None and gap <= SKIP_AHEAD))
+            if gap == 0 or skip:
+                self._want(shard, tars, mods, last)
                 self._keep(key, tars)
                 return tars
         if tars is not None:
             tars.close()
-        starts, pos, keys = {m: 0 for m in mods}, 0, None
-        if first > 0 and not verify:  # a checksum covers the whole tar: read it from byte 0
+        tars = self._prepared.pop((task.shard_id, mode, first, mods), None)
+        if tars is not None:
+            self._want(shard, tars, mods, last)
+        else:
+            tars = self._open_at(shard, task, mods, mode, first, last, ahead)
+        if not verify:
+            self._keep(key, tars)
+        return tars
+
+    def _open_at(self, shard: TarSample, task: Task, mods: tuple[str, ...], mode: str, first: int, last: int,
+                 ahead) -> _Tars:
+        """The shard's tars opened before member ``first`` (at the key index's offsets where it has
+        them); read ahead, their streams fetch the bytes up to member ``last`` and no further."""
+        verify = self.options.verify is not None
+        starts, pos, keys, limits, ahead_to = {m: 0 for m in mods}, 0, None, None, None
+        if (first > 0 or ahead is not None) and not verify:  # a checksum covers the whole tar: read it from byte 0
             index = read_index(shard, mods)
             if index is not None and all(m in index[1] for m in mods):
                 keys = index[0]
-                if mode == "zip":
+                if first == 0:
+                    pass
+                elif mode == "zip":
                     starts, pos = {m: index[1][m][first] for m in mods}, first
                 else:  # members may come out of order: start at the earliest one the task wants
                     wanted = [i for a, b in task.ranges for i in range(a, b)]
@@ -317,11 +379,76 @@ class TwinReader:
                     starts = {m: min((o for i in wanted if (o := index[1][m][i]) is not None), default=0)
                               for m in mods}
                     pos = first
-        tars = _Tars(shard, mods, starts, pos, self.options, self.stats, verify)
+                if ahead is not None:
+                    limits, ahead_to = _limits(index, mods, last, shard.sample_count), last
+        tars = _Tars(shard, mods, starts, pos, self.options, self.stats, verify, ahead, limits, ahead_to)
         tars.keys = keys
-        if not verify:
-            self._keep(key, tars)
         return tars
+
+    def _want(self, shard: TarSample, tars: _Tars, mods: tuple[str, ...], last: int) -> None:
+        """Read-ahead tars fetch on up to member ``last`` (their limits end earlier)."""
+        if tars.ahead_to is None or last <= tars.ahead_to:
+            return
+        index = read_index(shard, mods)  # kept: the tars were opened from it
+        assert index is not None
+        tars.want(_limits(index, mods, last, shard.sample_count), last)
+
+    def _ahead_for(self, shard: TarSample):
+        """The process's ``ReadAhead`` if this shard's tars are read through one, else None."""
+        if self._ahead is None or urls.is_local(shard.root):
+            return None
+        if self._ahead is False:
+            from loader.io.read_ahead import ReadAhead
+
+            self._ahead = ReadAhead(self.options.stream_config, self.stats.stream)
+        return self._ahead
+
+    def prepare(self, tasks) -> None:
+        """Start fetching the tars of tasks this reader will read soon (remote shards with a key
+        index, read ahead): the next task of a shard open here raises its streams' limits;
+        another shard's tars are opened at the task's offsets, their first bytes on the way.
+        What cannot be prepared (a shard error) is left for ``read`` to meet and report."""
+        if self._ahead is None or self.options.verify is not None:
+            return
+        mode = self.options.mode
+        for task in tasks:
+            if not task.ranges:
+                continue
+            kept = self._open.get((task.shard_id, mode))
+            shard = kept.shard if kept is not None else self.shards[task.shard_id]
+            if not shard.key_index or self._ahead_for(shard) is None:
+                continue
+            mods = self.modalities or shard.keys
+            first, last = min(a for a, _ in task.ranges), _task_end(task)
+            chained = [t for k, t in self._prepared.items() if k[0] == task.shard_id and k[1] == mode and k[3] == mods]
+            if kept is not None and kept.modalities == mods:
+                chained.append(kept)
+            try:
+                follows = next((t for t in chained if t.ahead_to == first), None)
+                if follows is not None:
+                    self._want(shard, follows, mods, last)
+                    continue
+                key = (task.shard_id, mode, first, mods)
+                if key not in self._prepared:
+                    self._prepared[key] = self._open_at(shard, task, mods, mode, first, last, self._ahead)
+            except (ShardReadError, OSError):
+                continue
+            while len(self._prepared) > PREPARED:
+                self._prepared.popitem(last=False)[1].close()
+
+    def plan_ahead(self, batches: Iterable, depth: int = PREPARE_BATCHES) -> Iterator:
+        """``batches`` (planned batches) as they come, each prepared ``depth`` batches before it is read."""
+        if self._ahead is None or self.options.verify is not None:
+            yield from batches
+            return
+        window: deque = deque()
+        for pb in batches:
+            self.prepare(pb.reading()[0])
+            window.append(pb)
+            if len(window) > depth:
+                yield window.popleft()
+        while window:
+            yield window.popleft()
 
     def _keep(self, key: tuple[int, str], tars: _Tars) -> None:
         self._open[key] = tars
