@@ -57,6 +57,12 @@ class ReadAhead:
         streams has their first bytes on the way at once."""
         return ReadAheadStream(self, url, start, limit)
 
+    def call(self, fn, *args) -> Future:
+        """``fn(*args)`` on a fetch thread (a small read a reader will need soon, such as an index)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.config.read_ahead_connections, thread_name_prefix="read-ahead")
+        return self._pool.submit(fn, *args)
+
     def close(self) -> None:
         """Stop the fetch threads (queued fetches are cancelled; running ones end on their own)."""
         pool, self._pool = self._pool, None
@@ -92,9 +98,7 @@ class ReadAhead:
     # -- fetching ---------------------------------------------------------------------------------
 
     def _submit(self, url: str, start: int, length: int, etag: str | None) -> Future:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.config.read_ahead_connections, thread_name_prefix="read-ahead")
-        return self._pool.submit(self.fetch, url, start, length, etag)
+        return self.call(self.fetch, url, start, length, etag)
 
     def fetch(self, url: str, start: int, length: int, etag: str | None) -> tuple[bytearray, str | None, int | None]:
         """``(bytes, ETag, object size)`` of ``[start, start + length)`` (fewer bytes only where

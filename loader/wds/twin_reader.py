@@ -19,6 +19,7 @@ import logging
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
 
 from loader.formats.errors import FormatError, short_repr
 from loader.formats.pid_names import split_pid_member_name
@@ -66,6 +67,12 @@ def read_index(shard: TarSample, modalities: tuple[str, ...], offsets: bool = Tr
         while len(_INDEX_CACHE) > _INDEX_CACHE_SIZE:
             _INDEX_CACHE.popitem(last=False)
     return got
+
+
+def index_cached(shard: TarSample, modalities: tuple[str, ...], offsets: bool = True) -> bool:
+    """Whether ``read_index(shard, modalities, offsets)`` would answer without a read."""
+    with _INDEX_CACHE_LOCK:
+        return (shard.key_index, shard.sample_count, tuple(modalities), offsets) in _INDEX_CACHE
 
 
 def _read_index_uncached(shard: TarSample, modalities: tuple[str, ...], offsets: bool):
@@ -254,6 +261,7 @@ class TwinReader:
         keep_heap_for_batches()
         self._open: OrderedDict[tuple[int, str], _Tars] = OrderedDict()
         self._prepared: OrderedDict[tuple, _Tars] = OrderedDict()  # tars opened ahead, by (shard, mode, first, mods)
+        self._indexes: dict[tuple, Future] = {}  # key indexes being read ahead
         config = options.stream_config
         reads_ahead = (config.read_ahead_bytes if config is not None else StreamConfig.read_ahead_bytes) > 0
         self._ahead = False if reads_ahead else None  # False: a ReadAhead is made at the first remote tar
@@ -273,6 +281,7 @@ class TwinReader:
             self._open.popitem()[1].close()
         while self._prepared:
             self._prepared.popitem()[1].close()
+        self._indexes.clear()
         if self._ahead:
             self._ahead.close()
             self._ahead = False
@@ -365,7 +374,7 @@ class TwinReader:
         verify = self.options.verify is not None
         starts, pos, keys, limits, ahead_to = {m: 0 for m in mods}, 0, None, None, None
         if (first > 0 or ahead is not None) and not verify:  # a checksum covers the whole tar: read it from byte 0
-            index = read_index(shard, mods)
+            index = self._key_index(shard, mods)
             if index is not None and all(m in index[1] for m in mods):
                 keys = index[0]
                 if first == 0:
@@ -389,7 +398,7 @@ class TwinReader:
         """Read-ahead tars fetch on up to member ``last`` (their limits end earlier)."""
         if tars.ahead_to is None or last <= tars.ahead_to:
             return
-        index = read_index(shard, mods)  # kept: the tars were opened from it
+        index = self._key_index(shard, mods)  # cached: the tars were opened from it
         assert index is not None
         tars.want(_limits(index, mods, last, shard.sample_count), last)
 
@@ -423,6 +432,8 @@ class TwinReader:
             chained = [t for k, t in self._prepared.items() if k[0] == task.shard_id and k[1] == mode and k[3] == mods]
             if kept is not None and kept.modalities == mods:
                 chained.append(kept)
+            if not self._index_soon(shard, mods):
+                continue  # its key index is on the way: a later call opens the tars
             try:
                 follows = next((t for t in chained if t.ahead_to == first), None)
                 if follows is not None:
@@ -443,12 +454,35 @@ class TwinReader:
             return
         window: deque = deque()
         for pb in batches:
-            self.prepare(pb.reading()[0])
-            window.append(pb)
+            window.append((pb, pb.reading()[0]))
+            for _, tasks in window:  # again: a key index asked for last time may be here now
+                self.prepare(tasks)
             if len(window) > depth:
-                yield window.popleft()
+                yield window.popleft()[0]
         while window:
-            yield window.popleft()
+            yield window.popleft()[0]
+
+    def _key_index(self, shard: TarSample, mods: tuple[str, ...]):
+        """``read_index(shard, mods)``, waiting for it where a fetch thread reads it already."""
+        fut = self._indexes.pop((shard.key_index, mods), None)
+        if fut is not None:
+            fut.exception()  # done, one way or the other: read_index answers from its cache or fails itself
+        return read_index(shard, mods)
+
+    def _index_soon(self, shard: TarSample, mods: tuple[str, ...]) -> bool:
+        """Whether the shard's key index (with offsets) is read; if not, have it read on a fetch
+        thread, so its time to first byte overlaps the reading of the batches before."""
+        if index_cached(shard, mods):
+            return True
+        key = (shard.key_index, mods)
+        fut = self._indexes.get(key)
+        if fut is None:
+            self._indexes[key] = self._ahead.call(read_index, shard, mods)
+            return False
+        if fut.done():
+            del self._indexes[key]
+            return True  # read (and cached), or failed: the caller meets the error itself
+        return False
 
     def _keep(self, key: tuple[int, str], tars: _Tars) -> None:
         self._open[key] = tars
