@@ -94,11 +94,13 @@ def test_samples_bytes_are_identical_and_fetched_once(built: Path, s3_env) -> No
     assert st.opens >= tar_bytes / SMALL.read_ahead_block, "fewer ranged GETs than blocks"
 
 
-def test_two_workers_fetch_only_their_batches_ranges(built: Path, s3_env) -> None:
-    """Batches of one shard alternate between workers: each fetches its own members' ranges,
-    not the open-ended rest of the tar."""
-    _, urls = upload(s3_env, built, "ra-workers")
-    loader = _loader(urls, SMALL, 2, shuffle_buffer=0)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_fetch_only_their_members_ranges(built: Path, s3_env, workers: int) -> None:
+    """Batches of one shard, read one after another (0 workers) or alternating between workers:
+    each byte fetched once; a worker fetches its own members' ranges, not the open-ended rest
+    of the tar, and batches planned ahead share the stream of the batch before."""
+    _, urls = upload(s3_env, built, f"ra-workers-{workers}")
+    loader = _loader(urls, SMALL, workers, shuffle_buffer=0)
     n = sum(len(b) for b in batches_seen(loader))
     assert n == 32
     st = loader.stats["stream"]

@@ -435,7 +435,8 @@ class TwinReader:
             if not self._index_soon(shard, mods):
                 continue  # its key index is on the way: a later call opens the tars
             try:
-                follows = next((t for t in chained if t.ahead_to == first), None)
+                # Tars that read this task already, or go on into it: no second stream.
+                follows = next((t for t in chained if t.ahead_to is not None and t.pos <= first <= t.ahead_to), None)
                 if follows is not None:
                     self._want(shard, follows, mods, last)
                     continue
