@@ -115,15 +115,17 @@ def child_ours(args) -> None:
     ds = build_dataset(urls, modalities=list(MODS), decode=None, shuffle=False, augment=maps)
     ds.collate = as_list
     loader = make_loader(ds, batch_size=args.batch_size, num_workers=args.workers)
-    n, digests = 0, []
+    setup = time.perf_counter() - t0
+    n, digests, first = 0, [], None
     for batch in loader:
         n += len(batch)
+        first = first or time.perf_counter() - t0
         if args.check:
             digests += [_digest(s["__key__"], s[_image_field(s)], s["caption.json"]) for s in batch]
     wall, cpu = time.perf_counter() - t0, _cpu_s() - c0
     st = loader.stats.get("stream", {})
     _result(samples=n, wall=wall, cpu=cpu, digests=sorted(digests), handed=st.get("bytes_handed", 0),
-            fetched=st.get("bytes_read", 0))
+            fetched=st.get("bytes_read", 0), setup=setup, first=first, stream=st)
 
 
 def child_wds(args) -> None:

@@ -48,6 +48,8 @@ class ReadAhead:
         self.stats = stats if stats is not None else StreamStats()
         self._lock = threading.Lock()
         self._held = 0
+        self._busy = 0    # fetches running
+        self._queued = 0  # fetches submitted, not started (or cancelled before they started)
         self._hungry: deque[ReadAheadStream] = deque()  # streams that stopped asking for want of budget
         self._pool: ThreadPoolExecutor | None = None
 
@@ -61,13 +63,44 @@ class ReadAhead:
         """``fn(*args)`` on a fetch thread (a small read a reader will need soon, such as an index)."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.config.read_ahead_connections, thread_name_prefix="read-ahead")
-        return self._pool.submit(fn, *args)
+        with self._lock:
+            self._queued += 1
+        return self._pool.submit(self._run, fn, args)
+
+    def _run(self, fn, args):
+        with self._lock:
+            self._queued -= 1
+            self._busy += 1
+        try:
+            return fn(*args)
+        finally:
+            with self._lock:
+                self._busy -= 1
+
+    def cancel(self, fut: Future) -> bool:
+        """Cancel a fetch that has not started; False if it has."""
+        if not fut.cancel():
+            return False
+        with self._lock:
+            self._queued -= 1
+        return True
+
+    def saturated(self) -> bool:
+        """Every fetch thread busy and more waiting: a read that needs a queued block now should
+        not wait behind blocks fetched for later."""
+        with self._lock:
+            return self._busy >= self.config.read_ahead_connections and self._queued > 0
 
     def close(self) -> None:
         """Stop the fetch threads (queued fetches are cancelled; running ones end on their own)."""
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+
+    def has_room(self) -> bool:
+        """Whether the budget holds one more block: a reader may plan further ahead."""
+        with self._lock:
+            return self._held + self.config.read_ahead_block <= self.config.read_ahead_bytes
 
     # -- budget -----------------------------------------------------------------------------------
 
@@ -202,7 +235,7 @@ class ReadAheadStream(io.RawIOBase):
         if blocks and blocks[0].start == self._pos:
             block = blocks.popleft()
             fut = block.future
-            if not fut.done() and fut.cancel():  # still queued behind others: fetch it here, now
+            if not fut.done() and self._ahead.saturated() and self._ahead.cancel(fut):  # queued behind others
                 data, etag, size = self._fetch_here(block.start, block.length)
             else:
                 if not fut.done():
@@ -276,7 +309,7 @@ class ReadAheadStream(io.RawIOBase):
         dropped = 0
         while self._blocks:
             b = self._blocks.popleft()
-            if not b.future.cancel():
+            if not self._ahead.cancel(b.future):
                 dropped += b.length
             self._ahead._give(b.held)
         if dropped:

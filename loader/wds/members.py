@@ -64,12 +64,15 @@ class OpenTar:
     __slots__ = ("url", "start", "stream", "source", "cursor")
 
     def __init__(self, url: str, start: int = 0, stream_config=None, stats=None, sha256: str | None = None,
-                 members: int | None = None, ahead=None, limit: int | None = None):
+                 members: int | None = None, ahead=None, limit: int | None = None, stream=None):
+        """``stream``: the tar's stream from ``start``, opened already (read-ahead streams of a
+        shard's tars are all opened before the first is read: their first bytes come at once)."""
         if sha256 is not None and start:
             raise ValueError("a checksum covers the whole tar: read it from byte 0")
         self.url, self.start = url, start
         try:
-            self.stream = open_stream(url, start, stream_config, stats, members, ahead, limit)
+            self.stream = stream if stream is not None else open_stream(url, start, stream_config, stats, members,
+                                                                        ahead, limit)
         except FileNotFoundError:
             raise self.read_error(FileNotFoundError(url)) from None
         self.source = _Hashing(self.stream) if sha256 is not None else self.stream

@@ -36,8 +36,8 @@ from loader.wds.shard_table import TarSample
 log = logging.getLogger(__name__)
 
 KEEP_OPEN = 4  # shards whose tars stay open between tasks (x modalities file descriptors)
-PREPARE_BATCHES = 3  # read ahead: the planned batches whose tars are opened before they are read
-PREPARED = 8  # read ahead: tars opened ahead, at most (their bytes are bounded by the ReadAhead's budget)
+PREPARE_BATCHES = 32  # read ahead: planned batches whose tars are opened before they are read, at most
+PREPARED = 32  # read ahead: tars opened ahead, at most (their bytes are bounded by the ReadAhead's budget)
 SKIP_AHEAD = 8  # further ahead than this, a reader with header offsets reopens there instead of skipping
 _READ_ERRORS = (TarReadError, EOFError, OSError)
 
@@ -165,14 +165,17 @@ class _Tars:
         self.shard, self.modalities, self.pos, self.verify = shard, modalities, pos, verify
         self.ahead_to = ahead_to  # read-ahead: the member the streams' limits end before (None: no limit)
         self.tars: list[OpenTar] = []
+        # Read ahead, every modality's stream asks for its first bytes before any is read.
+        streams = {m: ahead.open(shard.url(m), starts[m], (limits or {}).get(m)) for m in modalities} if ahead else {}
         try:
             for m in modalities:
                 sha = (shard.sha256 or {}).get(m) if verify else None
                 self.tars.append(OpenTar(shard.url(m), starts[m], opts.stream_config, stats.stream, sha,
-                                         members=shard.sample_count, ahead=ahead,
-                                         limit=(limits or {}).get(m)))
+                                         members=shard.sample_count, stream=streams.pop(m, None)))
         except BaseException:
             self.close()
+            for stream in streams.values():
+                stream.close()
             raise
         self.nexts = [t.cursor.next for t in self.tars]
         self.split = split_pid_member_name if shard.pid_names else split_key
@@ -412,14 +415,15 @@ class TwinReader:
             self._ahead = ReadAhead(self.options.stream_config, self.stats.stream)
         return self._ahead
 
-    def prepare(self, tasks) -> None:
+    def prepare(self, tasks) -> bool:
         """Start fetching the tars of tasks this reader will read soon (remote shards with a key
         index, read ahead): the next task of a shard open here raises its streams' limits;
         another shard's tars are opened at the task's offsets, their first bytes on the way.
-        What cannot be prepared (a shard error) is left for ``read`` to meet and report."""
+        False while a key index it needs is still being read (call again later). What cannot be
+        prepared (a shard error) is left for ``read`` to meet and report."""
         if self._ahead is None or self.options.verify is not None:
-            return
-        mode = self.options.mode
+            return True
+        mode, done = self.options.mode, True
         for task in tasks:
             if not task.ranges:
                 continue
@@ -428,12 +432,13 @@ class TwinReader:
             if not shard.key_index or self._ahead_for(shard) is None:
                 continue
             mods = self.modalities or shard.keys
+            if not self._index_soon(shard, mods):
+                done = False  # its key index is on the way: a later call opens the tars
+                continue
             first, last = min(a for a, _ in task.ranges), _task_end(task)
             chained = [t for k, t in self._prepared.items() if k[0] == task.shard_id and k[1] == mode and k[3] == mods]
             if kept is not None and kept.modalities == mods:
                 chained.append(kept)
-            if not self._index_soon(shard, mods):
-                continue  # its key index is on the way: a later call opens the tars
             try:
                 # Tars that read this task already, or go on into it: no second stream.
                 follows = next((t for t in chained if t.ahead_to is not None and t.pos <= first <= t.ahead_to), None)
@@ -447,21 +452,40 @@ class TwinReader:
                 continue
             while len(self._prepared) > PREPARED:
                 self._prepared.popitem(last=False)[1].close()
+        return done
 
-    def plan_ahead(self, batches: Iterable, depth: int = PREPARE_BATCHES) -> Iterator:
-        """``batches`` (planned batches) as they come, each prepared ``depth`` batches before it is read."""
-        if self._ahead is None or self.options.verify is not None:
+    def plan_ahead(self, batches: Iterable) -> Iterator:
+        """``batches`` (planned batches) as they come, each prepared before it is read: as many
+        batches ahead as the read-ahead's byte budget has room for (``PREPARE_BATCHES`` at most)."""
+        roots = getattr(self.shards, "roots", None)
+        local = roots is not None and all(urls.is_local(r) for r in roots)
+        if self._ahead is None or self.options.verify is not None or local:
             yield from batches
             return
-        window: deque = deque()
+        window: deque = deque()  # [batch, its tasks, prepared?]
+
+        def prepare_window() -> None:
+            for entry in window:  # again: a key index asked for last time may be here now
+                if not entry[2]:
+                    entry[2] = self.prepare(entry[1])
+
+        def head():
+            if not window[0][2]:  # the batch read next waits for its key indexes anyway: then all go
+                for task in window[0][1]:
+                    shard = self.shards[task.shard_id]
+                    fut = self._indexes.get((shard.key_index, self.modalities or shard.keys))
+                    if fut is not None:
+                        fut.exception()
+                prepare_window()
+            return window.popleft()[0]
+
         for pb in batches:
-            window.append((pb, pb.reading()[0]))
-            for _, tasks in window:  # again: a key index asked for last time may be here now
-                self.prepare(tasks)
-            if len(window) > depth:
-                yield window.popleft()[0]
+            window.append([pb, pb.reading()[0], False])
+            prepare_window()
+            while window and (len(window) > PREPARE_BATCHES or (self._ahead and not self._ahead.has_room())):
+                yield head()
         while window:
-            yield window.popleft()[0]
+            yield head()
 
     def _key_index(self, shard: TarSample, mods: tuple[str, ...]):
         """``read_index(shard, mods)``, waiting for it where a fetch thread reads it already."""
