@@ -16,7 +16,8 @@
     real ``webdataset`` over presigned HTTP URLs (its ``curl`` pipe, one stream per shard);
   - LitData chunks (``litdata.optimize``, the real ``litdata==0.2.76`` in its own virtualenv under
     the work folder, CPU torch installed first), read by ``litdata.StreamingDataset`` from
-    ``s3://`` (its parallel chunk downloads; chunks cached on local disk, a fresh cache per run).
+    ``s3://`` (its parallel chunk downloads; chunks cached on local disk, a fresh cache per run;
+    its obstore client is allowed plain HTTP, the proxy's, and nothing else is changed).
 * **Contenders** (each run a fresh process; batches of ``--batch-size`` samples as lists, no
   stacking): ``ours`` (``build_dataset(s3 manifests, shuffle=False)`` + ``make_loader``, default
   ``StreamConfig``: the read-ahead on), ``webdataset``, ``litdata``; at ``--workers`` DataLoader
@@ -148,7 +149,13 @@ def child_wds(args) -> None:
 
 
 def child_litdata(args) -> None:  # runs in the litdata virtualenv
+    import litdata.streaming.downloader as downloader
     from litdata import StreamingDataLoader, StreamingDataset
+
+    # LitData reads chunks through obstore, which refuses a plain-HTTP endpoint unless its client
+    # options allow it (our proxy is http:// on loopback; a real bucket is https://): the one
+    # change made to the peer, in its own process.
+    downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": "true"}
 
     spec = json.loads(Path(args.spec).read_text())
     cache = tempfile.mkdtemp(prefix="litdata-cache-", dir=args.cache_root)

@@ -43,6 +43,9 @@ QUICK_ARGS: dict[str, list[str]] = {
     # The coordinator at the 10 M samples (1-2 min, plus 1 GB of synthetic table written
     # once) and the 1 vs 2 workers build of 12,000 photographs: its own defaults.
     "bench_build_scale": [],
+    # 800 photographs (~90 MB of image + caption tars), 2 rounds: about 8 minutes on 2 cores,
+    # the LitData virtualenv (CPU torch, then litdata) made once beforehand.
+    "bench_remote_read": ["--samples", "800", "--rounds", "2"],
 }
 TARGET_LINE = re.compile(r"^(PASS|MISS):\s*(.*)$")
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
