@@ -64,12 +64,12 @@ DATA_V = 1
 
 # -- the same decode for every reader ---------------------------------------------------------------
 
-def decode_pil(image: bytes, caption: bytes) -> tuple[tuple[int, int], str]:
+def decode_pil(image: bytes, caption: bytes) -> tuple[tuple[int, int], object]:
     from PIL import Image
 
     with Image.open(io.BytesIO(image)) as im:
         rgb = im.convert("RGB")
-    return rgb.size, json.loads(caption).get("caption", "") if caption.startswith(b"{") else caption.decode()
+    return rgb.size, json.loads(bytes(caption))  # LitData hands bytes out as memoryviews
 
 
 def _image_field(sample: dict) -> str:

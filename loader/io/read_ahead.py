@@ -53,11 +53,12 @@ class ReadAhead:
         self._hungry: deque[ReadAheadStream] = deque()  # streams that stopped asking for want of budget
         self._pool: ThreadPoolExecutor | None = None
 
-    def open(self, url: str, start: int = 0, limit: int | None = None) -> ReadAheadStream:
+    def open(self, url: str, start: int = 0, limit: int | None = None, order: int = 0) -> ReadAheadStream:
         """A stream of ``url`` from byte ``start``; ranges are asked for ahead up to ``limit``
         (None: the object's end). Its first GETs go out now: a caller that opens several
-        streams has their first bytes on the way at once."""
-        return ReadAheadStream(self, url, start, limit)
+        streams has their first bytes on the way at once. ``order``: when its reader needs
+        those bytes (a batch's place in the plan); the budget goes to the lowest first."""
+        return ReadAheadStream(self, url, start, limit, order)
 
     def call(self, fn, *args) -> Future:
         """``fn(*args)`` on a fetch thread (a small read a reader will need soon, such as an index)."""
@@ -118,7 +119,9 @@ class ReadAhead:
             return
         with self._lock:
             self._held -= n
-            hungry = list(self._hungry)
+            # The bytes needed soonest first: a stream extended for the next batch comes before
+            # one opened for a batch further on, whenever each was refused.
+            hungry = sorted(self._hungry, key=ReadAheadStream.order)
             self._hungry.clear()
         for stream in hungry:  # oldest first: the stream read now was as a rule opened first
             stream._top_up()
@@ -166,11 +169,12 @@ class ReadAheadStream(io.RawIOBase):
     fill futures).
     """
 
-    def __init__(self, ahead: ReadAhead, url: str, start: int = 0, limit: int | None = None):
+    def __init__(self, ahead: ReadAhead, url: str, start: int = 0, limit: int | None = None, order: int = 0):
         self._ahead, self._url = ahead, url
         self._pos = start          # the next byte handed out
         self._next = start         # the next byte asked for
         self._limit = limit
+        self._orders: deque[tuple[int | None, int]] = deque([(limit, order)])  # (limit, order) of each want
         self._size: int | None = None   # the object's size, once an answer said it
         self._etag: str | None = None
         self._blocks: deque[_Block] = deque()
@@ -192,11 +196,20 @@ class ReadAheadStream(io.RawIOBase):
     def tell(self) -> int:
         return self._pos
 
-    def want(self, limit: int | None) -> None:
-        """Ask ahead up to byte ``limit`` (None: to the object's end); never lowers the limit."""
+    def want(self, limit: int | None, order: int = 0) -> None:
+        """Ask ahead up to byte ``limit`` (None: to the object's end), bytes needed at ``order``
+        (see ``ReadAhead.open``); never lowers the limit."""
         if self._limit is not None and (limit is None or limit > self._limit):
             self._limit = limit
+            self._orders.append((limit, order))
             self._top_up()
+
+    def order(self) -> int:
+        """When the reader needs the next byte this stream would ask for."""
+        orders = self._orders
+        while len(orders) > 1 and orders[0][0] is not None and orders[0][0] <= self._next:
+            orders.popleft()
+        return orders[0][1]
 
     # -- reading ----------------------------------------------------------------------------------
 

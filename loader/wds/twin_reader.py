@@ -161,12 +161,13 @@ class _Tars:
 
     def __init__(self, shard: TarSample, modalities: tuple[str, ...], starts: dict[str, int], pos: int,
                  opts, stats, verify: bool, ahead=None, limits: dict[str, int | None] | None = None,
-                 ahead_to: int | None = None):
+                 ahead_to: int | None = None, order: int = 0):
         self.shard, self.modalities, self.pos, self.verify = shard, modalities, pos, verify
         self.ahead_to = ahead_to  # read-ahead: the member the streams' limits end before (None: no limit)
         self.tars: list[OpenTar] = []
         # Read ahead, every modality's stream asks for its first bytes before any is read.
-        streams = {m: ahead.open(shard.url(m), starts[m], (limits or {}).get(m)) for m in modalities} if ahead else {}
+        streams = ({m: ahead.open(shard.url(m), starts[m], (limits or {}).get(m), order) for m in modalities}
+                   if ahead else {})
         try:
             for m in modalities:
                 sha = (shard.sha256 or {}).get(m) if verify else None
@@ -189,10 +190,11 @@ class _Tars:
         tar = next((t for t in self.tars if t.url == origin), self.tars[0])
         return tar.read_error(exc)
 
-    def want(self, limits: dict[str, int | None], upto: int) -> None:
-        """Read ahead up to these byte limits (the member ``upto`` ends before them)."""
+    def want(self, limits: dict[str, int | None], upto: int, order: int) -> None:
+        """Read ahead up to these byte limits (the member ``upto`` ends before them), for the
+        batch at ``order`` in the plan."""
         for m, t in zip(self.modalities, self.tars, strict=True):
-            t.stream.want(limits[m])
+            t.stream.want(limits[m], order)
         self.ahead_to = upto
 
     def check_sha256(self) -> None:
@@ -265,6 +267,7 @@ class TwinReader:
         self._open: OrderedDict[tuple[int, str], _Tars] = OrderedDict()
         self._prepared: OrderedDict[tuple, _Tars] = OrderedDict()  # tars opened ahead, by (shard, mode, first, mods)
         self._indexes: dict[tuple, Future] = {}  # key indexes being read ahead
+        self._order = 0  # read ahead: the place in the plan of the batch prepared or read now
         config = options.stream_config
         reads_ahead = (config.read_ahead_bytes if config is not None else StreamConfig.read_ahead_bytes) > 0
         self._ahead = False if reads_ahead else None  # False: a ReadAhead is made at the first remote tar
@@ -393,7 +396,8 @@ class TwinReader:
                     pos = first
                 if ahead is not None:
                     limits, ahead_to = _limits(index, mods, last, shard.sample_count), last
-        tars = _Tars(shard, mods, starts, pos, self.options, self.stats, verify, ahead, limits, ahead_to)
+        tars = _Tars(shard, mods, starts, pos, self.options, self.stats, verify, ahead, limits, ahead_to,
+                     self._order)
         tars.keys = keys
         return tars
 
@@ -403,7 +407,7 @@ class TwinReader:
             return
         index = self._key_index(shard, mods)  # cached: the tars were opened from it
         assert index is not None
-        tars.want(_limits(index, mods, last, shard.sample_count), last)
+        tars.want(_limits(index, mods, last, shard.sample_count), last, self._order)
 
     def _ahead_for(self, shard: TarSample):
         """The process's ``ReadAhead`` if this shard's tars are read through one, else None."""
@@ -462,11 +466,12 @@ class TwinReader:
         if self._ahead is None or self.options.verify is not None or local:
             yield from batches
             return
-        window: deque = deque()  # [batch, its tasks, prepared?]
+        window: deque = deque()  # [batch, its tasks, prepared?, its place in the plan]
 
         def prepare_window() -> None:
             for entry in window:  # again: a key index asked for last time may be here now
                 if not entry[2]:
+                    self._order = entry[3]
                     entry[2] = self.prepare(entry[1])
 
         def head():
@@ -477,10 +482,11 @@ class TwinReader:
                     if fut is not None:
                         fut.exception()
                 prepare_window()
-            return window.popleft()[0]
+            pb, _, _, self._order = window.popleft()  # what the batch's read opens or extends comes first
+            return pb
 
-        for pb in batches:
-            window.append([pb, pb.reading()[0], False])
+        for seq, pb in enumerate(batches):
+            window.append([pb, pb.reading()[0], False, seq])
             prepare_window()
             while window and (len(window) > PREPARE_BATCHES or (self._ahead and not self._ahead.has_room())):
                 yield head()
