@@ -174,3 +174,26 @@ def test_a_stream_reads_exact_windows_and_its_limit_bounds_what_is_fetched(s3_en
     with ahead.open(url, 0, limit=10) as s:  # read past the limit: served all the same
         assert s.read(50_000) == blob[:50_000]
     ahead.close()
+
+
+def test_verify_sha256_and_a_mixture_read_the_same_over_s3(built: Path, s3_env) -> None:
+    """``verify="sha256"`` hashes whole tars read through the read-ahead (and still catches a
+    changed one); a mixture of two sources reads the same samples from S3 as from disk."""
+    from loader.mixture import Mixture, Source
+    from loader.wds.errors import ChecksumError
+
+    bucket, urls = upload(s3_env, built, "ra-verify")
+    local = [digest(s) for s in build_dataset(str(built), decode=None, seed=4, verify="sha256")]
+    assert [digest(s) for s in build_dataset(urls, decode=None, seed=4, verify="sha256", stream_config=SMALL)] == local
+    half = len(urls) // 2
+    local_m = sorted(find_manifests(str(built)))
+    mix = Mixture([Source(local_m[:half], weight=1.0, name="a"), Source(local_m[half:], weight=1.0, name="b")])
+    remote = Mixture([Source(sorted(urls)[:half], weight=1.0, name="a"), Source(sorted(urls)[half:], weight=1.0, name="b")])
+    want = [(*digest(s), s["__source__"]) for s in build_dataset(mix, decode=None, seed=4)]
+    assert [(*digest(s), s["__source__"]) for s in build_dataset(remote, decode=None, seed=4, stream_config=SMALL)] == want
+    tar = sorted(built.rglob("*.tar"))[0]
+    data = bytearray(tar.read_bytes())
+    data[700] ^= 1  # inside the first member's data: a tar that still parses
+    s3_env.client().put_object(Bucket=bucket, Key=f"data/{tar.relative_to(built).as_posix()}", Body=bytes(data))
+    with pytest.raises(ChecksumError, match="sha256"):
+        list(build_dataset(urls, decode=None, seed=4, verify="sha256", stream_config=SMALL))
