@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 KEEP_OPEN = 4  # shards whose tars stay open between tasks (x modalities file descriptors)
 PREPARE_BATCHES = 32  # read ahead: planned batches whose tars are opened before they are read, at most
+PULL_PER_BATCH = 4  # read ahead: batches planned ahead per batch read, at most (the ramp to the budget)
 PREPARED = 32  # read ahead: tars opened ahead, at most (their bytes are bounded by the ReadAhead's budget)
 SKIP_AHEAD = 8  # further ahead than this, a reader with header offsets reopens there instead of skipping
 _READ_ERRORS = (TarReadError, EOFError, OSError)
@@ -460,7 +461,8 @@ class TwinReader:
 
     def plan_ahead(self, batches: Iterable) -> Iterator:
         """``batches`` (planned batches) as they come, each prepared before it is read: as many
-        batches ahead as the read-ahead's byte budget has room for (``PREPARE_BATCHES`` at most)."""
+        batches ahead as the read-ahead's byte budget has room for (``PREPARE_BATCHES`` at most,
+        reached ``PULL_PER_BATCH - 1`` batches further per batch read)."""
         roots = getattr(self.shards, "roots", None)
         local = roots is not None and all(urls.is_local(r) for r in roots)
         if self._ahead is None or self.options.verify is not None or local:
@@ -485,12 +487,21 @@ class TwinReader:
             pb, _, _, self._order = window.popleft()  # what the batch's read opens or extends comes first
             return pb
 
-        for seq, pb in enumerate(batches):
-            window.append([pb, pb.reading()[0], False, seq])
+        # A few more batches planned ahead per batch read, while the budget has room: the first
+        # batch is read at once, and the read-ahead grows to the budget over the next few.
+        it, seq = iter(batches), 0
+        while True:
+            for _ in range(PULL_PER_BATCH):
+                if len(window) >= PREPARE_BATCHES or (self._ahead and not self._ahead.has_room()):
+                    break
+                pb = next(it, None)
+                if pb is None:
+                    break
+                window.append([pb, pb.reading()[0], False, seq])
+                seq += 1
+            if not window:
+                return
             prepare_window()
-            while window and (len(window) > PREPARE_BATCHES or (self._ahead and not self._ahead.has_room())):
-                yield head()
-        while window:
             yield head()
 
     def _key_index(self, shard: TarSample, mods: tuple[str, ...]):
