@@ -533,6 +533,12 @@ def report(results: dict, delays, rows, contenders, n: int, tar_bytes: int, chec
             ours = results[(delay, w, d, "ours")]
             for name in contenders:
                 runs = results[(delay, w, d, name)]
+                if any(x.get("timed_out") for x in runs):  # no rate to compare: said, not guessed
+                    print(f"| {delay} ms | {w} | {d} | {name} | timed out | | | | |")
+                    if name not in ("ours", "ours, no read-ahead"):
+                        verdicts.append((False, f"ours >= 1.0x {name} samples/s at {delay} ms, {w} workers, "
+                                         f"decode {d}", f"{name} timed out after {CHILD_TIMEOUT_S} s"))
+                    continue
                 rate = med(x["samples"] / x["wall"] for x in runs)
                 mbs = med(tar_bytes / 1e6 / x["wall"] for x in runs)
                 cpu = med(x["cpu"] / max(1, x["samples"]) * 1000 for x in runs)
