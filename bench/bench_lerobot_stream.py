@@ -87,28 +87,15 @@ SPEED_TARGET = 3.0
 # -- the lerobot virtualenv -------------------------------------------------------------------------
 
 def ensure_venv(work: Path, log=print) -> Path:
-    venv = work / "lerobot-venv"
-    py = venv / "bin" / "python"
-    stamp = venv / ".bench-stamp.json"
-    if stamp.is_file() and json.loads(stamp.read_text()) == VENV_STAMP:
-        return py
-    ensure_ffmpeg_libs(log)
-    if venv.exists():
-        shutil.rmtree(venv)
-    log(f"[venv] creating {venv} ({LEROBOT} --no-deps, {', '.join(VENV_PINS)}); once")
-    base = getattr(sys, "_base_executable", sys.executable)
-    subprocess.run([base, "-m", "venv", str(venv)], check=True)
-    pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    subprocess.run([*pip, *VENV_PINS, *VENV_RUNTIME], check=True)
-    subprocess.run([*pip, "--no-deps", *VENV_NO_DEPS], check=True)
-    patch_torchvision(venv, log)
+    from _venv import peer_venv
+
+    stamp = work / "lerobot-venv" / ".bench-stamp.json"
+    if not (stamp.is_file() and json.loads(stamp.read_text()) == VENV_STAMP):
+        ensure_ffmpeg_libs(log)
     check = ("import torchcodec.decoders, lerobot.datasets.lerobot_dataset, "
              "lerobot.datasets.streaming_dataset; print(torchcodec.__version__)")
-    out = subprocess.run([str(py), "-c", check], capture_output=True, text=True)
-    if out.returncode:
-        raise SystemExit(f"[venv] lerobot does not import in {venv}:\n{out.stderr[-3000:]}")
-    stamp.write_text(json.dumps(VENV_STAMP))
-    return py
+    return peer_venv(work / "lerobot-venv", VENV_STAMP, [[*VENV_PINS, *VENV_RUNTIME], ["--no-deps", *VENV_NO_DEPS]],
+                     check, after_install=lambda _venv: patch_torchvision(_venv, log), log=log)
 
 
 def ensure_ffmpeg_libs(log) -> None:

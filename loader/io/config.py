@@ -24,6 +24,12 @@ class StreamConfig:
     hf_endpoint: str | None = None       # else HF_ENDPOINT env, else https://huggingface.co
     hf_token: str | None = field(default=None, repr=False)  # else huggingface_hub's lookup; never logged
     seed: int = 0                        # jitter RNG is seeded from (seed, url): no wall-clock randomness
+    # Read-ahead of remote twin tars (loader/io/read_ahead.py): bounded ranged GETs in flight at
+    # once per process (a DataLoader worker or the training process). 0 bytes: one open-ended
+    # stream per tar, as before. See the README's "Reading from a bucket".
+    read_ahead_bytes: int = 64 << 20     # fetched but not yet read, per process, at most (+ one block per stream)
+    read_ahead_connections: int = 16     # ranged GETs in flight at once, per process
+    read_ahead_block: int = 4 << 20      # bytes per ranged GET, at most
 
     def __post_init__(self) -> None:
         if self.max_retries < 0:
@@ -31,6 +37,11 @@ class StreamConfig:
         for name in ("backoff_base_s", "backoff_max_s", "min_throughput_bps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"StreamConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.read_ahead_bytes < 0:
+            raise ValueError(f"StreamConfig.read_ahead_bytes must be >= 0 (0: no read-ahead), got {self.read_ahead_bytes}")
+        for name in ("read_ahead_connections", "read_ahead_block"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"StreamConfig.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("connect_timeout_s", "read_timeout_s", "throughput_window_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"StreamConfig.{name} must be > 0, got {getattr(self, name)}")
@@ -79,10 +90,19 @@ class StreamStats(Counters):
     ``opens``: requests made (the first open and every reopen attempt);
     ``retries``: reopens after a failed or short read (these spend the retry budget);
     ``reconnects``: reopens because throughput stayed below the floor (free: data was flowing);
-    ``bytes_skipped``: bytes discarded because a server ignored the Range header.
+    ``bytes_skipped``: bytes discarded because a server ignored the Range header;
+    ``bytes_handed``: bytes read-ahead streams handed to their readers (``bytes_read`` over this
+    is the re-read factor: bytes fetched per byte used); ``ahead_dropped``: bytes fetched ahead
+    and thrown away unread (a stream closed before its reader got there);
+    ``ahead_waits`` / ``ahead_wait_ms``: reads that found their bytes not yet arrived, and the
+    time they waited (a reader waiting on storage, not on its CPU).
     """
 
     bytes_read: int = 0
+    bytes_handed: int = 0
+    ahead_dropped: int = 0
+    ahead_waits: int = 0
+    ahead_wait_ms: int = 0
     retries: int = 0
     reconnects: int = 0
     opens: int = 0

@@ -39,7 +39,10 @@ class RetryingStream(io.RawIOBase):
     """
 
     def __init__(self, source: RangeSource, *, start: int = 0, length: int | None = None,
-                 config: StreamConfig | None = None, stats: StreamStats | None = None):
+                 config: StreamConfig | None = None, stats: StreamStats | None = None,
+                 etag: str | None = None):
+        """``etag``: the object's ETag as an earlier read of it saw it; every request of this
+        stream is pinned to it (a replaced object fails as ``ObjectChangedError``)."""
         if start < 0 or (length is not None and length < 0):
             raise ValueError(f"{source.url}: start and length must be >= 0 (got {start}, {length})")
         self._source = source
@@ -50,7 +53,7 @@ class RetryingStream(io.RawIOBase):
         self._resp: Opened | None = None
         self._opened_at = start   # where the current response started: did it deliver anything?
         self._opened_once = False
-        self._etag: str | None = None
+        self._etag: str | None = etag
         self._size: int | None = None
         self._retries = 0
         self._consecutive_failures = 0
@@ -66,6 +69,16 @@ class RetryingStream(io.RawIOBase):
     @property
     def url(self) -> str:
         return self._source.url
+
+    @property
+    def etag(self) -> str | None:
+        """The object's ETag as the first response gave it (or as pinned)."""
+        return self._etag
+
+    @property
+    def size(self) -> int | None:
+        """The object's whole size, once a response said it."""
+        return self._size
 
     def readable(self) -> bool:
         return True
@@ -150,7 +163,10 @@ class RetryingStream(io.RawIOBase):
 
     def _check_identity(self, opened: Opened, first: bool) -> None:
         if first:
-            self._etag, self._size = opened.etag, opened.size
+            if opened.etag and self._etag and opened.etag != self._etag:  # pinned by an earlier read
+                raise ObjectChangedError(
+                    f"{self.url}: the object changed while it was being read (ETag {self._etag} -> {opened.etag})")
+            self._etag, self._size = opened.etag or self._etag, opened.size
             return
         if opened.etag and self._etag and opened.etag != self._etag:
             raise ObjectChangedError(

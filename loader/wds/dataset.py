@@ -139,7 +139,7 @@ class TwinTarDataset(IterableDataset):
         worker_id, num_workers = current_worker()
         reader = self.reader()
         try:
-            for pb in self.shardlist.batches(worker_id, num_workers):
+            for pb in reader.plan_ahead(self.shardlist.batches(worker_id, num_workers)):
                 yield from self.read_batch(pb, reader)[1]
         finally:
             reader.close()
@@ -183,7 +183,7 @@ class TwinTarDataset(IterableDataset):
         worker_id, num_workers = current_worker()
         reader = self.reader()
         try:
-            for pb in self.shardlist.batches(worker_id, num_workers):
+            for pb in reader.plan_ahead(self.shardlist.batches(worker_id, num_workers)):
                 read_slots, read = self.read_batch(pb, reader)
                 slots, samples = self._prepare(read, read_slots)
                 payload: Any = samples

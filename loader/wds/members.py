@@ -18,11 +18,14 @@ SMALL_MEMBERS = 16 << 10  # a tar whose members average less than this is read t
 SMALL_MEMBERS_BUFFER = 64 << 10
 
 
-def open_stream(url: str, start: int = 0, stream_config=None, stats=None, members: int | None = None):
+def open_stream(url: str, start: int = 0, stream_config=None, stats=None, members: int | None = None,
+                ahead=None, limit: int | None = None):
     """A byte stream of ``url`` from byte ``start``. ``members``: how many members the file
     holds, if known: a local tar of small members (captions, embeddings) is read through a
     64 KiB buffer, one system call for many members; one of large members is read unbuffered,
-    each member's data straight into the bytes handed on (a buffer would copy it twice)."""
+    each member's data straight into the bytes handed on (a buffer would copy it twice).
+    ``ahead`` (a ``loader.io.read_ahead.ReadAhead``): a remote file is read through it, its
+    ranges fetched ahead up to byte ``limit`` (None: its end)."""
     if urls.is_local(url):
         path = urls.local_path(url)
         fh = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by the caller
@@ -31,6 +34,8 @@ def open_stream(url: str, start: int = 0, stream_config=None, stats=None, member
         if members and os.fstat(fh.fileno()).st_size < members * SMALL_MEMBERS:
             return io.BufferedReader(fh, SMALL_MEMBERS_BUFFER)
         return fh
+    if ahead is not None:
+        return ahead.open(url, start, limit)
     from loader.io import open_url
 
     return open_url(url, start=start, config=stream_config, stats=stats)
@@ -59,26 +64,31 @@ class OpenTar:
     __slots__ = ("url", "start", "stream", "source", "cursor")
 
     def __init__(self, url: str, start: int = 0, stream_config=None, stats=None, sha256: str | None = None,
-                 members: int | None = None):
+                 members: int | None = None, ahead=None, limit: int | None = None, stream=None):
+        """``stream``: the tar's stream from ``start``, opened already (read-ahead streams of a
+        shard's tars are all opened before the first is read: their first bytes come at once)."""
         if sha256 is not None and start:
             raise ValueError("a checksum covers the whole tar: read it from byte 0")
         self.url, self.start = url, start
         try:
-            self.stream = open_stream(url, start, stream_config, stats, members)
+            self.stream = stream if stream is not None else open_stream(url, start, stream_config, stats, members,
+                                                                        ahead, limit)
         except FileNotFoundError:
-            raise ShardReadError(f"{url}: tar not found, though its manifest lists it; {REPAIR_HINT}") from None
+            raise self.read_error(FileNotFoundError(url)) from None
         self.source = _Hashing(self.stream) if sha256 is not None else self.stream
         try:
             self.cursor = TarCursor(self.source, url, start)
         except (TarReadError, EOFError, OSError) as exc:
             self.stream.close()
-            raise self.read_error(exc) from exc
+            raise self.read_error(exc) from None if isinstance(exc, FileNotFoundError) else exc
         except BaseException:
             self.stream.close()
             raise
 
     def read_error(self, exc: BaseException) -> ShardReadError:
         """The loader's error for a failure while reading this tar (a ``TarReadError`` or an I/O error)."""
+        if isinstance(exc, FileNotFoundError):  # a read-ahead stream learns it at its first read
+            return ShardReadError(f"{self.url}: tar not found, though its manifest lists it; {REPAIR_HINT}")
         if isinstance(exc, TarReadError):
             stale = ""
             if self.start and exc.offset == self.start:

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
 
 from loader.formats.errors import FormatError, short_repr
 from loader.formats.pid_names import split_pid_member_name
 from loader.formats.twin_tar import TarReadError
+from loader.io import urls
+from loader.io.config import StreamConfig
 from loader.io.heap import keep_heap_for_batches
 from loader.wds.consumed import SID_SHIFT
 from loader.wds.epoch_plan import Task
@@ -32,6 +36,9 @@ from loader.wds.shard_table import TarSample
 log = logging.getLogger(__name__)
 
 KEEP_OPEN = 4  # shards whose tars stay open between tasks (x modalities file descriptors)
+PREPARE_BATCHES = 32  # read ahead: planned batches whose tars are opened before they are read, at most
+PULL_PER_BATCH = 4  # read ahead: batches planned ahead per batch read, at most (the ramp to the budget)
+PREPARED = 32  # read ahead: tars opened ahead, at most (their bytes are bounded by the ReadAhead's budget)
 SKIP_AHEAD = 8  # further ahead than this, a reader with header offsets reopens there instead of skipping
 _READ_ERRORS = (TarReadError, EOFError, OSError)
 
@@ -63,13 +70,19 @@ def read_index(shard: TarSample, modalities: tuple[str, ...], offsets: bool = Tr
     return got
 
 
+def index_cached(shard: TarSample, modalities: tuple[str, ...], offsets: bool = True) -> bool:
+    """Whether ``read_index(shard, modalities, offsets)`` would answer without a read."""
+    with _INDEX_CACHE_LOCK:
+        return (shard.key_index, shard.sample_count, tuple(modalities), offsets) in _INDEX_CACHE
+
+
 def _read_index_uncached(shard: TarSample, modalities: tuple[str, ...], offsets: bool):
     from loader.formats.key_index import read_key_columns
 
     with open_stream(shard.key_index) as fh:
         data = fh.read()  # small, and parquet wants to seek: remote streams do not
     try:
-        index = read_key_columns(data, modalities, offsets=offsets, origin=shard.key_index)
+        index = read_key_columns(data, modalities, offsets=offsets, sizes=offsets, origin=shard.key_index)
     except FormatError as exc:
         raise ShardReadError(f"shard {shard.path}: {exc}") from None
     keys = index.keys
@@ -78,6 +91,11 @@ def _read_index_uncached(shard: TarSample, modalities: tuple[str, ...], offsets:
             f"shard {shard.path}: its key index {shard.key_index} lists {len(keys)} samples, the manifest "
             f"counts {shard.sample_count}; rebuild the manifest or the shard, or set shard_error_policy='skip'"
         )
+    for m, offs in index.offsets.items():
+        # One more offset: where the last member ends (the end-of-archive blocks), so a read-ahead
+        # of a shard's last task stops there rather than at the tar's record padding.
+        size = index.sizes.get(m, [None])[-1] if keys else None
+        offs.append(None if size is None or offs[-1] is None else offs[-1] + 512 + -(-size // 512) * 512)
     return keys, index.offsets
 
 
@@ -111,6 +129,18 @@ def _check_index_keys(shard: TarSample, keys: list[str], stats) -> None:
         stats.escaping_keys += sum(1 for k in keys if _escapes(k))
 
 
+def _task_end(task: Task) -> int:
+    """The member after the task's last."""
+    return max((b for _, b in task.ranges), default=0)
+
+
+def _limits(index, mods: tuple[str, ...], last: int, count: int) -> dict[str, int | None]:
+    """Per modality, the byte a read of the members before ``last`` ends at: the next member's
+    header included (the tar reader reads it with the last member's padding; after the last
+    member, the first end-of-archive block); None: the tar's end."""
+    return {m: None if (o := index[1][m][min(last, count)]) is None else o + 512 for m in mods}
+
+
 def _field(modality: str, ext: str) -> str:
     return f"{modality}.{ext}" if ext else modality
 
@@ -131,16 +161,23 @@ class _Tars:
     """A shard's modality tars, open; ``pos`` is the member index the next read is for."""
 
     def __init__(self, shard: TarSample, modalities: tuple[str, ...], starts: dict[str, int], pos: int,
-                 opts, stats, verify: bool):
+                 opts, stats, verify: bool, ahead=None, limits: dict[str, int | None] | None = None,
+                 ahead_to: int | None = None, order: int = 0):
         self.shard, self.modalities, self.pos, self.verify = shard, modalities, pos, verify
+        self.ahead_to = ahead_to  # read-ahead: the member the streams' limits end before (None: no limit)
         self.tars: list[OpenTar] = []
+        # Read ahead, every modality's stream asks for its first bytes before any is read.
+        streams = ({m: ahead.open(shard.url(m), starts[m], (limits or {}).get(m), order) for m in modalities}
+                   if ahead else {})
         try:
             for m in modalities:
                 sha = (shard.sha256 or {}).get(m) if verify else None
                 self.tars.append(OpenTar(shard.url(m), starts[m], opts.stream_config, stats.stream, sha,
-                                         members=shard.sample_count))
+                                         members=shard.sample_count, stream=streams.pop(m, None)))
         except BaseException:
             self.close()
+            for stream in streams.values():
+                stream.close()
             raise
         self.nexts = [t.cursor.next for t in self.tars]
         self.split = split_pid_member_name if shard.pid_names else split_key
@@ -150,9 +187,16 @@ class _Tars:
 
     def read_error(self, exc: BaseException) -> ShardReadError:
         """A read failure as the loader's error, naming the tar it happened in."""
-        origin = getattr(exc, "origin", None)
+        origin = getattr(exc, "origin", None) or getattr(exc, "filename", None)
         tar = next((t for t in self.tars if t.url == origin), self.tars[0])
         return tar.read_error(exc)
+
+    def want(self, limits: dict[str, int | None], upto: int, order: int) -> None:
+        """Read ahead up to these byte limits (the member ``upto`` ends before them), for the
+        batch at ``order`` in the plan."""
+        for m, t in zip(self.modalities, self.tars, strict=True):
+            t.stream.want(limits[m], order)
+        self.ahead_to = upto
 
     def check_sha256(self) -> None:
         for m, t in zip(self.modalities, self.tars, strict=True):
@@ -222,6 +266,12 @@ class TwinReader:
         self.shards, self.modalities, self.options, self.stats = shards, modalities, options, stats
         keep_heap_for_batches()
         self._open: OrderedDict[tuple[int, str], _Tars] = OrderedDict()
+        self._prepared: OrderedDict[tuple, _Tars] = OrderedDict()  # tars opened ahead, by (shard, mode, first, mods)
+        self._indexes: dict[tuple, Future] = {}  # key indexes being read ahead
+        self._order = 0  # read ahead: the place in the plan of the batch prepared or read now
+        config = options.stream_config
+        reads_ahead = (config.read_ahead_bytes if config is not None else StreamConfig.read_ahead_bytes) > 0
+        self._ahead = False if reads_ahead else None  # False: a ReadAhead is made at the first remote tar
         self._fields: dict[tuple[str, ...], list[_Fields]] = {}
 
     def _fields_of(self, mods: tuple[str, ...]) -> list[_Fields]:
@@ -236,6 +286,12 @@ class TwinReader:
     def close(self) -> None:
         while self._open:
             self._open.popitem()[1].close()
+        while self._prepared:
+            self._prepared.popitem()[1].close()
+        self._indexes.clear()
+        if self._ahead:
+            self._ahead.close()
+            self._ahead = False
 
     def _drop(self, shard_id: int, mode: str) -> None:
         tars = self._open.pop((shard_id, mode), None)
@@ -291,24 +347,46 @@ class TwinReader:
 
     def _tars(self, shard: TarSample, task: Task, mods: tuple[str, ...], mode: str, first: int) -> _Tars:
         """The shard's tars positioned before member ``first``: kept open from an earlier task
-        when they are at or a little before it, else opened at its key-index offsets."""
+        when they are at or a little before it, else opened at its key-index offsets (or taken
+        from those ``prepare`` opened ahead)."""
         verify = self.options.verify is not None
         key = (task.shard_id, mode)
+        last = _task_end(task)
+        ahead = self._ahead_for(shard)
         tars = self._open.pop(key, None)
         if tars is not None and tars.modalities == mods and not verify:
             gap = first - tars.pos
             # Zip mode passes members cheaply (headers only); past a few, a key index's offset is cheaper.
-            if gap == 0 or (mode == "zip" and gap > 0 and (gap <= SKIP_AHEAD or not shard.key_index)):
+            # Read ahead by ranges, a gap's bytes are fetched for nothing: the offset always wins.
+            skip = mode == "zip" and gap > 0 and (not shard.key_index or (ahead is None and gap <= SKIP_AHEAD))
+            if gap == 0 or skip:
+                self._want(shard, tars, mods, last)
                 self._keep(key, tars)
                 return tars
         if tars is not None:
             tars.close()
-        starts, pos, keys = {m: 0 for m in mods}, 0, None
-        if first > 0 and not verify:  # a checksum covers the whole tar: read it from byte 0
-            index = read_index(shard, mods)
+        tars = self._prepared.pop((task.shard_id, mode, first, mods), None)
+        if tars is not None:
+            self._want(shard, tars, mods, last)
+        else:
+            tars = self._open_at(shard, task, mods, mode, first, last, ahead)
+        if not verify:
+            self._keep(key, tars)
+        return tars
+
+    def _open_at(self, shard: TarSample, task: Task, mods: tuple[str, ...], mode: str, first: int, last: int,
+                 ahead) -> _Tars:
+        """The shard's tars opened before member ``first`` (at the key index's offsets where it has
+        them); read ahead, their streams fetch the bytes up to member ``last`` and no further."""
+        verify = self.options.verify is not None
+        starts, pos, keys, limits, ahead_to = {m: 0 for m in mods}, 0, None, None, None
+        if (first > 0 or ahead is not None) and not verify:  # a checksum covers the whole tar: read it from byte 0
+            index = self._key_index(shard, mods)
             if index is not None and all(m in index[1] for m in mods):
                 keys = index[0]
-                if mode == "zip":
+                if first == 0:
+                    pass
+                elif mode == "zip":
                     starts, pos = {m: index[1][m][first] for m in mods}, first
                 else:  # members may come out of order: start at the earliest one the task wants
                     wanted = [i for a, b in task.ranges for i in range(a, b)]
@@ -317,11 +395,136 @@ class TwinReader:
                     starts = {m: min((o for i in wanted if (o := index[1][m][i]) is not None), default=0)
                               for m in mods}
                     pos = first
-        tars = _Tars(shard, mods, starts, pos, self.options, self.stats, verify)
+                if ahead is not None:
+                    limits, ahead_to = _limits(index, mods, last, shard.sample_count), last
+        tars = _Tars(shard, mods, starts, pos, self.options, self.stats, verify, ahead, limits, ahead_to,
+                     self._order)
         tars.keys = keys
-        if not verify:
-            self._keep(key, tars)
         return tars
+
+    def _want(self, shard: TarSample, tars: _Tars, mods: tuple[str, ...], last: int) -> None:
+        """Read-ahead tars fetch on up to member ``last`` (their limits end earlier)."""
+        if tars.ahead_to is None or last <= tars.ahead_to:
+            return
+        index = self._key_index(shard, mods)  # cached: the tars were opened from it
+        assert index is not None
+        tars.want(_limits(index, mods, last, shard.sample_count), last, self._order)
+
+    def _ahead_for(self, shard: TarSample):
+        """The process's ``ReadAhead`` if this shard's tars are read through one, else None."""
+        if self._ahead is None or urls.is_local(shard.root):
+            return None
+        if self._ahead is False:
+            from loader.io.read_ahead import ReadAhead
+
+            self._ahead = ReadAhead(self.options.stream_config, self.stats.stream)
+        return self._ahead
+
+    def prepare(self, tasks) -> bool:
+        """Start fetching the tars of tasks this reader will read soon (remote shards with a key
+        index, read ahead): the next task of a shard open here raises its streams' limits;
+        another shard's tars are opened at the task's offsets, their first bytes on the way.
+        False while a key index it needs is still being read (call again later). What cannot be
+        prepared (a shard error) is left for ``read`` to meet and report."""
+        if self._ahead is None or self.options.verify is not None:
+            return True
+        mode, done = self.options.mode, True
+        for task in tasks:
+            if not task.ranges:
+                continue
+            kept = self._open.get((task.shard_id, mode))
+            shard = kept.shard if kept is not None else self.shards[task.shard_id]
+            if not shard.key_index or self._ahead_for(shard) is None:
+                continue
+            mods = self.modalities or shard.keys
+            if not self._index_soon(shard, mods):
+                done = False  # its key index is on the way: a later call opens the tars
+                continue
+            first, last = min(a for a, _ in task.ranges), _task_end(task)
+            chained = [t for k, t in self._prepared.items() if k[0] == task.shard_id and k[1] == mode and k[3] == mods]
+            if kept is not None and kept.modalities == mods:
+                chained.append(kept)
+            try:
+                # Tars that read this task already, or go on into it: no second stream.
+                follows = next((t for t in chained if t.ahead_to is not None and t.pos <= first <= t.ahead_to), None)
+                if follows is not None:
+                    self._want(shard, follows, mods, last)
+                    continue
+                key = (task.shard_id, mode, first, mods)
+                if key not in self._prepared:
+                    self._prepared[key] = self._open_at(shard, task, mods, mode, first, last, self._ahead)
+            except (ShardReadError, OSError):
+                continue
+            while len(self._prepared) > PREPARED:
+                self._prepared.popitem(last=False)[1].close()
+        return done
+
+    def plan_ahead(self, batches: Iterable) -> Iterator:
+        """``batches`` (planned batches) as they come, each prepared before it is read: as many
+        batches ahead as the read-ahead's byte budget has room for (``PREPARE_BATCHES`` at most,
+        reached ``PULL_PER_BATCH - 1`` batches further per batch read)."""
+        roots = getattr(self.shards, "roots", None)
+        local = roots is not None and all(urls.is_local(r) for r in roots)
+        if self._ahead is None or self.options.verify is not None or local:
+            yield from batches
+            return
+        window: deque = deque()  # [batch, its tasks, prepared?, its place in the plan]
+
+        def prepare_window() -> None:
+            for entry in window:  # again: a key index asked for last time may be here now
+                if not entry[2]:
+                    self._order = entry[3]
+                    entry[2] = self.prepare(entry[1])
+
+        def head():
+            if not window[0][2]:  # the batch read next waits for its key indexes anyway: then all go
+                for task in window[0][1]:
+                    shard = self.shards[task.shard_id]
+                    fut = self._indexes.get((shard.key_index, self.modalities or shard.keys))
+                    if fut is not None:
+                        fut.exception()
+                prepare_window()
+            pb, _, _, self._order = window.popleft()  # what the batch's read opens or extends comes first
+            return pb
+
+        # A few more batches planned ahead per batch read, while the budget has room: the first
+        # batch is read at once, and the read-ahead grows to the budget over the next few.
+        it, seq = iter(batches), 0
+        while True:
+            for _ in range(PULL_PER_BATCH):
+                if len(window) >= PREPARE_BATCHES or (self._ahead and not self._ahead.has_room()):
+                    break
+                pb = next(it, None)
+                if pb is None:
+                    break
+                window.append([pb, pb.reading()[0], False, seq])
+                seq += 1
+            if not window:
+                return
+            prepare_window()
+            yield head()
+
+    def _key_index(self, shard: TarSample, mods: tuple[str, ...]):
+        """``read_index(shard, mods)``, waiting for it where a fetch thread reads it already."""
+        fut = self._indexes.pop((shard.key_index, mods), None)
+        if fut is not None:
+            fut.exception()  # done, one way or the other: read_index answers from its cache or fails itself
+        return read_index(shard, mods)
+
+    def _index_soon(self, shard: TarSample, mods: tuple[str, ...]) -> bool:
+        """Whether the shard's key index (with offsets) is read; if not, have it read on a fetch
+        thread, so its time to first byte overlaps the reading of the batches before."""
+        if index_cached(shard, mods):
+            return True
+        key = (shard.key_index, mods)
+        fut = self._indexes.get(key)
+        if fut is None:
+            self._indexes[key] = self._ahead.call(read_index, shard, mods)
+            return False
+        if fut.done():
+            del self._indexes[key]
+            return True  # read (and cached), or failed: the caller meets the error itself
+        return False
 
     def _keep(self, key: tuple[int, str], tars: _Tars) -> None:
         self._open[key] = tars

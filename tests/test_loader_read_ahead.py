@@ -1,0 +1,199 @@
+"""Twin tars read from a real S3 server (SeaweedFS) through the read-ahead (``loader/io/read_ahead.py``):
+the same samples in the same order as one stream per tar, the same exact resume at any worker
+count, the same answers to faults, and each byte fetched once for a sequential plan.
+
+Small blocks and a small budget (``SMALL``) make every tar many ranged GETs, several in flight.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import pytest
+
+from loader.io import ObjectChangedError, StreamConfig, StreamStats
+from loader.io.read_ahead import ReadAhead
+from loader.wds.discovery import find_manifests
+from loader.wds.errors import ShardReadError
+from loader.wds.pipeline import build_dataset, make_loader
+from tests.support.fault_proxy import drop, stall
+from tests.support.loader_data import shared_build
+from tests.support.seaweedfs import upload_tree
+
+OFF = StreamConfig(read_ahead_bytes=0)
+SMALL = StreamConfig(read_ahead_bytes=96 << 10, read_ahead_block=16 << 10, read_ahead_connections=4)
+FAST = dict(max_retries=20, backoff_base_s=0.01, backoff_max_s=0.05, read_timeout_s=0.5, connect_timeout_s=2.0)
+FAULTS = [drop(3_000), drop(9_000, rst=False), stall(5_000, 1.5), drop(12_000)]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, photo_drop_template: Path) -> Path:
+    return shared_build(tmp_path_factory, photo_drop_template, shard_size=8)
+
+
+def upload(s3_env, built: Path, name: str) -> tuple[str, list[str]]:
+    bucket = s3_env.make_bucket(name)
+    upload_tree(s3_env.client(), built, bucket, "data")
+    return bucket, [f"s3://{bucket}/data/{Path(m).relative_to(built)}" for m in find_manifests(str(built))]
+
+
+def digest(s: dict) -> tuple[str, int, str]:
+    h = hashlib.sha256()
+    for k in sorted(k for k in s if not k.startswith("__")):
+        h.update(k.encode() + s[k])
+    return s["__key__"], s["__sid__"], h.hexdigest()
+
+
+def batches_seen(loader) -> list[tuple]:
+    out = []
+    for b in loader:
+        out.append(tuple((k, int(sid)) for k, sid in zip(b["__key__"], b["__sid__"].tolist(), strict=True)))
+    return out
+
+
+def _loader(spec, config: StreamConfig, workers: int, **kw):
+    ds = build_dataset(spec, decode=None, seed=5, stream_config=config, **{"shuffle_buffer": 4, **kw})
+    return make_loader(ds, batch_size=3, num_workers=workers)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("mode", ["zip", "index"])
+def test_order_and_resume_are_the_same_with_read_ahead(built: Path, s3_env, workers: int, mode: str) -> None:
+    _, urls = upload(s3_env, built, f"ra-order-{mode}-{workers}")
+    local = batches_seen(_loader(str(built), OFF, 0, mode=mode))
+    assert batches_seen(_loader(urls, OFF, workers, mode=mode)) == local
+    assert batches_seen(_loader(urls, SMALL, workers, mode=mode)) == local
+    # Stopped after 4 batches and resumed at another worker count: the rest of the same order.
+    loader = _loader(urls, SMALL, workers, mode=mode)
+    it, before = iter(loader), []
+    for b in it:
+        before.append(tuple((k, int(sid)) for k, sid in zip(b["__key__"], b["__sid__"].tolist(), strict=True)))
+        if len(before) == 4:
+            break
+    state = loader.state_dict()
+    del it
+    restored = _loader(urls, SMALL, 2 - workers, mode=mode)
+    restored.load_state_dict(state)
+    assert before + batches_seen(restored) == local
+
+
+def test_samples_bytes_are_identical_and_fetched_once(built: Path, s3_env) -> None:
+    """A sequential plan (no shuffle window): every tar byte fetched once, in several ranges at once."""
+    _, urls = upload(s3_env, built, "ra-bytes")
+    local = [digest(s) for s in build_dataset(str(built), decode=None, seed=1)]
+    ds = build_dataset(urls, decode=None, seed=1, stream_config=SMALL)
+    assert [digest(s) for s in ds] == local
+    st = ds.stats.stream
+    tar_bytes = sum(p.stat().st_size for p in built.rglob("*.tar"))
+    assert st.bytes_handed > 0.9 * tar_bytes, "the read-ahead was not used"
+    assert st.bytes_read <= 1.05 * st.bytes_handed, st
+    assert st.bytes_read <= 1.05 * tar_bytes, st
+    assert st.opens >= tar_bytes / SMALL.read_ahead_block, "fewer ranged GETs than blocks"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_fetch_only_their_members_ranges(built: Path, s3_env, workers: int) -> None:
+    """Batches of one shard, read one after another (0 workers) or alternating between workers:
+    each byte fetched once; a worker fetches its own members' ranges, not the open-ended rest
+    of the tar, and batches planned ahead share the stream of the batch before."""
+    _, urls = upload(s3_env, built, f"ra-workers-{workers}")
+    loader = _loader(urls, SMALL, workers, shuffle_buffer=0)
+    n = sum(len(b) for b in batches_seen(loader))
+    assert n == 32
+    st = loader.stats["stream"]
+    tar_bytes = sum(p.stat().st_size for p in built.rglob("*.tar"))
+    assert st["bytes_read"] <= 1.05 * st["bytes_handed"], st
+    assert st["bytes_read"] <= 1.05 * tar_bytes, st
+    assert st["ahead_dropped"] == 0, st
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", ["zip", "index"])
+def test_drops_stalls_and_truncations_give_the_same_samples(built: Path, s3_env, fault_proxy, mode: str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    _, urls = upload(s3_env, built, f"ra-faults-{mode}")
+    expected = [digest(s) for s in build_dataset(str(built), decode=None, seed=2, shuffle_buffer=4, mode=mode)]
+    proxy = fault_proxy(s3_env.endpoint_url, FAULTS * 4)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    config = StreamConfig(**FAST, read_ahead_bytes=SMALL.read_ahead_bytes, read_ahead_block=SMALL.read_ahead_block,
+                          read_ahead_connections=SMALL.read_ahead_connections)
+    ds = build_dataset(urls, decode=None, seed=2, shuffle_buffer=4, mode=mode, stream_config=config)
+    assert [digest(s) for s in ds] == expected
+    assert proxy.fired, "no fault fired: the test would prove nothing"
+    assert ds.stats.stream.retries >= sum(proxy.fired.values()) - proxy.fired["stall"]
+
+
+def test_a_deleted_tar_fails_fast_naming_it(built: Path, s3_env) -> None:
+    bucket, urls = upload(s3_env, built, "ra-deleted")
+    tar = sorted(p for p in built.rglob("*.tar") if "/caption/" in p.as_posix())[0]
+    key = f"data/{tar.relative_to(built).as_posix()}"
+    s3_env.client().delete_object(Bucket=bucket, Key=key)
+    slow = StreamConfig(max_retries=8, backoff_base_s=1.0, read_ahead_block=SMALL.read_ahead_block)
+    t0 = time.monotonic()
+    with pytest.raises(ShardReadError, match="tar not found") as err:
+        list(build_dataset(urls, decode=None, shuffle=False, stream_config=slow))
+    assert f"s3://{bucket}/{key}" in str(err.value)
+    assert time.monotonic() - t0 < 5, "a missing tar was retried"
+
+
+def test_a_replaced_object_fails_between_ranges(s3_env) -> None:
+    """Every range after the first is pinned to the ETag the first saw."""
+    bucket = s3_env.make_bucket("ra-etag")
+    client = s3_env.client()
+    client.put_object(Bucket=bucket, Key="a.bin", Body=bytes(range(256)) * 64)
+    # No budget: nothing is fetched ahead, each read asks for its own range when it needs it.
+    ahead = ReadAhead(StreamConfig(read_ahead_bytes=0, read_ahead_block=4096), StreamStats())
+    stream = ahead.open(f"s3://{bucket}/a.bin")
+    assert stream.read(4096) == (bytes(range(256)) * 16)
+    client.put_object(Bucket=bucket, Key="a.bin", Body=b"x" * 16384)
+    with pytest.raises(ObjectChangedError, match="changed"):
+        stream.read(4096)
+    stream.close()
+    ahead.close()
+
+
+def test_a_stream_reads_exact_windows_and_its_limit_bounds_what_is_fetched(s3_env) -> None:
+    bucket = s3_env.make_bucket("ra-windows")
+    blob = hashlib.sha256(b"seed").digest() * 4000  # 128000 bytes
+    s3_env.client().put_object(Bucket=bucket, Key="b.bin", Body=blob)
+    stats = StreamStats()
+    ahead = ReadAhead(StreamConfig(read_ahead_bytes=40_000, read_ahead_block=10_000, read_ahead_connections=3), stats)
+    url = f"s3://{bucket}/b.bin"
+    with ahead.open(url, 1234) as s:  # no limit: to the object's end, in odd-sized reads
+        parts = []
+        while chunk := s.read(7777):
+            parts.append(chunk)
+    assert b"".join(parts) == blob[1234:]
+    with ahead.open(url, 5000, limit=25_000) as s:
+        assert s.read(20_000) == blob[5000:25_000]
+        time.sleep(0.2)  # nothing past the limit is on its way
+    assert stats.bytes_read == len(blob) - 1234 + 20_000 and stats.ahead_dropped == 0, stats
+    with ahead.open(url, 0, limit=10) as s:  # read past the limit: served all the same
+        assert s.read(50_000) == blob[:50_000]
+    ahead.close()
+
+
+def test_verify_sha256_and_a_mixture_read_the_same_over_s3(built: Path, s3_env) -> None:
+    """``verify="sha256"`` hashes whole tars read through the read-ahead (and still catches a
+    changed one); a mixture of two sources reads the same samples from S3 as from disk."""
+    from loader.mixture import Mixture, Source
+    from loader.wds.errors import ChecksumError
+
+    bucket, urls = upload(s3_env, built, "ra-verify")
+    local = [digest(s) for s in build_dataset(str(built), decode=None, seed=4, verify="sha256")]
+    assert [digest(s) for s in build_dataset(urls, decode=None, seed=4, verify="sha256", stream_config=SMALL)] == local
+    half = len(urls) // 2
+    local_m = sorted(find_manifests(str(built)))
+    mix = Mixture([Source(local_m[:half], weight=1.0, name="a"), Source(local_m[half:], weight=1.0, name="b")])
+    remote = Mixture([Source(sorted(urls)[:half], weight=1.0, name="a"), Source(sorted(urls)[half:], weight=1.0, name="b")])
+    want = [(*digest(s), s["__source__"]) for s in build_dataset(mix, decode=None, seed=4)]
+    assert [(*digest(s), s["__source__"]) for s in build_dataset(remote, decode=None, seed=4, stream_config=SMALL)] == want
+    tar = sorted(built.rglob("*.tar"))[0]
+    data = bytearray(tar.read_bytes())
+    data[700] ^= 1  # inside the first member's data: a tar that still parses
+    s3_env.client().put_object(Bucket=bucket, Key=f"data/{tar.relative_to(built).as_posix()}", Body=bytes(data))
+    with pytest.raises(ChecksumError, match="sha256"):
+        list(build_dataset(urls, decode=None, seed=4, verify="sha256", stream_config=SMALL))
