@@ -80,7 +80,8 @@ def test_stats_merge_pickle_and_threads() -> None:
     assert copy.as_dict() == stats.as_dict()
     total = StreamStats().merge(stats).merge(copy.as_dict())
     assert total.as_dict() == {"bytes_read": 48_000, "retries": 16_000, "reconnects": 0, "opens": 0,
-                               "bytes_skipped": 0}
+                               "bytes_skipped": 0, "bytes_handed": 0, "ahead_dropped": 0, "ahead_waits": 0,
+                               "ahead_wait_ms": 0}
 
 
 def test_budget_error_pickles() -> None:
