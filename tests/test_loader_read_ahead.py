@@ -123,7 +123,9 @@ def test_drops_stalls_and_truncations_give_the_same_samples(built: Path, s3_env,
     ds = build_dataset(urls, decode=None, seed=2, shuffle_buffer=4, mode=mode, stream_config=config)
     assert [digest(s) for s in ds] == expected
     assert proxy.fired, "no fault fired: the test would prove nothing"
-    assert ds.stats.stream.retries >= sum(proxy.fired.values()) - proxy.fired["stall"]
+    # No count of our retries against the faults fired: a fault that lands in a response's
+    # headers is retried inside botocore (its own retry handler) and never reaches the stream,
+    # so the split between the two depends on where each cut falls.
 
 
 def test_a_deleted_tar_fails_fast_naming_it(built: Path, s3_env) -> None:
