@@ -82,15 +82,22 @@ def _dagster_build(source: str, **sharding) -> dict[str, dict]:
         return {**materialized(built), **materialized(catalog)}
 
 
+def _raw_and_output_buckets(s3_env: SeaweedS3, drop: Path, monkeypatch: pytest.MonkeyPatch, prefix: str):
+    """Buckets ``<prefix>-raw`` (holding ``drop`` under ``drops/``) and ``<prefix>-out``, set as the
+    code location's raw and output roots; the S3 client."""
+    client = s3_env.client()
+    s3_env.make_bucket(f"{prefix}-raw")
+    s3_env.make_bucket(f"{prefix}-out")
+    upload_tree(client, drop, f"{prefix}-raw", "drops")
+    monkeypatch.setenv("PID_RAW_ROOT", f"s3://{prefix}-raw/drops")
+    monkeypatch.setenv("PID_OUTPUT_ROOT", f"s3://{prefix}-out/built")
+    return client
+
+
 def test_every_asset_from_s3_into_s3_matches_the_local_build_and_trains(
     s3_env: SeaweedS3, photo_drop_template: Path, raw_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client = s3_env.client()
-    s3_env.make_bucket("dagster-both-raw")
-    s3_env.make_bucket("dagster-both-out")
-    upload_tree(client, photo_drop_template, "dagster-both-raw", "drops")
-    monkeypatch.setenv("PID_RAW_ROOT", "s3://dagster-both-raw/drops")
-    monkeypatch.setenv("PID_OUTPUT_ROOT", "s3://dagster-both-out/built")
+    client = _raw_and_output_buckets(s3_env, photo_drop_template, monkeypatch, "dagster-both")
     monkeypatch.setenv("PID_WORK_ROOT", str(tmp_path / "work"))
     monkeypatch.chdir(tmp_path)
     # Three write tasks, meeting in the bucket: no step of an s3 build needs another's disk.
@@ -184,12 +191,7 @@ def test_a_tar_deleted_from_the_served_version_is_sent_again_by_the_dagster_step
     """A re-shard with the same settings on a fresh machine stages the very version the pointer
     names: its write tasks keep what the bucket holds and send the tar that was deleted, never
     copying a tar onto itself (which failed every retry, blaming a re-staged plan)."""
-    client = s3_env.client()
-    s3_env.make_bucket("dagster-repair-raw")
-    s3_env.make_bucket("dagster-repair-out")
-    upload_tree(client, photo_drop_template, "dagster-repair-raw", "drops")
-    monkeypatch.setenv("PID_RAW_ROOT", "s3://dagster-repair-raw/drops")
-    monkeypatch.setenv("PID_OUTPUT_ROOT", "s3://dagster-repair-out/built")
+    client = _raw_and_output_buckets(s3_env, photo_drop_template, monkeypatch, "dagster-repair")
     instance.add_dynamic_partitions(SOURCES, ["photos"])
 
     def run(machine: str, **kwargs):
