@@ -25,7 +25,8 @@ import io
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from .config import StreamConfig, StreamStats
 from .errors import ObjectChangedError
@@ -52,6 +53,11 @@ class ReadAhead:
         self._queued = 0  # fetches submitted, not started (or cancelled before they started)
         self._hungry: deque[ReadAheadStream] = deque()  # streams that stopped asking for want of budget
         self._pool: ThreadPoolExecutor | None = None
+        # Set by the reader that plans the reads: called while it waits for bytes, so what it
+        # plans next goes out then (key indexes read meanwhile, budget handed back), not only
+        # once the bytes it waits for have come. It returns the fetches its planning waits on.
+        self.while_waiting: Callable[[], list[Future]] | None = None
+        self._planning = False
 
     def open(self, url: str, start: int = 0, limit: int | None = None, order: int = 0) -> ReadAheadStream:
         """A stream of ``url`` from byte ``start``; ranges are asked for ahead up to ``limit``
@@ -85,6 +91,28 @@ class ReadAhead:
         with self._lock:
             self._queued -= 1
         return True
+
+    def wait(self, fut: Future) -> None:
+        """Block until ``fut`` is done; meanwhile, each time a fetch the planning waits on ends,
+        plan again (``while_waiting``). Instrumented, a reader that waited here without planning
+        left the connections idle: only the few ranges of the batches planned before it waited
+        were in flight."""
+        plan = self.while_waiting
+        while not fut.done():
+            if plan is None or self._planning:
+                wait([fut])
+                return
+            self._planning = True
+            try:
+                others = plan()
+            finally:
+                self._planning = False
+            if fut.done():
+                return
+            if not others:
+                plan = None
+                continue
+            wait([fut, *others], return_when=FIRST_COMPLETED)
 
     def saturated(self) -> bool:
         """Every fetch thread busy and more waiting: a read that needs a queued block now should
@@ -253,7 +281,7 @@ class ReadAheadStream(io.RawIOBase):
             else:
                 if not fut.done():
                     t0 = time.monotonic()
-                    fut.result()
+                    self._ahead.wait(fut)
                     self._ahead.stats.add(ahead_waits=1, ahead_wait_ms=int((time.monotonic() - t0) * 1000))
                 data, etag, size = fut.result()
             self._ahead._give(block.held)

@@ -12,7 +12,7 @@ import glob
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -202,6 +202,27 @@ def _read_json(path: str) -> dict:
         raise ManifestError(f"manifest {path} is not valid JSON ({exc}); rebuild it") from None
 
 
+MANIFEST_READS = 16  # remote manifests read at once
+
+
+def _read_jsons(paths: list[str]) -> Iterator[dict]:
+    """``_read_json`` of each path, in order; remote ones read several at once (one after
+    another, each waited a whole time to first byte: 8 manifests took 0.25 s at 20 ms)."""
+    if sum(1 for p in paths if _is_url(p)) < 2:
+        yield from map(_read_json, paths)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(MANIFEST_READS, len(paths)), thread_name_prefix="manifests") as pool:
+        futures = [pool.submit(_read_json, p) for p in paths]
+        try:
+            for fut in futures:
+                yield fut.result()
+        finally:
+            for fut in futures:
+                fut.cancel()
+
+
 def _manifest_dir(path: str) -> str:
     return path.rsplit("/", 1)[0] if _is_url(path) else os.path.dirname(path)
 
@@ -327,8 +348,8 @@ def parse_manifests(
     wanted = set(aspect_ratios) if aspect_ratios is not None else None
     cols = _Columns(keep_sha256)
     used = 0
-    for path in paths:
-        doc = _read_json(path)
+    paths = list(paths)
+    for path, doc in zip(paths, _read_jsons(paths), strict=True):
         if wanted is not None and _bucket_of(doc, path) not in wanted:
             continue
         try:

@@ -165,45 +165,83 @@ class _Tars:
                  ahead_to: int | None = None, order: int = 0):
         self.shard, self.modalities, self.pos, self.verify = shard, modalities, pos, verify
         self.ahead_to = ahead_to  # read-ahead: the member the streams' limits end before (None: no limit)
-        self.tars: list[OpenTar] = []
-        # Read ahead, every modality's stream asks for its first bytes before any is read.
-        streams = ({m: ahead.open(shard.url(m), starts[m], (limits or {}).get(m), order) for m in modalities}
-                   if ahead else {})
-        try:
-            for m in modalities:
-                sha = (shard.sha256 or {}).get(m) if verify else None
-                self.tars.append(OpenTar(shard.url(m), starts[m], opts.stream_config, stats.stream, sha,
-                                         members=shard.sample_count, stream=streams.pop(m, None)))
-        except BaseException:
-            self.close()
-            for stream in streams.values():
-                stream.close()
-            raise
-        self.nexts = [t.cursor.next for t in self.tars]
+        self._tars: list[OpenTar] | None = None
+        self._nexts: list | None = None
+        self._opts, self._stats = opts, stats
+        # Read ahead, every modality's stream asks for its first bytes before any is read, and
+        # the tars are parsed only when a read wants their members: a tar opened at byte 0
+        # reads its first header at once, and ``prepare`` must not wait for those bytes.
+        self.streams = ({m: ahead.open(shard.url(m), starts[m], (limits or {}).get(m), order) for m in modalities}
+                        if ahead else None)
+        self._starts = starts
+        if self.streams is None:
+            self._open_tars()
         self.split = split_pid_member_name if shard.pid_names else split_key
         self.lookahead: list[_Lookahead] | None = None  # index mode's readers
         self.known: dict[str, int] | None = None
         self.keys: list[str] | None = None  # the key index's keys, once read
 
+    def _open_tars(self) -> list[OpenTar]:
+        shard, streams = self.shard, dict(self.streams or {})
+        tars: list[OpenTar] = []
+        try:
+            for m in self.modalities:
+                sha = (shard.sha256 or {}).get(m) if self.verify else None
+                tars.append(OpenTar(shard.url(m), self._starts[m], self._opts.stream_config, self._stats.stream, sha,
+                                    members=shard.sample_count, stream=streams.pop(m, None)))
+        except BaseException:
+            for t in tars:
+                t.close()
+            for stream in streams.values():
+                stream.close()
+            self.streams = None
+            self._tars = []
+            raise
+        self._tars = tars
+        self._nexts = [t.cursor.next for t in tars]
+        return tars
+
+    @property
+    def tars(self) -> list[OpenTar]:
+        return self._tars if self._tars is not None else self._open_tars()
+
+    @property
+    def nexts(self) -> list:
+        if self._nexts is None:
+            self._open_tars()
+        return self._nexts
+
     def read_error(self, exc: BaseException) -> ShardReadError:
         """A read failure as the loader's error, naming the tar it happened in."""
         origin = getattr(exc, "origin", None) or getattr(exc, "filename", None)
-        tar = next((t for t in self.tars if t.url == origin), self.tars[0])
+        tars = self._tars or self.tars
+        tar = next((t for t in tars if t.url == origin), tars[0])
         return tar.read_error(exc)
 
     def want(self, limits: dict[str, int | None], upto: int, order: int) -> None:
         """Read ahead up to these byte limits (the member ``upto`` ends before them), for the
         batch at ``order`` in the plan."""
-        for m, t in zip(self.modalities, self.tars, strict=True):
-            t.stream.want(limits[m], order)
+        for m in self.modalities:
+            self.stream(m).want(limits[m], order)
         self.ahead_to = upto
+
+    def stream(self, m: str):
+        """The read-ahead stream of modality ``m``."""
+        if self._tars is None:
+            return self.streams[m]
+        return self._tars[self.modalities.index(m)].stream
 
     def check_sha256(self) -> None:
         for m, t in zip(self.modalities, self.tars, strict=True):
             t.check_sha256((self.shard.sha256 or {})[m])
 
     def close(self) -> None:
-        for t in self.tars:
+        if self._tars is None:
+            for stream in (self.streams or {}).values():
+                stream.close()
+            self._tars = []
+            self._nexts = []
+        for t in self._tars:
             t.close()
 
 
@@ -414,11 +452,7 @@ class TwinReader:
         """The process's ``ReadAhead`` if this shard's tars are read through one, else None."""
         if self._ahead is None or urls.is_local(shard.root):
             return None
-        if self._ahead is False:
-            from loader.io.read_ahead import ReadAhead
-
-            self._ahead = ReadAhead(self.options.stream_config, self.stats.stream)
-        return self._ahead
+        return self._ahead_for_root()
 
     def prepare(self, tasks) -> bool:
         """Start fetching the tars of tasks this reader will read soon (remote shards with a key
@@ -462,19 +496,52 @@ class TwinReader:
     def plan_ahead(self, batches: Iterable) -> Iterator:
         """``batches`` (planned batches) as they come, each prepared before it is read: as many
         batches ahead as the read-ahead's byte budget has room for (``PREPARE_BATCHES`` at most,
-        reached ``PULL_PER_BATCH - 1`` batches further per batch read)."""
+        reached ``PULL_PER_BATCH - 1`` batches further per batch read). While a read waits for
+        bytes, the planning goes on (``ReadAhead.while_waiting``): a key index read meanwhile
+        opens its shard's tars at once, and the budget handed back is spent again."""
         roots = getattr(self.shards, "roots", None)
         local = roots is not None and all(urls.is_local(r) for r in roots)
         if self._ahead is None or self.options.verify is not None or local:
             yield from batches
             return
         window: deque = deque()  # [batch, its tasks, prepared?, its place in the plan]
+        it, seq, ended = iter(batches), 0, False
+
+        def pull(n: int) -> None:
+            nonlocal seq, ended
+            for _ in range(n):
+                if ended or len(window) >= PREPARE_BATCHES or (self._ahead and not self._ahead.has_room()):
+                    return
+                pb = next(it, None)
+                if pb is None:
+                    ended = True
+                    return
+                window.append([pb, pb.reading()[0], False, seq])
+                seq += 1
+
+        planning = [False]
 
         def prepare_window() -> None:
-            for entry in window:  # again: a key index asked for last time may be here now
-                if not entry[2]:
-                    self._order = entry[3]
-                    entry[2] = self.prepare(entry[1])
+            planning[0] = True  # a read inside the planning (a tar's first header) must not plan again
+            try:
+                for entry in window:  # again: a key index asked for last time may be here now
+                    if not entry[2]:
+                        self._order = entry[3]
+                        entry[2] = self.prepare(entry[1])
+            finally:
+                planning[0] = False
+
+        def while_waiting() -> list[Future]:
+            """A read waits for bytes: plan on, and name the key-index reads the plan waits for."""
+            if planning[0]:
+                return []
+            order = self._order  # the batch being read keeps its place for the rest of its read
+            try:
+                pull(PULL_PER_BATCH)
+                prepare_window()
+            finally:
+                self._order = order
+            return [f for f in self._indexes.values() if not f.done()] if not all(e[2] for e in window) else []
 
         def head():
             if not window[0][2]:  # the batch read next waits for its key indexes anyway: then all go
@@ -489,20 +556,34 @@ class TwinReader:
 
         # A few more batches planned ahead per batch read, while the budget has room: the first
         # batch is read at once, and the read-ahead grows to the budget over the next few.
-        it, seq = iter(batches), 0
-        while True:
-            for _ in range(PULL_PER_BATCH):
-                if len(window) >= PREPARE_BATCHES or (self._ahead and not self._ahead.has_room()):
-                    break
-                pb = next(it, None)
-                if pb is None:
-                    break
-                window.append([pb, pb.reading()[0], False, seq])
-                seq += 1
-            if not window:
-                return
-            prepare_window()
-            yield head()
+        ahead = self._ahead_for_plan()
+        if ahead is not None:
+            ahead.while_waiting = while_waiting
+        try:
+            while True:
+                pull(PULL_PER_BATCH)
+                if not window:
+                    return
+                prepare_window()
+                yield head()
+        finally:
+            if ahead is not None:
+                ahead.while_waiting = None
+
+    def _ahead_for_plan(self):
+        """The process's ``ReadAhead`` for a plan of remote shards (made now, so the planning can
+        hook into its waits); None for local ones."""
+        roots = getattr(self.shards, "roots", None)
+        if not roots:
+            return None
+        return next((a for r in roots if not urls.is_local(r) and (a := self._ahead_for_root()) is not None), None)
+
+    def _ahead_for_root(self):
+        if self._ahead is False:
+            from loader.io.read_ahead import ReadAhead
+
+            self._ahead = ReadAhead(self.options.stream_config, self.stats.stream)
+        return self._ahead or None
 
     def _key_index(self, shard: TarSample, mods: tuple[str, ...]):
         """``read_index(shard, mods)``, waiting for it where a fetch thread reads it already."""
