@@ -18,7 +18,7 @@ from loader.io.read_ahead import ReadAhead
 from loader.wds.discovery import find_manifests
 from loader.wds.errors import ShardReadError
 from loader.wds.pipeline import build_dataset, make_loader
-from tests.support.fault_proxy import drop, stall
+from tests.support.fault_proxy import PASS, drop, stall, unavailable
 from tests.support.loader_data import shared_build
 from tests.support.seaweedfs import upload_tree
 
@@ -126,6 +126,24 @@ def test_drops_stalls_and_truncations_give_the_same_samples(built: Path, s3_env,
     # No count of our retries against the faults fired: a fault that lands in a response's
     # headers is retried inside botocore (its own retry handler) and never reaches the stream,
     # so the split between the two depends on where each cut falls.
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_503s_give_the_same_samples(built: Path, s3_env, fault_proxy, workers: int,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """S3 answering 503 Service Unavailable to ranged GETs (and key-index reads) taken ahead:
+    each is retried at its range, and the batches are the same, in the same order."""
+    _, urls = upload(s3_env, built, f"ra-503-{workers}")
+    expected = batches_seen(_loader(str(built), OFF, 0))
+    proxy = fault_proxy(s3_env.endpoint_url, [PASS, unavailable(), unavailable(), PASS] * 12)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    config = StreamConfig(**FAST, read_ahead_bytes=SMALL.read_ahead_bytes, read_ahead_block=SMALL.read_ahead_block,
+                          read_ahead_connections=SMALL.read_ahead_connections)
+    loader = _loader(urls, config, workers)
+    assert batches_seen(loader) == expected
+    assert proxy.fired["unavailable"] >= 8, proxy.fired
+    assert loader.stats["stream"]["retries"] >= 1, "no 503 reached the read-ahead's ranged GETs"
 
 
 def test_a_deleted_tar_fails_fast_naming_it(built: Path, s3_env) -> None:

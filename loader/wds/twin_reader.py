@@ -522,12 +522,13 @@ class TwinReader:
         planning = [False]
 
         def prepare_window() -> None:
-            planning[0] = True  # a read inside the planning (a tar's first header) must not plan again
+            planning[0] = True  # a read inside the planning must not plan again
             try:
-                for entry in window:  # again: a key index asked for last time may be here now
-                    if not entry[2]:
-                        self._order = entry[3]
-                        entry[2] = self.prepare(entry[1])
+                with self._ahead.plan():  # the batches' ranges of one tar go out as a few large GETs
+                    for entry in window:  # again: a key index asked for last time may be here now
+                        if not entry[2]:
+                            self._order = entry[3]
+                            entry[2] = self.prepare(entry[1])
             finally:
                 planning[0] = False
 

@@ -6,7 +6,9 @@ valid. Each accepted connection takes the next ``Fault`` from the plan (``PASS``
 used up); a fault fires once the connection has carried ``after`` response bytes:
 
 * ``rst``: abort the client connection (TCP RST);      * ``fin``: close it cleanly (TCP FIN);
-* ``stall``: forward nothing for ``seconds``, then go on; * ``trickle``: forward at ``bps`` from then on.
+* ``stall``: forward nothing for ``seconds``, then go on; * ``trickle``: forward at ``bps`` from then on;
+* ``unavailable``: answer the connection's first request with an S3-style HTTP 503 (SlowDown's
+  cousin, ServiceUnavailable) and close it, never reaching the server.
 
 Every wait is bounded and interruptible; ``stop()`` (fixture teardown) ends all connections.
 """
@@ -31,7 +33,7 @@ _RECV = 64 * 1024
 
 @dataclass(frozen=True)
 class Fault:
-    action: Literal["pass", "rst", "fin", "stall", "trickle"] = "pass"
+    action: Literal["pass", "rst", "fin", "stall", "trickle", "unavailable"] = "pass"
     after: int = 0            # response bytes forwarded on this connection before the fault
     seconds: float = 0.0      # stall length
     bps: float = 0.0          # trickle rate, bytes per second
@@ -51,6 +53,17 @@ def stall(after: int, seconds: float) -> Fault:
 
 def trickle(after: int, bps: float, chunk: int = 256) -> Fault:
     return Fault("trickle", after, bps=bps, chunk=chunk)
+
+
+def unavailable() -> Fault:
+    """The connection's first request answered 503 Service Unavailable, as S3 does under load."""
+    return Fault("unavailable")
+
+
+_503_BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>ServiceUnavailable</Code>'
+             b"<Message>Please reduce your request rate.</Message></Error>")
+_503 = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/xml\r\nConnection: close\r\n"
+        b"Content-Length: " + str(len(_503_BODY)).encode() + b"\r\n\r\n" + _503_BODY)
 
 
 class FaultProxy:
@@ -119,14 +132,22 @@ class FaultProxy:
                 continue
             except OSError:
                 return
+            with self._lock:
+                fault = self._plan.popleft() if self._plan else PASS
+                self.connections += 1
+            if fault.action == "unavailable":
+                t = threading.Thread(target=self._refuse, args=(client,), daemon=True)
+                with self._lock:
+                    self._sockets.add(client)
+                    self._threads.append(t)
+                t.start()
+                continue
             try:
                 server = socket.create_connection(self.upstream, timeout=5)
             except OSError:
                 _close(client)
                 continue
             with self._lock:
-                fault = self._plan.popleft() if self._plan else PASS
-                self.connections += 1
                 self._sockets.update((client, server))
             for s in (client, server):
                 s.settimeout(_POLL_S)
@@ -137,6 +158,24 @@ class FaultProxy:
                 with self._lock:
                     self._threads.append(t)
                 t.start()
+
+    def _refuse(self, client: socket.socket) -> None:
+        """Read one request's headers (a GET has no body), answer 503, close."""
+        client.settimeout(_POLL_S)
+        got = b""
+        try:
+            while b"\r\n\r\n" not in got:
+                data = self._recv(client)
+                if not data:
+                    return
+                got += data
+            if self._send(client, _503):
+                with self._lock:
+                    self.fired["unavailable"] += 1
+        finally:
+            _close(client)
+            with self._lock:
+                self._sockets.discard(client)
 
     def _recv(self, s: socket.socket) -> bytes | None:
         """Next bytes, b"" at EOF, None when stopping or the socket is gone."""
