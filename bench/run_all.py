@@ -49,7 +49,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_decode": ["--rounds", "3"],
     # 800 photographs (~90 MB of image + caption tars), 2 rounds: about 8 minutes on 2 cores,
     # the LitData virtualenv (CPU torch, then litdata) made once beforehand.
-    "bench_remote_read": ["--samples", "800", "--rounds", "2"],
+    "bench_remote_read": ["--samples", "800", "--rounds", "2", "--baseline"],
 }
 TARGET_LINE = re.compile(r"^(PASS|MISS):\s*(.*)$")
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"

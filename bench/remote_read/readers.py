@@ -1,0 +1,208 @@
+"""The readers bench_remote_read times, each run as a child process (``--child <name>``):
+ours, webdataset, LitData (in its own virtualenv: only the standard library at import time
+here), ``litdata.optimize``, and the parallel-GET floor. Each prints one ``RESULT {json}`` line."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+MODS = ("image", "caption")
+FLOOR_CONNECTIONS = 16
+FLOOR_PART = 8 << 20
+
+
+def decode_pil(image: bytes, caption: bytes) -> tuple[tuple[int, int], object]:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(image)) as im:
+        rgb = im.convert("RGB")
+    return rgb.size, json.loads(bytes(caption))  # LitData hands bytes out as memoryviews
+
+
+def _image_field(sample: dict) -> str:
+    return next(k for k in sample if k.startswith("image."))
+
+
+def ours_pil(sample: dict) -> dict:
+    f = _image_field(sample)
+    sample[f], sample["caption.json"] = decode_pil(sample[f], sample["caption.json"])
+    return sample
+
+
+def wds_pil(sample: dict) -> dict:
+    f = _image_field(sample)
+    sample[f], sample["caption.json"] = decode_pil(sample[f], sample["caption.json"])
+    return sample
+
+
+def as_list(batch: list) -> list:
+    return batch
+
+
+def _cpu_s() -> float:
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _peak_rss_mb() -> tuple[float, float]:
+    """(this process's peak RSS, the largest of its ended children's: DataLoader workers), MB."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_maxrss / 1024, kids.ru_maxrss / 1024
+
+
+def _result(**kw) -> None:
+    rss, child_rss = _peak_rss_mb()
+    print("RESULT " + json.dumps({**kw, "rss_mb": rss, "child_rss_mb": child_rss}), flush=True)
+
+
+def _digest(key: str, image: bytes, caption: bytes) -> str:
+    return hashlib.sha256(key.encode() + b"\0" + image + b"\0" + caption).hexdigest()
+
+
+# -- children: one reader run each --------------------------------------------------------------------
+
+def child_ours(args) -> None:
+    from loader.io import StreamConfig
+    from loader.wds.pipeline import build_dataset, make_loader
+
+    import boto3  # noqa: F401 - imported before the clock starts, as each peer's library is
+
+    urls = json.loads(Path(args.spec).read_text())["ours"]
+    maps = [ours_pil] if args.decode == "pil" else []
+    config = StreamConfig(read_ahead_bytes=0) if args.read_ahead_off else None
+    t0, c0 = time.perf_counter(), _cpu_s()
+    ds = build_dataset(urls, modalities=list(MODS), decode=None, shuffle=False, augment=maps, stream_config=config)
+    ds.collate = as_list
+    loader = make_loader(ds, batch_size=args.batch_size, num_workers=args.workers)
+    setup = time.perf_counter() - t0
+    n, digests, first = 0, [], None
+    for batch in loader:
+        n += len(batch)
+        first = first or time.perf_counter() - t0
+        if args.check:
+            digests += [_digest(s["__key__"], s[_image_field(s)], s["caption.json"]) for s in batch]
+    wall, cpu = time.perf_counter() - t0, _cpu_s() - c0
+    st = loader.stats.get("stream", {})
+    _result(samples=n, wall=wall, cpu=cpu, digests=sorted(digests), handed=st.get("bytes_handed", 0),
+            fetched=st.get("bytes_read", 0), setup=setup, first=first, stream=st)
+
+
+def child_wds(args) -> None:
+    import webdataset as wds
+    from torch.utils.data import DataLoader
+
+    urls = json.loads(Path(args.spec).read_text())["wds"]
+    t0, c0 = time.perf_counter(), _cpu_s()
+    ds = wds.WebDataset(urls, shardshuffle=False, workersplitter=wds.split_by_worker)
+    if args.decode == "pil":
+        ds = ds.map(wds_pil)
+    ds = ds.batched(args.batch_size, collation_fn=as_list, partial=True)
+    loader = DataLoader(ds, batch_size=None, num_workers=args.workers)
+    n, digests = 0, []
+    for batch in loader:
+        n += len(batch)
+        if args.check:
+            digests += [_digest(s["__key__"], s[_image_field(s)], s["caption.json"]) for s in batch]
+    _result(samples=n, wall=time.perf_counter() - t0, cpu=_cpu_s() - c0, digests=sorted(digests))
+
+
+def child_litdata(args) -> None:  # runs in the litdata virtualenv
+    import litdata.streaming.downloader as downloader
+    from litdata import StreamingDataLoader, StreamingDataset
+
+    # LitData reads chunks through obstore, which refuses a plain-HTTP endpoint unless its client
+    # options allow it (our proxy is http:// on loopback; a real bucket is https://): the one
+    # change made to the peer, in its own process.
+    downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": "true"}
+
+    spec = json.loads(Path(args.spec).read_text())
+    cache = tempfile.mkdtemp(prefix="litdata-cache-", dir=args.cache_root)
+    decode = args.decode == "pil"
+    # LitData hands raw bytes out as memoryviews, which a worker cannot pickle into the
+    # DataLoader's queue: its feeder thread prints "cannot pickle memoryview objects" and the
+    # batch never arrives (the 240 s hang at 2 workers without decode). In workers they become
+    # bytes, the copy pickling makes anyway (ours and webdataset hand bytes out).
+    to_bytes = args.workers > 0 and not decode
+
+    class Photos(StreamingDataset):
+        def __getitem__(self, index):
+            s = super().__getitem__(index)
+            if decode:
+                s["image"], s["caption"] = decode_pil(s["image"], s["caption"])
+            elif to_bytes:
+                s["image"], s["caption"] = bytes(s["image"]), bytes(s["caption"])
+            return s
+
+    try:
+        t0, c0 = time.perf_counter(), _cpu_s()
+        ds = Photos(spec["litdata"], cache_dir=cache, shuffle=False)
+        loader = StreamingDataLoader(ds, batch_size=args.batch_size, num_workers=args.workers, collate_fn=as_list)
+        n, digests = 0, []
+        for batch in loader:
+            n += len(batch)
+            if args.check:
+                digests += [_digest(s["key"], s["image"], s["caption"]) for s in batch]
+        wall, cpu = time.perf_counter() - t0, _cpu_s() - c0
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    _result(samples=n, wall=wall, cpu=cpu, digests=sorted(digests))
+
+
+def child_litdata_optimize(args) -> None:  # runs in the litdata virtualenv
+    import litdata
+
+    tars = json.loads(Path(args.spec).read_text())["wds_local"]
+    out = Path(args.out)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    litdata.optimize(fn=_litdata_samples, inputs=tars, output_dir=str(tmp), chunk_bytes="64MB", num_workers=1,
+                     mode="overwrite")
+    os.replace(tmp, out)
+
+
+def _litdata_samples(tar_path: str):
+    """The samples of one WebDataset tar, as LitData stores them (key, image bytes, caption bytes)."""
+    import tarfile
+
+    with tarfile.open(tar_path) as tf:
+        cur: dict = {}
+        for ti in tf:
+            key, _, rest = ti.name.partition(".")
+            if cur and cur["key"] != key:
+                yield cur
+                cur = {}
+            cur["key"] = key
+            cur["image" if rest.startswith("image.") else "caption"] = tf.extractfile(ti).read()
+        if cur:
+            yield cur
+
+
+def child_floor(args) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import boto3
+
+    spec = json.loads(Path(args.spec).read_text())
+    client = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
+    parts = [(b, k, o, min(FLOOR_PART, size - o)) for b, k, size in spec["floor"] for o in range(0, size, FLOOR_PART)]
+
+    def get(part) -> int:
+        b, k, o, n = part
+        body = client.get_object(Bucket=b, Key=k, Range=f"bytes={o}-{o + n - 1}")["Body"]
+        got = 0
+        while chunk := body.read(1 << 20):
+            got += len(chunk)
+        return got
+
+    t0, c0 = time.perf_counter(), _cpu_s()
+    with ThreadPoolExecutor(FLOOR_CONNECTIONS) as pool:
+        total = sum(pool.map(get, parts))
+    _result(samples=spec["samples"], wall=time.perf_counter() - t0, cpu=_cpu_s() - c0, bytes=total)

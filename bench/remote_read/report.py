@@ -1,0 +1,76 @@
+"""The table and the target lines of bench_remote_read, from the children's results."""
+
+from __future__ import annotations
+
+import statistics
+
+from .readers import FLOOR_CONNECTIONS
+
+CHILD_TIMEOUT_S = 240
+# The read-ahead's memory bound per process (StreamConfig's defaults): its budget of bytes
+# fetched ahead (64 MiB), plus the block each open stream is handing out, which has left the
+# budget (KEEP_OPEN shards x 2 tars x a 4 MiB block).
+READ_AHEAD_BOUND_MB = (64 + 4 * 2 * 4) * (1 << 20) / 1e6
+
+
+def peak_rss(x: dict, workers: int) -> float:
+    """Peak RSS of the process that reads: the training process, or its largest worker."""
+    return x.get("child_rss_mb", 0.0) if workers else x.get("rss_mb", 0.0)
+
+
+def report(results: dict, delays, rows, contenders, n: int, tar_bytes: int, checks: dict) -> None:
+    med = statistics.median
+    print()
+    print("| delay | workers | decode | reader | samples/s | MB/s | CPU-s / 1000 samples | fetched MB / 1000 samples "
+          "| peak RSS MB per reading process | ours / reader |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    verdicts = []
+    for delay in delays:
+        fl = results[(delay, "floor")]
+        floor_rate = med(n / x["wall"] for x in fl)
+        for w, d in rows:
+            ours = results[(delay, w, d, "ours")]
+            for name in contenders:
+                runs = results[(delay, w, d, name)]
+                if any(x.get("timed_out") for x in runs):  # no rate to compare: said, not guessed
+                    print(f"| {delay} ms | {w} | {d} | {name} | timed out | | | | | |")
+                    if name not in ("ours", "ours, no read-ahead"):
+                        verdicts.append((False, f"ours >= 1.0x {name} samples/s at {delay} ms, {w} workers, "
+                                         f"decode {d}", f"{name} timed out after {CHILD_TIMEOUT_S} s"))
+                    continue
+                rate = med(x["samples"] / x["wall"] for x in runs)
+                mbs = med(tar_bytes / 1e6 / x["wall"] for x in runs)
+                cpu = med(x["cpu"] / max(1, x["samples"]) * 1000 for x in runs)
+                fetched = med(x["forwarded"] / max(1, x["samples"]) * 1000 / 1e6 for x in runs)
+                ratio = med(o["samples"] / o["wall"] / max(1e-9, x["samples"] / x["wall"]) for o, x in zip(ours, runs, strict=True))
+                rss = max(peak_rss(x, w) for x in runs)
+                print(f"| {delay} ms | {w} | {d} | {name} | {rate:.0f} | {mbs:.0f} | {cpu:.2f} | {fetched:.1f} | {rss:.0f} | "
+                      f"{'' if name == 'ours' else f'{ratio:.2f}x'} |")
+                if name not in ("ours", "ours, no read-ahead"):
+                    verdicts.append((ratio >= 1.0, f"ours >= 1.0x {name} samples/s at {delay} ms, {w} workers, decode {d}",
+                                     f"{ratio:.2f}x"))
+            if d == "none":
+                ratio = med(n / o["wall"] for o in ours) / floor_rate
+                verdicts.append((ratio >= 0.8, f"ours >= 0.8x the x{FLOOR_CONNECTIONS} parallel-GET floor at {delay} ms, "
+                                 f"{w} workers, decode none", f"{ratio:.2f}x: {med(n / o['wall'] for o in ours):.0f} vs "
+                                 f"{floor_rate:.0f} samples/s"))
+        print(f"| {delay} ms | - | - | floor (x{FLOOR_CONNECTIONS} ranged GETs) | {floor_rate:.0f} | "
+              f"{med(tar_bytes / 1e6 / x['wall'] for x in fl):.0f} | {med(x['cpu'] / n * 1000 for x in fl):.2f} | "
+              f"{med(x['forwarded'] / n * 1000 / 1e6 for x in fl):.1f} | | |")
+    seq = [x for (delay, *rest), runs in results.items() if rest[-1:] == ["ours"] and rest[0] == 0 for x in runs]
+    if seq:
+        factor = max(x["fetched"] / x["handed"] for x in seq) if all(x["handed"] for x in seq) else float("inf")
+        verdicts.append((factor <= 1.05, "ours' bytes fetched <= 1.05x bytes handed out, sequential plan (0 workers)",
+                         f"{factor:.3f}x at most"))
+    base = {k[:3]: v for k, v in results.items() if len(k) == 4 and k[3] == "ours, no read-ahead"}
+    if base:
+        grown = max(max(peak_rss(x, k[1]) for x in results[(*k, "ours")]) - max(peak_rss(x, k[1]) for x in runs)
+                    for k, runs in base.items())
+        verdicts.append((grown <= READ_AHEAD_BOUND_MB, f"ours' peak RSS per reading process <= the same without "
+                         f"read-ahead + the read-ahead's bound ({READ_AHEAD_BOUND_MB:.0f} MB)",
+                         f"+{grown:.0f} MB at most"))
+    verdicts.append((all(v == "equal" for v in checks.values()), "every reader's samples equal the source's",
+                     ", ".join(f"{k}: {v}" for k, v in checks.items())))
+    print()
+    for ok, target, measured in verdicts:
+        print(f"{'PASS' if ok else 'MISS'}: {target} ({measured})")
