@@ -217,3 +217,19 @@ def test_verify_sha256_and_a_mixture_read_the_same_over_s3(built: Path, s3_env) 
     s3_env.client().put_object(Bucket=bucket, Key=f"data/{tar.relative_to(built).as_posix()}", Body=bytes(data))
     with pytest.raises(ChecksumError, match="sha256"):
         list(build_dataset(urls, decode=None, seed=4, verify="sha256", stream_config=SMALL))
+
+
+def test_batches_planned_together_are_fetched_as_few_large_ranges(built: Path, s3_env) -> None:
+    """A sequential plan of small batches: the batches planned in one pass share their tars' GETs
+    (a GET per batch and tar before: each a request and a time to first byte)."""
+    _, urls = upload(s3_env, built, "ra-coalesce")
+    roomy = StreamConfig(read_ahead_bytes=8 << 20, read_ahead_block=1 << 20, read_ahead_connections=4)
+    loader = _loader(urls, roomy, 0, shuffle_buffer=0)
+    batches = batches_seen(loader)
+    st = loader.stats["stream"]
+    tars = len(list(built.rglob("*.tar")))
+    indexes = len(list(built.rglob("*.parquet")))
+    assert sum(map(len, batches)) == 32
+    # Every tar is smaller than a block: one GET each, plus the key indexes and manifests.
+    assert st["opens"] - indexes - len(urls) <= tars + 2, (st, tars, len(batches))
+    assert st["bytes_read"] <= 1.05 * st["bytes_handed"], st
