@@ -25,7 +25,9 @@
   workers, with no decode or PIL decode (``Image.open(...).convert("RGB")`` and ``json.loads`` of
   the caption, the same function for all, run where each reader maps samples: in its workers).
   ``floor``: the same twin-tar bytes (image + caption tars) fetched as 8 MiB ranged GETs, 16 at
-  once, through the same proxy, nothing parsed.
+  once, through the same proxy, nothing parsed; its boto3 client is made on the clock, as every
+  reader's is. LitData's raw bytes (memoryviews) become ``bytes`` in its workers: a worker cannot
+  pickle a memoryview into the DataLoader's queue (it hung at 2 workers without decode).
 * **Checked first:** each reader's samples (key, image bytes, caption bytes) equal the source's.
 * **Timed:** ``--rounds`` rounds; in each, every (workers, decode) row runs each contender once, the
   order rotating round by round. Samples/s and MB/s (tar bytes of the samples / wall seconds), CPU
