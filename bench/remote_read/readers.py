@@ -70,10 +70,10 @@ def _digest(key: str, image: bytes, caption: bytes) -> str:
 # -- children: one reader run each --------------------------------------------------------------------
 
 def child_ours(args) -> None:
+    import boto3  # noqa: F401 - imported before the clock starts, as each peer's library is
+
     from loader.io import StreamConfig
     from loader.wds.pipeline import build_dataset, make_loader
-
-    import boto3  # noqa: F401 - imported before the clock starts, as each peer's library is
 
     urls = json.loads(Path(args.spec).read_text())["ours"]
     maps = [ours_pil] if args.decode == "pil" else []

@@ -26,8 +26,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 
 from .config import StreamConfig, StreamStats
 from .errors import ObjectChangedError

@@ -20,6 +20,7 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
+from contextlib import nullcontext
 
 from loader.formats.errors import FormatError, short_repr
 from loader.formats.pid_names import split_pid_member_name
@@ -524,7 +525,8 @@ class TwinReader:
         def prepare_window() -> None:
             planning[0] = True  # a read inside the planning must not plan again
             try:
-                with self._ahead.plan():  # the batches' ranges of one tar go out as a few large GETs
+                # The batches' ranges of one tar go out as a few large GETs (no ReadAhead yet: none to plan).
+                with self._ahead.plan() if self._ahead else nullcontext():
                     for entry in window:  # again: a key index asked for last time may be here now
                         if not entry[2]:
                             self._order = entry[3]
