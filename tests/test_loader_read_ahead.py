@@ -233,3 +233,20 @@ def test_batches_planned_together_are_fetched_as_few_large_ranges(built: Path, s
     # Every tar is smaller than a block: one GET each, plus the key indexes and manifests.
     assert st["opens"] - indexes - len(urls) <= tars + 2, (st, tars, len(batches))
     assert st["bytes_read"] <= 1.05 * st["bytes_handed"], st
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_tars_opened_ahead_are_never_closed_unread(built: Path, s3_env, workers: int,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """More batches planned than tars may be opened ahead (a small ``PREPARED``): the batches
+    past the bound wait for room; closing the oldest to make it dropped the bytes read soonest."""
+    import loader.wds.twin_reader as twin_reader
+
+    monkeypatch.setattr(twin_reader, "PREPARED", 2)  # forked workers inherit it
+    _, urls = upload(s3_env, built, f"ra-prepared-{workers}")
+    roomy = StreamConfig(read_ahead_bytes=8 << 20, read_ahead_block=1 << 20, read_ahead_connections=4)
+    loader = _loader(urls, roomy, workers, shuffle_buffer=0)
+    assert batches_seen(loader) == batches_seen(_loader(str(built), OFF, 0, shuffle_buffer=0))
+    st = loader.stats["stream"]
+    assert st["ahead_dropped"] == 0, st
+    assert st["bytes_read"] <= 1.05 * st["bytes_handed"], st

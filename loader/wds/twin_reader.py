@@ -401,6 +401,9 @@ class TwinReader:
             if gap == 0 or skip:
                 self._want(shard, tars, mods, last)
                 self._keep(key, tars)
+                twin = self._prepared.pop((task.shard_id, mode, first, mods), None)
+                if twin is not None:  # opened ahead for this task too: a second stream, unread
+                    twin.close()
                 return tars
         if tars is not None:
             tars.close()
@@ -487,6 +490,12 @@ class TwinReader:
                     continue
                 key = (task.shard_id, mode, first, mods)
                 if key not in self._prepared:
+                    if len(self._prepared) >= PREPARED:
+                        # Full: this task waits for a later call. Making room by closing the
+                        # oldest closed the tars read soonest, their bytes fetched and dropped
+                        # (instrumented: 13% of the bytes at 2 workers over 25 shards).
+                        done = False
+                        continue
                     self._prepared[key] = self._open_at(shard, task, mods, mode, first, last, self._ahead)
             except (ShardReadError, OSError):
                 continue
