@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from loader.io import ObjectChangedError, StreamConfig, StreamStats
-from loader.io.read_ahead import ReadAhead
+from loader.io.read_ahead import RAMP_PIECES, ReadAhead
 from loader.wds.discovery import find_manifests
 from loader.wds.errors import ShardReadError
 from loader.wds.pipeline import build_dataset, make_loader
@@ -194,6 +194,25 @@ def test_a_stream_reads_exact_windows_and_its_limit_bounds_what_is_fetched(s3_en
     with ahead.open(url, 0, limit=10) as s:  # read past the limit: served all the same
         assert s.read(50_000) == blob[:50_000]
     ahead.close()
+
+
+def test_the_first_block_goes_out_in_pieces_the_rest_whole(s3_env) -> None:
+    """A process's first block's worth of read-ahead is asked for as RAMP_PIECES ranges, so the
+    bytes read first come before the rest of the budget (instrumented: the first batch's whole
+    block shared the link with 15 others and came 0.3-0.4 s after it was asked for); every
+    block after is one GET, and each byte is fetched once."""
+    bucket = s3_env.make_bucket("ra-ramp")
+    blob = hashlib.sha256(b"ramp").digest() * 1250  # 40000 bytes: 4 blocks of 10000
+    s3_env.client().put_object(Bucket=bucket, Key="c.bin", Body=blob)
+    stats = StreamStats()
+    ahead = ReadAhead(StreamConfig(read_ahead_bytes=40_000, read_ahead_block=10_000, read_ahead_connections=4), stats)
+    with ahead.open(f"s3://{bucket}/c.bin", 0, limit=len(blob)) as s:
+        assert s.read() == blob
+    with ahead.open(f"s3://{bucket}/c.bin", 0, limit=len(blob)) as s:  # the same process later: whole blocks
+        assert s.read() == blob
+    ahead.close()
+    assert stats.opens == (RAMP_PIECES + 3) + 4, stats
+    assert stats.bytes_read == 2 * len(blob) and stats.ahead_dropped == 0, stats
 
 
 def test_verify_sha256_and_a_mixture_read_the_same_over_s3(built: Path, s3_env) -> None:
