@@ -482,7 +482,9 @@ def run_s3_write_task(
                 for i, plan in enumerate(batch, start=at):
                     read_back(plan)
                     marker = staging.get_json(output, staging.shard_marker_rel(plan))
-                    if (marker is not None and marker.get("digest") == plan.digest() and all(
+                    # A marker of an older pid-shard (no tar sizes) is not kept: its shard is sent again.
+                    if (marker is not None and marker.get("digest") == plan.digest()
+                            and isinstance(marker.get("bytes"), dict) and all(
                             there[v].get(r) == n
                             for v, objs in shard_homes(staged, plan, marker.get("key_index_bytes")).items()
                             for r, n in objs.items())):
