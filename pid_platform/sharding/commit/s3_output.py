@@ -31,7 +31,8 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -377,6 +378,25 @@ def _lost_race(output: S3Output, now_there: VersionPointer | None, started: Vers
         "current now")
 
 
+@contextmanager
+def publish_claims(output: S3Output, vids: set[str], *, now: Callable[[], float] = time.time,
+                   holder: str | None = None) -> Iterator[list[HeldClaim]]:
+    """A publish claim (``claims.py``) on each version in ``vids`` for the block, taken before
+    anything of theirs is listed or sent. A cleanup that claimed one first may be deleting it:
+    this waits (saying so) until it is done, then lists what it left; one that claims after us
+    sees our claim and leaves the version alone."""
+    pause_point("publish:start")
+    with ExitStack() as stack:
+        held = [stack.enter_context(HeldClaim(output, vid, PUBLISH, holder=holder or this_process(), now=now))
+                for vid in sorted(vids)]
+        for vid in sorted(vids):
+            wait_until_unclaimed(output, vid, DELETE, now=now, on_wait=lambda c, vid=vid: log.warning(
+                "%s: waiting for the %s (until it ends, or its claim expires at %s) before publishing version %s",
+                output, c.describe(), time.strftime("%H:%M:%S", time.localtime(c.expires)), vid))
+        pause_point("publish:claimed")
+        yield held
+
+
 def publish_version(
     staging: Path, output: S3Output, *, num_workers: int = 4, now: Callable[[], float] = time.time,
     holder: str | None = None,
@@ -422,14 +442,7 @@ def publish_version(
     vdir = version_dir(vid)
 
     check_held(output, vid)  # the lease says which version this build publishes
-    pause_point("publish:start")
-    with HeldClaim(output, vid, PUBLISH, holder=holder, now=now) as claim:
-        # A cleanup that claimed this version before us may be deleting it: what it leaves is
-        # listed (and sent again) once it is done. One that claims after us sees our claim.
-        wait_until_unclaimed(output, vid, DELETE, now=now, on_wait=lambda c: log.warning(
-            "%s: waiting for the %s (until it ends, or its claim expires at %s) before publishing version %s",
-            output, c.describe(), time.strftime("%H:%M:%S", time.localtime(c.expires)), vid))
-        pause_point("publish:claimed")
+    with publish_claims(output, {vid}, now=now, holder=holder) as (claim,):
         there = list_sizes(output, vdir)
         if in_place is not None:
             if in_place.placed and MARKER not in there:  # before the first tar it places

@@ -34,13 +34,11 @@ of the same source and settings, whatever ``N`` and however many machines.
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,11 +57,7 @@ from loader.io.s3_client import S3AccessError
 from pid_platform.sharding import pipeline
 from pid_platform.sharding.commit import s3_output, versions
 from pid_platform.sharding.commit.claims import (
-    DELETE,
-    PUBLISH,
-    HeldClaim,
     this_process,
-    wait_until_unclaimed,
 )
 from pid_platform.sharding.commit.in_place import MARKER, InPlace, decide_in_place
 from pid_platform.sharding.commit.in_place import published_manifests as published_in_place
@@ -124,8 +118,6 @@ from pid_platform.sharding.tasks.run import (
 from pid_platform.sharding.tasks.s3_staging import STAGED_NAME, SeenPointer, Staged
 from pid_platform.sharding.write.tar_digests import tar_digests
 from pid_platform.sharding.write.tars import ShardResult, shard_files, write_shards
-
-log = logging.getLogger(__name__)
 
 # Held (PID_PAUSE_AT) by ``pid-shard plan`` of an s3 output once its plan is cut, before it stages
 # anything in the bucket: tests stall a plan there (SIGSTOP) past its lease.
@@ -407,7 +399,7 @@ def run_s3_write_task(
     config = pipeline.load_sharding_config(scratch)
     cut = load_plan_cut(scratch)
     check_held(output, staged.version)  # a leased build's lease says which version it publishes
-    with publish_claims(output, {staged.version, staged.home(True)}):
+    with s3_output.publish_claims(output, {staged.version, staged.home(True)}):
         vdir = version_dir(staged.version)
         there = {v: s3_output.list_sizes(output, version_dir(v)) for v in {staged.version, staged.home(True)}}
         current = _CurrentTars(output)
@@ -523,23 +515,6 @@ def run_s3_write_task(
         shutil.rmtree(scratch, ignore_errors=True)
         return TaskOutcome(WRITE, index, of, Path(rel), False, stop - first, first, len(sent), counts["kept"],
                            copied=counts["copied"], repaired=counts["repaired"])
-
-
-@contextmanager
-def publish_claims(output: S3Output, vids: set[str], now: Callable[[], float] = time.time) -> Iterator[None]:
-    """A publish claim (``claims.py``) on each version in ``vids`` for the block, taken before
-    anything of theirs is listed or sent, once no cleanup is deleting them (it waits, saying so,
-    until one that began first is done): the cleanup then leaves them alone."""
-    pause_point("publish:start")
-    with ExitStack() as stack:
-        for vid in sorted(vids):
-            stack.enter_context(HeldClaim(output, vid, PUBLISH, holder=this_process(), now=now))
-        for vid in sorted(vids):
-            wait_until_unclaimed(output, vid, DELETE, now=now, on_wait=lambda c, vid=vid: log.warning(
-                "%s: waiting for the %s (until it ends, or its claim expires at %s) before publishing version %s",
-                output, c.describe(), time.strftime("%H:%M:%S", time.localtime(c.expires)), vid))
-        pause_point("publish:claimed")
-        yield
 
 
 def _served_shard(staged: Staged, current: _CurrentTars, there: dict[str, dict[str, int]],
@@ -791,9 +766,7 @@ def _publish(output: S3Output, staged: Staged, bodies: dict[str, bytes | Path], 
     result = PublishedVersion(str(output), vid, current.version if current else None)
     holder = this_process()
     check_held(output, vid)
-    with HeldClaim(output, vid, PUBLISH, holder=holder, now=now) as claim:
-        wait_until_unclaimed(output, vid, DELETE, now=now, on_wait=lambda c: log.warning(
-            "%s: waiting for the %s before publishing version %s", output, c.describe(), vid))
+    with s3_output.publish_claims(output, {vid}, now=now, holder=holder) as (claim,):
         for r, body in bodies.items():
             staging.put(output, f"{version_dir(vid)}/{r}", body, "the commit")
             result.uploaded += 1
