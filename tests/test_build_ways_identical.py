@@ -7,6 +7,8 @@ folder and for an ``s3://`` output:
 * Dagster's fan-out of ``source_build`` on a real sqlite instance with the multiprocess executor
   (every step its own process, three write-task steps), as ``tests/test_build_fanout.py`` runs it.
 
+Each output is built twice by each way: from nothing, then over itself after the source lost a
+sample (the incremental build, where unchanged shards are kept or copied inside the bucket).
 What is compared is what a reader sees: every tar byte for byte, every key index's rows (and its
 bytes), every ``wdinfo.json`` parsed, and the set of files; the build's private state folder
 (``.pid-build``: task records, stamps, caches) is no part of the output contract and is left out.
@@ -107,27 +109,45 @@ def _dagster_fanout(instance: dg.DagsterInstance) -> None:
         f"{WRITE_STEP}[{i}_of_{TASKS}]" for i in range(TASKS)]
 
 
+def _last_sample_files(raw_root: Path) -> list[str]:
+    """The source files (relative to the source) of the sample whose key sorts last."""
+    folder = raw_root / SOURCE
+    last = max(p.stem for p in (folder / "image").iterdir())
+    return sorted(p.relative_to(folder).as_posix() for p in folder.glob(f"*/{last}.*"))
+
+
+# Each test builds twice: once from nothing, then again over its own output after the source
+# lost a sample (the incremental build: unchanged shards kept or copied, the changed ones written).
+ROUNDS = ("first", "incremental")
+
+
 @pytest.mark.slow
 def test_a_folder_output_is_the_same_built_three_ways(
     raw_root: Path, tmp_path: Path, instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _write_settings_file(raw_root)
     source = ["--input-dir", str(raw_root / SOURCE)]
-
-    one = tmp_path / "one-process"
-    pid_shard(tmp_path, "one-process", *source, "--output-dir", str(one), *PID_SHARD_SETTINGS, "--num-workers", "2")
-    reference = _reader_view(output_files(one))
-
-    tasked = tmp_path / "tasked"
-    pid_shard(tmp_path, "planner", "plan", *source, "--output-dir", str(tasked), *PID_SHARD_SETTINGS)
-    write_tasks(tmp_path, TASKS, *source, "--output-dir", str(tasked))
-    pid_shard(tmp_path, "committer", "commit", "--output-dir", str(tasked))
-    _assert_same(reference, _reader_view(output_files(tasked)), "plan | task x3 | commit")
-
+    one, tasked = tmp_path / "one-process", tmp_path / "tasked"
     use_roots(monkeypatch, raw_root, tmp_path / "dagster")
     monkeypatch.setenv("PID_WORK_ROOT", str(tmp_path / "dagster-work"))
-    _dagster_fanout(instance)
-    _assert_same(reference, _reader_view(output_files(tmp_path / "dagster" / SOURCE)), "Dagster fan-out")
+    for build in ROUNDS:
+        if build == "incremental":
+            gone = _last_sample_files(raw_root)
+            assert len(gone) == 3
+            for name in gone:
+                (raw_root / SOURCE / name).unlink()
+        pid_shard(tmp_path, "one-process", *source, "--output-dir", str(one), *PID_SHARD_SETTINGS,
+                  "--num-workers", "2")
+        reference = _reader_view(output_files(one))
+
+        pid_shard(tmp_path, f"planner-{build}", "plan", *source, "--output-dir", str(tasked), *PID_SHARD_SETTINGS)
+        write_tasks(tmp_path, TASKS, *source, "--output-dir", str(tasked))
+        pid_shard(tmp_path, f"committer-{build}", "commit", "--output-dir", str(tasked))
+        _assert_same(reference, _reader_view(output_files(tasked)), f"{build}: plan | task x3 | commit")
+
+        _dagster_fanout(instance)
+        _assert_same(reference, _reader_view(output_files(tmp_path / "dagster" / SOURCE)), f"{build}: Dagster")
+    assert sum(json.loads(v[1])["total_key_count"] for p, v in reference.items() if p.endswith(WDINFO_NAME)) == 31
 
 
 @pytest.mark.slow
@@ -141,28 +161,36 @@ def test_an_s3_output_is_the_same_built_three_ways(
     _write_settings_file(raw_root)
     upload_tree(client, raw_root, raw, "drops")
     source = ["--input-dir", f"s3://{raw}/drops/{SOURCE}"]
+    monkeypatch.setenv("PID_RAW_ROOT", f"s3://{raw}/drops")
+    monkeypatch.setenv("PID_OUTPUT_ROOT", f"s3://{out}/dagster")
+    monkeypatch.setenv("PID_WORK_ROOT", str(tmp_path / "dagster-work"))
 
     def published(prefix: str) -> tuple[dict, dict[str, object]]:
         at = {k: v for k, v in pointer(client, out, prefix).items() if k not in POINTER_NOT_COMPARED}
         assert at["version"] and at["manifests"]
         return at, _reader_view(current_version(client, out, prefix))
 
-    pid_shard(tmp_path, "one-process", *source, "--output-dir", f"s3://{out}/one-process", *PID_SHARD_SETTINGS,
-              "--num-workers", "2")
-    ref_pointer, reference = published("one-process")
+    versions = []
+    for build in ROUNDS:
+        if build == "incremental":
+            for name in _last_sample_files(raw_root):
+                client.delete_object(Bucket=raw, Key=f"drops/{SOURCE}/{name}")
+        pid_shard(tmp_path, "one-process", *source, "--output-dir", f"s3://{out}/one-process",
+                  *PID_SHARD_SETTINGS, "--num-workers", "2")
+        ref_pointer, reference = published("one-process")
+        versions.append(ref_pointer["version"])
 
-    url = f"s3://{out}/tasked"
-    pid_shard(tmp_path, "planner", "plan", *source, "--output-dir", url, *PID_SHARD_SETTINGS)
-    write_tasks(tmp_path, TASKS, *source, "--output-dir", url)
-    pid_shard(tmp_path, "committer", "commit", "--output-dir", url)
-    tasked_pointer, tasked = published("tasked")
-    _assert_same(reference, tasked, "plan | task x3 | commit")
-    assert tasked_pointer == ref_pointer
+        url = f"s3://{out}/tasked"
+        pid_shard(tmp_path, f"planner-{build}", "plan", *source, "--output-dir", url, *PID_SHARD_SETTINGS)
+        write_tasks(tmp_path, TASKS, *source, "--output-dir", url)
+        pid_shard(tmp_path, f"committer-{build}", "commit", "--output-dir", url)
+        tasked_pointer, tasked = published("tasked")
+        _assert_same(reference, tasked, f"{build}: plan | task x3 | commit")
+        assert tasked_pointer == ref_pointer
 
-    monkeypatch.setenv("PID_RAW_ROOT", f"s3://{raw}/drops")
-    monkeypatch.setenv("PID_OUTPUT_ROOT", f"s3://{out}/dagster")
-    monkeypatch.setenv("PID_WORK_ROOT", str(tmp_path / "dagster-work"))
-    _dagster_fanout(instance)
-    dagster_pointer, by_dagster = published(f"dagster/{SOURCE}")
-    _assert_same(reference, by_dagster, "Dagster fan-out")
-    assert dagster_pointer == ref_pointer
+        _dagster_fanout(instance)
+        dagster_pointer, by_dagster = published(f"dagster/{SOURCE}")
+        _assert_same(reference, by_dagster, f"{build}: Dagster")
+        assert dagster_pointer == ref_pointer
+    assert versions[0] != versions[1]
+    assert sum(json.loads(v[1])["total_key_count"] for p, v in reference.items() if p.endswith(WDINFO_NAME)) == 31
