@@ -10,8 +10,9 @@ folder and for an ``s3://`` output:
 Each output is built twice by each way: from nothing, then over itself after the source lost a
 sample (the incremental build, where unchanged shards are kept or copied inside the bucket).
 What is compared is what a reader sees: every tar byte for byte, every key index's rows (and its
-bytes), every ``wdinfo.json`` parsed, and the set of files; the build's private state folder
-(``.pid-build``: task records, stamps, caches) is no part of the output contract and is left out.
+bytes), every ``wdinfo.json`` (fields and bytes), and the set of files; the build's private state
+folder (``.pid-build``: task records, stamps, caches) is no part of the output contract and is
+left out.
 """
 
 from __future__ import annotations
