@@ -25,7 +25,6 @@ from pid_platform.sharding.commit.s3_output import (
     is_s3_url,
     read_pointer,
     refuse_other_urls,
-    work_dir,
 )
 from pid_platform.sharding.errors import BuildError, OutputNotWritableError
 from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, VALIDATE_LEVELS
@@ -45,6 +44,7 @@ from pid_platform.sharding.tasks.run import (
     run_write_task,
 )
 from pid_platform.sharding.tasks.s3_tasks import (
+    run_s3_build,
     run_s3_commit,
     run_s3_intake_task,
     run_s3_plan,
@@ -278,18 +278,21 @@ def run_shard(args: argparse.Namespace, root: str, source: str) -> BuildSummary:
     check_output_apart(root, source, urls.without_file_scheme(args.output_dir))
     config = _config_of(args)
     store: SourceStore = open_source_store(root, endpoint_url=args.s3_endpoint_url)
-    out: Path | str = urls.without_file_scheme(args.output_dir)
-    publish_to = None
-    if is_s3_url(args.output_dir):
-        publish_to = S3Output(args.output_dir, S3Settings(endpoint_url=args.s3_endpoint_url))
-        check_writable(publish_to)  # an unreachable or refused bucket stops before any work
-        out = work_dir(publish_to, args.work_dir)
     progress = _ShardProgress()
     try:
+        if is_s3_url(args.output_dir):
+            # The tasked build in one process: the plan, write task 0 of 1, the commit.
+            output = S3Output(args.output_dir, S3Settings(endpoint_url=args.s3_endpoint_url))
+            check_writable(output)  # an unreachable or refused bucket stops before any work
+            refuse_roots_on_s3(args.manifest_root, output)
+            return run_s3_build(
+                store, source, output, config, work_root=args.work_dir, trust_pickle=args.trust_pickle,
+                num_workers=args.num_workers, force=args.force, validate=args.validate,
+                revalidate=args.revalidate, repair=args.repair, progress=progress)
         return build_source(
-            store, source, Path(out), config, num_workers=args.num_workers, trust_pickle=args.trust_pickle,
-            progress=progress, force=args.force, validate=args.validate, revalidate=args.revalidate,
-            manifest_root=args.manifest_root, publish_to=publish_to, repair=args.repair,
+            store, source, Path(urls.without_file_scheme(args.output_dir)), config, num_workers=args.num_workers,
+            trust_pickle=args.trust_pickle, progress=progress, force=args.force, validate=args.validate,
+            revalidate=args.revalidate, manifest_root=args.manifest_root, repair=args.repair,
         )
     finally:
         progress.close()

@@ -93,23 +93,27 @@ def test_a_rebuild_is_a_new_version_and_the_old_one_stays_until_cleanup(
 
 
 KILL_BEFORE_SWITCH = textwrap.dedent("""
-    import os, signal, sys
-    from pid_platform.sharding.pipeline import run_intake, run_key_indexes, run_manifests, run_sharding
+    import os, signal, sys, threading, time
+    from pathlib import Path
     from pid_platform.sharding.plan.shard_plan import ShardingConfig
-    from pid_platform.sharding.commit.s3_output import S3Output, work_dir
+    from pid_platform.sharding.commit.s3_output import S3Output
     from pid_platform.sharding.storage import LocalSourceStore
+    from pid_platform.sharding.tasks.s3_tasks import run_s3_build
 
     raw, work, url = sys.argv[1:4]
-    store, target = LocalSourceStore(raw), S3Output(url)
-    out = work_dir(target, work)
-    config = ShardingConfig(max_shard_size_mb=0.25, classify_aspect_ratio=False)
-    run_intake(store, "photos", out, config, trust_pickle=False, num_workers=1)
-    run_sharding(store, "photos", out, config, num_workers=1)
-    run_key_indexes(out, num_workers=1)
-    # Every tar, key index and manifest of the new version is up; the process dies right
-    # before the pointer would move.
-    run_manifests(out, "photos", num_workers=1, publish_to=target,
-                  before_switch=lambda: os.kill(os.getpid(), signal.SIGKILL))
+    # Every tar, key index and manifest of the new version is up; the process dies at the pause
+    # point right before the pointer would move.
+    os.environ.update(PID_PAUSE_AT="publish:before-switch", PID_PAUSE_DIR=work)
+    reached = Path(work) / "publish-before-switch.reached"
+
+    def die() -> None:
+        while not reached.exists():
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=die, daemon=True).start()
+    run_s3_build(LocalSourceStore(raw), "photos", S3Output(url),
+                 ShardingConfig(max_shard_size_mb=0.25, classify_aspect_ratio=False), work_root=work)
 """)
 
 

@@ -9,6 +9,8 @@ before the fix.
 * a changed ``staged.json`` or ``plan.parquet`` is refused naming the file, and a plan whose
   ``path.<m>`` names a file outside the source never makes a task read it;
 * a source file rewritten in place at the same size after the plan is refused;
+* a write record whose tar checksum or size was altered is refused by the commit naming the
+  record and the tar, before anything is switched;
 * a tar deleted from the served version is sent again by the tasked build, never copied onto itself.
 """
 
@@ -19,18 +21,26 @@ import itertools
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
+from loader.formats.version_pointer import POINTER_NAME
 from loader.wds.pipeline import build_dataset
-from pid_platform.sharding.commit.lease import LEASE_REL, RENEW_ENV, TTL_ENV
+from pid_platform.defs.shards.tasks import s3_sample_set_to_cut
+from pid_platform.sharding.commit.lease import LEASE_REL, RENEW_ENV, TTL_ENV, BuildLeaseHeldError
+from pid_platform.sharding.commit.s3_output import S3Output
 from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.layout import STATE_DIR
+from pid_platform.sharding.plan.shard_plan import ShardingConfig
+from pid_platform.sharding.storage import LocalSourceStore
 from pid_platform.sharding.tasks.s3_staging import STAGED, STAGING_POINT
-from pid_platform.sharding.tasks.s3_tasks import PLAN_BEFORE_STAGING_POINT
+from pid_platform.sharding.tasks.s3_tasks import PLAN_BEFORE_STAGING_POINT, stage_plan_in_bucket
 from tests.conftest import SOURCE
 from tests.support.machines import pid_shard, write_tasks
 from tests.support.paused_procs import pid_shard as pid_shard_argv
@@ -38,6 +48,14 @@ from tests.support.s3_objects import keys, pointer
 from tests.support.seaweedfs import SeaweedS3
 
 SETTINGS = ["--max-shard-size-mb", "0.25", "--part-size", "2"]
+# Publishes a version built in a local folder, without a plan staged in the bucket.
+PUBLISH_FOLDER = """
+import sys
+from pathlib import Path
+from pid_platform.sharding.commit.s3_output import S3Output, publish_version
+from pid_platform.sharding.layout import final_dir
+publish_version(final_dir(Path(sys.argv[1])), S3Output(sys.argv[2]), num_workers=1)
+"""
 _N = itertools.count()
 
 
@@ -74,8 +92,14 @@ def test_a_commit_of_a_plan_cut_before_a_newer_publish_is_refused(
     first = pointer(client, bucket, "photos")["version"]
     plan = pid_shard(tmp_path, "planner", "plan", *_io(raw_root, url), *SETTINGS, "--no-classify-aspect-ratio")
     assert "staged as version" in plan.stdout
-    # A newer build publishes after the plan was cut (another machine, other settings).
-    pid_shard(tmp_path, "newer", *_io(raw_root, url), *SETTINGS, "--shuffle", "--seed", "5")
+    # A newer version is published after the plan was cut, by a publisher that stages nothing
+    # (``publish_version``: the Dagster sample_set step's republish of an up-to-date build). A
+    # newer ``pid-shard`` would stage its plan over this one, which the commit then never sees.
+    local = tmp_path / "newer-local"
+    pid_shard(tmp_path, "newer", "--input-dir", str(raw_root / SOURCE), "--output-dir", str(local), *SETTINGS,
+              "--shuffle", "--seed", "5")
+    subprocess.run([sys.executable, "-c", PUBLISH_FOLDER, str(local), url], check=True, timeout=240,
+                   env={**os.environ, "HOME": str(tmp_path)})
     newer = pointer(client, bucket, "photos")
     assert newer["version"] != first
     write_tasks(tmp_path, 2, *_io(raw_root, url))
@@ -119,6 +143,28 @@ def test_a_plan_that_lost_its_lease_while_stalled_stages_nothing(
     write_tasks(tmp_path, 2, *_io(raw_root, url))
     pid_shard(tmp_path, "committer", "commit", *_io(raw_root, url, source=False))
     assert pointer(client, bucket, "photos")["version"] == staged["version"]
+
+
+def test_the_dagster_plan_step_stages_nothing_while_another_build_holds_the_lease(
+    s3_env: SeaweedS3, raw_root: Path, tmp_path: Path
+) -> None:
+    """The plan op's work (``s3_sample_set_to_cut`` then ``stage_plan_in_bucket``) takes the
+    build lease as ``pid-shard plan`` does: a live lease of another machine stops it unstaged."""
+    client, bucket, url = _bucket(s3_env, "dagster-plan")
+    pid_shard(tmp_path, "first", *_io(raw_root, url), *SETTINGS)
+    output, out = S3Output(url), tmp_path / "dagster-work" / SOURCE
+    assert s3_sample_set_to_cut(output, out, SOURCE) == "committed"
+    t = time.time()
+    lease = {"lease_version": 1, "host": "other-machine", "pid": 4242, "token": "f" * 32, "started": t - 5,
+             "renewed": t - 5, "expires": t + 595, "ttl_s": 600.0, "version": None}
+    client.put_object(Bucket=bucket, Key=f"photos/{LEASE_REL}", Body=json.dumps(lease).encode())
+    config = ShardingConfig(max_shard_size_mb=0.25, part_size=2, shuffle=True, seed=5)
+    with pytest.raises(BuildLeaseHeldError, match="other-machine pid 4242"):
+        stage_plan_in_bucket(LocalSourceStore(raw_root), SOURCE, output, out, config)
+    assert not [k for k in keys(client, bucket, "photos") if k.startswith(f"{STAGED}/")]
+    client.delete_object(Bucket=bucket, Key=f"photos/{LEASE_REL}")
+    _plans, version = stage_plan_in_bucket(LocalSourceStore(raw_root), SOURCE, output, out, config)
+    assert _staged_doc(client, bucket)["version"] == version
 
 
 def test_a_plan_killed_while_staging_makes_tasks_and_commit_refuse(
@@ -193,6 +239,40 @@ def test_a_changed_staged_plan_is_refused_and_never_reads_outside_the_source(
     assert "pid-shard plan" in res.stderr
     sent = [k for k in keys(client, bucket, "photos") if k.endswith(".tar")]
     assert sent == []  # not one tar of that plan was written
+
+
+def test_an_altered_write_record_is_refused_by_the_commit_naming_it(
+    s3_env: SeaweedS3, raw_root: Path, tmp_path: Path
+) -> None:
+    client, bucket, url = _bucket(s3_env, "record")
+    pid_shard(tmp_path, "planner", "plan", *_io(raw_root, url), *SETTINGS)
+    pid_shard(tmp_path, "task", "task", "--index", "0", "--of", "1", *_io(raw_root, url))
+    key = f"photos/{STAGED}/tasks/write-000000-of-000001.json"
+    record = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    tar = sorted(record["digests"]["0"])[0]
+
+    def altered(doc: dict) -> None:
+        client.put_object(Bucket=bucket, Key=key, Body=json.dumps(doc).encode())
+        res = pid_shard(tmp_path, "commit", "commit", *_io(raw_root, url, source=False), check=False)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert f"{url}/{STAGED}/tasks/write-000000-of-000001.json: names {url}/versions/" in res.stderr
+        assert f"/{tar}/" in res.stderr and "nothing was published" in res.stderr
+        assert POINTER_NAME not in keys(client, bucket, "photos")  # nothing was switched
+
+    forged = json.loads(json.dumps(record))
+    forged["digests"]["0"][tar] = "0" * 64  # a checksum no tar has
+    altered(forged)
+    forged = json.loads(json.dumps(record))
+    forged["tar_bytes"]["0"][tar] += 512  # a size no tar has
+    altered(forged)
+    # A damaged record (strict reader): one line naming it, not "no finished write task".
+    client.put_object(Bucket=bucket, Key=key, Body=json.dumps(record).encode()[:-40])
+    res = pid_shard(tmp_path, "commit", "commit", *_io(raw_root, url, source=False), check=False)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert f"{url}/{key.removeprefix('photos/')}: not valid JSON" in res.stderr, res.stderr
+    client.put_object(Bucket=bucket, Key=key, Body=json.dumps(record).encode())
+    pid_shard(tmp_path, "commit", "commit", *_io(raw_root, url, source=False))
+    assert len(read_keys(url)) > 0
 
 
 def test_a_plan_naming_files_outside_the_source_is_read_by_name_under_it(raw_root: Path, tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ A new backend is one more ``ObjectStore`` subclass here and one entry in ``urls.
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import io
 import os
@@ -60,6 +61,10 @@ class ObjectInfo:
     etag: str | None
     modified: float
     version: str | None = None  # S3's VersionId, in a versioned bucket (head only)
+    # The sha256 (hex) the server computed of the whole object when it was written with one
+    # (``put(..., sha256=)`` in one request, or a copy of such an object); None where the backend
+    # keeps none (a local folder, an S3 multipart upload: its checksum is of the parts). Head only.
+    sha256: str | None = None
 
 
 class ObjectStore(ABC):
@@ -130,9 +135,11 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def put(self, key: str, data: Data, *, content_type: str | None = None,
-            metadata: dict[str, str] | None = None) -> str | None:
+            metadata: dict[str, str] | None = None, sha256: str | None = None) -> str | None:
         """Write the object in one step: readers see the old bytes or the new ones, never part.
-        Its new ETag, or ``None`` where the backend does not say (S3's multipart transfers)."""
+        Its new ETag (S3's multipart transfers: read back by a HEAD). ``sha256`` (hex): the
+        bytes' digest, sent as S3's ``ChecksumSHA256`` where the object goes in one request (the
+        server refuses bytes that do not match it and reports it on ``head``); ignored elsewhere."""
 
     @abstractmethod
     def put_if_absent(self, key: str, data: bytes, *, content_type: str | None = None) -> str | None:
@@ -256,9 +263,9 @@ class S3Objects(ObjectStore):
 
     def head(self, key: str) -> ObjectInfo:
         with self._errors("reading", key):
-            h = self.client.head_object(Bucket=self.bucket, Key=self.key(key))
+            h = self.client.head_object(Bucket=self.bucket, Key=self.key(key), ChecksumMode="ENABLED")
         return ObjectInfo(key, int(h["ContentLength"]), h.get("ETag"), h["LastModified"].timestamp(),
-                          h.get("VersionId"))
+                          h.get("VersionId"), _whole_sha256(h.get("ChecksumSHA256")))
 
     def _pages(self, prefix: str, delimiter: bool) -> Iterator[dict]:
         full = self.key(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
@@ -302,7 +309,7 @@ class S3Objects(ObjectStore):
         return TransferConfig(multipart_threshold=self.multipart_threshold, multipart_chunksize=self.multipart_chunk)
 
     def put(self, key: str, data: Data, *, content_type: str | None = None,
-            metadata: dict[str, str] | None = None) -> str | None:
+            metadata: dict[str, str] | None = None, sha256: str | None = None) -> str | None:
         extra: dict[str, Any] = {}
         if content_type:
             extra["ContentType"] = content_type
@@ -310,8 +317,13 @@ class S3Objects(ObjectStore):
             extra["Metadata"] = dict(metadata)
         full = self.key(key)
         with self._errors("writing", key):
+            if isinstance(data, (str, os.PathLike)) and sha256 is not None \
+                    and os.path.getsize(data) <= self.multipart_threshold:
+                data = Path(data).read_bytes()  # one request, so the server checks the whole object's sha256
             if isinstance(data, (bytes, bytearray, memoryview)):
                 if len(data) <= self.multipart_threshold:
+                    if sha256 is not None:
+                        extra["ChecksumSHA256"] = base64.b64encode(bytes.fromhex(sha256)).decode()
                     return self.client.put_object(Bucket=self.bucket, Key=full, Body=bytes(data), **extra).get("ETag")
                 data = io.BytesIO(data)
             if isinstance(data, (str, os.PathLike)):
@@ -321,7 +333,7 @@ class S3Objects(ObjectStore):
             else:
                 self.client.upload_fileobj(data, self.bucket, full, ExtraArgs=extra or None,
                                            Config=self._transfer_config())
-        return None
+        return self.head(key).etag  # the transfer manager does not hand it back
 
     def _put_conditional(self, key: str, data: bytes, cond: dict[str, str], content_type: str | None) -> str | None:
         extra = {"ContentType": content_type} if content_type else {}
@@ -575,7 +587,7 @@ class LocalObjects(ObjectStore):
         return tmp
 
     def put(self, key: str, data: Data, *, content_type: str | None = None,
-            metadata: dict[str, str] | None = None) -> str | None:
+            metadata: dict[str, str] | None = None, sha256: str | None = None) -> str | None:
         target = self.path(key)
         os.replace(self._write_temp(target, data), target)
         return self._etag(target.stat())
@@ -645,6 +657,18 @@ class LocalObjects(ObjectStore):
     def check_bucket(self) -> None:
         if not self.path_root.is_dir():
             raise ObjectNotFoundError(self.root, f"reaching {self.root} (not a folder)")
+
+
+def _whole_sha256(checksum: str | None) -> str | None:
+    """S3's ``ChecksumSHA256`` (base64) as hex when it is of the whole object (a multipart
+    upload's ends in ``-<parts>``: a digest of its parts' digests, not of the bytes)."""
+    if not checksum or "-" in checksum:
+        return None
+    try:
+        raw = base64.b64decode(checksum, validate=True)
+    except ValueError:
+        return None
+    return raw.hex() if len(raw) == 32 else None
 
 
 __all__ = ["DEFAULT_MULTIPART_THRESHOLD", "Data", "LocalObjects", "ObjectInfo", "ObjectStore", "S3Objects",

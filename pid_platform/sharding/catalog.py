@@ -20,6 +20,7 @@ from loader.mixture.definition import MixtureError
 from pid_platform.sharding.commit.s3_output import S3Output, get_bytes, published_sources
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.layout import STATE_DIR
+from pid_platform.sharding.state_doc import load_state_doc
 
 
 def scan_sources(output_root: Path) -> dict[str, SourceEntry]:
@@ -58,7 +59,7 @@ def scan_s3_sources(output_root: S3Output) -> dict[str, SourceEntry]:
             if data is None:
                 raise BuildError(f"{out}/{rel}: the current version's manifest is missing; rebuild source {name!r}")
             try:
-                parsed.append(parse_wdinfo(json.loads(data), None, f"{out}/{rel}"))
+                parsed.append(parse_wdinfo(load_state_doc(data, f"{out}/{rel}"), None, f"{out}/{rel}"))
             except (FormatError, ValueError) as exc:
                 raise BuildError(f"{out}/{rel}: {exc}; rebuild source {name!r}") from None
         sources[name] = SourceEntry(

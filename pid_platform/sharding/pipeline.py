@@ -11,7 +11,6 @@ import inspect
 import json
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
@@ -23,7 +22,6 @@ from loader.formats.errors import FormatError
 from loader.formats.twin_tar import tar_path
 from loader.formats.wdinfo import WDINFO_NAME, root_base
 from pid_platform.sharding.commit import versions
-from pid_platform.sharding.commit.lease import build_lease
 from pid_platform.sharding.commit.manifest_roots import rewrite_manifest_roots
 from pid_platform.sharding.commit.manifests import (
     BucketManifest,
@@ -32,7 +30,7 @@ from pid_platform.sharding.commit.manifests import (
     write_key_indexes,
     write_manifests,
 )
-from pid_platform.sharding.commit.s3_output import PublishedVersion, S3Output, publish_version
+from pid_platform.sharding.commit.s3_output import S3Output
 from pid_platform.sharding.commit.state import (
     REPORT,
     SAMPLES,
@@ -70,6 +68,7 @@ from pid_platform.sharding.plan.tables import (
     samples_modalities,
     write_table,
 )
+from pid_platform.sharding.state_doc import load_state_doc
 from pid_platform.sharding.storage import SourceStore
 from pid_platform.sharding.tasks.records import intake_parts
 from pid_platform.sharding.write.early_sync import sync_soon
@@ -80,20 +79,15 @@ F = TypeVar("F", bound=Callable)
 
 
 def build_step(fn: F) -> F:
-    """Run ``fn`` holding the build lock of its ``out`` argument, and, given an S3 output
-    (``publish_to``), that output's build lease (``commit/lease.py``: one build per bucket
-    output across machines, taken before the local lock); if it fails, remove a staging folder
-    it left empty (still under the lock, so no other build's staging is touched)."""
+    """Run ``fn`` holding the build lock of its ``out`` argument; if it fails, remove a staging
+    folder it left empty (still under the lock, so no other build's staging is touched). An S3
+    output's steps hold its build lease too (``tasks/s3_tasks.py``)."""
     sig = inspect.signature(fn)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        bound = sig.bind_partial(*args, **kwargs).arguments
-        out, publish_to = bound["out"], bound.get("publish_to")
-        with ExitStack() as stack:
-            if publish_to is not None:
-                stack.enter_context(build_lease(publish_to))
-            stack.enter_context(build_lock(out))
+        out = sig.bind_partial(*args, **kwargs).arguments["out"]
+        with build_lock(out):
             try:
                 return fn(*args, **kwargs)
             except BaseException:
@@ -296,7 +290,7 @@ def load_sharding_config(folder: Path) -> ShardingConfig:
     asking for)."""
     path = state_dir(folder) / "sharding.json"
     try:
-        return ShardingConfig(**json.loads(path.read_bytes()))
+        return ShardingConfig(**load_state_doc(path.read_bytes(), path))
     except FileNotFoundError:
         raise FileNotFoundError(
             f"{path}: no sharding recorded in {folder}; materialize twin_tar_shards first"
@@ -334,8 +328,6 @@ def refuse_roots_on_s3(manifest_root: str, publish_to: S3Output | None) -> None:
 @build_step
 def run_manifests(
     out: Path, source: str, *, num_workers: int, manifest_root: str = "relative",
-    publish_to: S3Output | None = None, before_switch: Callable[[], None] | None = None,
-    published: list[PublishedVersion] | None = None, repair: bool = False,
     plans: Sequence[Shard] | None = None,
 ) -> tuple[ShardingConfig, list[BucketManifest], list[Path]]:
     """wdinfo.json per bucket into the staging folder, then the commit that publishes it as ``out``.
@@ -343,16 +335,11 @@ def run_manifests(
     ``manifest_root``: ``"relative"`` roots (``"."``), ``"absolute"`` (the published folder's
     absolute path, which PiD's reader needs) or the URL the output is published at (``s3://...``).
 
-    ``publish_to``: ``out`` is the local work folder of an S3 output; the staged version is
-    published there first (new version prefix, manifests last, then the pointer: the commit
-    point readers see; ``before_switch`` runs just before it), then committed locally.
     Returns the manifests (at their published paths) and the files of the previous version the
-    new one dropped; ``published`` (a list) receives the S3 publish's outcome. ``repair``: the
-    publish also reads back every object already there (``publish_version``). ``plans``: the
-    staged plan, when the caller has read it already (read under the same lock).
+    new one dropped. ``plans``: the staged plan, when the caller has read it already (read
+    under the same lock).
     """
     base = root_base(manifest_root, final_dir(out))  # refused before anything is written
-    refuse_roots_on_s3(manifest_root, publish_to)
     staging = versions.begin(out)
     config = load_sharding_config(staging)
     if plans is None:
@@ -363,11 +350,6 @@ def run_manifests(
     manifests = write_manifests(staging, source, plans, num_workers=num_workers, root_base=base,
                                 plan_modalities=cut.plan_modalities if cut else None)
     save_outputs(staging, plans)  # what a later no-op rebuild checks the published files against
-    if publish_to is not None:
-        outcome = publish_version(staging, publish_to, num_workers=num_workers, before_switch=before_switch,
-                                  repair=repair)
-        if published is not None:
-            published.append(outcome)
     removed = versions.commit(out)
     published = [replace(m, path=Path(out) / m.path.relative_to(staging)) for m in manifests]
     return config, published, removed
@@ -414,22 +396,19 @@ def build_source(
     store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int = 1,
     trust_pickle: bool = False, progress: Callable[[int, int], None] | None = None, force: bool = False,
     validate: str = VALIDATE_FULL, revalidate: bool = False, manifest_root: str = "relative",
-    publish_to: S3Output | None = None, repair: bool = False,
+    repair: bool = False,
 ) -> BuildSummary:
     """Intake -> twin tars and key indexes -> wdinfo.json for one source, written under ``out``.
 
     A rebuild validates only new or changed files (``revalidate``: all of them), and one that
     finds nothing changed writes nothing (``BuildSummary.up_to_date``). The Dagster assets put
-    a source under ``<output_root>/<source>``; the CLI writes where told.
-    ``publish_to``: an S3 output, published from ``out`` (the local work folder) at the commit;
-    call ``s3_output.check_writable`` first to stop before any work if the bucket refuses.
-    A missing tar, or one of the wrong size, is seen by every rebuild (stamps locally, one
-    listing on S3) and written or sent again; ``repair`` also reads every tar (and every object
-    on S3) and replaces those whose sha256 differs from their manifest's.
+    a source under ``<output_root>/<source>``; the CLI writes where told (an ``s3://`` output:
+    ``tasks/s3_tasks.run_s3_build``). A missing tar, or one of the wrong size, is seen by every
+    rebuild (its stamp) and written again; ``repair`` also reads every tar and replaces those
+    whose sha256 differs from their manifest's.
     """
     out = Path(out)
     root_base(manifest_root, final_dir(out))  # a bad manifest root is refused before any work
-    refuse_roots_on_s3(manifest_root, publish_to)
     refuse_keep_for_positional_readers(manifest_root, str(final_dir(out)), config=config)
     damaged = forget_damaged_shards(out) if repair else 0
     result = run_intake(store, source, out, config, trust_pickle=trust_pickle, num_workers=num_workers,
@@ -437,21 +416,9 @@ def build_source(
     if result.up_to_date:
         # Nothing to rebuild; the roots alone may be asked otherwise than committed.
         rewrite_manifest_roots(out, manifest_root)
-        summary = _committed_summary(source, out, result)
-        if publish_to is not None:
-            # Up to date here; make sure the bucket serves this version too (a no-op when it does).
-            # Its objects are checked (one listing); those missing or of the wrong size are sent again.
-            outcome = publish_version(versions.final_dir(out), publish_to, num_workers=num_workers, repair=repair)
-            summary.published = outcome.url
-            summary.repaired = outcome.repaired
-            summary.up_to_date = not outcome.repaired
-        return summary
+        return _committed_summary(source, out, result)
     _, results = run_sharding(store, source, out, config, num_workers=num_workers, progress=progress,
                               key_indexes=True)
-    outcomes: list[PublishedVersion] = []
-    _, manifests, removed = run_manifests(out, source, num_workers=num_workers, manifest_root=manifest_root,
-                                          publish_to=publish_to, published=outcomes, repair=repair)
-    # This build's own version (not a re-read of the pointer, which another build may have moved).
+    _, manifests, removed = run_manifests(out, source, num_workers=num_workers, manifest_root=manifest_root)
     return BuildSummary(source, out, result.report, summarize(results), [m.path for m in manifests], removed,
-                        validate, published=outcomes[0].url if outcomes else None,
-                        repaired=sum(o.repaired for o in outcomes), damaged_shards=damaged)
+                        validate, damaged_shards=damaged)

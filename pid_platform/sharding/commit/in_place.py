@@ -30,6 +30,7 @@ from loader.formats.version_pointer import (
     version_dir,
 )
 from loader.formats.wdinfo import check_wdinfo
+from pid_platform.sharding.state_doc import load_state_doc
 
 # Written into the new version's folder before its first tar goes into another version's: a
 # publish of the same version run again then takes those objects as its own (same id, same bytes).
@@ -61,7 +62,7 @@ def home_of(current: VersionPointer, docs: dict[str, bytes]) -> str | None:
     homes = set()
     for rel, data in docs.items():
         try:
-            root = check_wdinfo(json.loads(data), rel).root
+            root = check_wdinfo(load_state_doc(data, rel), rel).root
         except ValueError:
             return None
         homes.add(current.version if root == "." else sibling_version(root))
@@ -73,7 +74,7 @@ def _modalities_of(manifests: dict[str, bytes]) -> tuple[dict[str, str], set[str
     modality_of: dict[str, str] = {}
     listed: set[str] = set()
     for rel, data in manifests.items():
-        cols = check_wdinfo(json.loads(data), rel)
+        cols = check_wdinfo(load_state_doc(data, rel), rel)
         leaf = rel.rpartition("/")[0]
         listed.update(cols.data_keys)
         for m in cols.data_keys:
@@ -83,7 +84,7 @@ def _modalities_of(manifests: dict[str, bytes]) -> tuple[dict[str, str], set[str
 
 
 def _published_manifest(data: bytes, rel: str, base: str) -> bytes:
-    doc = json.loads(data)
+    doc = load_state_doc(data, rel)
     leaf = rel.rpartition("/")[0]
     doc = {**doc, "root": sibling_root(base, leaf)}
     check_wdinfo(doc, rel)

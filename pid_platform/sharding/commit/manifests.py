@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -34,6 +33,7 @@ from pid_platform.sharding.layout import STATE_DIR, bucket_dir
 from pid_platform.sharding.parallel import ordered_map
 from pid_platform.sharding.plan.columnar import Shard, ShardRef, read_shard_refs, read_shards_file
 from pid_platform.sharding.plan.shard_plan import ShardPlan
+from pid_platform.sharding.state_doc import load_state_doc
 from pid_platform.sharding.write.tar_digests import tar_digests
 
 
@@ -216,7 +216,7 @@ def listed_outputs(folder: Path) -> set[Path] | None:
     """
     state = folder / STATE_DIR
     try:
-        part_size = int(json.loads((state / "sharding.json").read_bytes())["part_size"])
+        part_size = int(load_state_doc((state / "sharding.json").read_bytes(), state / "sharding.json")["part_size"])
         plan = state / "plan.parquet"
         mods = [c.split(".", 1)[1] for c in pq.read_schema(plan).names if c.startswith("name.")]
         shards = pq.read_table(plan, columns=["shard_bucket", "shard_index"]).to_pydict()

@@ -31,13 +31,14 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from loader.formats.errors import FormatError
-from loader.formats.twin_tar import file_sha256, tar_path
+from loader.formats.twin_tar import tar_path
 from loader.formats.version_pointer import (
     POINTER_NAME,
     VERSIONS_DIR,
@@ -61,13 +62,14 @@ from pid_platform.sharding.commit.claims import (
     this_process,
     wait_until_unclaimed,
 )
-from pid_platform.sharding.commit.in_place import MARKER, InPlace, home_of, plan_in_place
+from pid_platform.sharding.commit.in_place import MARKER, home_of, plan_in_place
 from pid_platform.sharding.commit.lease import check_held
 from pid_platform.sharding.commit.manifests import is_build_output
 from pid_platform.sharding.errors import BuildError, OutputNotWritableError
 from pid_platform.sharding.layout import PROBE_PREFIX, STATE_DIR
 from pid_platform.sharding.parallel import ordered_map
 from pid_platform.sharding.pause_points import pause_point
+from pid_platform.sharding.state_doc import load_state_doc
 
 log = logging.getLogger(__name__)
 WORK_ROOT_ENV = "PID_WORK_ROOT"
@@ -271,7 +273,7 @@ def checksums_of(manifests: dict[str, bytes]) -> dict[str, str]:
     found: dict[str, str] = {}
     for rel, data in manifests.items():
         manifest_dir = rel.rpartition("/")[0] or "."
-        found.update(_tar_checksums(manifest_dir, json.loads(data), rel))
+        found.update(_tar_checksums(manifest_dir, load_state_doc(data, rel), rel))
     return {os.path.normpath(k): v for k, v in found.items()}
 
 
@@ -280,7 +282,7 @@ def _listed_sizes(manifests: dict[str, bytes]) -> dict[str, int]:
     sizes: dict[str, int] = {}
     for rel, data in manifests.items():
         manifest_dir = Path(rel.rpartition("/")[0] or ".")
-        cols = check_wdinfo(json.loads(data), rel)
+        cols = check_wdinfo(load_state_doc(data, rel), rel)
         for m in cols.data_keys:
             for path, size in zip(cols.data_list, cols.tar_bytes.get(m) or [], strict=False):
                 if cols.root == ".":
@@ -376,27 +378,36 @@ def _lost_race(output: S3Output, now_there: VersionPointer | None, started: Vers
         "current now")
 
 
-def _staged_sha256(rel: str, path: Path, new_sha: dict[str, str], in_place: InPlace | None) -> str:
-    """The sha256 the object ``rel`` must have: the manifests' for a tar, else the staged file's
-    (a manifest published in place: the bytes sent, whose root differs from the staged one)."""
-    if in_place is not None and rel in in_place.manifests:
-        return hashlib.sha256(in_place.manifests[rel]).hexdigest()
-    return new_sha.get(rel) or file_sha256(path)
+@contextmanager
+def publish_claims(output: S3Output, vids: set[str], *, now: Callable[[], float] = time.time,
+                   holder: str | None = None) -> Iterator[list[HeldClaim]]:
+    """A publish claim (``claims.py``) on each version in ``vids`` for the block, taken before
+    anything of theirs is listed or sent. A cleanup that claimed one first may be deleting it:
+    this waits (saying so) until it is done, then lists what it left; one that claims after us
+    sees our claim and leaves the version alone."""
+    pause_point("publish:start")
+    with ExitStack() as stack:
+        held = [stack.enter_context(HeldClaim(output, vid, PUBLISH, holder=holder or this_process(), now=now))
+                for vid in sorted(vids)]
+        for vid in sorted(vids):
+            wait_until_unclaimed(output, vid, DELETE, now=now, on_wait=lambda c, vid=vid: log.warning(
+                "%s: waiting for the %s (until it ends, or its claim expires at %s) before publishing version %s",
+                output, c.describe(), time.strftime("%H:%M:%S", time.localtime(c.expires)), vid))
+        pause_point("publish:claimed")
+        yield held
 
 
 def publish_version(
-    staging: Path, output: S3Output, *, num_workers: int = 4, before_switch: Callable[[], None] | None = None,
-    now: Callable[[], float] = time.time, holder: str | None = None, repair: bool = False,
+    staging: Path, output: S3Output, *, num_workers: int = 4, now: Callable[[], float] = time.time,
+    holder: str | None = None,
 ) -> PublishedVersion:
     """Publish the complete version staged in ``staging`` (manifests written) as ``output``'s
-    current version. ``before_switch`` runs after every object is up and checked, before the
-    pointer moves (the last moment a crash leaves the previous version served).
+    current version: the Dagster ``sample_set`` step's "the bucket serves this up-to-date
+    build too" (a build itself publishes through ``tasks/s3_tasks.py``: plan, tasks, commit).
 
     The version is claimed (``claims.py``) from before its objects are listed until after the
     switch, so the cleanup leaves it alone. When the pointer already names it, the objects are
     checked (one listing) and those missing or of the wrong size are sent again (``repaired``).
-    ``repair``: also read back every object already there with the right size and send again
-    those whose sha256 differs from the staged file's (a full download: what ``--repair`` costs).
     Raises ``VersionIncompleteError`` when the objects are not all there before the switch, and
     ``PublishRaceError`` when the pointer moved since this build read it.
     """
@@ -431,14 +442,7 @@ def publish_version(
     vdir = version_dir(vid)
 
     check_held(output, vid)  # the lease says which version this build publishes
-    pause_point("publish:start")
-    with HeldClaim(output, vid, PUBLISH, holder=holder, now=now) as claim:
-        # A cleanup that claimed this version before us may be deleting it: what it leaves is
-        # listed (and sent again) once it is done. One that claims after us sees our claim.
-        wait_until_unclaimed(output, vid, DELETE, now=now, on_wait=lambda c: log.warning(
-            "%s: waiting for the %s (until it ends, or its claim expires at %s) before publishing version %s",
-            output, c.describe(), time.strftime("%H:%M:%S", time.localtime(c.expires)), vid))
-        pause_point("publish:claimed")
+    with publish_claims(output, {vid}, now=now, holder=holder) as (claim,):
         there = list_sizes(output, vdir)
         if in_place is not None:
             if in_place.placed and MARKER not in there:  # before the first tar it places
@@ -452,8 +456,7 @@ def publish_version(
             path = staging / rel
             home = in_place.home(rel, vid) if in_place is not None else vid
             here = there if home == vid else there_base
-            if here.get(rel) == expected[rel] and not (repair and object_sha256(
-                    output, f"{version_dir(home)}/{rel}") != _staged_sha256(rel, path, new_sha, in_place)):
+            if here.get(rel) == expected[rel]:
                 return "in_place" if in_place is not None and rel in in_place.reused else "kept"
             key = output.key(version_dir(home), rel)
             try:
@@ -490,8 +493,6 @@ def publish_version(
         if republish:
             result.unchanged = True  # the pointer already names it: nothing to switch
             return result
-        if before_switch is not None:
-            before_switch()
         pause_point("publish:before-switch")
         claim.check()
         check_held(output, vid)  # a build whose lease another build took stops here, pointer untouched

@@ -26,6 +26,7 @@ from pid_platform.sharding.layout import state_dir
 from pid_platform.sharding.plan.columnar import ShardRef
 from pid_platform.sharding.plan.plan_files import load_shards
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
+from pid_platform.sharding.state_doc import load_state_doc, read_state_doc
 from pid_platform.sharding.write.tars import shard_up_to_date
 
 INTAKE_SETTINGS = "intake.json"  # how the samples were validated
@@ -48,10 +49,7 @@ def save_intake_settings(folder: Path, validate: str) -> Path:
 
 
 def load_intake_settings(folder: Path) -> dict | None:
-    try:
-        return json.loads((state_dir(folder) / INTAKE_SETTINGS).read_bytes())
-    except (OSError, ValueError):
-        return None
+    return read_state_doc(state_dir(folder) / INTAKE_SETTINGS)
 
 
 def _file_sha256(path: str | Path) -> str:
@@ -83,9 +81,8 @@ def refresh_outputs(folder: Path, rels: list[str]) -> None:
     """Record new checksums for ``rels`` (files of ``folder`` changed on purpose after its commit,
     such as manifests whose roots were rewritten), so the version still counts as intact."""
     path = state_dir(folder) / OUTPUTS
-    try:
-        recorded = json.loads(path.read_bytes())
-    except (OSError, ValueError):
+    recorded = read_state_doc(path)
+    if not isinstance(recorded, dict):
         return  # no record (not a build's output, or an older one): nothing to keep in step
     fresh = {**recorded, **{rel: _file_sha256(folder / rel) for rel in rels if rel in recorded}}
     if fresh != recorded:
@@ -94,8 +91,8 @@ def refresh_outputs(folder: Path, rels: list[str]) -> None:
 
 def _outputs_intact(folder: Path, plans: Sequence[ShardPlan | ShardRef]) -> bool:
     try:
-        recorded = json.loads((state_dir(folder) / OUTPUTS).read_bytes())
-        if sorted(recorded) != _outputs_of(plans):
+        recorded = read_state_doc(state_dir(folder) / OUTPUTS)
+        if not isinstance(recorded, dict) or sorted(recorded) != _outputs_of(plans):
             return False
         return all(_file_sha256(folder / rel) == sha for rel, sha in recorded.items())
     except (OSError, ValueError, AttributeError):
@@ -111,11 +108,11 @@ def committed_up_to_date(
     every tar matches its stamp, every key index and manifest its recorded checksum."""
     state = state_dir(final)
     try:
-        if ShardingConfig(**json.loads((state / SHARDING).read_bytes())) != config:
+        if ShardingConfig(**load_state_doc((state / SHARDING).read_bytes(), state / SHARDING)) != config:
             return False
         if load_intake_settings(final) != intake_settings(validate):
             return False
-        if json.loads((state / REPORT).read_bytes()) != report.to_json():
+        if read_state_doc(state / REPORT) != report.to_json():
             return False
         committed = pq.read_table(state / SAMPLES)
     except (OSError, ValueError, TypeError, ShardingConfigError):

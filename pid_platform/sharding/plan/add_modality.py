@@ -39,6 +39,7 @@ from pid_platform.sharding.intake.task import Sample
 from pid_platform.sharding.layout import STATE_DIR
 from pid_platform.sharding.plan.shard_plan import KEEP, ShardingConfig, ShardPlan, plan_shards
 from pid_platform.sharding.plan.tables import read_plans, samples_modalities
+from pid_platform.sharding.state_doc import load_state_doc, read_state_doc
 from pid_platform.sharding.storage import FileEntry, SourceStore
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,8 @@ class PlanCut:
 def load_plan_cut(folder: Path) -> PlanCut | None:
     """The plan cut recorded in ``folder``'s state (None: its plan was cut with every modality)."""
     try:
-        doc = json.loads((Path(folder) / STATE_DIR / PLAN_CUT).read_bytes())
+        path = Path(folder) / STATE_DIR / PLAN_CUT
+        doc = load_state_doc(path.read_bytes(), path)
         return PlanCut(tuple(doc["plan_modalities"]), tuple(doc["added_modalities"]),
                        tuple(doc["reused_modalities"]), int(doc.get("keys_without", 0)))
     except FileNotFoundError:
@@ -127,7 +129,8 @@ def refuse_keep_for_positional_readers(manifest_root: str, where: str, *, config
 
 def _committed_config(final: Path) -> ShardingConfig | None:
     try:
-        return ShardingConfig(**json.loads((Path(final) / STATE_DIR / "sharding.json").read_bytes()))
+        doc = read_state_doc(Path(final) / STATE_DIR / "sharding.json")
+        return None if doc is None else ShardingConfig(**doc)
     except (OSError, ValueError, TypeError, ShardingConfigError):
         return None
 

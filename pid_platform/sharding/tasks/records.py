@@ -13,6 +13,7 @@ from pathlib import Path
 
 from loader.formats.atomic import atomic_write_bytes, is_temp_file
 from pid_platform.sharding.commit.state import state_dir
+from pid_platform.sharding.state_doc import read_state_doc
 
 TASKS_DIR = "tasks"
 INTAKE = "intake"
@@ -48,10 +49,9 @@ def intake_parts(folder: Path) -> list[Path]:
 
 
 def read_record(folder: Path, stage: str, index: int, of: int) -> dict | None:
-    try:
-        doc = json.loads(record_path(folder, stage, index, of).read_bytes())
-    except (OSError, ValueError):
-        return None
+    """Task ``index`` of ``of``'s record; None when there is none; ``StateFileError`` naming it
+    when it is damaged."""
+    doc = read_state_doc(record_path(folder, stage, index, of))
     return doc if isinstance(doc, dict) and doc.get("format") == RECORD_FORMAT else None
 
 
@@ -69,10 +69,7 @@ def records(folder: Path, stage: str) -> list[dict]:
     for p in sorted(d.glob(f"{stage}-*.json")) if d.is_dir() else []:
         if is_temp_file(p):
             continue
-        try:
-            doc = json.loads(p.read_bytes())
-        except (OSError, ValueError):
-            continue
+        doc = read_state_doc(p)
         if isinstance(doc, dict) and doc.get("format") == RECORD_FORMAT and doc.get("stage") == stage:
             found.append(doc | {"path": str(p)})
     return found

@@ -22,7 +22,6 @@ only files under temporary names or complete files, and run again writes the sam
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +52,7 @@ from pid_platform.sharding.plan.plan_files import (
     shards_identity,
 )
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
+from pid_platform.sharding.state_doc import load_state_doc
 from pid_platform.sharding.storage import SourceStore
 from pid_platform.sharding.tasks.records import (
     INTAKE,
@@ -97,6 +97,7 @@ class TaskOutcome:
     reused: int = 0  # outcomes reused (intake) or shards kept / hard-linked (write)
     nothing_staged: bool = False  # no plan staged, over a committed build: the plan found it up to date
     copied: int = 0  # tars an s3 write task copied inside the bucket from the current version
+    repaired: int = 0  # tars of the served version an s3 write task found missing or damaged and sent again
     nbytes: int = 0  # bytes of the intake slice's files
 
 
@@ -379,7 +380,7 @@ def run_commit(out: Path, *, num_workers: int = 1, manifest_root: str = "relativ
     if found is None:
         final = final_dir(out)
         rewrite_manifest_roots(out, manifest_root)
-        report = report_from_json(json.loads((state_dir(final) / REPORT).read_bytes()))
+        report = report_from_json(load_state_doc((state_dir(final) / REPORT).read_bytes(), state_dir(final) / REPORT))
         results, manifests = pipeline.committed_results(out)
         return pipeline.BuildSummary(report.source, out, report, pipeline.summarize(results), manifests, [],
                                      _validate_of(final), up_to_date=True)
@@ -389,7 +390,7 @@ def run_commit(out: Path, *, num_workers: int = 1, manifest_root: str = "relativ
     problem = unfinished_write_tasks(out, plans=plans)
     if problem is not None:
         raise TasksUnfinishedError(f"commit of {out}: {problem}")
-    report = report_from_json(json.loads((state_dir(staging) / REPORT).read_bytes()))
+    report = report_from_json(load_state_doc((state_dir(staging) / REPORT).read_bytes(), state_dir(staging) / REPORT))
     _config, _plans, results = staged_results(staging, plans=plans)
     validate = _validate_of(staging)
     _, manifests, removed = pipeline.run_manifests(out, report.source, num_workers=num_workers,

@@ -41,6 +41,7 @@ from pid_platform.sharding.intake.task import slice_bounds
 from pid_platform.sharding.pause_points import pause_point
 from pid_platform.sharding.plan.columnar import Shard
 from pid_platform.sharding.plan.plan_files import PLAN, SHARDS, PlanSource
+from pid_platform.sharding.state_doc import load_state_doc
 from pid_platform.sharding.tasks import records as local_records
 from pid_platform.sharding.tasks.records import RECORD_FORMAT, WRITE
 
@@ -131,13 +132,12 @@ def shard_marker_rel(plan: Shard) -> str:
 
 
 def get_json(output: S3Output, path: str) -> dict | None:
+    """The JSON object staged at ``path``; None when there is none; ``StateFileError`` naming it
+    when it is damaged (a task or the commit acts on it)."""
     data = s3_output.get_bytes(output, path)
     if data is None:
         return None
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        return None
+    doc = load_state_doc(data, f"{output}/{path}")
     return doc if isinstance(doc, dict) else None
 
 
@@ -214,8 +214,8 @@ def parse_staged(data: bytes, where: str) -> Staged:
     """``staged.json`` read from ``where``; ``StagedStateError`` naming the file for anything
     that is not a whole document of this format (every field is checked: the write tasks and the
     commit act on it)."""
+    doc = load_state_doc(data, where, "run `pid-shard plan` (the same --input-dir, --output-dir and settings) again")
     try:
-        doc = json.loads(data)
         if not isinstance(doc, dict) or doc.get("format") != STAGED_PLAN_FORMAT:
             raise ValueError(f"format {doc.get('format') if isinstance(doc, dict) else None!r}, not "
                              f"{STAGED_PLAN_FORMAT} (staged by another pid-shard?)")
@@ -388,7 +388,7 @@ def write_records(output: S3Output, plan_sha256: str) -> list[dict]:
         if name.startswith(f"{WRITE}-") and name.endswith(".json"):
             doc = get_json(output, rel("tasks", name))
             if doc is not None and doc.get("format") == RECORD_FORMAT and doc.get("plan_sha256") == plan_sha256:
-                found.append(doc)
+                found.append(doc | {"path": f"{output}/{rel('tasks', name)}"})
     return found
 
 
@@ -406,13 +406,16 @@ class Coverage:
 
     digests: dict[int, dict[str, str]]  # tar sha256 per modality
     key_index_bytes: dict[int, int]
+    tar_bytes: dict[int, dict[str, int]]  # tar size per modality
+    etags: dict[int, dict[str, str]]  # the ETag each tar the task sent got at its put
+    record: dict[int, str]  # the record that covers the shard (where it was read)
     written: set[int]  # written by the task (not kept from an earlier run)
     problems: dict[int, dict[str, list[str]]]  # check name -> problems the task found in its tars
     missing: list[int]  # shards no record covers
 
 
 def coverage(plans: Sequence[Shard], recs: list[dict]) -> Coverage:
-    cov = Coverage({}, {}, set(), {}, [])
+    cov = Coverage({}, {}, {}, {}, {}, set(), {}, [])
     for r in recs:
         try:
             start, stop = slice_bounds(len(plans), r["index"], r["of"])
@@ -421,6 +424,9 @@ def coverage(plans: Sequence[Shard], recs: list[dict]) -> Coverage:
             for i in range(start, stop):
                 cov.digests[i] = dict(r["digests"][str(i)])
                 cov.key_index_bytes[i] = int(r["key_index_bytes"][str(i)])
+                cov.tar_bytes[i] = dict(r["tar_bytes"][str(i)])
+                cov.etags[i] = dict(r.get("etags", {}).get(str(i)) or {})
+                cov.record[i] = str(r.get("path"))
                 cov.problems[i] = dict(r.get("problems", {}).get(str(i), {}))
             cov.written |= {int(i) for i in r.get("written", [])}
         except (KeyError, TypeError, ValueError):

@@ -38,6 +38,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,11 +57,7 @@ from loader.io.s3_client import S3AccessError
 from pid_platform.sharding import pipeline
 from pid_platform.sharding.commit import s3_output, versions
 from pid_platform.sharding.commit.claims import (
-    DELETE,
-    PUBLISH,
-    HeldClaim,
     this_process,
-    wait_until_unclaimed,
 )
 from pid_platform.sharding.commit.in_place import MARKER, InPlace, decide_in_place
 from pid_platform.sharding.commit.in_place import published_manifests as published_in_place
@@ -100,6 +97,7 @@ from pid_platform.sharding.plan.add_modality import load_plan_cut
 from pid_platform.sharding.plan.columnar import Shard, ShardRef
 from pid_platform.sharding.plan.plan_files import iter_shard_range, load_shards
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
+from pid_platform.sharding.state_doc import load_state_doc
 from pid_platform.sharding.storage import SourceStore
 from pid_platform.sharding.tasks import records as local_records
 from pid_platform.sharding.tasks import s3_staging as staging
@@ -292,10 +290,11 @@ def _stage_in_bucket(output: S3Output, folder: Path, source: str, staged_id: str
 def run_s3_plan(
     store: SourceStore, source: str, output: S3Output, config: ShardingConfig, *, work_root: str | Path | None = None,
     trust_pickle: bool = False, num_workers: int = 1, force: bool = False, validate: str = VALIDATE_FULL,
-    revalidate: bool = False,
+    revalidate: bool = False, repair: bool = False,
 ) -> tuple[PlanOutcome, str | None]:
     """The plan, staged in the bucket; ``(outcome, version)``, version None when the pointer
-    already names the version this plan builds (nothing staged: the tasks have nothing to do)."""
+    already names the version this plan builds (nothing staged: the tasks have nothing to do).
+    ``repair``: staged even then, for write tasks that read the served tars back."""
     work = s3_output.work_dir(output, work_root)
     with build_lease(output):
         seen = seen_pointer(output)  # before anything is read of the published version
@@ -310,7 +309,7 @@ def run_s3_plan(
         vid, uses = published_as(staged_id, in_place)
         if committed is not None:
             shutil.rmtree(committed, ignore_errors=True)
-        if _already_served(output, folder, vid, uses, config):
+        if not repair and _already_served(output, folder, vid, uses, config):
             _delete_staged(output)
             return plan, None
         pause_point(PLAN_BEFORE_STAGING_POINT)
@@ -335,17 +334,21 @@ def stage_plan_in_bucket(store: SourceStore, source: str, output: S3Output, work
     folder (``pull_staged_intake``, or the committed ones copied there), cut with ``config``
     and staged in the bucket for the write tasks; ``(shards, version)``. Earlier write records
     are forgotten, so this run's tasks report what they did themselves (every shard still in
-    the bucket is kept)."""
-    seen = seen_pointer(output)
-    committed = pull_committed_plan(output, _beside(work, "committed"))
-    plans = stage_plan(store, source, work, config, fresh_tasks=True, committed=committed)
-    if committed is not None:
-        shutil.rmtree(committed, ignore_errors=True)
-    staging.clear_write_records(output)
-    folder = versions.staging_dir(work)
-    staged_id = s3_output.version_id(folder)
-    in_place = in_place_of(output, folder, staged_id)
-    return plans, _stage_in_bucket(output, folder, source, staged_id, in_place, seen).version
+    the bucket is kept). It holds the build lease as ``pid-shard plan`` does, and checks it right
+    before it stages (``_stage_in_bucket``): a step that lost it stages nothing."""
+    with build_lease(output):
+        seen = seen_pointer(output)
+        committed = pull_committed_plan(output, _beside(work, "committed"))
+        plans = stage_plan(store, source, work, config, fresh_tasks=True, committed=committed)
+        if committed is not None:
+            shutil.rmtree(committed, ignore_errors=True)
+        folder = versions.staging_dir(work)
+        staged_id = s3_output.version_id(folder)
+        in_place = in_place_of(output, folder, staged_id)
+        pause_point(PLAN_BEFORE_STAGING_POINT)
+        check_held(output)  # before the first object of the staging changes
+        staging.clear_write_records(output)
+        return plans, _stage_in_bucket(output, folder, source, staged_id, in_place, seen).version
 
 
 class _CurrentTars:
@@ -377,10 +380,11 @@ def _shard_problems(folder: Path, plan: ShardPlan, config: ShardingConfig,
 
 def run_s3_write_task(
     store: SourceStore, source: str, output: S3Output, index: int, of: int, *, work_root: str | Path | None = None,
-    num_workers: int = 1, progress: Callable[[int, int], None] | None = None,
+    num_workers: int = 1, progress: Callable[[int, int], None] | None = None, repair: bool = False,
 ) -> TaskOutcome:
     """Write task ``index`` of ``of`` of the plan staged in the bucket: its shards' tars and key
-    indexes into ``versions/<id>/``, shard by shard, then its record."""
+    indexes into ``versions/<id>/``, shard by shard, then its record. ``repair``: each tar of
+    the served version is read back, and sent again where its sha256 is not its manifest's."""
     slice_bounds(0, index, of)  # raises ValueError naming the range
     rel = staging.record_rel(WRITE, index, of)
     staged = staged_or_refuse(output, f"write task {index} of {of}")
@@ -394,113 +398,134 @@ def run_s3_write_task(
                                       staging.TASK_STATE)
     config = pipeline.load_sharding_config(scratch)
     cut = load_plan_cut(scratch)
-    vdir = version_dir(staged.version)
-    there = {v: s3_output.list_sizes(output, version_dir(v)) for v in {staged.version, staged.home(True)}}
-    current = _CurrentTars(output)
-    if current.version is not None and current.version not in there:
-        there[current.version] = s3_output.list_sizes(output, version_dir(current.version))
+    check_held(output, staged.version)  # a leased build's lease says which version it publishes
+    with s3_output.publish_claims(output, {staged.version, staged.home(True)}):
+        vdir = version_dir(staged.version)
+        there = {v: s3_output.list_sizes(output, version_dir(v)) for v in {staged.version, staged.home(True)}}
+        current = _CurrentTars(output)
+        if current.version is not None and current.version not in there:
+            there[current.version] = s3_output.list_sizes(output, version_dir(current.version))
 
-    def there_current() -> dict[str, int]:
-        return there[current.version]  # listed once: a copy only from an object that is there
+        def there_current() -> dict[str, int]:
+            return there[current.version]  # listed once: a copy only from an object that is there
 
-    bucket = output.store()
-    counts: Counter[str] = Counter()
-    found: dict[int, dict] = {}  # shard position -> its marker
-    sent: list[int] = []  # positions of the shards this run wrote and sent
-    position: dict[int, int] = {}  # id of a planned shard being written -> its position
+        bucket = output.store()
+        counts: Counter[str] = Counter()
+        found: dict[int, dict] = {}  # shard position -> its marker
+        sent: list[int] = []  # positions of the shards this run wrote and sent
+        position: dict[int, int] = {}  # id of a planned shard being written -> its position
+        damaged: set[str] = set()  # tars of the served version read back with another sha256 (``repair``)
 
-    def send(plan: ShardPlan, _result: ShardResult) -> None:
-        i = position[id(plan)]
-        shas = tar_digests(scratch, plan)
-        write_key_index_of(scratch, plan)
-        index_rel = key_index_rel(plan)
-        marker = {"digest": plan.digest(), "tars": shas, "key_index_bytes": (scratch / index_rel).stat().st_size,
-                  "problems": _shard_problems(scratch, plan, config, cut.plan_modalities if cut else None)}
-        try:
-            for m in plan.modalities:
-                rel_m, home = tar_rel(plan, m), staged.home(True)
-                if m in staged.reused:  # in place already: checked, never sent
-                    if current.sha.get(rel_m) != shas[m]:
-                        raise BuildError(f"{output}: the current version does not list {rel_m} with the bytes this "
-                                         f"plan gives it (sha256 {shas[m]}): the pointer moved since the plan; run "
-                                         "`pid-shard plan` again (nothing was published)")
-                elif home != staged.version and rel_m in there[home]:
-                    pass  # put there by an earlier run of this version (its MARKER): never replaced, checked below
-                elif home == current.version and there[home].get(rel_m) == plan.tar_bytes(m) \
-                        and current.sha.get(rel_m) == shas[m]:
-                    pass  # the served version's own object (a repair): never copied onto itself
-                elif current.version not in (None, home) and current.sha.get(rel_m) == shas[m] \
-                        and there_current().get(rel_m) == plan.tar_bytes(m):
-                    bucket.copy(output.key(version_dir(current.version), rel_m), output.key(version_dir(home), rel_m))
-                    counts["copied"] += 1
-                else:
-                    bucket.put(output.key(version_dir(home), rel_m), scratch / rel_m)
-            bucket.put(output.key(vdir, index_rel), scratch / index_rel)
-            # Last: the marker vouches for the shard's objects (a rerun keeps them).
-            bucket.put(output.key(staging.shard_marker_rel(plan)), json.dumps(marker, sort_keys=True).encode())
-        except (S3AccessError, ObjectNotFoundError) as exc:
-            raise BuildError(f"{exc} (write task {index} of {of}, shard {plan.relpath}; nothing was published)") from None
-        found[i] = marker
-        for f in shard_files(scratch, plan):
-            f.unlink(missing_ok=True)
-        pause_point(SHARD_DONE_POINT)
-        pause_point(shard_done_point(index, of))
+        def read_back(plan: ShardPlan) -> None:
+            if repair and current.version is not None and staged.version == current.version:
+                for m in plan.modalities:
+                    r = tar_rel(plan, m)
+                    if current.sha.get(r) != s3_output.object_sha256(output, f"{vdir}/{r}"):
+                        damaged.add(r)
 
-    with staging.staged_plan(output, staged, scratch) as plan_file:
-        shards = load_shards(scratch, config, plan_file)
-        first, stop = slice_bounds(len(shards), index, of)
-        finished = 0
-        at = first
-        # Its own samples, no others, a row group's shards at a time.
-        for batch in iter_shard_range(scratch, config, shards, first, stop, plan_file):
-            todo = []
-            for i, plan in enumerate(batch, start=at):
-                marker = staging.get_json(output, staging.shard_marker_rel(plan))
-                if (marker is not None and marker.get("digest") == plan.digest() and all(
-                        there[v].get(r) == n
-                        for v, objs in shard_homes(staged, plan, marker.get("key_index_bytes")).items()
-                        for r, n in objs.items())):
-                    found[i] = marker
-                    counts["kept"] += 1  # sent by an earlier run of this task
+        def send(plan: ShardPlan, _result: ShardResult) -> None:
+            i = position[id(plan)]
+            shas = tar_digests(scratch, plan)
+            write_key_index_of(scratch, plan)
+            index_rel = key_index_rel(plan)
+            marker = {"digest": plan.digest(), "tars": shas, "key_index_bytes": (scratch / index_rel).stat().st_size,
+                      "problems": _shard_problems(scratch, plan, config, cut.plan_modalities if cut else None),
+                      "bytes": {m: (scratch / tar_rel(plan, m)).stat().st_size for m in plan.modalities}, "etags": {}}
+            try:
+                for m in plan.modalities:
+                    rel_m, home = tar_rel(plan, m), staged.home(True)
+                    if m in staged.reused:  # in place already: checked, never sent
+                        if current.sha.get(rel_m) != shas[m]:
+                            raise BuildError(f"{output}: the current version does not list {rel_m} with the bytes this "
+                                             f"plan gives it (sha256 {shas[m]}): the pointer moved since the plan; run "
+                                             "`pid-shard plan` again (nothing was published)")
+                    elif home != staged.version and rel_m in there[home]:
+                        pass  # put there by an earlier run of this version (its MARKER): never replaced, checked below
+                    elif home == current.version and there[home].get(rel_m) == plan.tar_bytes(m) \
+                            and current.sha.get(rel_m) == shas[m] and rel_m not in damaged:
+                        pass  # the served version's own object (a repair): never copied onto itself
+                    elif current.version not in (None, home) and current.sha.get(rel_m) == shas[m] \
+                            and there_current().get(rel_m) == plan.tar_bytes(m):
+                        bucket.copy(output.key(version_dir(current.version), rel_m), output.key(version_dir(home), rel_m))
+                        counts["copied"] += 1
+                    else:
+                        counts["repaired"] += staged.version == current.version  # a repair of the served version
+                        marker["etags"][m] = bucket.put(output.key(version_dir(home), rel_m), scratch / rel_m,
+                                                        sha256=shas[m])
+                bucket.put(output.key(vdir, index_rel), scratch / index_rel)
+                # Last: the marker vouches for the shard's objects (a rerun keeps them).
+                bucket.put(output.key(staging.shard_marker_rel(plan)), json.dumps(marker, sort_keys=True).encode())
+            except (S3AccessError, ObjectNotFoundError) as exc:
+                raise BuildError(f"{exc} (write task {index} of {of}, shard {plan.relpath}; nothing was published)") from None
+            found[i] = marker
+            for f in shard_files(scratch, plan):
+                f.unlink(missing_ok=True)
+            pause_point(SHARD_DONE_POINT)
+            pause_point(shard_done_point(index, of))
+
+        with staging.staged_plan(output, staged, scratch) as plan_file:
+            shards = load_shards(scratch, config, plan_file)
+            first, stop = slice_bounds(len(shards), index, of)
+            finished = 0
+            at = first
+            # Its own samples, no others, a row group's shards at a time.
+            for batch in iter_shard_range(scratch, config, shards, first, stop, plan_file):
+                todo = []
+                for i, plan in enumerate(batch, start=at):
+                    read_back(plan)
+                    marker = staging.get_json(output, staging.shard_marker_rel(plan))
+                    # A marker of an older pid-shard (no tar sizes) is not kept: its shard is sent again.
+                    if (marker is not None and marker.get("digest") == plan.digest()
+                            and isinstance(marker.get("bytes"), dict) and all(
+                            there[v].get(r) == n
+                            for v, objs in shard_homes(staged, plan, marker.get("key_index_bytes")).items()
+                            for r, n in objs.items())):
+                        found[i] = marker
+                        counts["kept"] += 1  # sent by an earlier run of this task
+                        finished += 1
+                    elif (served := _served_shard(staged, current, there, plan, damaged)) is not None:
+                        found[i] = served
+                        counts["kept"] += 1  # whole in the served version: nothing to write or send
+                        finished += 1
+                    else:
+                        todo.append((i, plan))
+                at += len(batch)
+                position.clear()
+                position.update({id(p): i for i, p in todo})
+
+                def step(_res, total=stop - first) -> None:
+                    nonlocal finished
                     finished += 1
-                elif (served := _served_shard(staged, current, there, plan)) is not None:
-                    found[i] = served
-                    counts["kept"] += 1  # whole in the served version: nothing to write or send
-                    finished += 1
-                else:
-                    todo.append((i, plan))
-            at += len(batch)
-            position.clear()
-            position.update({id(p): i for i, p in todo})
+                    if progress is not None:
+                        progress(finished, total)
 
-            def step(_res, total=stop - first) -> None:
-                nonlocal finished
-                finished += 1
-                if progress is not None:
-                    progress(finished, total)
-
-            write_shards(store, source, scratch, [p for _, p in todo], num_workers=num_workers, progress=step,
-                         then=send, only_own_temp_files=True)
-            sent += [i for i, _ in todo]
-    # Last: the record says every shard of the range is in the bucket, with each tar's sha256.
-    staging.put(output, rel, json.dumps({
-        "format": RECORD_FORMAT, "stage": WRITE, "index": index, "of": of, "plan_sha256": staged.plan_sha256,
-        "version": staged.version, "shards": [first, stop], "written": sorted(sent),
-        "digests": {str(i): m["tars"] for i, m in sorted(found.items())},
-        "key_index_bytes": {str(i): m["key_index_bytes"] for i, m in sorted(found.items())},
-        "problems": {str(i): m.get("problems", {}) for i, m in sorted(found.items())},
-    }, sort_keys=True, indent=1).encode(), f"write task {index} of {of}")
-    shutil.rmtree(scratch, ignore_errors=True)
-    return TaskOutcome(WRITE, index, of, Path(rel), False, stop - first, first, len(sent), counts["kept"],
-                       copied=counts["copied"])
+                write_shards(store, source, scratch, [p for _, p in todo], num_workers=num_workers, progress=step,
+                             then=send, only_own_temp_files=True)
+                sent += [i for i, _ in todo]
+        # Last: the record says every shard of the range is in the bucket, with each tar's sha256.
+        staging.put(output, rel, json.dumps({
+            "format": RECORD_FORMAT, "stage": WRITE, "index": index, "of": of, "plan_sha256": staged.plan_sha256,
+            "version": staged.version, "shards": [first, stop], "written": sorted(sent),
+            "digests": {str(i): m["tars"] for i, m in sorted(found.items())},
+            "key_index_bytes": {str(i): m["key_index_bytes"] for i, m in sorted(found.items())},
+            "tar_bytes": {str(i): m["bytes"] for i, m in sorted(found.items())},
+            "etags": {str(i): m.get("etags", {}) for i, m in sorted(found.items())},
+            "problems": {str(i): m.get("problems", {}) for i, m in sorted(found.items())},
+        }, sort_keys=True, indent=1).encode(), f"write task {index} of {of}")
+        shutil.rmtree(scratch, ignore_errors=True)
+        return TaskOutcome(WRITE, index, of, Path(rel), False, stop - first, first, len(sent), counts["kept"],
+                           copied=counts["copied"], repaired=counts["repaired"])
 
 
 def _served_shard(staged: Staged, current: _CurrentTars, there: dict[str, dict[str, int]],
-                  plan: ShardPlan) -> dict | None:
+                  plan: ShardPlan, damaged: set[str]) -> dict | None:
     """The marker of a shard that the served version holds whole (a plan of the version the
     pointer names, staged again to repair it): every tar with the planned size and the checksum
-    its manifest lists, and its key index. None: the shard is written (and what is missing sent)."""
+    its manifest lists (none read back ``damaged``), and its key index. None: the shard is
+    written (and what is missing or damaged sent)."""
     if staged.version != current.version or staged.base is not None:
+        return None
+    if any(tar_rel(plan, m) in damaged for m in plan.modalities):
         return None
     listed = there[staged.version]
     index_bytes = listed.get(key_index_rel(plan))
@@ -509,7 +534,8 @@ def _served_shard(staged: Staged, current: _CurrentTars, there: dict[str, dict[s
     shas = {m: current.sha.get(tar_rel(plan, m)) for m in plan.modalities}
     if not all(shas.values()):
         return None
-    return {"digest": plan.digest(), "tars": shas, "key_index_bytes": index_bytes, "problems": {}}
+    return {"digest": plan.digest(), "tars": shas, "key_index_bytes": index_bytes, "problems": {},
+            "bytes": {m: plan.tar_bytes(m) for m in plan.modalities}}
 
 
 def key_index_rel(plan: Shard) -> str:
@@ -610,6 +636,7 @@ def commit_staged(output: S3Output, *, work_root: str | Path | None = None, num_
         problem = shards.unfinished(output)
         if problem is not None:
             raise TasksUnfinishedError(f"commit of {output}: {problem}")
+        refuse_altered_records(output, shards)
         folder, plans, cov = shards.folder, shards.plans, shards.cov
         cut = load_plan_cut(folder)
         position = {(p.bucket, p.index): i for i, p in enumerate(plans)}
@@ -639,6 +666,46 @@ def commit_staged(output: S3Output, *, work_root: str | Path | None = None, num_
         return S3Commit(shards, manifests, published)
 
 
+def refuse_altered_records(output: S3Output, shards: StagedShards, threads: int = 16) -> None:
+    """``StagedStateError`` naming the record and the tar unless each tar every write record
+    names is in the bucket with the size the plan gives it and the record says, and with the
+    record's sha256 where the server keeps one of the whole object (a put in one request sends
+    it as ``ChecksumSHA256``, which the server checked against the bytes), else with the ETag
+    its put got: the manifests take their checksums from the records, so an altered record
+    would publish checksums no tar has. One HEAD per tar, on threads, before anything is sent."""
+    staged, cov = shards.staged, shards.cov
+    todo = [(i, p, m) for i, p in enumerate(shards.plans) for m in p.modalities]
+    bucket = output.store()
+
+    def check(item: tuple[int, Shard, str]) -> str | None:
+        i, plan, m = item
+        key = f"{version_dir(staged.home(True))}/{tar_rel(plan, m)}"
+        said_bytes, said_sha = cov.tar_bytes[i].get(m), cov.digests[i].get(m)
+        said_etag = cov.etags[i].get(m)
+        try:
+            info = bucket.head(output.key(key))
+        except ObjectNotFoundError:
+            info = None
+        if info is None:
+            there = "no object"
+        elif said_bytes != plan.tar_bytes(m) or info.size != said_bytes:
+            there = f"{info.size} bytes there, {plan.tar_bytes(m)} planned"
+        elif info.sha256 is not None and info.sha256 != said_sha:
+            there = f"sha256 {info.sha256} there"
+        elif info.sha256 is None and said_etag is not None and info.etag != said_etag:
+            there = f"ETag {info.etag} there, {said_etag} at its put"
+        else:
+            return None
+        return (f"{cov.record[i]}: names {output}/{key} with {said_bytes} bytes and sha256 {said_sha}; {there}: the "
+                "record was altered, or the tar replaced, after its task; nothing was published. Run `pid-shard "
+                "plan` again (then the tasks and the commit)")
+
+    with ThreadPoolExecutor(max(1, min(threads, len(todo)))) as pool:
+        for problem in pool.map(check, todo):
+            if problem is not None:
+                raise staging.StagedStateError(problem)
+
+
 def run_s3_commit(output: S3Output, *, work_root: str | Path | None = None, num_workers: int = 1,
                   now: Callable[[], float] = time.time) -> pipeline.BuildSummary | None:
     """``pid-shard commit`` of an s3 output (``commit_staged``), summed up as the build's summary."""
@@ -646,13 +713,42 @@ def run_s3_commit(output: S3Output, *, work_root: str | Path | None = None, num_
     if done is None:
         return None
     folder = done.shards.folder
-    report = report_from_json(json.loads((state_dir(folder) / REPORT).read_bytes()))
+    report = report_from_json(load_state_doc((state_dir(folder) / REPORT).read_bytes(), state_dir(folder) / REPORT))
     validate = (load_intake_settings(folder) or {}).get("validate", VALIDATE_FULL)
     summary = pipeline.BuildSummary(done.shards.staged.source, folder, report, pipeline.summarize(done.shards.results()),
                                     [m.path for m in done.manifests], [], validate,
                                     up_to_date=done.published.unchanged, published=done.published.url)
     shutil.rmtree(folder, ignore_errors=True)
     return summary
+
+
+def run_s3_build(
+    store: SourceStore, source: str, output: S3Output, config: ShardingConfig, *, work_root: str | Path | None = None,
+    trust_pickle: bool = False, num_workers: int = 1, force: bool = False, validate: str = VALIDATE_FULL,
+    revalidate: bool = False, repair: bool = False, progress: Callable[[int, int], None] | None = None,
+) -> pipeline.BuildSummary:
+    """``pid-shard`` of an s3 output: the tasked build in one process, holding the build lease
+    throughout: ``run_s3_plan``, write task 0 of 1, ``run_s3_commit`` (the functions ``pid-shard
+    plan|task|commit`` and the Dagster steps run). ``repair``: the served version's tars are read
+    back, and those whose sha256 is not their manifest's are sent again."""
+    with build_lease(output):
+        plan, vid = run_s3_plan(store, source, output, config, work_root=work_root, trust_pickle=trust_pickle,
+                                num_workers=num_workers, force=force, validate=validate, revalidate=revalidate,
+                                repair=repair)
+        if vid is None:  # the bucket serves what this build would publish, whole
+            folder = final_dir(plan.out) if plan.up_to_date else versions.staging_dir(plan.out)
+            pointer = s3_output.read_pointer(output)
+            results = pipeline.planned_results(load_shards(folder, pipeline.load_sharding_config(folder)))
+            return pipeline.BuildSummary(source, folder, plan.report, pipeline.summarize(results),
+                                         [folder / m for m in pointer.manifests], [],
+                                         (load_intake_settings(folder) or {}).get("validate", VALIDATE_FULL),
+                                         up_to_date=True, published=f"{output}/{pointer.version_dir()}")
+        task = run_s3_write_task(store, source, output, 0, 1, work_root=work_root, num_workers=num_workers,
+                                 progress=progress, repair=repair)
+        summary = run_s3_commit(output, work_root=work_root, num_workers=num_workers)
+        summary.repaired = task.repaired
+        summary.up_to_date = summary.up_to_date and not task.repaired
+        return summary
 
 
 def _publish(output: S3Output, staged: Staged, bodies: dict[str, bytes | Path], manifest_rels: list[str],
@@ -670,8 +766,7 @@ def _publish(output: S3Output, staged: Staged, bodies: dict[str, bytes | Path], 
     result = PublishedVersion(str(output), vid, current.version if current else None)
     holder = this_process()
     check_held(output, vid)
-    with HeldClaim(output, vid, PUBLISH, holder=holder, now=now) as claim:
-        wait_until_unclaimed(output, vid, DELETE, now=now)
+    with s3_output.publish_claims(output, {vid}, now=now, holder=holder) as (claim,):
         for r, body in bodies.items():
             staging.put(output, f"{version_dir(vid)}/{r}", body, "the commit")
             result.uploaded += 1
@@ -735,7 +830,7 @@ def published_manifests(output: S3Output) -> list[tuple[str, WdinfoManifest]]:
         data = s3_output.get_bytes(output, f"{pointer.version_dir()}/{rel}")
         if data is None:
             raise BuildError(f"{origin}: listed by {output}/{POINTER_NAME} but missing; rebuild the source")
-        found.append((rel, parse_wdinfo(json.loads(data), rel.rpartition("/")[0] or ".", origin)))
+        found.append((rel, parse_wdinfo(load_state_doc(data, origin), rel.rpartition("/")[0] or ".", origin)))
     return found
 
 
@@ -772,7 +867,7 @@ def published_config(output: S3Output) -> ShardingConfig:
     data = s3_output.get_bytes(output, f"{pointer.version_dir()}/{STATE_DIR}/sharding.json") if pointer else None
     if data is None:
         raise BuildError(f"{output}: no published version with its settings (.pid-build/sharding.json); rebuild it")
-    return ShardingConfig(**json.loads(data))
+    return ShardingConfig(**load_state_doc(data, f"{output}/{pointer.version_dir()}/{STATE_DIR}/sharding.json"))
 
 
 def _published_state(output: S3Output, name: str) -> bytes | None:
