@@ -107,3 +107,13 @@ def partition_status(context: Any, asset: str) -> dict[str, list[str]]:
     node = graphql(context, PARTITION_STATUS, {"key": {"path": [asset]}})["assetNodeOrError"]
     status = node["assetPartitionStatuses"]
     return {"materialized": sorted(status["materializedPartitions"]), "failed": sorted(status["failedPartitions"])}
+
+
+TERMINATE = """mutation($runId: String!) { terminateRun(runId: $runId, terminatePolicy: SAFE_TERMINATE) {
+  __typename ... on PythonError { message } } }"""
+
+
+def terminate(context: Any, run_id: str) -> None:
+    """The run page's "Terminate" button."""
+    done = graphql(context, TERMINATE, {"runId": run_id})["terminateRun"]
+    assert done["__typename"] == "TerminateRunSuccess", done
