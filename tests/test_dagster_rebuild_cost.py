@@ -13,7 +13,12 @@ import pytest
 
 from pid_platform.demo import pid_demo as demo
 from pid_platform.demo.workspace_runs import open_workspace_runs
-from tests.support.dagster_runs import apply_partition_requests, evaluate_sensor, load_defs, run_config
+from tests.support.dagster_runs import (
+    apply_partition_requests,
+    evaluate_sensor,
+    load_defs,
+    run_config,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
