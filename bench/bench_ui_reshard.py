@@ -44,12 +44,15 @@ from tests.support.ui_launch import dequeue, launch, launchpad_params, ui_worksp
 
 SOURCE = "photos"
 TARGET_S = 15.0
+QUIET = {"console": {"config": {"log_level": "WARNING"}}}
 CONTENDERS = {"ours (small source: one process)": None, "fan-out (a process per step)": "0"}
 
 
 def _run(context, instance: dg.DagsterInstance, **sharding: object) -> float:
+    params = launchpad_params("source_build", SOURCE, **sharding)
+    params["params"]["runConfigData"]["loggers"] = QUIET  # the run worker's console: warnings only
     start = time.perf_counter()
-    run_id = launch(context, launchpad_params("source_build", SOURCE, **sharding))
+    run_id = launch(context, params)
     while True:
         dequeue(context)
         status = instance.get_run_by_id(run_id).status
