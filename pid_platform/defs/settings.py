@@ -101,7 +101,7 @@ def settings_for_run(context: dg.AssetExecutionContext, source_store: SourceStor
         context.log.info(f"{source}: launchpad sharding for this run ({_shown(applied)}; version {current.version} "
                          f"-> {settings.version}); written to {current.location} only when this build commits: "
                          "if the run fails or is cancelled before, the file stays as it is")
-    # A launchpad version is not the file's yet: it is observed once written (the sensor's tick).
+    # A launchpad version is not the file's yet: it is observed once written, at the commit.
     return RunSettings(settings, applied, provenance_tags(context, settings, observe=not changed))
 
 
@@ -151,6 +151,11 @@ def commit_launchpad_settings(context: dg.AssetExecutionContext, source_store: S
         ) from exc
     context.log.info(f"{source}: the build committed; launchpad sharding written to {written.location} "
                      f"({_shown(pending)}); version {current.version} -> {written.version}")
+    # The file's new version, observed now that the file holds it (the run's steps built with it
+    # before; the sensor's next tick then finds nothing new).
+    observation = settings_observation_if_new(context.instance, written)
+    if observation is not None:
+        context.log_event(observation)
 
 
 def latest_settings_record(instance: dg.DagsterInstance, source: str) -> dg.EventLogRecord | None:
