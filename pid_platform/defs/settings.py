@@ -193,8 +193,9 @@ def settings_metadata(run: RunSettings) -> dict[str, Any]:
     settings = run.settings
     return {
         "settings_version": settings.version,
-        # A path only where there is a file: metadata paths point at something that exists.
-        "settings_file": (dg.MetadataValue.path(settings.location) if settings.exists
+        # A path only where there is a file (or will be: a launchpad setting is written at the
+        # commit): metadata paths point at something that exists.
+        "settings_file": (dg.MetadataValue.path(settings.location) if settings.exists or run.applied
                           else dg.MetadataValue.text(f"none ({settings.location} absent: the defaults)")),
         "settings_from_file": dg.MetadataValue.json(dict(sorted(settings.from_file.items()))),
         # What this run changed in the file (empty: it built with the file as it was).
