@@ -26,6 +26,7 @@ from pid_platform.defs.groups import BUILD_POOL
 from pid_platform.defs.partitions import SOURCES
 from pid_platform.defs.pools import apply_pool_limits
 from pid_platform.defs.resources import ShardingResource
+from pid_platform.defs.small_sources import IN_PROCESS_BELOW_ENV
 from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.intake.task import slice_bounds
 from pid_platform.sharding.pause_points import PAUSE_AT_ENV, PAUSE_DIR_ENV, PAUSE_TIMEOUT_ENV
@@ -59,8 +60,11 @@ def _job() -> Any:
 
 
 @pytest.fixture
-def instance(raw_root: Path, out_root: Path) -> Iterator[dg.DagsterInstance]:
-    """A persistent (sqlite) instance, as ``dagster dev`` keeps; the source registered."""
+def instance(raw_root: Path, out_root: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dg.DagsterInstance]:
+    """A persistent (sqlite) instance, as ``dagster dev`` keeps; the source registered. The
+    source is small: it would build in one process (``defs/small_sources.py``); these tests are
+    about the fan-out, so every source fans out here."""
+    monkeypatch.setenv(IN_PROCESS_BELOW_ENV, "0")
     (raw_root / SOURCE / SETTINGS_NAME).write_text(SETTINGS_FILE)
     with dg.instance_for_test() as inst:
         inst.add_dynamic_partitions(SOURCES, [SOURCE])

@@ -99,7 +99,10 @@ def test_a_dataset_asset_per_definition_downstream_of_its_sources(roots: Path) -
             "photos": (35, 0.7), "portraits": (15, 0.3)}
         assert rows["photos"]["samples"] == 32 and rows["photos"]["repeats"] == round(35 / 32, 4)
         assert rows["photos"]["setting"] == "weight=0.7"
-        assert blend["shares_plot"].startswith("![blend shares](data:image/png;base64,")
+        # The plot carries each source's repeat factor (on its bar, and in its alt text).
+        repeats = ", ".join(f"{s} x{rows[s]['repeats']:g}" for s in ("photos", "portraits"))
+        assert blend["shares_plot"].startswith(f"![blend shares ({repeats})](data:image/png;base64,"), \
+            blend["shares_plot"][:80]
         both = {r.data["source"]: r.data for r in meta["datasets/both"]["shares"].records}
         assert both["photos"]["repeats"] == 1.0 and both["portraits"]["repeats"] == 1.0
         per_asset = {e.asset_key.path[-1]: e for e in result.get_asset_check_evaluations()}

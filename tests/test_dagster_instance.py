@@ -19,6 +19,7 @@ from pid_platform.defs.pools import POOL_LIMITS_ENV, configured_pool_limits
 from pid_platform.demo import pid_demo as demo
 from pid_platform.demo.workspace_runs import open_workspace_runs
 from tests.support.dagster_runs import load_defs, use_roots
+from tests.support.ui_launch import dequeue, launch, launchpad_params, ui_workspace, wait_done
 from tests.support.webhook import WebhookRecorder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -181,30 +182,6 @@ def test_failed_run_has_its_origin_and_raises_the_alert(
             sensor(context)
 
 
-LAUNCH = """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) {
-  __typename ... on LaunchRunSuccess { run { runId status } } ... on PythonError { message } } }"""
-
-
-def _dequeue(context) -> None:
-    """One iteration of the daemon's run queue (``dagster-daemon``'s QueuedRunCoordinatorDaemon)."""
-    from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
-        QueuedRunCoordinatorDaemon,
-    )
-
-    daemon = QueuedRunCoordinatorDaemon(interval_seconds=1)
-    list(daemon.run_iteration(context))
-
-
-def _wait_done(instance: dg.DagsterInstance, run_id: str, timeout_s: float) -> dg.DagsterRunStatus:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        status = instance.get_run_by_id(run_id).status
-        if status in (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED):
-            return status
-        time.sleep(0.5)
-    raise AssertionError(f"run {run_id} still {instance.get_run_by_id(run_id).status} after {timeout_s} s")
-
-
 @pytest.mark.slow
 def test_two_launchpad_builds_of_one_source_run_one_at_a_time(
     sqlite_home: Path, out_root: Path, monkeypatch: pytest.MonkeyPatch,
@@ -212,32 +189,15 @@ def test_two_launchpad_builds_of_one_source_run_one_at_a_time(
     """Two launchpad runs of one source, as the UI sends them (GraphQL ``launchRun`` with the
     partition tag), through the checked-in run queue: the daemon starts one; the other waits,
     queued, until the first has ended, then builds. A run of another source is not held back."""
-    from dagster._core.workspace.context import WorkspaceProcessContext
-    from dagster._core.workspace.load_target import WorkspaceFileTarget
-    from dagster_graphql.test.utils import execute_dagster_graphql
-
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the code server and run workers import this tree
-    selector = {"repositoryLocationName": "pid_platform", "repositoryName": "__repository__",
-                "jobName": "source_build"}
-
-    def params(partition: str, **sharding: object) -> dict:
-        config = {"resources": {"sharding": {"config": {"num_workers": 1, **sharding}}}}
-        return {"params": {"selector": selector, "runConfigData": config,
-                           "executionMetadata": {"tags": [{"key": "dagster/partition", "value": partition}]}}}
-
-    with dg.DagsterInstance.get() as instance, WorkspaceProcessContext(
-            instance, WorkspaceFileTarget(paths=[str(REPO / "workspace.yaml")])) as context:
+    with dg.DagsterInstance.get() as instance, ui_workspace(instance) as context:
         instance.add_dynamic_partitions("sources", ["photos", "other"])
-        runs = []
-        for variables in (params("photos"), params("photos", shard_size=2), params("other")):
-            result = execute_dagster_graphql(context.create_request_context(), LAUNCH, variables)
-            launched = result.data["launchRun"]
-            assert launched["__typename"] == "LaunchRunSuccess", launched
-            assert launched["run"]["status"] == "QUEUED"
-            runs.append(launched["run"]["runId"])
+        runs = [launch(context, launchpad_params("source_build", partition, **sharding))
+                for partition, sharding in (("photos", {}), ("photos", {"shard_size": 2}), ("other", {}))]
+        assert all(instance.get_run_by_id(r).status == dg.DagsterRunStatus.QUEUED for r in runs)
         first, second, other = runs
 
-        _dequeue(context)
+        dequeue(context)
         status = {r: instance.get_run_by_id(r).status for r in runs}
         assert status[first] != dg.DagsterRunStatus.QUEUED
         assert status[second] == dg.DagsterRunStatus.QUEUED, status
@@ -245,14 +205,14 @@ def test_two_launchpad_builds_of_one_source_run_one_at_a_time(
         # While the first build of photos works, the second stays in the queue.
         while instance.get_run_by_id(first).status not in (
                 dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE):
-            _dequeue(context)
+            dequeue(context)
             assert instance.get_run_by_id(second).status == dg.DagsterRunStatus.QUEUED
             time.sleep(0.5)
         assert instance.get_run_by_id(first).status == dg.DagsterRunStatus.SUCCESS
-        _dequeue(context)
-        assert _wait_done(instance, second, 300) == dg.DagsterRunStatus.SUCCESS
+        # The queue, ticked as the daemon ticks it, now starts the second.
+        assert wait_done(instance, second, 300, context) == dg.DagsterRunStatus.SUCCESS
         # "other" has no files: it fails on its own, whatever photos does.
-        assert _wait_done(instance, other, 300) == dg.DagsterRunStatus.FAILURE
+        assert wait_done(instance, other, 300) == dg.DagsterRunStatus.FAILURE
     # The second build ran after the first, whole: its setting is the committed one.
     built = json.loads((out_root / "photos" / ".pid-build" / "sharding.json").read_bytes())
     assert built["shard_size"] == 2

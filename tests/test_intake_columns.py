@@ -57,7 +57,8 @@ def test_buckets_are_nearest_bucket_decided_once_per_size() -> None:
 def _cache_rows(modality: str, names: list[str], fingerprint: str, width: int | None = None) -> pa.Table:
     n = len(names)
     return pa.table({"modality": [modality] * n, "name": names, "fingerprint": [fingerprint] * n,
-                     "kind": ["image"] * n, "reason": [None] * n, "width": [width] * n, "height": [width] * n},
+                     "kind": ["image"] * n, "reason": [None] * n, "width": [width] * n, "height": [width] * n,
+                     "sha256": [None] * n},
                     schema=CACHE_SCHEMA)
 
 

@@ -24,6 +24,10 @@ Each key takes that executor's own settings, unchanged. Which one a run uses:
    naming it in milliseconds, never a hang or gigabytes of memory in every process that loads
    the code location.
 
+A run of a small source (``small_sources.py``: raw files under ``PID_IN_PROCESS_BELOW_MB``)
+that would use ``multiprocess`` runs its steps in one process instead, as ``in_process`` runs
+them: a UI re-shard of a few MiB takes seconds, not a process start per step.
+
 (``dagster_k8s.k8s_job_executor`` plugs in the same way; it is not a dependency here: README.)
 Pools (``pools.py``) cap concurrent steps whatever the executor: the multiprocess, Celery and
 ECS executors all take a pool's slot from the instance before they start a step.
@@ -44,12 +48,20 @@ from dagster._core.definitions.executor_definition import (
     multiple_process_executor_requirements,
     multiprocess_executor,
 )
+from dagster._core.execution.retries import RetryMode
+from dagster._core.executor.base import Executor
+from dagster._core.executor.in_process import InProcessExecutor
 from dagster._core.executor.init import InitExecutorContext
 from dagster_aws.ecs import ecs_executor
 from dagster_celery import celery_executor
 
 from loader.formats.errors import short_repr
 from loader.formats.strict_doc import load_yaml_doc, read_local_doc
+from pid_platform.defs.small_sources import (
+    IN_PROCESS_BELOW_ENV,
+    in_process_below_bytes,
+    runs_in_one_process,
+)
 
 EXECUTOR_ENV = "PID_EXECUTOR"
 EXECUTOR_CONFIG_ENV = "PID_EXECUTOR_CONFIG"
@@ -106,15 +118,67 @@ def _requirements(config: Mapping[str, Any]) -> list[ExecutorRequirement]:
     return [] if "in_process" in config else list(multiple_process_executor_requirements())
 
 
+# A step's end: where a run in one process checks whether it was asked to stop.
+_STEP_ENDS = frozenset({"STEP_SUCCESS", "STEP_FAILURE", "STEP_UP_FOR_RETRY", "STEP_SKIPPED"})
+
+
+def _until_terminated(plan_context, events):  # noqa: ANN001, ANN202 (Dagster's own types)
+    """``events`` of a run in one process, ended at the first step end after Terminate.
+
+    Terminate interrupts the running step; Dagster then honours the step's retry policy (an
+    interrupt is retried, as a lost worker would be), so without this the run would sit in
+    Canceling through the retries' waits. The multiprocess executor stops launching steps on
+    Terminate; this does the same for one process."""
+    from dagster._core.errors import DagsterExecutionInterruptedError
+
+    run_id = plan_context.dagster_run.run_id
+    for event in events:
+        yield event
+        if event.event_type_value in _STEP_ENDS and (
+                plan_context.instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.CANCELING):
+            events.close()
+            raise DagsterExecutionInterruptedError("the run was terminated; no further step starts")
+
+
+class SmallSourcesInOneProcess(Executor):
+    """``multiprocess``, except for a run of a small source: its steps run in this process."""
+
+    def __init__(self, multiprocess: Executor) -> None:
+        self._multiprocess = multiprocess
+        self._in_process = InProcessExecutor(retries=multiprocess.retries,
+                                             step_dependency_config=multiprocess.step_dependency_config)
+
+    @property
+    def retries(self) -> RetryMode:
+        return self._multiprocess.retries
+
+    def execute(self, plan_context, execution_plan):  # noqa: ANN001, ANN201 (Dagster's own signature)
+        from dagster._core.events import DagsterEvent, EngineEventData
+
+        run = plan_context.dagster_run
+        if runs_in_one_process(run.tags):
+            yield DagsterEvent.engine_event(
+                plan_context,
+                f"{run.tags.get('dagster/partition')}: a small source (raw files under {IN_PROCESS_BELOW_ENV}); "
+                "its steps run in this process, one after another",
+                event_specific_data=EngineEventData(),
+            )
+            yield from _until_terminated(plan_context, self._in_process.execute(plan_context, execution_plan))
+        else:
+            yield from self._multiprocess.execute(plan_context, execution_plan)
+
+
 def pid_executor(environ: Mapping[str, str] | None = None) -> dg.ExecutorDefinition:
     """The executor of every job here, its default chosen from ``environ`` (see the module doc)."""
     default = executor_default(environ)
+    in_process_below_bytes(environ)  # a bad PID_IN_PROCESS_BELOW_MB fails the load, named
 
     def create(init_context: InitExecutorContext) -> dg.Executor:
         ((name, settings),) = init_context.executor_config.items()
         chosen = EXECUTORS[name]
-        return chosen.executor_creation_fn(InitExecutorContext(  # ty: ignore[call-non-callable]
+        created = chosen.executor_creation_fn(InitExecutorContext(  # ty: ignore[call-non-callable]
             job=init_context.job, executor_def=chosen, executor_config=settings, instance=init_context.instance))
+        return SmallSourcesInOneProcess(created) if name == "multiprocess" else created
 
     return dg.ExecutorDefinition(
         name="pid_executor",

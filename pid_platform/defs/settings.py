@@ -2,11 +2,16 @@
 source's assets depend on, and the settings a run builds with.
 
 The settings live in ``<raw_root>/<source>/sharding.yaml`` (``pid_platform/sharding/settings.py``).
-A run reads them there. A sharding setting given in the launchpad for a run is written into
-that file first (so the sensor and the daily schedule keep it, and the next run does not cut the
-source back), or, if the file cannot be written, the run fails and says to edit the file. Only
-settings the operator typed count: the resource's settings are unset unless given a value, so
-the launchpad's pre-filled defaults never reach the file. What a run changed is logged and
+A run reads them there. A sharding setting given in the launchpad for a run builds that run,
+and is written into that file when the build commits (``wdinfo_manifests``), so the sensor and
+the daily schedule keep it and the next run does not cut the source back. A run that fails or
+is cancelled before its commit leaves the file as it was, and its log says so at the start: an
+operator who cancels a typo does not get it built a minute later by the sensor. The setting to
+write is the one the committed plan was cut with (``twin_tar_shards``' ``settings_diff`` of that
+plan), so a re-shard staged by one run and committed by another (Materialize on
+``twin_tar_shards``, then on ``wdinfo_manifests``) still lands in the file. Only settings the
+operator typed count: the resource's settings are unset unless given a value, so the
+launchpad's pre-filled defaults never reach the file. What a run changes is logged and
 recorded as ``settings_diff`` (against the file as it was).
 
 The version a build used is recorded as the build's input data version of ``sharding_settings``
@@ -17,7 +22,7 @@ version differs from the last one recorded for that source.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import dagster as dg
@@ -78,8 +83,9 @@ def settings_diff(before: SourceSettings, changes: dict[str, Any]) -> dict[str, 
 
 def settings_for_run(context: dg.AssetExecutionContext, source_store: SourceStoreResource,
                      sharding: ShardingResource, source: str) -> RunSettings:
-    """The settings this run builds ``source`` with, a launchpad override persisted first, and
-    the version recorded as an observation of ``sharding_settings`` when it is a new one."""
+    """The settings this run builds ``source`` with (a launchpad override over the file, not
+    written yet: ``commit_launchpad_settings`` does at the commit), and the version recorded as
+    an observation of ``sharding_settings`` when it is a new one."""
     overrides = launchpad_overrides(context.run.run_config)
     defaults = code_defaults(sharding, overrides)
     store = source_store.open()
@@ -87,24 +93,69 @@ def settings_for_run(context: dg.AssetExecutionContext, source_store: SourceStor
     changed = {k: v for k, v in overrides.items() if getattr(current.config, k) != v}
     settings, applied = current, {}
     if changed:
-        # A bad value typed in the launchpad is refused as such (named), before the file is touched.
-        replace(current.config, **changed)
-        try:
-            settings = persist_settings(store, current, changed, defaults)
-        except (BuildError, OSError) as exc:
-            raise dg.Failure(
-                description=(
-                    f"sharding of source {source!r} set in the launchpad ({changed}) was not applied: it could not be "
-                    f"written to {current.location} ({exc}). A source's sharding lives in that file, where the sensor "
-                    f"and the daily schedule read it: edit {SETTINGS_NAME} there and run again without the override"
-                ),
-                allow_retries=False,
-            ) from exc
+        # A bad value typed in the launchpad is refused as such (named), before anything is built.
+        wanted = {**current.from_file, **changed}
+        settings = SourceSettings(source, ShardingConfig(**{**asdict(defaults), **wanted}), current.location,
+                                  wanted, current.exists)
         applied = settings_diff(current, changed)
-        shown = ", ".join(f"{k}: {d['was']!r} -> {d['now']!r}" for k, d in applied.items())
-        context.log.info(f"{source}: launchpad sharding written to {settings.location} ({shown}); "
-                         f"version {current.version} -> {settings.version}")
-    return RunSettings(settings, applied, provenance_tags(context, settings))
+        context.log.info(f"{source}: launchpad sharding for this run ({_shown(applied)}; version {current.version} "
+                         f"-> {settings.version}); written to {current.location} only when this build commits: "
+                         "if the run fails or is cancelled before, the file stays as it is")
+    # A launchpad version is not the file's yet: it is observed once written, at the commit.
+    return RunSettings(settings, applied, provenance_tags(context, settings, observe=not changed))
+
+
+def _shown(applied: dict[str, dict[str, Any]]) -> str:
+    return ", ".join(f"{k}: {d['was']!r} -> {d['now']!r}" for k, d in applied.items())
+
+
+def _pending_launchpad_settings(instance: dg.DagsterInstance, source: str, committed: ShardingConfig,
+                                ) -> dict[str, dict[str, Any]]:
+    """The launchpad settings the committed plan was cut with: the ``settings_diff`` of the
+    newest ``twin_tar_shards`` materialization of ``source`` whose config is ``committed``."""
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("twin_tar_shards"), asset_partitions=[source]), limit=1).records
+    if not records:
+        return {}
+    metadata = records[0].asset_materialization.metadata
+    version, diff = metadata.get("config_version"), metadata.get("settings_diff")
+    if version is None or diff is None or version.value != committed.version():
+        return {}
+    return dict(diff.value) if isinstance(diff.value, dict) else {}
+
+
+def commit_launchpad_settings(context: dg.AssetExecutionContext, source_store: SourceStoreResource,
+                              sharding: ShardingResource, source: str, committed: ShardingConfig) -> None:
+    """Once a build of ``source`` has committed: the launchpad settings its plan was cut with,
+    written into the source's ``sharding.yaml`` (other keys kept), and logged. A value the
+    file already holds is not written again."""
+    pending = _pending_launchpad_settings(context.instance, source, committed)
+    if not pending:
+        return
+    changes = {k: d["now"] for k, d in pending.items()}
+    defaults = code_defaults(sharding, changes)
+    store = source_store.open()
+    current = source_settings(store, source, defaults)
+    if all(current.from_file.get(k) == v for k, v in changes.items()):
+        return
+    try:
+        written = persist_settings(store, current, changes, defaults)
+    except (BuildError, OSError) as exc:
+        raise dg.Failure(
+            description=(
+                f"the build of {source!r} committed with the launchpad's sharding ({_shown(pending)}), but it could "
+                f"not be written to {current.location} ({exc}). Until it is, the sensor and the daily schedule "
+                f"build the file's settings: edit {SETTINGS_NAME} there"
+            ),
+            allow_retries=False,
+        ) from exc
+    context.log.info(f"{source}: the build committed; launchpad sharding written to {written.location} "
+                     f"({_shown(pending)}); version {current.version} -> {written.version}")
+    # The file's new version, observed now that the file holds it (the run's steps built with it
+    # before; the sensor's next tick then finds nothing new).
+    observation = settings_observation_if_new(context.instance, written)
+    if observation is not None:
+        context.log_event(observation)
 
 
 def latest_settings_record(instance: dg.DagsterInstance, source: str) -> dg.EventLogRecord | None:
@@ -125,10 +176,12 @@ def settings_observation_if_new(instance: dg.DagsterInstance, settings: SourceSe
     return settings_observation(settings)
 
 
-def provenance_tags(context: dg.AssetExecutionContext, settings: SourceSettings) -> dict[str, str]:
+def provenance_tags(context: dg.AssetExecutionContext, settings: SourceSettings, *,
+                    observe: bool = True) -> dict[str, str]:
     """The tags that record ``settings``' version as this build's input data version of
-    ``sharding_settings``, the observation that names it recorded first where it is new."""
-    observation = settings_observation_if_new(context.instance, settings)
+    ``sharding_settings``, the observation that names it recorded first where it is new
+    (``observe``: the settings are the file's)."""
+    observation = settings_observation_if_new(context.instance, settings) if observe else None
     if observation is not None:
         context.log_event(observation)
     record = latest_settings_record(context.instance, settings.source)
@@ -140,8 +193,9 @@ def settings_metadata(run: RunSettings) -> dict[str, Any]:
     settings = run.settings
     return {
         "settings_version": settings.version,
-        # A path only where there is a file: metadata paths point at something that exists.
-        "settings_file": (dg.MetadataValue.path(settings.location) if settings.exists
+        # A path only where there is a file (or will be: a launchpad setting is written at the
+        # commit): metadata paths point at something that exists.
+        "settings_file": (dg.MetadataValue.path(settings.location) if settings.exists or run.applied
                           else dg.MetadataValue.text(f"none ({settings.location} absent: the defaults)")),
         "settings_from_file": dg.MetadataValue.json(dict(sorted(settings.from_file.items()))),
         # What this run changed in the file (empty: it built with the file as it was).

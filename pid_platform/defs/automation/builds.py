@@ -29,6 +29,7 @@ class CommittedBuild:
     settings_version: str
     input_fingerprint: str
     event_id: int  # storage id of the event that recorded it
+    run_id: str = ""  # the run that committed (or verified) it
 
 
 def build_in_progress(instance: dg.DagsterInstance, source: str) -> dg.DagsterRun | None:
@@ -56,7 +57,7 @@ def _recorded(record: dg.EventLogRecord | None, version_key: str = "settings_ver
     version, fingerprint = metadata.get(version_key), metadata.get("input_fingerprint")
     if version is None or fingerprint is None:
         return None
-    return CommittedBuild(str(version.value), str(fingerprint.value), record.storage_id)
+    return CommittedBuild(str(version.value), str(fingerprint.value), record.storage_id, record.event_log_entry.run_id)
 
 
 def last_materialized_build(instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition: str,

@@ -1,4 +1,7 @@
-"""A cheap identity of a source's raw files: a listing (names, sizes, mtimes or ETags), no reads."""
+"""A cheap identity of a source's raw files: a listing (names, sizes, mtimes or ETags), no reads.
+
+Content-relevant only (``content_identity``): a local file's ctime and inode are left out, so a
+``chmod -R``, ``chown``, hard link or restore that keeps mtimes requests no build."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from pathlib import Path
 
 from loader.formats.atomic import atomic_write_bytes
 from pid_platform.sharding.commit.state import FINGERPRINT, state_dir
+from pid_platform.sharding.intake.cache import content_identity
 from pid_platform.sharding.storage import SourceStore
 
 FINGERPRINT_NAME = FINGERPRINT
@@ -15,7 +19,7 @@ FINGERPRINT_NAME = FINGERPRINT
 
 def source_fingerprint(store: SourceStore, source: str) -> tuple[str, int]:
     """(digest, number of files) of ``source``; the digest changes when any file is added,
-    removed, or rewritten."""
+    removed, or rewritten (its size or mtime), not when only its ctime or inode do."""
     h = hashlib.sha256()
     files = 0
     for modality in store.list_modalities(source):
@@ -24,7 +28,7 @@ def source_fingerprint(store: SourceStore, source: str) -> tuple[str, int]:
         for batch in listing.files.to_batches(max_chunksize=64 * 1024):  # columns, a batch at a time
             d = batch.to_pydict()
             for name, size, fp in zip(d["name"], d["size"], d["fingerprint"], strict=True):
-                h.update(f"\0{name}\0{size}\0{fp}".encode())
+                h.update(f"\0{name}\0{size}\0{content_identity(fp)}".encode())
         files += len(listing)
     return h.hexdigest()[:16], files
 

@@ -176,14 +176,19 @@ def dataset_asset(name: str, definition: Any, error: str | None = None) -> dg.As
             in_catalog = _catalog_problem(name, current, data, where)
             if in_catalog:
                 summary.problems.append(in_catalog)
-        per_epoch = {r[0]: r[3] for r in summary.rows}
+        # Each bar names its source's repeat factor, the number a PiD user looks for (x3.33:
+        # each sample about three times an epoch), in the plot and in its alt text.
+        repeats = {r[0]: f"x{r[5]:g}" for r in summary.rows}
+        per_epoch = {f"{r[0]}\n{repeats[r[0]]} repeats": r[3] for r in summary.rows}
+        alt = f"{name} shares ({', '.join(f'{s} {x}' for s, x in repeats.items())})"
         return dg.MaterializeResult(
             metadata={
                 "sources": dg.MetadataValue.json(_sources_of(current)),
                 "samples_per_epoch": summary.samples_per_epoch,
                 "shares": _table(summary),
-                "shares_plot": png_markdown(bar_png(per_epoch, title=f"{name}: samples per epoch by source",
-                                                    ylabel="samples per epoch"), f"{name} shares"),
+                "shares_plot": png_markdown(bar_png(per_epoch, title=f"{name}: samples per epoch by source "
+                                                    "(and how often each sample repeats)",
+                                                    ylabel="samples per epoch"), alt),
                 "definition": dg.MetadataValue.json(current if current is not None else {}),
             },
             check_results=[dg.AssetCheckResult(

@@ -26,6 +26,7 @@ from pid_platform.defs.metadata import bucket_label, first, row_count, table
 from pid_platform.defs.partitions import sources_partitions
 from pid_platform.defs.resources import SHARDING_CODE_VERSION, ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, retry_only_transient
+from pid_platform.defs.settings import commit_launchpad_settings
 from pid_platform.sharding.catalog import build_catalog, build_s3_catalog
 from pid_platform.sharding.commit.manifests import BucketManifest
 from pid_platform.sharding.commit.s3_output import S3Output, read_pointer
@@ -216,6 +217,9 @@ def wdinfo_manifests(
             # What the committed build was made from: the sensor and the schedule compare against it.
             fingerprint = load_fingerprint(out)
         pointer = read_pointer(target) if target is not None else None
+    if state == "committed now":
+        # A launchpad re-shard takes effect in sharding.yaml now that its build is committed.
+        commit_launchpad_settings(context, source_store, sharding, source, config)
     listed = ([f"{target}/{p}" for p in pointer.manifest_paths()] if pointer is not None
               else [str(m.path) for m in manifests])
     rows = [

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from pid_platform.defs.automation.builds import last_committed_build
 from pid_platform.defs.groups import BUILD_POOL
 from pid_platform.defs.intake.assets import ratio_label
 from pid_platform.defs.metadata import bucket_label, human_bytes, row_count, table
@@ -48,12 +49,13 @@ from pid_platform.defs.resources import ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, retry_only_transient
 from pid_platform.defs.settings import RunSettings, settings_for_run, settings_metadata
 from pid_platform.sharding.commit import versions
-from pid_platform.sharding.commit.s3_output import S3Output
+from pid_platform.sharding.commit.s3_output import S3Output, read_pointer
 from pid_platform.sharding.commit.state import SAMPLES, state_dir
 from pid_platform.sharding.layout import final_dir
 from pid_platform.sharding.output_lock import build_lock
 from pid_platform.sharding.pipeline import summarize
 from pid_platform.sharding.plan.columnar import ShardRef
+from pid_platform.sharding.plan.plan_files import PLAN
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.tasks.run import (
     TasksUnfinishedError,
@@ -71,6 +73,16 @@ from pid_platform.sharding.tasks.s3_tasks import (
     staged_shards,
 )
 from pid_platform.sharding.write.tars import ShardResult
+
+
+def nothing_to_finish(context: dg.OpExecutionContext, source: str) -> str:
+    """What a step of a re-executed run says when the build it would finish is gone: the source
+    was built and committed by another run since (the sensor's, the schedule's, an operator's),
+    so this run has nothing left to do and changes nothing."""
+    committed = last_committed_build(context.instance, source)
+    by = f"run {committed.run_id}" if committed is not None and committed.run_id else "another run"
+    return (f"nothing to finish: {source} was rebuilt by {by} since this run's plan; its committed build "
+            "stands and this run changes nothing (launch a new run to build it again)")
 
 
 def _no_sample_set(source: str) -> dg.Failure:
@@ -219,11 +231,14 @@ def write_task(
             # Key indexes stay key_indexes' job, after the blocking checks on these tars.
             outcome = run_write_task(source_store.open(), source, out, index, of, num_workers=sharding.num_workers,
                                      progress=progress, key_indexes=False)
-    if outcome.already_done:
+    if outcome.nothing_staged:
+        context.log.info(f"{name}: {nothing_to_finish(context, source)}")
+    elif outcome.already_done:
         context.log.info(f"{name}: already done ({outcome.record} is there); nothing written")
     yield dg.Output(None, metadata={
         "task": index, "of": of, "shards": outcome.items, "first_shard": outcome.first,
         "written": outcome.done, "reused": outcome.reused, "already_done": outcome.already_done,
+        "nothing_staged": outcome.nothing_staged,
         "record": dg.MetadataValue.path(str(outcome.record)),
     })
 
@@ -268,8 +283,20 @@ def shards_metadata(source: str, output: str, config: ShardingConfig, planned: P
     }
 
 
-@dg.op(name="collect", ins={"planned": dg.In(Planned), "tasks": dg.In(dg.Nothing)}, out=dg.Out(dg.Nothing),
-       retry_policy=IO_RETRY)
+def _rebuilt_since(out: Path, target: S3Output | None, shards: object) -> bool:
+    """Nothing of this run's plan is staged any more, over a committed build: another run built
+    and committed the source after this run's plan (a re-execution found it so)."""
+    if target is not None:
+        return shards is None and read_pointer(target) is not None
+    staged = versions.staging_dir(out)
+    return not (state_dir(staged) / PLAN).is_file() and not staged.exists() and (
+        state_dir(final_dir(out)) / SAMPLES).is_file()
+
+
+# Optional: a re-execution that finds the source rebuilt since ends here, materializing nothing
+# (what follows in the run is skipped, not failed, and the committed build's state stands).
+@dg.op(name="collect", ins={"planned": dg.In(Planned), "tasks": dg.In(dg.Nothing)},
+       out=dg.Out(dg.Nothing, is_required=False), retry_policy=IO_RETRY)
 def collect_write_tasks(
     context: dg.OpExecutionContext, source_store: SourceStoreResource, planned: Planned
 ) -> Iterator[dg.Output]:
@@ -278,8 +305,11 @@ def collect_write_tasks(
     out = source_store.source_out(source)
     target = source_store.source_target(source)
     with retry_only_transient():
+        shards = staged_shards(target, source_store.work_root or None, "collect") if target is not None else None
+        if _rebuilt_since(out, target, shards):
+            context.log.info(f"{source}: {nothing_to_finish(context, source)}")
+            return
         if target is not None:
-            shards = staged_shards(target, source_store.work_root or None, "collect")
             problem = "no plan is staged in the bucket" if shards is None else shards.unfinished(target)
         else:
             problem = unfinished_write_tasks(out, key_indexes=False)

@@ -3,7 +3,13 @@
 Each file a build validated is kept with its outcome (valid, with the pixel size for an image,
 or the reason it drops its sample), keyed by modality folder and name, and valid only while the
 file's identity (``FileEntry.fingerprint``: local size, mtime, ctime and inode; S3 size and
-ETag) is the one it was checked under. The cache is written into the staging folder with the
+ETag) is the one it was checked under, or while its content identity (``content_identity``:
+size and mtime) is and its bytes still hash to the ``sha256`` kept with the outcome: a change of
+ctime or inode alone (``chmod -R``, ``chown``, a hard link, a restore that keeps mtimes) costs a
+read of the file, never a decode, and a rewrite that puts the old size and mtime back is still
+seen. The hash covers the bytes the check read (a whole caption or decoded image, the head a
+header check or a pickle sniff looked at), since the outcome depends on them alone; an outcome
+without one (a cache written before the hashes) is checked again. The cache is written into the staging folder with the
 rest of the build state, so it is published with the version it describes, and a build that
 stops before its commit leaves it there for the next one. A cache made under other validation
 rules (``RULES_VERSION``) or at another validation level is ignored as a whole.
@@ -11,6 +17,8 @@ rules (``RULES_VERSION``) or at another validation level is ignored as a whole.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +36,35 @@ CACHE_NAME = "intake_cache.parquet"
 # every cached outcome is then validated again.
 RULES_VERSION = 1
 
+# A local file's listed identity is ``size:mtime_ns:ctime_ns:inode`` (``SourceStore.list_files``);
+# its content identity drops the last two, which move without the bytes changing (chmod, chown,
+# a hard link, a restore). An S3 ``size:etag`` has no such parts and stays as it is.
+_LOCAL_IDENTITY = r"^(\d+:\d+):\d+:\d+$"
+
+
+def content_identity(fingerprint: str) -> str:
+    """What of a file's listed identity says its bytes may have changed: size and mtime of a
+    local file, an S3 object's size:etag."""
+    return re.sub(_LOCAL_IDENTITY, r"\1", fingerprint)
+
+
+def content_identities(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """``content_identity`` of a column of listed identities."""
+    return pc.replace_substring_regex(column, pattern=_LOCAL_IDENTITY, replacement=r"\1")
+
+
+def content_hash(data: bytes) -> str:
+    """What an outcome keeps of the bytes its check read (a whole file, or the head a header
+    check or a pickle sniff looked at): ``<how many>:<sha256>``."""
+    return f"{len(data)}:{hashlib.sha256(data).hexdigest()}"
+
+
+def hashed_bytes(kept: str | None) -> int | None:
+    """How many leading bytes of its file a kept ``content_hash`` covers (None: not one)."""
+    head, sep, _ = (kept or "").partition(":")
+    return int(head) if sep and head.isdigit() else None
+
+
 # What was checked, which depends on the file's extension and folder (``intake._kind``).
 IMAGE = "image"  # Pillow: pixel size and EXIF orientation; decodable (full level)
 CAPTION = "caption"  # .json with a prompt, or UTF-8 .txt
@@ -40,11 +77,12 @@ class FileOutcome:
     reason: str | None = None  # short drop reason ("unreadable_image", "bad_caption"); None: valid
     width: int | None = None  # displayed size of an image (EXIF orientation applied)
     height: int | None = None
+    sha256: str | None = None  # of the bytes checked, where the check read them all (``content_hash``)
 
 
 CACHE_SCHEMA = pa.schema([
     ("modality", pa.string()), ("name", pa.string()), ("fingerprint", pa.string()), ("kind", pa.string()),
-    ("reason", pa.string()), ("width", pa.int32()), ("height", pa.int32()),
+    ("reason", pa.string()), ("width", pa.int32()), ("height", pa.int32()), ("sha256", pa.string()),
 ])
 # Rows per row group of a saved cache: pyarrow's default, kept so the bytes stay those every
 # earlier build wrote (a tasked build's cache equals the one-process build's, byte for byte).
@@ -70,7 +108,7 @@ class IntakeCache:
 
     def put(self, entry: FileEntry, outcome: FileOutcome) -> None:
         self._rows.append((entry.modality, entry.name, entry.fingerprint, outcome.kind, outcome.reason,
-                           outcome.width, outcome.height))
+                           outcome.width, outcome.height, outcome.sha256))
         self._held = None
 
     def add(self, outcomes: pa.Table) -> None:
@@ -120,7 +158,7 @@ class IntakeCache:
         """The outcome held for each of ``names`` (files of ``modality``), aligned with them: a
         row of nulls where none is held. Whether it applies (fingerprint, kind) is the caller's."""
         sub = self.of_modality(modality)
-        columns = ["fingerprint", "kind", "reason", "width", "height"]
+        columns = ["fingerprint", "kind", "reason", "width", "height", "sha256"]
         if sub.num_rows == len(names) and (not len(names) or bool(pc.all(pc.equal(sub["name"], names)).as_py())):
             return sub.select(columns)  # the same files in the same order (a first build's plan step)
         return sub.select(columns).take(pc.index_in(names, value_set=sub["name"].combine_chunks()))
@@ -129,7 +167,7 @@ class IntakeCache:
         row = self.lookup(entry.modality, pa.array([entry.name], pa.string())).to_pylist()[0]
         if row["fingerprint"] != entry.fingerprint or row["kind"] != kind:
             return None
-        return FileOutcome(row["kind"], row["reason"], row["width"], row["height"])
+        return FileOutcome(row["kind"], row["reason"], row["width"], row["height"], row["sha256"])
 
     @classmethod
     def load(cls, paths: Iterable[Path], level: str) -> IntakeCache:
@@ -183,7 +221,11 @@ def _rows_of(src: pa.Table | Path, modality: str) -> pa.Table:
     try:
         if isinstance(src, Path):
             # Row groups whose statistics exclude the modality are not read.
-            t = pq.read_table(src, columns=CACHE_SCHEMA.names, filters=[("modality", "=", modality)])
+            names = pq.read_schema(src).names
+            t = pq.read_table(src, columns=[n for n in CACHE_SCHEMA.names if n in names],
+                              filters=[("modality", "=", modality)])
+            if "sha256" not in names:  # a cache from before the hashes: its outcomes hold by identity only
+                t = t.append_column("sha256", pa.nulls(t.num_rows, pa.string()))
             return t.cast(CACHE_SCHEMA).replace_schema_metadata(None)
         mine = pc.equal(src["modality"], modality)
         if bool(pc.all(mine).as_py()) if src.num_rows else False:
@@ -229,4 +271,4 @@ def _usable(path: Path, level: str) -> bool:
     meta = schema.metadata or {}
     if meta.get(b"rules_version") != str(RULES_VERSION).encode() or meta.get(b"validate") != level.encode():
         return False
-    return all(n in schema.names for n in CACHE_SCHEMA.names)
+    return all(n in schema.names for n in CACHE_SCHEMA.names if n != "sha256")

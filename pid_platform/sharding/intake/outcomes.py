@@ -20,6 +20,9 @@ from pid_platform.sharding.intake.cache import (
     SNIFF,
     FileOutcome,
     IntakeCache,
+    content_hash,
+    content_identities,
+    hashed_bytes,
 )
 from pid_platform.sharding.intake.file_checks import (
     CAPTION_EXTS,
@@ -83,19 +86,24 @@ def check_file(store: SourceStore, source: str, entry: FileEntry, kind: str, lev
         if sniff_size(head) > len(head):  # a long .npy header: parse all of it
             head = store.read_head(source, entry, sniff_size(head))
         check_pickle(entry.name, head, store.describe(source, entry), trust_pickle)
-        return FileOutcome(SNIFF)
+        # The outcome depends on these bytes only: their hash settles a later doubt.
+        return FileOutcome(SNIFF, sha256=content_hash(head))
     if kind == CAPTION:
-        reason = check_caption(store.read(source, entry), ext_of(entry.name))
-        return FileOutcome(CAPTION, None if reason is None else reason.split(":", 1)[0])
+        data = store.read(source, entry)
+        reason = check_caption(data, ext_of(entry.name))
+        return FileOutcome(CAPTION, None if reason is None else reason.split(":", 1)[0], sha256=content_hash(data))
     if level == VALIDATE_HEADER and entry.size > HEADER_BYTES:
-        res = check_image(store.read_head(source, entry, HEADER_BYTES), VALIDATE_HEADER)
+        data = store.read_head(source, entry, HEADER_BYTES)
+        res = check_image(data, VALIDATE_HEADER)
         if isinstance(res, str):  # a header longer than the head (a large EXIF or ICC block)
-            res = check_image(store.read(source, entry), VALIDATE_HEADER)
+            data = store.read(source, entry)
+            res = check_image(data, VALIDATE_HEADER)
     else:
-        res = check_image(store.read(source, entry), level)
+        data = store.read(source, entry)
+        res = check_image(data, level)
     if isinstance(res, str):
-        return FileOutcome(IMAGE, res.split(":", 1)[0])
-    return FileOutcome(IMAGE, None, res.width, res.height)
+        return FileOutcome(IMAGE, res.split(":", 1)[0], sha256=content_hash(data))
+    return FileOutcome(IMAGE, None, res.width, res.height, content_hash(data))
 
 
 def sample_outcome(files: dict[str, FileEntry], image_modality: str | None, trust_pickle: bool,
@@ -154,15 +162,48 @@ class Outcomes:
     outcomes_reused: int  # files whose outcome came from the cache
 
 
-def _hits(cache: IntakeCache, modality: str, rows: pa.Table, kinds: np.ndarray) -> tuple[pa.Table, np.ndarray]:
-    """The cached outcome of each row's file of ``modality`` and whether it applies: the same
-    file identity, checked as the same kind."""
+def _hits(cache: IntakeCache, modality: str, rows: pa.Table, kinds: np.ndarray,
+          ) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+    """The cached outcome of each row's file of ``modality``, whether it applies (the same file
+    identity, checked as the same kind), and whether it is in doubt: checked as the same kind,
+    the same size and mtime, but another ctime or inode (a chmod, chown, hard link or restore),
+    with a hash of the bytes to settle it."""
     held = cache.lookup(modality, flat(rows[name_column(modality)]))
     kind_names = pa.array([KINDS[k] if k >= 0 else None for k in range(-1, len(KINDS))], pa.string())
     wanted = kind_names.take(pa.array(kinds.astype(np.int64) + 1))
-    applies = pc.and_(pc.equal(held["fingerprint"], rows[fingerprint_column(modality)]),
-                      pc.equal(held["kind"], wanted))
-    return held, pc.fill_null(applies, False).to_numpy(zero_copy_only=False)
+    same_kind = pc.equal(held["kind"], wanted)
+    listed = rows[fingerprint_column(modality)]
+    applies = pc.fill_null(pc.and_(pc.equal(held["fingerprint"], listed), same_kind), False)
+    doubt = pc.and_(pc.and_(pc.invert(applies), same_kind), pc.is_valid(held["sha256"]))
+    doubt = pc.and_(doubt, pc.equal(content_identities(held["fingerprint"]), content_identities(listed)))
+    return (held, applies.to_numpy(zero_copy_only=False),
+            pc.fill_null(doubt, False).to_numpy(zero_copy_only=False))
+
+
+def _hash_chunk(args) -> list[str | None]:
+    """Worker: the content hash of the bytes each file's cached outcome was found for (as many
+    as its check read: ``content_hash``), read again, never decoded."""
+    store, source, pairs = args
+    out: list[str | None] = []
+    for entry, kept in pairs:
+        n = hashed_bytes(kept)
+        out.append(None if n is None else content_hash(store.read_head(source, entry, n)))
+    return out
+
+
+def _same_bytes(store: SourceStore, source: str, listing: SourceListing, modality: str, rows: pa.Table,
+                held: pa.Table, doubt: np.ndarray, num_workers: int) -> np.ndarray:
+    """Which files in doubt still hold the bytes their cached outcome was found for (by hash)."""
+    same = np.zeros(len(doubt), dtype=bool)
+    todo = np.flatnonzero(doubt)
+    if not len(todo):
+        return same
+    entries = [files[modality] for _, files in listing.entries(rows.take(pa.array(todo)))]
+    kept = held["sha256"].take(pa.array(todo)).to_pylist()
+    chunks = [(store, source, c) for c in chunked(list(zip(entries, kept, strict=True)), CHECK_CHUNK)]
+    hashes = [h for part in ordered_map(_hash_chunk, chunks, num_workers, threads=True) for h in part]
+    same[todo] = [a is not None and a == b for a, b in zip(hashes, kept, strict=True)]
+    return same
 
 
 def _still_valid(modality: str, rows: pa.Table, outcomes: pa.Table, applies: np.ndarray) -> pa.Table:
@@ -177,7 +218,7 @@ def _still_valid(modality: str, rows: pa.Table, outcomes: pa.Table, applies: np.
     return pa.table({
         "modality": pa.repeat(pa.scalar(modality, pa.string()), int(applies.sum())),
         "name": pick(rows[name_column(modality)]), "fingerprint": pick(rows[fingerprint_column(modality)]),
-        **{c: pick(outcomes[c]) for c in ("kind", "reason", "width", "height")},
+        **{c: pick(outcomes[c]) for c in ("kind", "reason", "width", "height", "sha256")},
     })
 
 
@@ -201,9 +242,11 @@ def decide(
     reused = 0
     for m in listing.modalities:
         kinds = kind_codes(m, flat(rows[name_column(m)]), image_modality)
-        outcomes, applies = _hits(cache, m, rows, kinds)
+        outcomes, applies, doubt = _hits(cache, m, rows, kinds)
+        # A chmod, chown, hard link or restore moves only ctime or inode: a read settles it, not a decode.
+        applies |= _same_bytes(store, source, listing, m, rows, outcomes, doubt, num_workers)
         # What a pending sample's check may reuse (the fingerprints matched: they are the rows').
-        held[m] = (outcomes.select(["kind", "reason", "width", "height"]), applies)
+        held[m] = (outcomes.select(["kind", "reason", "width", "height", "sha256"]), applies)
         reused += int(applies.sum())
         used.add(_still_valid(m, rows, outcomes, applies))  # it goes on to the next build, used or not
         sizes = rows[size_column(m)].to_numpy()
@@ -239,7 +282,7 @@ def decide(
                 outcomes, applies = held[m]
                 if applies[i]:
                     o = outcomes.slice(int(i), 1).to_pylist()[0]
-                    hits[m] = FileOutcome(o["kind"], o["reason"], o["width"], o["height"])
+                    hits[m] = FileOutcome(o["kind"], o["reason"], o["width"], o["height"], o["sha256"])
             known.append((samples[j][1], hits))
         # Small chunks: a chunk of full decodes costs about 4 ms per sample, and the workers all
         # wait for the last one; 8 samples keep that tail short, and a thread needs no batching.

@@ -1,0 +1,211 @@
+"""Issue 34: runs started from the UI end as the operator expects, driven as the UI drives them
+(GraphQL launches with the launchpad's config, "Re-execute" and "Terminate" from the run page,
+the daemon's run queue, run workers): a re-execution that finds its source rebuilt since has
+nothing to finish (part 2); a launchpad re-shard reaches ``sharding.yaml`` only when its build
+commits (part 5); a small source builds in one process, a big one fans out (part 7)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from pid_platform.defs.executors import pid_executor
+from pid_platform.defs.small_sources import (
+    IN_PROCESS_BELOW_ENV,
+    SmallSourceSettingError,
+    in_process_below_bytes,
+)
+from pid_platform.demo import pid_demo as demo
+from pid_platform.sharding.pause_points import PAUSE_AT_ENV, PAUSE_DIR_ENV, PAUSE_TIMEOUT_ENV
+from pid_platform.sharding.settings import SETTINGS_NAME
+from pid_platform.sharding.tasks.run import shard_done_point
+from tests.support.ui_launch import (
+    REPO,
+    dequeue,
+    launch,
+    launchpad_params,
+    partition_status,
+    reexecute,
+    run_messages,
+    step_keys,
+    terminate,
+    ui_workspace,
+    wait_done,
+)
+
+SOURCE = "photos"
+SUCCESS, FAILURE, CANCELED = dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED
+
+
+@pytest.fixture
+def ui_home(tmp_path: Path, out_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A prepared instance (``pid-demo --prepare-instance``) whose code server and run workers
+    import this tree."""
+    home = demo.prepare_home(tmp_path / "home")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    return home
+
+
+def _hide_a_file(raw_root: Path) -> tuple[Path, Path]:
+    """One image gone without touching any other file's identity (the image folder becomes links
+    to the other files of the real one, moved aside): a write task holding it fails for good."""
+    image = raw_root / SOURCE / "image"
+    victim = sorted(image.iterdir())[0]
+    real = image.rename(image.with_name("_image"))
+    image.mkdir()
+    for f in sorted(real.iterdir()):
+        if f.name != victim.name:
+            (image / f.name).symlink_to(f)
+    return image, real
+
+
+@pytest.mark.slow
+def test_reexecute_from_failure_after_a_rebuild_has_nothing_to_finish(
+    ui_home: Path, raw_root: Path, out_root: Path,
+) -> None:
+    with dg.DagsterInstance.get() as instance, ui_workspace(instance) as context:
+        instance.add_dynamic_partitions("sources", [SOURCE])
+        # The samples staged; then a file goes missing and a write task of the tars fails.
+        staged = launch(context, launchpad_params("source_build", SOURCE, ["sample_set"], write_tasks=3))
+        assert wait_done(instance, staged, 300, context) == SUCCESS
+        image, real = _hide_a_file(raw_root)
+        # A re-shard typed in the launchpad, which fails: sharding.yaml is left as it was.
+        failed = launch(context, launchpad_params("source_build", SOURCE,
+                                                  ["twin_tar_shards", "key_indexes", "wdinfo_manifests"],
+                                                  write_tasks=3, max_shard_size_mb=0.25))
+        assert wait_done(instance, failed, 300, context) == FAILURE
+        assert not (raw_root / SOURCE / SETTINGS_NAME).exists()
+        assert any("written to" in m and "only when this build commits" in m for m in run_messages(instance, failed))
+        failed_steps = step_keys(instance, failed, dg.DagsterEventType.STEP_FAILURE)
+        assert len(failed_steps) == 1 and failed_steps[0].startswith("twin_tar_shards.write_task"), failed_steps
+
+        # The file is back, and the source is rebuilt and committed by another run (the sensor's).
+        shutil.rmtree(image)
+        real.rename(image)
+        rebuilt = launch(context, launchpad_params("source_build", SOURCE))
+        assert wait_done(instance, rebuilt, 300, context) == SUCCESS
+        committed = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("wdinfo_manifests"), asset_partitions=[SOURCE]),
+            limit=1).records[0]
+
+        # Re-execute -> From failure on the failed run: nothing is staged any more.
+        again = reexecute(context, failed)
+        dequeue(context)
+        assert wait_done(instance, again, 300, context) == SUCCESS
+        said = [m for m in run_messages(instance, again) if "nothing to finish" in m]
+        assert said and all(f"nothing to finish: {SOURCE} was rebuilt by run {rebuilt}" in m for m in said), said
+        assert not any("already done" in m for m in run_messages(instance, again))
+        assert step_keys(instance, again, dg.DagsterEventType.STEP_FAILURE) == []
+        # The committed build's state stands: no new materialization, no asset red.
+        latest = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("wdinfo_manifests"), asset_partitions=[SOURCE]),
+            limit=1).records[0]
+        assert latest.storage_id == committed.storage_id
+        for asset in ("twin_tar_shards", "key_indexes", "wdinfo_manifests"):
+            assert partition_status(context, asset) == {"materialized": [SOURCE], "failed": []}, asset
+    assert (out_root / SOURCE / ".pid-build" / "sharding.json").is_file()
+    assert not (raw_root / SOURCE / SETTINGS_NAME).exists()
+
+
+def _wait_for(path: Path, context, run_id: str, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear in {timeout_s} s"
+        status = context.instance.get_run_by_id(run_id).status
+        assert status not in (SUCCESS, FAILURE, CANCELED), f"run {run_id} ended ({status}) before {path.name}"
+        dequeue(context)
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_a_cancelled_launchpad_reshard_leaves_sharding_yaml_and_a_committed_one_writes_it(
+    ui_home: Path, raw_root: Path, out_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings_file = raw_root / SOURCE / SETTINGS_NAME
+    settings_file.write_text("seed: 7\n")
+    before = settings_file.read_bytes()
+    # The write task holds after its first shard, so the operator can cancel a run in flight.
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    point = shard_done_point(0, 1)
+    monkeypatch.setenv(PAUSE_AT_ENV, point)
+    monkeypatch.setenv(PAUSE_DIR_ENV, str(pause))
+    monkeypatch.setenv(PAUSE_TIMEOUT_ENV, "20")
+    reshard = launchpad_params("source_build", SOURCE, write_tasks=1, max_shard_size_mb=0.25)
+    with dg.DagsterInstance.get() as instance, ui_workspace(instance) as context:
+        instance.add_dynamic_partitions("sources", [SOURCE])
+        cancelled = launch(context, reshard)
+        _wait_for(pause / f"{point.replace(':', '-')}.reached", context, cancelled, timeout_s=120)
+        assert settings_file.read_bytes() == before  # planned and writing: not in the file yet
+        terminate(context, cancelled)
+        # The step is interrupted at once; its writer thread, held at the point, gives up after
+        # PID_PAUSE_TIMEOUT_S, and the run ends Canceled.
+        assert wait_done(instance, cancelled, 120) == CANCELED
+        assert settings_file.read_bytes() == before
+        said = [m for m in run_messages(instance, cancelled) if "launchpad sharding" in m]
+        assert said and all("max_shard_size_mb: 500.0 -> 0.25" in m and "the file stays as it is" in m
+                            for m in said), said
+
+        # The same re-shard, committed: now the file holds it, its other keys kept.
+        (pause / f"{point.replace(':', '-')}.go").write_text("")
+        committed = launch(context, reshard)
+        assert wait_done(instance, committed, 300, context) == SUCCESS
+        assert yaml.safe_load(settings_file.read_text()) == {"seed": 7, "max_shard_size_mb": 0.25}
+        assert any("the build committed; launchpad sharding written" in m for m in run_messages(instance, committed))
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _worker_processes(instance: dg.DagsterInstance, run_id: str) -> int:
+    """Steps the run started as processes of their own (the multiprocess executor's workers)."""
+    return len(instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_WORKER_STARTING))
+
+
+@pytest.mark.slow
+def test_a_small_source_builds_in_one_process_and_a_big_one_fans_out(
+    ui_home: Path, raw_root: Path, out_root: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # "tiny": four samples of photos; the threshold lies between it and photos.
+    photos = raw_root / SOURCE
+    for modality in sorted(p for p in photos.iterdir() if p.is_dir()):
+        (raw_root / "tiny" / modality.name).mkdir(parents=True)
+        for f in sorted(modality.iterdir())[:4]:
+            shutil.copy2(f, raw_root / "tiny" / modality.name / f.name)
+    threshold = _folder_bytes(photos) // 2
+    assert _folder_bytes(raw_root / "tiny") < threshold
+    monkeypatch.setenv(IN_PROCESS_BELOW_ENV, str(threshold / 2**20))
+    with dg.DagsterInstance.get() as instance, ui_workspace(instance) as context:
+        instance.add_dynamic_partitions("sources", [SOURCE, "tiny"])
+        small = launch(context, launchpad_params("source_build", "tiny", write_tasks=2))
+        big = launch(context, launchpad_params("source_build", SOURCE, write_tasks=2, max_shard_size_mb=0.25))
+        assert wait_done(instance, small, 300, context) == SUCCESS
+        assert wait_done(instance, big, 300, context) == SUCCESS
+        # The small one: every step, the two write tasks included, in the run's own process.
+        engine = [r.user_message for r in instance.all_logs(small, of_type=dg.DagsterEventType.ENGINE_EVENT)]
+        assert any("tiny: a small source" in m and "its steps run in this process" in m for m in engine), engine
+        assert _worker_processes(instance, small) == 0
+        assert len([s for s in step_keys(instance, small, dg.DagsterEventType.STEP_SUCCESS)
+                    if s.startswith("twin_tar_shards.write_task")]) == 2
+        # The big one fans out: a process per step.
+        assert _worker_processes(instance, big) >= 4
+    assert (out_root / "tiny" / ".pid-build" / "sharding.json").is_file()
+
+
+def test_the_small_source_threshold_is_a_checked_setting() -> None:
+    assert in_process_below_bytes({}) == 256 * 2**20
+    assert in_process_below_bytes({IN_PROCESS_BELOW_ENV: "0"}) == 0
+    assert in_process_below_bytes({IN_PROCESS_BELOW_ENV: "1.5"}) == int(1.5 * 2**20)
+    for bad in ("-1", "lots", "nan"):
+        with pytest.raises(SmallSourceSettingError, match=rf"{IN_PROCESS_BELOW_ENV}='{bad}': expected a size in MiB"):
+            in_process_below_bytes({IN_PROCESS_BELOW_ENV: bad})
+        # A typo fails the code location's load, not the first run of a small source.
+        with pytest.raises(SmallSourceSettingError, match=IN_PROCESS_BELOW_ENV):
+            pid_executor({IN_PROCESS_BELOW_ENV: bad})
