@@ -32,7 +32,6 @@ from contextlib import contextmanager
 from .config import StreamConfig, StreamStats
 from .errors import ObjectChangedError
 
-
 RAMP_PIECES = 4  # the first block's worth of a process's read-ahead, in this many ranges
 
 
