@@ -1,7 +1,8 @@
 """Issue 34: runs started from the UI end as the operator expects, driven as the UI drives them
 (GraphQL launches with the launchpad's config, "Re-execute" and "Terminate" from the run page,
 the daemon's run queue, run workers): a re-execution that finds its source rebuilt since has
-nothing to finish (part 2); a launchpad re-shard reaches ``sharding.yaml`` only when its build
+nothing to finish (part 2); a verified no-op after a failed build clears the red
+state (part 3); a launchpad re-shard reaches ``sharding.yaml`` only when its build
 commits (part 5); a small source builds in one process, a big one fans out (part 7)."""
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pid_platform.sharding.tasks.run import shard_done_point
 from tests.support.ui_launch import (
     REPO,
     dequeue,
+    graphql,
     launch,
     launchpad_params,
     partition_status,
@@ -39,6 +41,8 @@ from tests.support.ui_launch import (
 )
 
 SOURCE = "photos"
+STALE_STATUS = """query($key: AssetKeyInput!, $partition: String) { assetNodeOrError(assetKey: $key) {
+  __typename ... on AssetNode { staleStatus(partition: $partition) } } }"""
 SUCCESS, FAILURE, CANCELED = dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED
 
 
@@ -111,6 +115,48 @@ def test_reexecute_from_failure_after_a_rebuild_has_nothing_to_finish(
             assert partition_status(context, asset) == {"materialized": [SOURCE], "failed": []}, asset
     assert (out_root / SOURCE / ".pid-build" / "sharding.json").is_file()
     assert not (raw_root / SOURCE / SETTINGS_NAME).exists()
+
+
+@pytest.mark.slow
+def test_a_verified_noop_after_a_failed_build_clears_the_red_state(
+    ui_home: Path, raw_root: Path, out_root: Path,
+) -> None:
+    with dg.DagsterInstance.get() as instance, ui_workspace(instance) as context:
+        instance.add_dynamic_partitions("sources", [SOURCE])
+        built = launch(context, launchpad_params("source_build", SOURCE))
+        assert wait_done(instance, built, 300, context) == SUCCESS
+        manifests = dg.AssetKey("wdinfo_manifests")
+        committed = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=manifests, asset_partitions=[SOURCE]), limit=1).records[0]
+        # A typo in the source's sharding.yaml fails the next build: the source turns red.
+        settings = raw_root / SOURCE / SETTINGS_NAME
+        settings.write_text("max_shard_size_mb: lots\n")
+        failed = launch(context, launchpad_params("source_build", SOURCE))
+        assert wait_done(instance, failed, 300, context) == FAILURE
+        assert partition_status(context, "sample_set")["failed"] == [SOURCE]
+        # The cause fixed, a plain rebuild finds the source as committed and verifies it.
+        settings.unlink()
+        noop = launch(context, launchpad_params("source_build", SOURCE))
+        assert wait_done(instance, noop, 300, context) == SUCCESS
+        said = run_messages(instance, noop)
+        assert any("up to date" in m for m in said) and any("all passed" in m for m in said), said
+        for asset in ("sample_set", "twin_tar_shards", "key_indexes", "wdinfo_manifests"):
+            assert partition_status(context, asset) == {"materialized": [SOURCE], "failed": []}, asset
+        # The committed version restated: the same data version, so nothing downstream is stale.
+        latest = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=manifests, asset_partitions=[SOURCE]), limit=1).records[0]
+        assert latest.storage_id != committed.storage_id
+        assert latest.asset_materialization.tags.get("dagster/data_version") == \
+            committed.asset_materialization.tags.get("dagster/data_version")
+        for asset in ("twin_tar_shards", "key_indexes", "wdinfo_manifests"):
+            node = graphql(context, STALE_STATUS, {"key": {"path": [asset]}, "partition": SOURCE})["assetNodeOrError"]
+            assert node["staleStatus"] == "FRESH", (asset, node)
+        # A second no-op restates nothing more: a source that is green gets no new event.
+        again = launch(context, launchpad_params("source_build", SOURCE))
+        assert wait_done(instance, again, 300, context) == SUCCESS
+        assert instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=manifests, asset_partitions=[SOURCE]), limit=1
+        ).records[0].storage_id == latest.storage_id
 
 
 def _wait_for(path: Path, context, run_id: str, timeout_s: float = 300) -> None:

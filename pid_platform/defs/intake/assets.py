@@ -9,6 +9,7 @@ import pyarrow as pa
 
 from pid_platform.defs.automation.fingerprint import save_fingerprint, source_fingerprint
 from pid_platform.defs.checks.committed import reassert_committed_checks
+from pid_platform.defs.checks.restate import restate_failed_assets
 from pid_platform.defs.groups import BUILD_GROUP, BUILD_POOL
 from pid_platform.defs.metadata import row_count, table
 from pid_platform.defs.partitions import sources_partitions
@@ -117,7 +118,8 @@ def sample_set(
     (orphans per modality, dropped samples by reason, skipped files, key collisions). Only new
     or changed files are validated. When nothing changed since the committed build, the asset
     records an observation (`up_to_date`) instead of a materialization: no new data version,
-    and the steps downstream are skipped.
+    and the steps downstream are skipped; an asset whose last build failed gets its committed
+    materialization reported again, so it shows green (``checks/restate.py``).
     """
     source = context.partition_key
     out = source_store.source_out(source)
@@ -155,6 +157,9 @@ def sample_set(
               "validate": result.validate}
     if result.up_to_date:
         context.log.info(f"{source}: up to date ({report.samples} samples); nothing to build")
+        # A source red from a failed build is green again once verified unchanged; before the
+        # checks, so their results belong to the restated materializations.
+        restate_failed_assets(context, source)
         # The skipped checks' verdict, on what is served.
         reassert_committed_checks(context, source, final_dir(out), target if samples_where else None)
         context.log_event(dg.AssetObservation(
