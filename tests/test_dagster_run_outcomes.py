@@ -22,9 +22,11 @@ from pid_platform.defs.small_sources import (
     in_process_below_bytes,
 )
 from pid_platform.demo import pid_demo as demo
+from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.pause_points import PAUSE_AT_ENV, PAUSE_DIR_ENV, PAUSE_TIMEOUT_ENV
 from pid_platform.sharding.settings import SETTINGS_NAME
-from pid_platform.sharding.tasks.run import shard_done_point
+from pid_platform.sharding.tasks.records import WRITE, record_path
+from pid_platform.sharding.tasks.run import shard_done_point, unfinished_write_tasks
 from tests.support.ui_launch import (
     REPO,
     dequeue,
@@ -204,6 +206,34 @@ def test_a_cancelled_launchpad_reshard_leaves_sharding_yaml_and_a_committed_one_
         assert wait_done(instance, committed, 300, context) == SUCCESS
         assert yaml.safe_load(settings_file.read_text()) == {"seed": 7, "max_shard_size_mb": 0.25}
         assert any("the build committed; launchpad sharding written" in m for m in run_messages(instance, committed))
+
+
+@pytest.mark.slow
+def test_a_step_error_gives_the_ui_advice_not_a_pid_shard_command(
+    ui_home: Path, raw_root: Path, out_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Write task 1 of 2 holds after its first shard; meanwhile task 0's completion record is lost.
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    point = shard_done_point(1, 2)
+    monkeypatch.setenv(PAUSE_AT_ENV, point)
+    monkeypatch.setenv(PAUSE_DIR_ENV, str(pause))
+    with dg.DagsterInstance.get() as instance, ui_workspace(instance) as context:
+        instance.add_dynamic_partitions("sources", [SOURCE])
+        run = launch(context, launchpad_params("source_build", SOURCE, write_tasks=2, max_shard_size_mb=0.25))
+        stem = point.replace(":", "-")
+        _wait_for(pause / f"{stem}.reached", context, run, timeout_s=180)
+        record = record_path(staging_dir(out_root / SOURCE), WRITE, 0, 2)
+        assert record.is_file(), sorted(record.parent.iterdir())
+        record.unlink()
+        (pause / f"{stem}.go").write_text("")
+        assert wait_done(instance, run, 300, context) == FAILURE
+        failures = [r.dagster_event.step_failure_data.error.message
+                    for r in instance.all_logs(run, of_type=dg.DagsterEventType.STEP_FAILURE)]
+        assert len(failures) == 1 and "write task 0 of 2 has not finished" in failures[0], failures
+        assert "pid-shard" not in failures[0] and "Re-execute -> All steps" in failures[0], failures
+    # The CLI's commit of the same staged build still names the command its user runs.
+    assert "run `pid-shard task --index I --of 2` for each" in str(unfinished_write_tasks(out_root / SOURCE))
 
 
 def _folder_bytes(folder: Path) -> int:

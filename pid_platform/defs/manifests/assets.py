@@ -27,6 +27,7 @@ from pid_platform.defs.partitions import sources_partitions
 from pid_platform.defs.resources import SHARDING_CODE_VERSION, ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, retry_only_transient
 from pid_platform.defs.settings import commit_launchpad_settings
+from pid_platform.defs.shards.tasks import ui_advice, unfinished_failure
 from pid_platform.sharding.catalog import build_catalog, build_s3_catalog
 from pid_platform.sharding.commit.manifests import BucketManifest
 from pid_platform.sharding.commit.s3_output import S3Output, read_pointer
@@ -41,7 +42,6 @@ from pid_platform.sharding.pipeline import (
 )
 from pid_platform.sharding.plan.columnar import ShardRef
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
-from pid_platform.sharding.tasks.run import TasksUnfinishedError
 from pid_platform.sharding.tasks.s3_tasks import (
     commit_staged,
     published_config,
@@ -117,7 +117,7 @@ def key_indexes(
     source = context.partition_key
     out = source_store.source_out(source)
     target = source_store.source_target(source)
-    with retry_only_transient():
+    with retry_only_transient(), ui_advice():
         if target is not None:
             return _s3_key_indexes(source_store, source, target)
         nothing_to_finish(out, source, "key_indexes")
@@ -163,7 +163,7 @@ def _s3_key_indexes(source_store: SourceStoreResource, source: str, target: S3Ou
     shutil.rmtree(shards.folder, ignore_errors=True)
     problem = shards.unfinished(target)
     if problem is not None:
-        raise TasksUnfinishedError(f"key_indexes of {source}: {problem}")
+        raise unfinished_failure(f"key_indexes of {source}", problem)
     per_bucket: dict[str, int] = {}
     for p in shards.plans:
         per_bucket[p.bucket] = per_bucket.get(p.bucket, 0) + 1
@@ -201,7 +201,7 @@ def wdinfo_manifests(
     source = context.partition_key
     out = source_store.source_out(source)
     target = source_store.source_target(source)
-    with retry_only_transient():
+    with retry_only_transient(), ui_advice():
         if target is not None:
             config, manifests, state, fingerprint, out = _s3_manifests(source_store, sharding, source, target)
             removed: list[Path] = []

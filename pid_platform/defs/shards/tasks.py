@@ -35,6 +35,7 @@ import hashlib
 import shutil
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -58,7 +59,9 @@ from pid_platform.sharding.plan.columnar import ShardRef
 from pid_platform.sharding.plan.plan_files import PLAN
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.tasks.run import (
+    TaskOrderError,
     TasksUnfinishedError,
+    Unfinished,
     run_write_task,
     stage_plan,
     staged_results,
@@ -83,6 +86,28 @@ def nothing_to_finish(context: dg.OpExecutionContext, source: str) -> str:
     by = f"run {committed.run_id}" if committed is not None and committed.run_id else "another run"
     return (f"nothing to finish: {source} was rebuilt by {by} since this run's plan; its committed build "
             "stands and this run changes nothing (launch a new run to build it again)")
+
+
+# What an operator in the UI does when the sharding layer finds no plan staged or write tasks
+# unfinished; its own messages advise `pid-shard` commands, which the UI's user does not type.
+NO_PLAN_ADVICE = "launch the source_build job for this partition (sample_set stages what the plan needs)"
+UNFINISHED_ADVICE = ("re-execute the run with all steps (Re-execute -> All steps), or launch the source_build "
+                     "job for this partition")
+
+
+@contextmanager
+def ui_advice() -> Iterator[None]:
+    """Inside a step: a ``TaskOrderError`` of the sharding layer, raised again with the UI's advice
+    (its CLI wording left out of the chain, so the run view never shows a `pid-shard` command)."""
+    try:
+        yield
+    except TaskOrderError as exc:
+        raise TaskOrderError(exc.facts, NO_PLAN_ADVICE) from None
+
+
+def unfinished_failure(what: str, problem: Unfinished) -> TasksUnfinishedError:
+    """``what``'s write tasks unfinished, worded for the UI."""
+    return TasksUnfinishedError(f"{what}: {problem.worded(UNFINISHED_ADVICE)}")
 
 
 def _no_sample_set(source: str) -> dg.Failure:
@@ -220,7 +245,7 @@ def write_task(
             context.log.info(f"{name}: {done}/{total} shards")
 
     target = source_store.source_target(source)
-    with retry_only_transient():
+    with retry_only_transient(), ui_advice():
         if target is not None:
             # Into the bucket, shard by shard; each shard's checks and key index are done here,
             # where its bytes are (the later steps read what this task recorded).
@@ -304,7 +329,7 @@ def collect_write_tasks(
     source = context.partition_key
     out = source_store.source_out(source)
     target = source_store.source_target(source)
-    with retry_only_transient():
+    with retry_only_transient(), ui_advice():
         shards = staged_shards(target, source_store.work_root or None, "collect") if target is not None else None
         if _rebuilt_since(out, target, shards):
             context.log.info(f"{source}: {nothing_to_finish(context, source)}")
@@ -314,7 +339,7 @@ def collect_write_tasks(
         else:
             problem = unfinished_write_tasks(out, key_indexes=False)
         if problem is not None:
-            raise TasksUnfinishedError(f"twin_tar_shards of {source}: {problem}")
+            raise unfinished_failure(f"twin_tar_shards of {source}", problem)
         if target is not None:
             config, results = shards.config, shards.results()
             shutil.rmtree(shards.folder, ignore_errors=True)

@@ -77,7 +77,30 @@ def shard_done_point(index: int, of: int) -> str:
 
 
 class TaskOrderError(BuildError):
-    """A task ran before the one it needs (a write task or commit before the plan)."""
+    """A task ran before the one it needs (a write task or commit before the plan). Its message is
+    the raiser's (the sharding layer's: ``facts``, then which ``pid-shard`` command to run); a
+    Dagster step raises it again with its own advice after ``facts``: an operator in the UI types
+    no command."""
+
+    def __init__(self, facts: str, advice: str) -> None:
+        super().__init__(f"{facts}; {advice}")
+        self.facts = facts
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """Why a staged plan cannot be committed yet: the facts (which tasks, where their records are
+    missing) and what a ``pid-shard`` user runs next. ``str()`` is the CLI's wording; a Dagster
+    step uses ``worded`` with its own advice (re-execute, materialize)."""
+
+    facts: str
+    cli_advice: str
+
+    def worded(self, advice: str) -> str:
+        return f"{self.facts}: {advice}; nothing was published"
+
+    def __str__(self) -> str:
+        return self.worded(self.cli_advice)
 
 
 class TasksUnfinishedError(BuildError):
@@ -221,10 +244,8 @@ def _staged_plan(out: Path, what: str) -> tuple[Path, Path] | None:
         return staged, plan
     if (state_dir(final_dir(out)) / SAMPLES).is_file() and not staged.exists():
         return None
-    raise TaskOrderError(
-        f"{what} of {out}: no plan is staged in {staged}; run `pid-shard plan` (the same --input-dir, "
-        "--output-dir and settings) first"
-    )
+    raise TaskOrderError(f"{what} of {out}: no plan is staged in {staged}",
+                         "run `pid-shard plan` (the same --input-dir, --output-dir and settings) first")
 
 
 def run_write_task(
@@ -297,7 +318,7 @@ def spans_text(positions: list[int]) -> str:
 
 
 def unfinished_write_tasks(out: Path, *, key_indexes: bool = True, plans: list[ShardRef] | None = None,
-                           ) -> str | None:
+                           ) -> Unfinished | None:
     """Why the staged plan of ``out`` cannot be committed yet (None: every write task is done).
 
     Done means: every shard of the plan lies in the range of a write task's record for this plan,
@@ -332,22 +353,20 @@ def unfinished_write_tasks(out: Path, *, key_indexes: bool = True, plans: list[S
     if len(ofs) == 1:
         n = ofs[0]
         unfinished = [i for i in range(n) if not all(covered[slice(*slice_bounds(len(plans), i, n))])]
-        return (
+        return Unfinished(
             f"write task{'s' if len(unfinished) > 1 else ''} {', '.join(map(str, unfinished))} of {n} "
             f"{'have' if len(unfinished) > 1 else 'has'} not finished (no completion record in {where}"
-            f"{'; some had a shard missing or damaged since, and must run again' if damaged else ''}): run "
-            f"`pid-shard task --index I --of {n}` for each, then commit again; nothing was published"
-        )
+            f"{'; some had a shard missing or damaged since, and must run again' if damaged else ''})",
+            f"run `pid-shard task --index I --of {n}` for each, then commit again")
     if not ofs:
-        return (
+        return Unfinished(
             f"no write task has finished for the staged plan of {out} ({len(plans)} shards; no completion "
-            f"record in {where}): run `pid-shard task --index I --of N` for I = 0 .. N-1, then commit again; "
-            "nothing was published"
-        )
-    return (
+            f"record in {where})",
+            "run `pid-shard task --index I --of N` for I = 0 .. N-1, then commit again")
+    return Unfinished(
         f"shards {spans_text(missing)} of {len(plans)} lie in no finished write task (records for --of "
-        f"{', '.join(map(str, ofs))} in {where}): run the missing tasks of one N, then commit again; "
-        "nothing was published"
+        f"{', '.join(map(str, ofs))} in {where})",
+        "run the missing tasks of one N, then commit again"
     )
 
 

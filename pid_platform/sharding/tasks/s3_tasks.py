@@ -108,6 +108,7 @@ from pid_platform.sharding.tasks.run import (
     TaskOrderError,
     TaskOutcome,
     TasksUnfinishedError,
+    Unfinished,
     report_from_json,
     run_intake_task,
     run_plan,
@@ -151,8 +152,8 @@ def staged_or_refuse(output: S3Output, what: str) -> Staged | None:
     why = (f"{output}/{staging.rel(STAGED_NAME)} is missing beside {', '.join(left)}{' ...' if len(left) > 2 else ''} "
            "(a plan was killed while staging, or an intake was staged since)") if left else (
         f"{output}/{staging.rel(STAGED_NAME)} is missing")
-    raise TaskOrderError(f"{what} of {output}: no plan is staged ({why}); run `pid-shard plan` (the same --input-dir, "
-                         "--output-dir and settings) first")
+    raise TaskOrderError(f"{what} of {output}: no plan is staged ({why})",
+                         "run `pid-shard plan` (the same --input-dir, --output-dir and settings) first")
 
 
 def run_s3_intake_task(
@@ -571,12 +572,12 @@ class StagedShards:
     def results(self) -> list[ShardResult]:
         return pipeline.planned_results(self.plans, self.cov.written.__contains__)
 
-    def unfinished(self, output: S3Output) -> str | None:
+    def unfinished(self, output: S3Output) -> Unfinished | None:
         if not self.cov.missing:
             return None
-        return (f"shards {spans_text(self.cov.missing)} of {len(self.plans)} lie in no finished write task (no "
-                f"completion record under {output}/{staging.rel('tasks')}/): run `pid-shard task --index I --of N` "
-                "for each unfinished I of one N, then commit again; nothing was published")
+        return Unfinished(f"shards {spans_text(self.cov.missing)} of {len(self.plans)} lie in no finished write task "
+                          f"(no completion record under {output}/{staging.rel('tasks')}/)",
+                          "run `pid-shard task --index I --of N` for each unfinished I of one N, then commit again")
 
     def problems(self, output: S3Output, check: str) -> list[str]:
         """What the write tasks' ``check`` found in their shards, and every shard object the
