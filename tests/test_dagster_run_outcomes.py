@@ -150,6 +150,12 @@ def test_a_verified_noop_after_a_failed_build_clears_the_red_state(
         assert latest.storage_id != committed.storage_id
         assert latest.asset_materialization.tags.get("dagster/data_version") == \
             committed.asset_materialization.tags.get("dagster/data_version")
+        # The re-asserted checks are on the restated materialization, the one the asset page shows.
+        check = instance.event_log_storage.get_asset_check_execution_history(
+            dg.AssetCheckKey(manifests, "manifest_counts_match_tars"), limit=1)[0]
+        assert check.run_id == noop and check.status.value == "SUCCEEDED", check
+        assert check.event.dagster_event.asset_check_evaluation_data.target_materialization_data.storage_id == \
+            latest.storage_id
         for asset in ("twin_tar_shards", "key_indexes", "wdinfo_manifests"):
             node = graphql(context, STALE_STATUS, {"key": {"path": [asset]}, "partition": SOURCE})["assetNodeOrError"]
             assert node["staleStatus"] == "FRESH", (asset, node)
