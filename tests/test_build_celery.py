@@ -216,10 +216,11 @@ def test_kill_9_of_a_worker_mid_write_task_ends_with_the_same_bytes(
     # must exceed the longest step (a step still running past it would be delivered twice).
     config = _celery_run_config(redis_server, QUEUE, visibility_timeout_s=30)
     worker_settings = config["execution"]["config"]["celery"]
-    # Worker a stops in its write task once one shard is in the bucket; b does all else.
+    # Worker a runs the steps alone until it stops in a write task once one shard is in the bucket;
+    # only then does b start. With both consuming from the start, which worker takes each write
+    # task is a race: b took all three in one CI run (a, never writing, never paused).
     a = celery_workers.start("a", [QUEUE], {**env, "PID_PAUSE_AT": SHARD_DONE_POINT, "PID_PAUSE_DIR": str(pause_dir)},
                              worker_settings)
-    celery_workers.start("b", [QUEUE], env, worker_settings)
     _use_worker_roots(monkeypatch, env)
 
     stop, seen = threading.Event(), []
@@ -240,6 +241,7 @@ def test_kill_9_of_a_worker_mid_write_task_ends_with_the_same_bytes(
     while not reached.exists():
         assert run.is_alive() and time.monotonic() < deadline, f"never reached {SHARD_DONE_POINT}: {outcome}"
         time.sleep(0.1)
+    celery_workers.start("b", [QUEUE], env, worker_settings)
     a.kill()  # kill -9 of the worker, its pool process with it, one shard of its write task sent
 
     # The broker delivers the unacknowledged step again, to b, which keeps what a had sent.
