@@ -263,7 +263,7 @@ def test_an_altered_write_record_is_refused_by_the_commit_naming_it(
     forged["digests"]["0"][tar] = "0" * 64  # a checksum no tar has
     altered(forged)
     forged = json.loads(json.dumps(record))
-    forged["tar_bytes"]["0"][tar] += 512  # a size no tar has
+    forged["tar_sizes"]["0"][tar] += 512  # a size no tar has
     altered(forged)
     # A damaged record (strict reader): one line naming it, not "no finished write task".
     client.put_object(Bucket=bucket, Key=key, Body=json.dumps(record).encode()[:-40])

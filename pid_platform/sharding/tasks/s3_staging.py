@@ -424,7 +424,7 @@ def coverage(plans: Sequence[Shard], recs: list[dict]) -> Coverage:
             for i in range(start, stop):
                 cov.digests[i] = dict(r["digests"][str(i)])
                 cov.key_index_bytes[i] = int(r["key_index_bytes"][str(i)])
-                cov.tar_bytes[i] = dict(r["tar_bytes"][str(i)])
+                cov.tar_bytes[i] = dict(r["tar_sizes"][str(i)])
                 cov.etags[i] = dict(r.get("etags", {}).get(str(i)) or {})
                 cov.record[i] = str(r.get("path"))
                 cov.problems[i] = dict(r.get("problems", {}).get(str(i), {}))

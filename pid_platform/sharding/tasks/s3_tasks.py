@@ -509,7 +509,7 @@ def run_s3_write_task(
             "version": staged.version, "shards": [first, stop], "written": sorted(sent),
             "digests": {str(i): m["tars"] for i, m in sorted(found.items())},
             "key_index_bytes": {str(i): m["key_index_bytes"] for i, m in sorted(found.items())},
-            "tar_bytes": {str(i): m["bytes"] for i, m in sorted(found.items())},
+            "tar_sizes": {str(i): m["bytes"] for i, m in sorted(found.items())},
             "etags": {str(i): m.get("etags", {}) for i, m in sorted(found.items())},
             "problems": {str(i): m.get("problems", {}) for i, m in sorted(found.items())},
         }, sort_keys=True, indent=1).encode(), f"write task {index} of {of}")
