@@ -44,7 +44,7 @@ def restate_failed_assets(context: dg.AssetExecutionContext, source: str) -> lis
         if not records:
             continue  # never built: nothing committed to restate
         committed = records[0]
-        failed = _failed_since(instance, key, source, committed.storage_id, context.run_id)
+        failed = _failed_since(instance, key, source, committed.storage_id, context.run.run_id)
         if not failed:
             continue
         event = committed.asset_materialization
@@ -53,7 +53,7 @@ def restate_failed_assets(context: dg.AssetExecutionContext, source: str) -> lis
             metadata={**event.metadata,
                       "restated": dg.MetadataValue.text(
                           f"the committed version of run {committed.run_id}, verified unchanged by run "
-                          f"{context.run_id} after failed run(s) {', '.join(failed)}")},
+                          f"{context.run.run_id} after failed run(s) {', '.join(failed)}")},
             # Data, code and input versions as committed: nothing downstream turns stale.
             tags=event.tags,
         ))

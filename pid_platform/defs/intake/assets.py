@@ -119,7 +119,7 @@ def sample_set(
     or changed files are validated. When nothing changed since the committed build, the asset
     records an observation (`up_to_date`) instead of a materialization: no new data version,
     and the steps downstream are skipped; an asset whose last build failed gets its committed
-    materialization reported again, so it shows green (``checks/restate.py``).
+    materialization reported again, so it shows green (`checks/restate.py`).
     """
     source = context.partition_key
     out = source_store.source_out(source)
