@@ -20,7 +20,7 @@ from pid_platform.demo.sample_data import make_sample_source
 from pid_platform.sharding.settings import SETTINGS_NAME
 from tests.support.browser import CHROMEDRIVER, CHROMIUM, headless_chromium, wait_for_text
 from tests.support.dagster_dev import DagsterDev
-from tests.support.dagster_runs import build_source, load_defs, tars, use_roots
+from tests.support.dagster_runs import build_catalog, build_source, load_defs, tars, use_roots
 
 pytestmark = [
     pytest.mark.slow,
@@ -190,3 +190,114 @@ def test_asset_graph_partitions_checks_and_a_launched_run(tmp_path: Path, monkey
     assert (shots / "asset-graph-after-run.png").stat().st_size > 10_000
     assert (shots / "reshard-run.png").stat().st_size > 10_000
     assert dev.stop() == []  # already stopped: nothing of dagster dev is left running
+
+
+RUN_TIMES = """query($id: ID!) { runOrError(runId: $id) { __typename
+  ... on Run { status startTime endTime } } }"""
+RELOAD = """mutation { reloadRepositoryLocation(repositoryLocationName: "pid_platform") { __typename } }"""
+BLEND = {"sources": {"photos": {"weight": 1.0}}, "samples_per_epoch": 50}
+EDITED = {"sources": {"photos": {"weight": 1.0}}, "samples_per_epoch": 120}
+
+
+def _launch_reshard(dev: DagsterDev, shard_size: int) -> str:
+    """A ``source_build`` run of photos from the launchpad's pre-filled config, ``shard_size`` set."""
+    job = {**LOCATION, "pipelineName": "source_build"}
+    config = yaml.safe_load(dev.graphql(PREFILLED, {"selector": job})["runConfigSchemaOrError"]["rootDefaultYaml"])
+    config["resources"]["sharding"]["config"]["shard_size"] = shard_size
+    params = {"selector": {**LOCATION, "jobName": "source_build"}, "runConfigData": config,
+              "executionMetadata": {"tags": [{"key": "dagster/partition", "value": "photos"}]}}
+    launched = dev.graphql(LAUNCH, {"params": params})["launchRun"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    return launched["run"]["runId"]
+
+
+def test_two_launches_of_one_source_build_one_at_a_time_and_a_datasets_edit_reaches_the_catalog(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two findings of the operator's second day, end to end in the UI: two launchpad re-shards of
+    one source 2 s apart used to run at once in one staging folder and break each other (now the
+    second waits in the queue until the first has ended, and the UI shows it queued); an edit of
+    ``datasets.yaml`` changed ``datasets/blend`` but not ``catalog.json``, which the loader reads
+    (now the reload plus the automation sensor's next run write it)."""
+    from loader.formats.catalog import read_catalog
+    from loader.mixture import Mixture
+
+    home = demo.prepare_home(tmp_path / "home")
+    definitions = tmp_path / "datasets.yaml"
+    definitions.write_text(yaml.safe_dump({"blend": BLEND}))
+    env = {"PID_RAW_ROOT": str(tmp_path / "raw"), "PID_OUTPUT_ROOT": str(tmp_path / "out"),
+           "PID_LEROBOT_ROOT": str(tmp_path / "lerobot"), "PID_DATASETS": str(definitions)}
+    for name in ("PID_RAW_ROOT", "PID_OUTPUT_ROOT", "PID_LEROBOT_ROOT"):
+        Path(env[name]).mkdir()
+    source = make_sample_source(tmp_path / "raw" / "photos", photos=("coffee", "astronaut", "chelsea"),
+                                ratios=((3, 4),), with_problems=False)
+    use_roots(monkeypatch, tmp_path / "raw", tmp_path / "out")
+    monkeypatch.setenv("PID_DATASETS", str(definitions))
+    with dg.instance_for_test(), dg.DagsterInstance.from_config(str(home)) as instance:
+        instance.add_dynamic_partitions("sources", ["photos"])
+        instance.add_dynamic_partitions("lerobot_datasets", [demo.LEROBOT_DATASET])
+        defs = load_defs()
+        assert build_source(defs, instance, "photos").success
+        assert build_catalog(defs, instance).success
+    out_root = tmp_path / "out"
+    assert read_catalog(out_root).mixture("blend") == Mixture.from_json("blend", BLEND)
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    log = tmp_path / "dagster-dev.log"
+
+    with DagsterDev(home, env, log) as dev, \
+            headless_chromium(tmp_path / "chromium-profile", tmp_path / "chromedriver.log") as browser:
+        browser.get("about:blank")
+        first = _launch_reshard(dev, 2)
+        time.sleep(2)
+        second = _launch_reshard(dev, 3)
+        # While the first works, the second waits in the queue; the runs page shows both.
+        deadline, seen_queued = time.monotonic() + 120, False
+        while time.monotonic() < deadline:
+            a = dev.graphql(RUN_TIMES, {"id": first})["runOrError"]["status"]
+            b = dev.graphql(RUN_TIMES, {"id": second})["runOrError"]["status"]
+            assert not (a == "STARTED" and b == "STARTED"), "two builds of photos ran at once"
+            if a == "STARTED" and b == "QUEUED":
+                seen_queued = True
+                browser.get(f"{dev.url}/runs/{second}")
+                _shown(browser, ["Queued", "Run queued"], "queued second run", shots)
+                browser.save_screenshot(str(shots / "second-launch-queued.png"))
+                browser.get(f"{dev.url}/runs")
+                _shown(browser, ["Queued"], "runs page with the queued launch", shots)
+                browser.save_screenshot(str(shots / "runs-one-build-at-a-time.png"))
+                browser.get("about:blank")
+                break
+            if a in ("SUCCESS", "FAILURE", "CANCELED"):
+                break
+            time.sleep(0.5)
+        assert seen_queued, "the second launch of photos was never seen queued behind the first"
+        _wait_for_run(dev, first, log, 400)
+        _wait_for_run(dev, second, log, 400)
+        times = {r: dev.graphql(RUN_TIMES, {"id": r})["runOrError"] for r in (first, second)}
+        assert times[second]["startTime"] >= times[first]["endTime"], times  # one build at a time
+        browser.get(f"{dev.url}/runs/{second}")
+        _shown(browser, ["source_build", "Success"], "second run page", shots)
+        browser.save_screenshot(str(shots / "second-launch-done.png"))
+        # The last committed launch's setting is the source's: each build committed its own.
+        assert _built_with(out_root / "photos")["shard_size"] == 3
+        assert yaml.safe_load((source / SETTINGS_NAME).read_text())["shard_size"] == 3
+
+        # Edit datasets.yaml, reload the code location (the UI's Reload button), and the
+        # automation sensor's next run writes catalog.json.
+        before = _automation_runs(dev)
+        definitions.write_text(yaml.safe_dump({"blend": EDITED}))
+        assert dev.graphql(RELOAD)["reloadRepositoryLocation"]["__typename"] == "WorkspaceLocationEntry"
+        browser.get("about:blank")
+        deadline = time.monotonic() + 240
+        while read_catalog(out_root).mixture("blend") != Mixture.from_json("blend", EDITED):
+            assert time.monotonic() < deadline, f"catalog.json never got the edit: {log.read_text()[-3000:]}"
+            time.sleep(3)
+        browser.get(f"{dev.url}/assets/dataset_catalog")
+        _shown(browser, ["dataset_catalog", "pid_platform"], "catalog after the edit", shots)
+        browser.save_screenshot(str(shots / "catalog-after-datasets-edit.png"))
+        browser.get(f"{dev.url}/assets/datasets/blend")
+        _shown(browser, ["blend", "pid_platform"], "dataset after the edit", shots)
+        browser.save_screenshot(str(shots / "dataset-blend-after-edit.png"))
+        assert _automation_runs(dev) - before, "catalog.json was written by no automation run"
+    for shot in ("second-launch-queued.png", "second-launch-done.png", "catalog-after-datasets-edit.png"):
+        assert (shots / shot).stat().st_size > 10_000
+    assert dev.stop() == []
