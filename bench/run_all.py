@@ -52,6 +52,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_remote_read": ["--samples", "800", "--rounds", "2", "--baseline"],
 }
 TARGET_LINE = re.compile(r"^(PASS|MISS):\s*(.*)$")
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 MAX_OUTPUT_LINES = 200
 
@@ -109,6 +110,9 @@ def run_one(name: str, args: list[str], timeout: float, folder: Path = BENCH) ->
     except subprocess.TimeoutExpired as exc:
         run.output = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
     run.seconds = time.perf_counter() - t0
+    # Child processes' loggers (a Dagster code server's, say) colour their lines; RESULTS.md is
+    # Markdown, where the escape codes show as noise.
+    run.output = ANSI_ESCAPE.sub("", run.output)
     run.targets = parse_targets(run.output)
     return run
 
