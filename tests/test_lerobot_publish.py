@@ -26,6 +26,7 @@ from pid_platform.lerobot.publish import (
     parse_target,
     publish_sidecar,
 )
+from tests.support.fault_proxy import cut_request
 from tests.support.hub_standin import HubStandIn
 from tests.support.publish_data import (
     REPO_ID,
@@ -222,29 +223,17 @@ def test_s3_republish_switches_the_pointer_and_keeps_one_previous_generation(
 
 
 def test_s3_failed_upload_leaves_the_previous_pointer(
-    tmp_path: Path, s3_env, s3_dataset: str, lerobot_v3_root: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+    tmp_path: Path, s3_env, s3_dataset: str, lerobot_v3_root: Path, fault_proxy,  # noqa: F811
 ) -> None:
-    from pid_platform.lerobot import publish_s3
-
     target = S3Target(s3_dataset)
     good = publish_sidecar(build(lerobot_v3_root, tmp_path / "good.npz", revision="v1"), target)
-    real = publish_s3._store
-
-    def failing(t: S3Target):
-        store = real(t)
-        client = store.client
-
-        def refuse(model, params, **_):
-            if model.name == "PutObject" and params["Key"].endswith(".npz"):
-                raise ConnectionError("injected: the connection dropped during the NPZ upload")
-
-        client.meta.events.register("before-parameter-build.s3.PutObject", refuse)
-        return store
-
-    monkeypatch.setattr(publish_s3, "_store", failing)
+    # Every connection through the proxy is reset as the NPZ's PUT starts (each of botocore's
+    # retries too): the upload never reaches the server, whatever else goes through.
+    proxy = fault_proxy(s3_env.endpoint_url, [cut_request(rb"PUT \S*\.npz")] * 50)
     ds = Path(shutil.copytree(lerobot_v3_root, tmp_path / "ds"))
-    with pytest.raises(Exception, match="injected"):
-        publish_sidecar(build(ds, tmp_path / "bad.npz", revision="v1"), target)
+    with pytest.raises(PublishError, match="npz"):
+        publish_sidecar(build(ds, tmp_path / "bad.npz", revision="v1"), S3Target(s3_dataset, endpoint_url=proxy.url))
+    assert proxy.fired["cut_request"] >= 1, proxy.fired
     pointer = json.loads(s3_env.client().get_object(Bucket=target.bucket, Key=f"datasets/av1/{SIDECAR_DIR}/v1.json")["Body"].read())
     assert pointer["sha256"] == good.sha256
 

@@ -8,7 +8,11 @@ used up); a fault fires once the connection has carried ``after`` response bytes
 * ``rst``: abort the client connection (TCP RST);      * ``fin``: close it cleanly (TCP FIN);
 * ``stall``: forward nothing for ``seconds``, then go on; * ``trickle``: forward at ``bps`` from then on;
 * ``unavailable``: answer the connection's first request with an S3-style HTTP 503 (SlowDown's
-  cousin, ServiceUnavailable) and close it, never reaching the server.
+  cousin, ServiceUnavailable) and close it, never reaching the server;
+* ``cut_request``: watch client->server bytes and reset the connection (TCP RST, the server
+  gets nothing more) when a request matching ``request`` (a regex over the raw bytes, e.g. the
+  request line of one upload) starts: a connection dropped during that request, whatever others
+  the connection carried before.
 
 Every wait is bounded and interruptible; ``stop()`` (fixture teardown) ends all connections.
 """
@@ -16,6 +20,7 @@ Every wait is bounded and interruptible; ``stop()`` (fixture teardown) ends all 
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import struct
 import threading
@@ -33,11 +38,12 @@ _RECV = 64 * 1024
 
 @dataclass(frozen=True)
 class Fault:
-    action: Literal["pass", "rst", "fin", "stall", "trickle", "unavailable"] = "pass"
+    action: Literal["pass", "rst", "fin", "stall", "trickle", "unavailable", "cut_request"] = "pass"
     after: int = 0            # response bytes forwarded on this connection before the fault
     seconds: float = 0.0      # stall length
     bps: float = 0.0          # trickle rate, bytes per second
     chunk: int = 256          # trickle piece size
+    request: bytes = b""      # cut_request: regex over client->server bytes
 
 
 PASS = Fault()
@@ -59,6 +65,15 @@ def unavailable() -> Fault:
     """The connection's first request answered 503 Service Unavailable, as S3 does under load."""
     return Fault("unavailable")
 
+
+def cut_request(request: bytes) -> Fault:
+    """The connection reset as a request matching ``request`` (a bytes regex) starts."""
+    return Fault("cut_request", request=request)
+
+
+# How far back a cut_request pattern may reach into the previous chunk (a request line split
+# between two reads still matches).
+_CUT_LOOKBACK = 512
 
 _503_BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>ServiceUnavailable</Code>'
              b"<Message>Please reduce your request rate.</Message></Error>")
@@ -152,7 +167,7 @@ class FaultProxy:
             for s in (client, server):
                 s.settimeout(_POLL_S)
             done = _Countdown(2, lambda c=client, s=server: self._forget(c, s))
-            for target, args in ((self._pump_up, (client, server, done)),
+            for target, args in ((self._pump_up, (client, server, fault, done)),
                                  (self._pump_down, (server, client, fault, done))):
                 t = threading.Thread(target=target, args=args, daemon=True)
                 with self._lock:
@@ -194,9 +209,19 @@ class FaultProxy:
         with self._lock:
             self._sockets.difference_update((client, server))
 
-    def _pump_up(self, client: socket.socket, server: socket.socket, done: _Countdown) -> None:
+    def _pump_up(self, client: socket.socket, server: socket.socket, fault: Fault, done: _Countdown) -> None:
+        cut = re.compile(fault.request) if fault.action == "cut_request" else None
+        tail = b""
         try:
             while (data := self._recv(client)):
+                if cut is not None:
+                    if cut.search(tail + data):  # checked before forwarding: the server never sees it
+                        with self._lock:
+                            self.fired["cut_request"] += 1
+                        _close(client, rst=True)
+                        _close(server)
+                        return
+                    tail = (tail + data)[-_CUT_LOOKBACK:]
                 try:
                     server.sendall(data)
                 except OSError:
