@@ -33,6 +33,7 @@ from pid_platform.sharding import pipeline
 from pid_platform.sharding.commit import versions
 from pid_platform.sharding.commit.manifest_roots import rewrite_manifest_roots
 from pid_platform.sharding.commit.state import REPORT, SAMPLES, load_intake_settings, state_dir
+from pid_platform.sharding.commit.verify_output import damaged_shards
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.intake.cache import CACHE_NAME, IntakeCache
 from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, check_validate_level
@@ -42,12 +43,14 @@ from pid_platform.sharding.intake.task import (
     intake_slice,
     slice_bounds,
 )
-from pid_platform.sharding.layout import bucket_dir, final_dir
+from pid_platform.sharding.layout import bucket_dir, final_dir, stamp_path
+from pid_platform.sharding.output_lock import build_lock
 from pid_platform.sharding.pause_points import pause_point
-from pid_platform.sharding.plan.add_modality import load_plan_cut
+from pid_platform.sharding.plan.add_modality import (
+    refuse_keep_for_positional_readers,
+)
 from pid_platform.sharding.plan.columnar import ShardRef
 from pid_platform.sharding.plan.plan_files import (
-    iter_shard_range,
     load_shards,
     shards_identity,
 )
@@ -65,7 +68,7 @@ from pid_platform.sharding.tasks.records import (
     tasks_dir,
     write_record,
 )
-from pid_platform.sharding.write.tars import ShardResult, shard_up_to_date, write_shards
+from pid_platform.sharding.write.tars import ShardResult, shard_up_to_date
 
 # Held (PID_PAUSE_AT) once a write task has put one shard's outputs in place: tests kill it there.
 SHARD_DONE_POINT = "write-task:shard-done"
@@ -134,6 +137,7 @@ class PlanOutcome:
     files_validated: int = 0
     outcomes_reused: int = 0
     buckets: dict[str, int] = field(default_factory=dict)  # bucket -> shards
+    damaged_shards: int = 0  # with ``repair``: committed shards whose tars were missing or damaged
 
 
 # In a write record: the plan it wrote shards of (``plan_files.shards_identity``).
@@ -178,7 +182,7 @@ def run_intake_task(
 def run_plan(
     store: SourceStore, source: str, out: Path, config: ShardingConfig, *, trust_pickle: bool = False,
     num_workers: int = 1, force: bool = False, validate: str = VALIDATE_FULL, revalidate: bool = False,
-    progress: Callable | None = None, committed: Path | None = None,
+    progress: Callable | None = None, committed: Path | None = None, repair: bool = False,
 ) -> PlanOutcome:
     """The plan of a build: the intake over the whole source (validating only what neither the
     caches nor the intake tasks vouch for), then ``plan.parquet`` and ``sharding.json``.
@@ -187,8 +191,11 @@ def run_plan(
     (``PlanOutcome.up_to_date``); the write tasks and the commit then have nothing to do.
     ``committed``: the folder whose state holds the committed plan (default: ``out``'s committed
     build; an s3 output's plan passes the published version's, pulled from the bucket).
+    ``repair``: every committed tar is read first; a shard with one missing or whose sha256 is
+    not its manifest's is planned anew (``forget_damaged_shards``), so the write tasks write it.
     """
     out = Path(out)
+    damaged = forget_damaged_shards(out) if repair else 0
     result = pipeline.run_intake(store, source, out, config, trust_pickle=trust_pickle, num_workers=num_workers,
                                  progress=progress, force=force, validate=validate, revalidate=revalidate,
                                  stop_if_up_to_date=True)
@@ -199,10 +206,25 @@ def run_plan(
     if up_to_date:
         plans = load_shards(final_dir(out), pipeline.load_sharding_config(final_dir(out)))
         return PlanOutcome(out, r, len(plans), r.samples, True, r.files_validated, r.outcomes_reused,
-                           dict(Counter(p.bucket for p in plans)))
+                           dict(Counter(p.bucket for p in plans)), damaged)
     plans = pipeline.stage_plan_files(store, source, out, config, committed)
     return PlanOutcome(out, r, len(plans), r.samples, False, r.files_validated, r.outcomes_reused,
-                       dict(Counter(p.bucket for p in plans)))
+                       dict(Counter(p.bucket for p in plans)), damaged)
+
+
+def forget_damaged_shards(out: Path) -> int:
+    """Read every tar of the committed build of ``out``; a shard with one missing or whose sha256
+    differs from its manifest's loses its stamp, so the plan does not count it up to date and a
+    write task writes it again instead of reusing it. Returns how many."""
+    final = final_dir(out)
+    try:
+        plans = load_shards(final, pipeline.load_sharding_config(final))
+    except FileNotFoundError:
+        return 0  # nothing committed: the build writes every shard anyway
+    damaged = damaged_shards(final, plans)
+    for plan, _tar in damaged:
+        stamp_path(final, plan.bucket, plan.index).unlink(missing_ok=True)
+    return len(damaged)
 
 
 @pipeline.build_step
@@ -284,15 +306,9 @@ def run_write_task(
         pause_point(SHARD_DONE_POINT)
         pause_point(shard_done_point(index, of))
 
-    cut = load_plan_cut(staging)
-    done = iter(range(1, stop - first + 1))
-    step = (lambda _result: progress(next(done), stop - first)) if progress else None
-    results: list[ShardResult] = []
     # Its own samples, no others, a row group's shards at a time.
-    for batch in iter_shard_range(staging, config, shards, first, stop):
-        results += write_shards(store, source, staging, batch, previous=final_dir(out), num_workers=num_workers,
-                                progress=step, then=then, only_own_temp_files=True,
-                                reuse=cut.reused_modalities if cut else None)
+    results = pipeline.write_range(store, source, out, config, shards, first, stop, num_workers=num_workers,
+                                   progress=progress, then=then)
     written = [first + i for i, r in enumerate(results) if r.written]
     # Last: the record says every output of these shards is in place.
     path = write_record(staging, WRITE, index, of, {
@@ -416,3 +432,32 @@ def run_commit(out: Path, *, num_workers: int = 1, manifest_root: str = "relativ
                                                    manifest_root=manifest_root, plans=plans)
     return pipeline.BuildSummary(report.source, out, report, pipeline.summarize(results),
                                  [m.path for m in manifests], removed, validate)
+
+
+def run_build(
+    store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int = 1,
+    trust_pickle: bool = False, progress: Callable[[int, int], None] | None = None, force: bool = False,
+    validate: str = VALIDATE_FULL, revalidate: bool = False, manifest_root: str = "relative",
+    repair: bool = False,
+) -> pipeline.BuildSummary:
+    """``pid-shard`` of a folder output: the tasked build in one process, holding the build lock
+    throughout: ``run_plan``, write task 0 of 1, ``run_commit`` (the functions ``pid-shard
+    plan|task|commit`` and the Dagster steps run; ``s3_tasks.run_s3_build`` for an s3 output).
+
+    A rebuild validates only new or changed files (``revalidate``: all of them), and one that
+    finds nothing changed writes nothing (``BuildSummary.up_to_date``). A missing tar, or one of
+    the wrong size, is seen by every rebuild (its stamp) and written again; ``repair`` also reads
+    every tar and replaces those whose sha256 differs from their manifest's.
+    """
+    out = Path(out)
+    root_base(manifest_root, final_dir(out))  # bad settings are refused before any work
+    refuse_keep_for_positional_readers(manifest_root, str(final_dir(out)), config=config)
+    with build_lock(out):
+        plan = run_plan(store, source, out, config, trust_pickle=trust_pickle, num_workers=num_workers, force=force,
+                        validate=validate, revalidate=revalidate, repair=repair)
+        if not plan.up_to_date:
+            run_write_task(store, source, out, 0, 1, num_workers=num_workers, progress=progress)
+        summary = run_commit(out, num_workers=num_workers, manifest_root=manifest_root)
+    # This run's intake (files validated, outcomes reused), not the staged report's copy of it.
+    summary.report, summary.damaged_shards = plan.report, plan.damaged_shards
+    return summary

@@ -501,7 +501,7 @@ def run_s3_write_task(
                         progress(finished, total)
 
                 write_shards(store, source, scratch, [p for _, p in todo], num_workers=num_workers, progress=step,
-                             then=send, only_own_temp_files=True)
+                             then=send)
                 sent += [i for i, _ in todo]
         # Last: the record says every shard of the range is in the bucket, with each tar's sha256.
         staging.put(output, rel, json.dumps({
