@@ -19,8 +19,8 @@ own (``PID_WORK_ROOT``) that nothing else reads; the staged build lives under
   A killed task run again keeps every shard whose marker and objects are there; its record
   (every shard's digests and check findings) comes last.
 * ``pid-shard commit``: the manifests, from the plan and the records' digests (no tar is read),
-  sent after every object is checked in one listing, then the pointer switch, as
-  ``s3_output.publish_version`` does, but only from the pointer the plan saw (``staged.json``);
+  sent after every object is checked in one listing, then the pointer switch
+  (``s3_output.switch_pointer``), only from the pointer the plan saw (``staged.json``);
   then ``staged/`` is deleted.
 
 Nothing staged is taken on trust: ``staged.json`` is checked field by field (a version id that
@@ -758,8 +758,7 @@ def _publish(output: S3Output, staged: Staged, bodies: dict[str, bytes | Path], 
     """The manifests and settings (``bodies``: path in the version folder -> bytes or file) of
     the staged version (whose tars the write tasks sent), and its state files ``copies``
     copied inside the bucket from ``staged/state/``, then the check of every object where it
-    lives (``expected``: version folder -> object -> size) and the conditional pointer switch
-    (``s3_output.publish_version``'s end)."""
+    lives (``expected``: version folder -> object -> size) and the conditional pointer switch."""
     vid = staged.version
     uses = [staged.base] if staged.base is not None else []
     current, _etag = s3_output.read_pointer_tagged(output)
