@@ -275,8 +275,11 @@ def _stage_in_bucket(output: S3Output, folder: Path, source: str, staged_id: str
     cut against the pointer ``seen``, staged for the write tasks; published in place when
     ``in_place`` (its ``MARKER`` first, before any task puts a tar into another version's
     folder). A plan that lost the build lease (stalled past its TTL while another build took
-    it) stops here and before ``staged.json``, staging nothing a task would take."""
-    check_held(output)
+    it) stops here and before ``staged.json``, staging nothing a task would take; earlier write
+    records go (this plan's tasks report what they did themselves)."""
+    pause_point(PLAN_BEFORE_STAGING_POINT)
+    check_held(output)  # before the first object of the staging changes
+    staging.clear_write_records(output)
     vid, _uses = published_as(staged_id, in_place)
     if in_place is None:
         return staging.stage_plan_state(output, folder, source, seen, version=vid,
@@ -313,9 +316,6 @@ def run_s3_plan(
         if not repair and _already_served(output, folder, vid, uses, config):
             _delete_staged(output)
             return plan, None
-        pause_point(PLAN_BEFORE_STAGING_POINT)
-        check_held(output)  # before the first object of the staging changes
-        staging.clear_write_records(output)
         return plan, _stage_in_bucket(output, folder, source, staged_id, in_place, seen).version
 
 
@@ -346,9 +346,6 @@ def stage_plan_in_bucket(store: SourceStore, source: str, output: S3Output, work
         folder = versions.staging_dir(work)
         staged_id = s3_output.version_id(folder)
         in_place = in_place_of(output, folder, staged_id)
-        pause_point(PLAN_BEFORE_STAGING_POINT)
-        check_held(output)  # before the first object of the staging changes
-        staging.clear_write_records(output)
         return plans, _stage_in_bucket(output, folder, source, staged_id, in_place, seen).version
 
 
