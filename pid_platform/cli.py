@@ -31,21 +31,16 @@ from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, VALIDATE_LEV
 from pid_platform.sharding.pipeline import BuildSummary, refuse_roots_on_s3
 from pid_platform.sharding.plan.shard_plan import MISSING_KEYS_CHOICES, RESHARD, ShardingConfig
 from pid_platform.sharding.storage import SourceStore, open_source_store
-from pid_platform.sharding.tasks.run import (
-    TaskOutcome,
-    run_build,
-    run_commit,
+from pid_platform.sharding.tasks.commit import run_commit, run_s3_commit
+from pid_platform.sharding.tasks.outcomes import TaskOutcome
+from pid_platform.sharding.tasks.plan import (
     run_intake_task,
     run_plan,
-    run_write_task,
-)
-from pid_platform.sharding.tasks.s3_tasks import (
-    run_s3_build,
-    run_s3_commit,
     run_s3_intake_task,
     run_s3_plan,
-    run_s3_write_task,
 )
+from pid_platform.sharding.tasks.run import run_build, run_s3_build
+from pid_platform.sharding.tasks.write import run_s3_write_task, run_write_task
 
 EXIT_BUILD_ERROR = 2  # argparse also exits 2 on bad arguments: "your input is wrong"
 MAX_EXAMPLES_SHOWN = 3
@@ -355,7 +350,7 @@ def _task_outcome_text(res: TaskOutcome, out: str) -> str:
 
 
 def _run_s3_task_command(command: str, args: argparse.Namespace, root: str | None, source: str | None) -> str:
-    """One stage of the tasked build of an ``s3://`` output (``tasks/s3_tasks.py``): the tasks
+    """One stage of the tasked build of an ``s3://`` output (``sharding/tasks/``, meeting in the bucket): the tasks
     meet in the bucket, each in a work folder of its own machine."""
     output = S3Output(args.output_dir, S3Settings(endpoint_url=args.s3_endpoint_url))
     check_writable(output)  # an unreachable or refused bucket stops before any work

@@ -39,8 +39,8 @@ from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.layout import STATE_DIR
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.storage import LocalSourceStore
-from pid_platform.sharding.tasks.s3_staging import STAGED, STAGING_POINT
-from pid_platform.sharding.tasks.s3_tasks import PLAN_BEFORE_STAGING_POINT, stage_plan_in_bucket
+from pid_platform.sharding.tasks.plan import PLAN_BEFORE_STAGING_POINT, stage_plan_in_bucket
+from pid_platform.sharding.tasks.staging import STAGED, STAGING_POINT
 from tests.conftest import SOURCE
 from tests.support.machines import pid_shard, write_tasks
 from tests.support.paused_procs import pid_shard as pid_shard_argv

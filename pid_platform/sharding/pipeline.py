@@ -79,7 +79,7 @@ F = TypeVar("F", bound=Callable)
 def build_step(fn: F) -> F:
     """Run ``fn`` holding the build lock of its ``out`` argument; if it fails, remove a staging
     folder it left empty (still under the lock, so no other build's staging is touched). An S3
-    output's steps hold its build lease too (``tasks/s3_tasks.py``)."""
+    output's steps hold its build lease too (``sharding/tasks/``)."""
     sig = inspect.signature(fn)
 
     @functools.wraps(fn)
@@ -373,8 +373,6 @@ def committed_results(out: Path) -> tuple[list[ShardResult], list[Path]]:
 def build_source(store: SourceStore, source: str, out: Path, config: ShardingConfig, **settings) -> BuildSummary:
     """The one-process build of a folder output: ``tasks.run.run_build`` (plan, write task 0 of 1,
     commit), under the name the benchmarks and tests call it by."""
-    from pid_platform.sharding.tasks.run import (
-        run_build,  # tasks/run.py builds on this module's steps
-    )
+    from pid_platform.sharding.tasks.run import run_build
 
     return run_build(store, source, out, config, **settings)

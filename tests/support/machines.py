@@ -50,7 +50,7 @@ def kill_write_task_half_way(tmp_path: Path, machine: str, *args: str,
     """Write task ``0 of 2`` (or what ``command`` runs: ``()``, the one-process build, is write
     task 0 of 1) as machine ``machine``, killed with SIGKILL once its first shard is in place
     (``SHARD_DONE_POINT``) and before the next: a task that died half way."""
-    from pid_platform.sharding.tasks.run import SHARD_DONE_POINT
+    from pid_platform.sharding.tasks.outcomes import SHARD_DONE_POINT
 
     pause = tmp_path / f"pause-{machine}"
     pause.mkdir()

@@ -27,12 +27,12 @@ from pid_platform.sharding.layout import final_dir
 from pid_platform.sharding.pipeline import run_intake
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.plan.tables import table_modalities
-from pid_platform.sharding.tasks.s3_staging import push_intake
-from pid_platform.sharding.tasks.s3_tasks import (
+from pid_platform.sharding.tasks.published import (
     discard_staging,
     published_intake_matches,
     seed_intake_cache,
 )
+from pid_platform.sharding.tasks.staging import push_intake
 
 INTAKE_VERSION = "intake-v1"
 # classify_aspect_ratio decides every sample's bucket; the default is part of the code version,

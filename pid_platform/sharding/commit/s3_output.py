@@ -1,6 +1,6 @@
 """An ``s3://bucket/prefix`` output: its versions, the pointer, and what a build's stages use of them.
 
-A build of such an output is the plan, write tasks and commit of ``tasks/s3_tasks.py``, which
+A build of such an output is the plan, write tasks and commit of ``sharding/tasks/``, which
 publish a version this way (``loader/formats/version_pointer.py`` has the layout):
 
 1. the tars and key indexes go under ``versions/<id>/`` (``<id>`` is a digest of the plan
@@ -70,7 +70,7 @@ WORK_ROOT_ENV = "PID_WORK_ROOT"
 DEFAULT_GRACE_S = 24 * 3600.0
 # Build state a version carries: the settings it was cut with, and its intake (samples, report,
 # validation level, every file's outcome), so any machine re-shards it, validates only the files
-# changed since and finds a rebuild up to date from the bucket alone (``tasks/s3_tasks.py``); and
+# changed since and finds a rebuild up to date from the bucket alone (``sharding/tasks/``); and
 # its plan, so a plan on any machine extends it when only modality folders were added.
 CARRIED_STATE = ("sharding.json", "samples.parquet", "intake_report.json", "intake.json", "intake_cache.parquet",
                  "plan.parquet", "plan_cut.json")
@@ -227,7 +227,7 @@ VERSION_INPUTS = ("plan.parquet", "sharding.json", "plan_cut.json", "intake_repo
 def version_id(staging: Path) -> str:
     """A digest naming the version of the build staged in ``staging``, from its plan: known
     before any tar is written, so write tasks on other machines put their tars straight into
-    ``versions/<id>/`` (``tasks/s3_tasks.py``). Same plan, same id, same bytes."""
+    ``versions/<id>/`` (``sharding/tasks/``). Same plan, same id, same bytes."""
     h = hashlib.sha256(b"pid-version-2")
     for name in VERSION_INPUTS:
         path = staging / STATE_DIR / name
