@@ -182,7 +182,7 @@ def run_s3_intake_task(
     trust_pickle: bool = False, num_workers: int = 1, validate: str = VALIDATE_FULL, revalidate: bool = False,
     force: bool = False,
 ) -> TaskOutcome:
-    """Intake task ``index`` of ``of`` (``tasks.run.run_intake_task``) in a scratch folder of this
+    """Intake task ``index`` of ``of`` (``run_intake_task``) in a scratch folder of this
     machine; its outcomes and record then go to the bucket, where the plan finds them."""
     scratch = scratch_dir(output, work_root, f"intake-{index}-of-{of}")
     shutil.rmtree(scratch, ignore_errors=True)
