@@ -1,4 +1,4 @@
-"""Command-line builds without Dagster; the same code path (``build_source``) as the assets.
+"""Command-line builds without Dagster: the plan, write tasks and commit the Dagster steps run.
 
 ``pid-shard`` mirrors the options of PiD's ``scripts/sharding_wds.py`` and adds what PiD lacks:
 a seed for the shuffle, a trusted-data flag for pickled embeddings and an S3 endpoint.
@@ -28,28 +28,19 @@ from pid_platform.sharding.commit.s3_output import (
 )
 from pid_platform.sharding.errors import BuildError, OutputNotWritableError
 from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, VALIDATE_LEVELS
-from pid_platform.sharding.pipeline import (
-    BuildSummary,
-    build_source,
-    forget_damaged_shards,
-    refuse_roots_on_s3,
-)
+from pid_platform.sharding.pipeline import BuildSummary, refuse_roots_on_s3
 from pid_platform.sharding.plan.shard_plan import MISSING_KEYS_CHOICES, RESHARD, ShardingConfig
 from pid_platform.sharding.storage import SourceStore, open_source_store
-from pid_platform.sharding.tasks.run import (
-    TaskOutcome,
-    run_commit,
+from pid_platform.sharding.tasks.commit import run_commit, run_s3_commit
+from pid_platform.sharding.tasks.outcomes import TaskOutcome
+from pid_platform.sharding.tasks.plan import (
     run_intake_task,
     run_plan,
-    run_write_task,
-)
-from pid_platform.sharding.tasks.s3_tasks import (
-    run_s3_build,
-    run_s3_commit,
     run_s3_intake_task,
     run_s3_plan,
-    run_s3_write_task,
 )
+from pid_platform.sharding.tasks.run import run_build, run_s3_build
+from pid_platform.sharding.tasks.write import run_s3_write_task, run_write_task
 
 EXIT_BUILD_ERROR = 2  # argparse also exits 2 on bad arguments: "your input is wrong"
 MAX_EXAMPLES_SHOWN = 3
@@ -289,7 +280,8 @@ def run_shard(args: argparse.Namespace, root: str, source: str) -> BuildSummary:
                 store, source, output, config, work_root=args.work_dir, trust_pickle=args.trust_pickle,
                 num_workers=args.num_workers, force=args.force, validate=args.validate,
                 revalidate=args.revalidate, repair=args.repair, progress=progress)
-        return build_source(
+        # The same, for a folder: the plan, write task 0 of 1, the commit.
+        return run_build(
             store, source, Path(urls.without_file_scheme(args.output_dir)), config, num_workers=args.num_workers,
             trust_pickle=args.trust_pickle, progress=progress, force=args.force, validate=args.validate,
             revalidate=args.revalidate, manifest_root=args.manifest_root, repair=args.repair,
@@ -319,11 +311,9 @@ def _run_task_command(command: str, args: argparse.Namespace, root: str | None, 
     check_output_apart(root, source, out)
     store = open_source_store(root, endpoint_url=args.s3_endpoint_url)
     if command == "plan":
-        if args.repair:
-            forget_damaged_shards(out)  # as the one-process build: those shards are written again
         plan = run_plan(store, source, out, _config_of(args), trust_pickle=args.trust_pickle,
                         num_workers=args.num_workers, force=args.force, validate=args.validate,
-                        revalidate=args.revalidate)
+                        revalidate=args.revalidate, repair=args.repair)
         head = (f"pid-shard plan: source {source!r} -> {out}: {plan.samples} samples, {plan.shards} shards "
                 f"in {len(plan.buckets)} buckets (files validated: {plan.files_validated}  "
                 f"outcomes reused: {plan.outcomes_reused})")
@@ -360,7 +350,7 @@ def _task_outcome_text(res: TaskOutcome, out: str) -> str:
 
 
 def _run_s3_task_command(command: str, args: argparse.Namespace, root: str | None, source: str | None) -> str:
-    """One stage of the tasked build of an ``s3://`` output (``tasks/s3_tasks.py``): the tasks
+    """One stage of the tasked build of an ``s3://`` output (``sharding/tasks/``, meeting in the bucket): the tasks
     meet in the bucket, each in a work folder of its own machine."""
     output = S3Output(args.output_dir, S3Settings(endpoint_url=args.s3_endpoint_url))
     check_writable(output)  # an unreachable or refused bucket stops before any work

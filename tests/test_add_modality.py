@@ -219,7 +219,7 @@ def test_adding_a_modality_to_an_s3_output_sends_only_its_tars(
 ) -> None:
     from pid_platform.cli import shard_main
     from pid_platform.sharding.commit.s3_output import S3Output, cleanup_versions
-    from pid_platform.sharding.tasks.s3_staging import COPIED_STATE
+    from pid_platform.sharding.tasks.staging import COPIED_STATE
     from tests.support.s3_objects import S3Requests, keys, pointer
 
     client = s3_env.client()
@@ -282,7 +282,9 @@ def test_adding_a_modality_to_an_s3_output_sends_only_its_tars(
 
 def test_the_tasked_build_adds_a_modality_as_the_one_process_build_does(raw_root: Path, without_new: Path,
                                                                        tmp_path: Path) -> None:
-    from pid_platform.sharding.tasks.run import run_commit, run_plan, run_write_task
+    from pid_platform.sharding.tasks.commit import run_commit
+    from pid_platform.sharding.tasks.plan import run_plan
+    from pid_platform.sharding.tasks.write import run_write_task
     from tests.support.build_data import output_files
 
     one, tasked = tmp_path / "one", tmp_path / "tasked"

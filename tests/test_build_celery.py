@@ -8,7 +8,7 @@ runs in the test process, as it would in a run worker.
 
 The steps of an ``s3://`` output's build (``sample_set`` -> ``twin_tar_shards``: plan, write
 tasks, collect -> ``key_indexes`` -> ``wdinfo_manifests``, and the checks between them) meet in the
-bucket, not on a disk (``sharding/tasks/s3_tasks.py``), so two workers on one queue share the run's
+bucket, not on a disk (``sharding/tasks/``), so two workers on one queue share the run's
 steps, write tasks side by side: the run builds the single-process bytes. A worker killed with
 ``kill -9`` in the middle of a write task leaves the step unacknowledged; the broker delivers it
 again to the other worker, which keeps the shards the killed one had sent, and the run ends with
@@ -29,7 +29,7 @@ import pytest
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 
 from pid_platform.defs.partitions import SOURCES
-from pid_platform.sharding.tasks.run import SHARD_DONE_POINT
+from pid_platform.sharding.tasks.outcomes import SHARD_DONE_POINT
 from tests.support.celery_workers import CeleryWorkers, celery_settings, celery_workers  # noqa: F401
 from tests.support.dagster_runs import dagster_instance, load_defs, step_node
 from tests.support.postgres import dagster_pg_home, postgres_server  # noqa: F401

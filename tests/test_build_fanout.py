@@ -31,8 +31,8 @@ from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.intake.task import slice_bounds
 from pid_platform.sharding.pause_points import PAUSE_AT_ENV, PAUSE_DIR_ENV, PAUSE_TIMEOUT_ENV
 from pid_platform.sharding.settings import SETTINGS_NAME
+from pid_platform.sharding.tasks.outcomes import shard_done_point
 from pid_platform.sharding.tasks.records import WRITE, records, tasks_dir
-from pid_platform.sharding.tasks.run import shard_done_point
 from tests.support.build_data import SOURCE, output_files
 
 REPO = Path(__file__).resolve().parents[1]

@@ -98,7 +98,7 @@ KILL_BEFORE_SWITCH = textwrap.dedent("""
     from pid_platform.sharding.plan.shard_plan import ShardingConfig
     from pid_platform.sharding.commit.s3_output import S3Output
     from pid_platform.sharding.storage import LocalSourceStore
-    from pid_platform.sharding.tasks.s3_tasks import run_s3_build
+    from pid_platform.sharding.tasks.run import run_s3_build
 
     raw, work, url = sys.argv[1:4]
     # Every tar, key index and manifest of the new version is up; the process dies at the pause

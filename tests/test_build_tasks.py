@@ -120,6 +120,22 @@ def test_write_task_killed_half_way_and_rerun_gives_the_same_bytes(raw_root: Pat
     assert not [p for p in out.rglob("*.tmp-*")]
 
 
+def test_a_killed_one_process_build_is_finished_by_write_task_0_of_1_and_the_commit(
+    raw_root: Path, tmp_path: Path
+) -> None:
+    """``pid-shard`` is the plan, write task 0 of 1 and the commit: killed in its write task, it
+    left exactly what a plan and a half-done task leave, and those commands finish it."""
+    ref = _reference(raw_root, tmp_path)
+    out = tmp_path / "out"
+    kill_write_task_half_way(tmp_path, "doomed", *_io(raw_root, out), *SETTINGS, command=())
+    assert not record_path(staging_dir(out), WRITE, 0, 1).exists()
+    rerun = pid_shard(tmp_path, "rerun", "task", "--index", "0", "--of", "1", *_io(raw_root, out))
+    assert int(rerun.stdout.split("already up to date: ")[1].split(";")[0]) >= 1  # kept, not rewritten
+    pid_shard(tmp_path, "commit", "commit", *_io(raw_root, out, source=False))
+    assert output_files(out) == output_files(ref)
+    assert record_path(out, WRITE, 0, 1).is_file()  # its record went out with the version
+
+
 def test_commit_refuses_naming_the_unfinished_tasks(raw_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     pid_shard(tmp_path, "plan", "plan", *_io(raw_root, out), *SETTINGS)
@@ -214,7 +230,7 @@ def test_slices_cover_every_item_once_in_order() -> None:
 def test_a_task_process_starts_without_pyarrow_compute() -> None:
     # Importing pyarrow.compute costs a task process ~60 ms at start; build modules take it from
     # pid_platform.sharding.compute, imported on first use (by plans, commits and the intake).
-    code = ("import sys, pid_platform.cli, pid_platform.sharding.tasks.run, pid_platform.sharding.tasks.s3_tasks; "
+    code = ("import sys, pid_platform.cli, pid_platform.sharding.tasks.run; "
             "print(sorted(m for m in sys.modules if m in ('pyarrow.compute', 'pyarrow.dataset')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

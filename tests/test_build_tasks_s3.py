@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pid_platform.sharding.tasks.s3_staging import STAGED
+from pid_platform.sharding.tasks.staging import STAGED
 from tests.conftest import SOURCE
 from tests.support.machines import kill_write_task_half_way, pid_shard, write_tasks
 from tests.support.s3_objects import current_version, keys, objects, pointer

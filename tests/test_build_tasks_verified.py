@@ -39,8 +39,8 @@ from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.layout import STATE_DIR
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.storage import LocalSourceStore
-from pid_platform.sharding.tasks.s3_staging import STAGED, STAGING_POINT
-from pid_platform.sharding.tasks.s3_tasks import PLAN_BEFORE_STAGING_POINT, stage_plan_in_bucket
+from pid_platform.sharding.tasks.plan import PLAN_BEFORE_STAGING_POINT, stage_plan_in_bucket
+from pid_platform.sharding.tasks.staging import STAGED, STAGING_POINT
 from tests.conftest import SOURCE
 from tests.support.machines import pid_shard, write_tasks
 from tests.support.paused_procs import pid_shard as pid_shard_argv
@@ -49,13 +49,7 @@ from tests.support.seaweedfs import SeaweedS3
 
 SETTINGS = ["--max-shard-size-mb", "0.25", "--part-size", "2"]
 # Publishes a version built in a local folder, without a plan staged in the bucket.
-PUBLISH_FOLDER = """
-import sys
-from pathlib import Path
-from pid_platform.sharding.commit.s3_output import S3Output, publish_version
-from pid_platform.sharding.layout import final_dir
-publish_version(final_dir(Path(sys.argv[1])), S3Output(sys.argv[2]), num_workers=1)
-"""
+PUBLISH_FOLDER = "from tests.support.lease_free_publish import main; main()"
 _N = itertools.count()
 
 
@@ -93,7 +87,7 @@ def test_a_commit_of_a_plan_cut_before_a_newer_publish_is_refused(
     plan = pid_shard(tmp_path, "planner", "plan", *_io(raw_root, url), *SETTINGS, "--no-classify-aspect-ratio")
     assert "staged as version" in plan.stdout
     # A newer version is published after the plan was cut, by a publisher that stages nothing
-    # (``publish_version``: the Dagster sample_set step's republish of an up-to-date build). A
+    # (``tests/support/lease_free_publish.py``: an older release, a script). A
     # newer ``pid-shard`` would stage its plan over this one, which the commit then never sees.
     local = tmp_path / "newer-local"
     pid_shard(tmp_path, "newer", "--input-dir", str(raw_root / SOURCE), "--output-dir", str(local), *SETTINGS,

@@ -25,8 +25,9 @@ from pid_platform.demo import pid_demo as demo
 from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.pause_points import PAUSE_AT_ENV, PAUSE_DIR_ENV, PAUSE_TIMEOUT_ENV
 from pid_platform.sharding.settings import SETTINGS_NAME
+from pid_platform.sharding.tasks.outcomes import shard_done_point
 from pid_platform.sharding.tasks.records import WRITE, record_path
-from pid_platform.sharding.tasks.run import shard_done_point, unfinished_write_tasks
+from pid_platform.sharding.tasks.write import unfinished_write_tasks
 from tests.support.ui_launch import (
     REPO,
     dequeue,

@@ -111,7 +111,9 @@ def test_a_tasked_build_makes_sample_objects_only_in_its_write_tasks(raw_root: P
                                                                     monkeypatch) -> None:
     """The plan cuts columns and the commit reads a row per shard; each write task turns only
     its own shards' rows into objects. The bytes are the one-process build's."""
-    from pid_platform.sharding.tasks.run import run_commit, run_plan, run_write_task
+    from pid_platform.sharding.tasks.commit import run_commit
+    from pid_platform.sharding.tasks.plan import run_plan
+    from pid_platform.sharding.tasks.write import run_write_task
 
     ref = tmp_path / "one"
     build(raw_root, ref)
@@ -173,7 +175,7 @@ def test_a_ranged_object_reads_any_part_and_refuses_a_replaced_object(tmp_path: 
 def test_s3_write_tasks_read_the_staged_plan_by_ranges_and_refuse_another_plans_rows(
         s3_env, raw_root: Path, tmp_path: Path, capsys) -> None:
     from pid_platform.cli import shard_main
-    from pid_platform.sharding.tasks.s3_staging import STAGED
+    from pid_platform.sharding.tasks.staging import STAGED
     from tests.support.s3_objects import S3Requests
 
     bucket = s3_env.make_bucket("plan-files-ranges")
@@ -210,7 +212,7 @@ def test_the_s3_commit_copies_the_big_state_inside_the_bucket_and_refuses_a_plan
     from loader.formats.version_pointer import POINTER_NAME
     from loader.io.objects import S3Objects
     from pid_platform.cli import shard_main
-    from pid_platform.sharding.tasks.s3_staging import STAGED
+    from pid_platform.sharding.tasks.staging import STAGED
     from tests.support.s3_objects import S3Requests, keys, pointer
 
     bucket = s3_env.make_bucket("plan-files-commit")
@@ -304,7 +306,9 @@ def test_the_one_process_build_and_write_tasks_turn_a_row_group_into_objects_at_
     """With plan row groups of 5 rows, no step converts more than a row group's shards (plus the
     shard that runs on into it) into sample objects, and the bytes do not change."""
     from pid_platform.sharding.plan import columnar
-    from pid_platform.sharding.tasks.run import run_commit, run_plan, run_write_task
+    from pid_platform.sharding.tasks.commit import run_commit
+    from pid_platform.sharding.tasks.plan import run_plan
+    from pid_platform.sharding.tasks.write import run_write_task
 
     ref = tmp_path / "ref"
     build(raw_root, ref, shard_size=3)

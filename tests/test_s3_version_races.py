@@ -35,14 +35,8 @@ report = cleanup_versions(S3Output(sys.argv[1]), grace_s=0, claim_ttl_s=ttl)
 print(json.dumps({"removed": report.removed, "kept": report.kept, "claimed": report.claimed}))
 """
 
-# Publishes a version staged in a local folder, without a build (so without the build lease).
-PUBLISH = """
-import sys
-from pathlib import Path
-from pid_platform.sharding.commit.s3_output import S3Output, publish_version
-from pid_platform.sharding.layout import final_dir
-print(publish_version(final_dir(Path(sys.argv[1])), S3Output(sys.argv[2]), num_workers=1).url)
-"""
+# Publishes a version built in a local folder, without a build (so without the build lease).
+PUBLISH = "from tests.support.lease_free_publish import main; main()"
 
 
 def shard_args(raw_root: Path, url: str, work: Path, *extra: str) -> list[str]:

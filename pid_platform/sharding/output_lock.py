@@ -20,7 +20,7 @@ from loader.io.flock import flock_held, read_lock_holder
 from pid_platform.sharding.errors import BuildError, OutputNotWritableError
 from pid_platform.sharding.layout import final_dir
 
-# Steps nest (build_source calls every run_* step): the process keeps one lock per folder.
+# Steps nest (the one-process build, `tasks.run.run_build`, calls each stage): the process keeps one lock per folder.
 _held: dict[Path, int] = {}
 
 

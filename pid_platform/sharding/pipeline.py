@@ -17,12 +17,11 @@ from typing import TypeVar
 
 import pyarrow as pa
 
-from loader.formats.atomic import atomic_write_bytes
+from loader.formats.atomic import atomic_write_bytes, remove_stale_temp_files
 from loader.formats.errors import FormatError
 from loader.formats.twin_tar import tar_path
 from loader.formats.wdinfo import WDINFO_NAME, root_base
 from pid_platform.sharding.commit import versions
-from pid_platform.sharding.commit.manifest_roots import rewrite_manifest_roots
 from pid_platform.sharding.commit.manifests import (
     BucketManifest,
     remove_unplanned,
@@ -39,11 +38,10 @@ from pid_platform.sharding.commit.state import (
     save_outputs,
     state_dir,
 )
-from pid_platform.sharding.commit.verify_output import damaged_shards
 from pid_platform.sharding.intake.cache import CACHE_NAME, IntakeCache
 from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, check_validate_level
 from pid_platform.sharding.intake.task import IntakeReport, intake
-from pid_platform.sharding.layout import bucket_dir, final_dir, stamp_path
+from pid_platform.sharding.layout import bucket_dir, final_dir
 from pid_platform.sharding.output_lock import build_lock
 from pid_platform.sharding.plan.add_modality import (
     load_plan_cut,
@@ -81,7 +79,7 @@ F = TypeVar("F", bound=Callable)
 def build_step(fn: F) -> F:
     """Run ``fn`` holding the build lock of its ``out`` argument; if it fails, remove a staging
     folder it left empty (still under the lock, so no other build's staging is touched). An S3
-    output's steps hold its build lease too (``tasks/s3_tasks.py``)."""
+    output's steps hold its build lease too (``sharding/tasks/``)."""
     sig = inspect.signature(fn)
 
     @functools.wraps(fn)
@@ -233,30 +231,32 @@ def stage_plan_files(store: SourceStore, source: str, out: Path, config: Shardin
 def run_sharding(store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int,
                  progress: Callable[[int, int], None] | None = None,
                  key_indexes: bool = False) -> tuple[list[ShardRef], list[ShardResult]]:
-    """Plan the staged samples (``stage_plan_files``), then write the planned tars into the
-    staging folder, hard-linking those ``out`` already holds, a row group of the plan at a time
-    (``plan_files.iter_shard_range``): the build holds one row group's samples as objects.
-
-    The worker that puts a shard's tars in place also records their sha256 (for the manifests)
-    and hands newly written ones to the background fsync. ``key_indexes``: also write each
-    shard's key index as soon as its tars are in place, on the same worker, while other shards
-    are still being copied (what ``run_key_indexes`` does afterwards, for all of them at once;
-    ``build_source`` then needs no separate pass).
-    """
+    """Plan the staged samples (``stage_plan_files``), then write every planned shard as write
+    task 0 of 1 does (``write_range``), without its record: for timing the two apart.
+    ``key_indexes``: also each shard's key index as soon as its tars are in place (what
+    ``run_key_indexes`` does afterwards, for all of them at once)."""
     staging = versions.begin(out)
     shards = stage_plan_files(store, source, out, config)
+    return shards, write_range(store, source, out, config, shards, 0, len(shards), num_workers=num_workers,
+                               progress=progress, then=after_shard(staging, key_indexes))
+
+
+def write_range(store: SourceStore, source: str, out: Path, config: ShardingConfig, shards: Sequence[ShardRef],
+                first: int, stop: int, *, num_workers: int, progress: Callable[[int, int], None] | None,
+                then: AfterShard) -> list[ShardResult]:
+    """Shards ``first`` .. ``stop`` of the plan staged for ``out`` into its staging folder,
+    hard-linking those ``out`` already holds, a row group of the plan at a time
+    (``plan_files.iter_shard_range``): the writer holds one row group's samples as objects.
+    ``progress(done, total)`` after each shard; ``then`` on the worker once its tars are in place."""
+    staging = versions.staging_dir(out)
     cut = load_plan_cut(staging)
-    done = iter(range(1, len(shards) + 1))
-    step = (lambda _res: progress(next(done), len(shards))) if progress else None
-    then = after_shard(staging, key_indexes)
+    done = iter(range(1, stop - first + 1))
+    step = (lambda _result: progress(next(done), stop - first)) if progress else None
     results: list[ShardResult] = []
-    for batch in iter_shard_range(staging, config, shards, 0, len(shards)):
-        # The first batch clears what a crashed build left in the staging folder; the later
-        # ones only their own shards' leftovers (none: this build wrote the folder since).
-        results += write_shards(store, source, staging, batch, previous=versions.final_dir(out),
-                                num_workers=num_workers, progress=step, then=then, only_own_temp_files=bool(results),
-                                reuse=cut.reused_modalities if cut else None)
-    return shards, results
+    for batch in iter_shard_range(staging, config, shards, first, stop):
+        results += write_shards(store, source, staging, batch, previous=final_dir(out), num_workers=num_workers,
+                                progress=step, then=then, reuse=cut.reused_modalities if cut else None)
+    return results
 
 
 def after_shard(staging: Path, key_indexes: bool) -> AfterShard:
@@ -345,6 +345,7 @@ def run_manifests(
     if plans is None:
         plans = load_shards(staging, config)
     remove_unplanned(staging, plans)  # an earlier, unfinished build may have left other shards
+    remove_stale_temp_files(staging)  # and temporary files (every write task is done: none is being written)
     cut = load_plan_cut(staging)
     refuse_keep_for_positional_readers(manifest_root, str(final_dir(out)), cut=cut)
     manifests = write_manifests(staging, source, plans, num_workers=num_workers, root_base=base,
@@ -353,28 +354,6 @@ def run_manifests(
     removed = versions.commit(out)
     published = [replace(m, path=Path(out) / m.path.relative_to(staging)) for m in manifests]
     return config, published, removed
-
-
-def forget_damaged_shards(out: Path) -> int:
-    """Read every tar of the committed build of ``out``; a shard with one missing or whose sha256
-    differs from its manifest's loses its stamp, so this build writes it again instead of
-    reusing it. Returns how many."""
-    final = final_dir(out)
-    try:
-        config = load_sharding_config(final)
-        plans = load_shards(final, config)
-    except FileNotFoundError:
-        return 0  # nothing committed: the build writes every shard anyway
-    damaged = damaged_shards(final, plans)
-    for plan, _tar in damaged:
-        stamp_path(final, plan.bucket, plan.index).unlink(missing_ok=True)
-    return len(damaged)
-
-
-def _committed_summary(source: str, out: Path, result: IntakeResult) -> BuildSummary:
-    """The summary of an up-to-date rebuild: the committed build's shards, none written."""
-    results, manifests = committed_results(out)
-    return BuildSummary(source, Path(out), result.report, summarize(results), manifests, [], result.validate, True)
 
 
 def planned_results(plans: Sequence[Shard], written: Callable[[int], bool] = lambda _i: False) -> list[ShardResult]:
@@ -391,34 +370,9 @@ def committed_results(out: Path) -> tuple[list[ShardResult], list[Path]]:
     return planned_results(plans), manifests
 
 
-@build_step
-def build_source(
-    store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int = 1,
-    trust_pickle: bool = False, progress: Callable[[int, int], None] | None = None, force: bool = False,
-    validate: str = VALIDATE_FULL, revalidate: bool = False, manifest_root: str = "relative",
-    repair: bool = False,
-) -> BuildSummary:
-    """Intake -> twin tars and key indexes -> wdinfo.json for one source, written under ``out``.
+def build_source(store: SourceStore, source: str, out: Path, config: ShardingConfig, **settings) -> BuildSummary:
+    """The one-process build of a folder output: ``tasks.run.run_build`` (plan, write task 0 of 1,
+    commit), under the name the benchmarks and tests call it by."""
+    from pid_platform.sharding.tasks.run import run_build
 
-    A rebuild validates only new or changed files (``revalidate``: all of them), and one that
-    finds nothing changed writes nothing (``BuildSummary.up_to_date``). The Dagster assets put
-    a source under ``<output_root>/<source>``; the CLI writes where told (an ``s3://`` output:
-    ``tasks/s3_tasks.run_s3_build``). A missing tar, or one of the wrong size, is seen by every
-    rebuild (its stamp) and written again; ``repair`` also reads every tar and replaces those
-    whose sha256 differs from their manifest's.
-    """
-    out = Path(out)
-    root_base(manifest_root, final_dir(out))  # a bad manifest root is refused before any work
-    refuse_keep_for_positional_readers(manifest_root, str(final_dir(out)), config=config)
-    damaged = forget_damaged_shards(out) if repair else 0
-    result = run_intake(store, source, out, config, trust_pickle=trust_pickle, num_workers=num_workers,
-                        force=force, validate=validate, revalidate=revalidate, stop_if_up_to_date=True)
-    if result.up_to_date:
-        # Nothing to rebuild; the roots alone may be asked otherwise than committed.
-        rewrite_manifest_roots(out, manifest_root)
-        return _committed_summary(source, out, result)
-    _, results = run_sharding(store, source, out, config, num_workers=num_workers, progress=progress,
-                              key_indexes=True)
-    _, manifests, removed = run_manifests(out, source, num_workers=num_workers, manifest_root=manifest_root)
-    return BuildSummary(source, out, result.report, summarize(results), [m.path for m in manifests], removed,
-                        validate, damaged_shards=damaged)
+    return run_build(store, source, out, config, **settings)

@@ -45,16 +45,17 @@ def write_tasks(tmp_path: Path, n: int, *args: str, timeout: float = 240) -> lis
     return outs
 
 
-def kill_write_task_half_way(tmp_path: Path, machine: str, *args: str) -> None:
-    """Write task ``0 of 2`` as machine ``machine``, killed with SIGKILL once its first shard is
-    in place (``SHARD_DONE_POINT``) and before the next: a task that died half way."""
-    from pid_platform.sharding.tasks.run import SHARD_DONE_POINT
+def kill_write_task_half_way(tmp_path: Path, machine: str, *args: str,
+                             command: tuple[str, ...] = ("task", "--index", "0", "--of", "2")) -> None:
+    """Write task ``0 of 2`` (or what ``command`` runs: ``()``, the one-process build, is write
+    task 0 of 1) as machine ``machine``, killed with SIGKILL once its first shard is in place
+    (``SHARD_DONE_POINT``) and before the next: a task that died half way."""
+    from pid_platform.sharding.tasks.outcomes import SHARD_DONE_POINT
 
     pause = tmp_path / f"pause-{machine}"
     pause.mkdir()
     env = {"PID_PAUSE_AT": SHARD_DONE_POINT, "PID_PAUSE_DIR": str(pause)}
-    proc = pid_shard(tmp_path, machine, "task", "--index", "0", "--of", "2", *args, "--num-workers", "1", env=env,
-                     popen=True)
+    proc = pid_shard(tmp_path, machine, *command, *args, "--num-workers", "1", env=env, popen=True)
     reached = pause / f"{SHARD_DONE_POINT.replace(':', '-')}.reached"
     try:
         deadline = time.monotonic() + 120

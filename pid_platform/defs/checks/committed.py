@@ -23,7 +23,7 @@ from pid_platform.defs.checks.key_indexes import key_indexes_result
 from pid_platform.defs.checks.manifests import manifest_counts_result
 from pid_platform.defs.checks.twin_tars import size_bound_result, twin_keys_result
 from pid_platform.sharding.commit.s3_output import S3Output
-from pid_platform.sharding.tasks.s3_tasks import published_problems
+from pid_platform.sharding.tasks.published import published_problems
 
 # (asset, check, result on the committed output folder); sample_set's warning is read from the
 # instance instead (the drop counts of the build that made the committed version).

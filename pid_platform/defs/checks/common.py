@@ -17,7 +17,8 @@ from pid_platform.sharding.pipeline import load_sharding_config, state_dir
 from pid_platform.sharding.plan.columnar import ShardRef
 from pid_platform.sharding.plan.plan_files import load_shards
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
-from pid_platform.sharding.tasks.s3_tasks import published_problems, staged_shards
+from pid_platform.sharding.tasks.commit import staged_shards
+from pid_platform.sharding.tasks.published import published_problems
 
 
 def blocking_source_check(asset: str, description: str) -> Callable[[Callable], dg.AssetChecksDefinition]:
@@ -60,7 +61,7 @@ def result(problems: list[str], **metadata: object) -> dg.AssetCheckResult:
 def s3_result(source_store: SourceStoreResource, source: str, check: str,
               **metadata: Callable[[ShardingConfig, list[ShardRef]], object]) -> dg.AssetCheckResult | None:
     """``check`` of an ``s3://`` output's build (None for a local output): on the staged build,
-    what each write task's check found in its shards' tars before sending them (``s3_tasks``)
+    what each write task's check found in its shards' tars before sending them (``tasks/write.py``)
     and every shard object the bucket does not hold as sent; with nothing staged, the published
     version's objects against its manifests. ``metadata``: more of it, from the staged plan."""
     target = source_store.source_target(source)

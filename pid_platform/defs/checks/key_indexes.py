@@ -18,7 +18,7 @@ from pid_platform.defs.checks.common import (
 )
 from pid_platform.defs.resources import SourceStoreResource
 from pid_platform.sharding.commit.verify_output import planned_key_index_mismatches
-from pid_platform.sharding.tasks.s3_tasks import KEY_INDEX
+from pid_platform.sharding.tasks.write import KEY_INDEX
 
 
 def key_indexes_result(folder: Path) -> dg.AssetCheckResult:

@@ -8,7 +8,7 @@ import dagster as dg
 from pid_platform.defs.checks.common import blocking_source_check, built_plans, result
 from pid_platform.defs.resources import SourceStoreResource
 from pid_platform.sharding.commit.verify_output import manifest_mismatches
-from pid_platform.sharding.tasks.s3_tasks import published_problems
+from pid_platform.sharding.tasks.published import published_problems
 
 
 def manifest_counts_result(out: Path) -> dg.AssetCheckResult:

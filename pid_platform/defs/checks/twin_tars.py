@@ -14,7 +14,7 @@ from pid_platform.defs.resources import SourceStoreResource
 from pid_platform.sharding.commit.verify_output import size_bound_violations, twin_key_mismatches
 from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.plan.shard_plan import is_oversize_singleton
-from pid_platform.sharding.tasks.s3_tasks import SIZE_BOUND, TWIN_KEYS
+from pid_platform.sharding.tasks.write import SIZE_BOUND, TWIN_KEYS
 
 
 def twin_keys_result(folder: Path) -> dg.AssetCheckResult:

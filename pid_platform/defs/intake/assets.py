@@ -19,7 +19,7 @@ from pid_platform.defs.resources import ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, retry_only_transient
 from pid_platform.defs.settings import SETTINGS_ASSET, settings_for_run, settings_metadata
 from pid_platform.sharding.commit.lease import build_lease
-from pid_platform.sharding.commit.s3_output import check_writable, publish_version, read_pointer
+from pid_platform.sharding.commit.s3_output import check_writable, read_pointer
 from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.compute import pc
 from pid_platform.sharding.intake.report import IntakeReport
@@ -27,12 +27,12 @@ from pid_platform.sharding.layout import final_dir
 from pid_platform.sharding.pipeline import run_intake
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.plan.tables import table_modalities
-from pid_platform.sharding.tasks.s3_staging import push_intake
-from pid_platform.sharding.tasks.s3_tasks import (
+from pid_platform.sharding.tasks.published import (
     discard_staging,
     published_intake_matches,
     seed_intake_cache,
 )
+from pid_platform.sharding.tasks.staging import push_intake
 
 INTAKE_VERSION = "intake-v1"
 # classify_aspect_ratio decides every sample's bucket; the default is part of the code version,
@@ -136,14 +136,13 @@ def sample_set(
         with build_lease(target) if target is not None else nullcontext():
             if target is not None:
                 seed_intake_cache(target, out)  # the published outcomes: validate only what changed since
+            # An s3 output is up to date when the bucket serves what this intake finds (below), never
+            # by a local folder: one an older release committed there would vouch for the bucket.
             result = run_intake(
-                store, source, out, settings.config,
-                trust_pickle=sharding.trust_pickle, num_workers=sharding.num_workers, stop_if_up_to_date=True,
+                store, source, out, settings.config, trust_pickle=sharding.trust_pickle,
+                num_workers=sharding.num_workers, stop_if_up_to_date=target is None,
             )
-            if result.up_to_date and target is not None:
-                # Nothing to build here; make sure the bucket serves this version too (a no-op when it does).
-                publish_version(final_dir(out), target, num_workers=sharding.num_workers)
-            elif target is not None and published_intake_matches(target, staging_dir(out), settings.config):
+            if target is not None and published_intake_matches(target, staging_dir(out), settings.config):
                 # The bucket serves what this build would publish: nothing to build, on any machine.
                 samples_where = f"{target}/{read_pointer(target).version_dir()}/.pid-build/samples.parquet"
                 discard_staging(out)

@@ -42,12 +42,11 @@ from pid_platform.sharding.pipeline import (
 )
 from pid_platform.sharding.plan.columnar import ShardRef
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
-from pid_platform.sharding.tasks.s3_tasks import (
-    commit_staged,
+from pid_platform.sharding.tasks.commit import commit_staged, staged_shards
+from pid_platform.sharding.tasks.published import (
     published_config,
     published_manifests,
     published_problems,
-    staged_shards,
 )
 
 
@@ -253,7 +252,7 @@ def wdinfo_manifests(
 
 def _s3_manifests(source_store: SourceStoreResource, sharding: ShardingResource, source: str, target: S3Output
                   ) -> tuple[ShardingConfig, list[BucketManifest], str, str | None, Path]:
-    """An s3 output's commit (``s3_tasks.commit_staged``): the manifests from the plan and the
+    """An s3 output's commit (``tasks.commit.commit_staged``): the manifests from the plan and the
     write tasks' records, every object checked, the pointer switched; or, with nothing staged,
     the published version verified. Returns what the asset's metadata needs, and the folder its
     manifests' paths are relative to."""

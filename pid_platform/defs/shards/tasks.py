@@ -24,7 +24,7 @@ depend on ``N``.
 The steps meet in the source's staging folder (and pass one small value, the plan's summary,
 from ``plan`` to ``collect`` through the run's IO manager); a local output on storage every
 worker mounts fans out. For an ``s3://`` output they meet in the bucket instead
-(``sharding/tasks/s3_tasks.py``): ``plan`` takes the samples ``sample_set`` staged there and
+(``sharding/tasks/``): ``plan`` takes the samples ``sample_set`` staged there and
 stages the plan there, each write task sends its shards into the version's folder from the
 work folder of whichever machine runs it, and ``collect`` reads the tasks' records: no step
 needs another's disk.
@@ -58,22 +58,16 @@ from pid_platform.sharding.pipeline import summarize
 from pid_platform.sharding.plan.columnar import ShardRef
 from pid_platform.sharding.plan.plan_files import PLAN
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
-from pid_platform.sharding.tasks.run import (
-    TaskOrderError,
-    TasksUnfinishedError,
-    Unfinished,
+from pid_platform.sharding.tasks.commit import staged_shards
+from pid_platform.sharding.tasks.outcomes import TaskOrderError, TasksUnfinishedError, Unfinished
+from pid_platform.sharding.tasks.plan import pull_staged_intake, stage_plan, stage_plan_in_bucket
+from pid_platform.sharding.tasks.published import pull_committed_intake
+from pid_platform.sharding.tasks.staging import INTAKE_STATE
+from pid_platform.sharding.tasks.write import (
+    run_s3_write_task,
     run_write_task,
-    stage_plan,
     staged_results,
     unfinished_write_tasks,
-)
-from pid_platform.sharding.tasks.s3_staging import INTAKE_STATE
-from pid_platform.sharding.tasks.s3_tasks import (
-    pull_committed_intake,
-    pull_staged_intake,
-    run_s3_write_task,
-    stage_plan_in_bucket,
-    staged_shards,
 )
 from pid_platform.sharding.write.tars import ShardResult
 

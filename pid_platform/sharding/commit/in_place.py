@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 
 from loader.formats.version_pointer import (
     VersionPointer,
@@ -42,7 +40,6 @@ class InPlace:
     base: str  # the version whose folder holds the tars
     reused: frozenset[str]  # tars (relative to a version folder) already there, listed with the same sha256
     placed: frozenset[str]  # tars of added modalities, written into the base's folder
-    manifests: dict[str, bytes]  # staged manifest -> its bytes as published (root naming the base's folder)
 
     def home(self, rel: str, vid: str) -> str:
         """The version whose folder holds ``rel`` of version ``vid``."""
@@ -69,18 +66,9 @@ def home_of(current: VersionPointer, docs: dict[str, bytes]) -> str | None:
     return homes.pop() if len(homes) == 1 and None not in homes else None
 
 
-def _modalities_of(manifests: dict[str, bytes]) -> tuple[dict[str, str], set[str]]:
-    """(tar path relative to the version folder -> its modality, every modality listed)."""
-    modality_of: dict[str, str] = {}
-    listed: set[str] = set()
-    for rel, data in manifests.items():
-        cols = check_wdinfo(load_state_doc(data, rel), rel)
-        leaf = rel.rpartition("/")[0]
-        listed.update(cols.data_keys)
-        for m in cols.data_keys:
-            for path in cols.data_list:
-                modality_of[os.path.normpath(f"{leaf}/{m}/{path}" if leaf else f"{m}/{path}")] = m
-    return modality_of, listed
+def _modalities_listed(manifests: dict[str, bytes]) -> set[str]:
+    """Every modality the manifests list."""
+    return {m for rel, data in manifests.items() for m in check_wdinfo(load_state_doc(data, rel), rel).data_keys}
 
 
 def _published_manifest(data: bytes, rel: str, base: str) -> bytes:
@@ -112,30 +100,15 @@ def decide_in_place(current: VersionPointer | None, old_docs: dict[str, bytes], 
                     listing: Callable[[str], dict[str, int]]) -> InPlace | None:
     """The in-place publish of a staged version whose tars are ``modality_of`` (path -> modality)
     and of which ``reused`` are the current version's (same sha256), or None. Its manifests are
-    left to the caller (``published_manifests``): a tasked build decides before they exist."""
+    left to the caller (``published_manifests``): the plan decides before they exist."""
     if current is None or not reused:
         return None
     base = home_of(current, old_docs)
     if base is None:
         return None
-    _, listed = _modalities_of(old_docs)
+    listed = _modalities_listed(old_docs)
     placed = frozenset(rel for rel in modality_of if rel not in reused)
     if any(modality_of[rel] in listed for rel in placed):
         return None  # a changed tar of a modality the base lists: never overwritten under its readers
-    found = InPlace(base, reused, placed, {})
+    found = InPlace(base, reused, placed)
     return found if free_to_place(found.version_id(staged_id), base, placed, read, listing) else None
-
-
-def plan_in_place(
-    staging: Path, manifests: list[str], current: VersionPointer | None, old_docs: dict[str, bytes],
-    old_sha: dict[str, str], new_sha: dict[str, str], staged_id: str,
-    read: Callable[[str], bytes | None], listing: Callable[[str], dict[str, int]],
-) -> InPlace | None:
-    """How to publish ``staging`` leaving its unchanged tars in place, or None (publish as a
-    version of its own). ``read(rel)`` and ``listing(rel_prefix)`` reach the output."""
-    reused = frozenset(rel for rel, sha in new_sha.items() if old_sha.get(rel) == sha)
-    if current is None or not reused:
-        return None
-    staged = {m: (staging / m).read_bytes() for m in manifests}
-    found = decide_in_place(current, old_docs, reused, _modalities_of(staged)[0], staged_id, read, listing)
-    return None if found is None else replace(found, manifests=published_manifests(staged, found.base))

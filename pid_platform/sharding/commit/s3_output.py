@@ -1,11 +1,10 @@
-"""Publishing a source's build to ``s3://bucket/prefix``: a new version prefix, then the pointer.
+"""An ``s3://bucket/prefix`` output: its versions, the pointer, and what a build's stages use of them.
 
-The build itself runs in a local work folder exactly as for a local output (staging, hard-linked
-reuse, the same bytes); its commit step then publishes the staged version to the bucket
-(``loader/formats/version_pointer.py`` has the layout):
+A build of such an output is the plan, write tasks and commit of ``sharding/tasks/``, which
+publish a version this way (``loader/formats/version_pointer.py`` has the layout):
 
-1. the tars and key indexes go under ``versions/<id>/`` (``<id>`` is a digest of the manifests,
-   key indexes and settings, so the same build is the same version and a killed upload resumes
+1. the tars and key indexes go under ``versions/<id>/`` (``<id>`` is a digest of the plan
+   (``version_id``), so the same build is the same version and a killed upload resumes
    where it stopped: objects already there with the right size are kept; a tar the current
    version already holds with the same checksum is copied inside the bucket, not uploaded);
 2. then the manifests and the settings the version was cut with;
@@ -26,7 +25,6 @@ never the version the pointer names when the deletion starts, nor one a build ha
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import time
@@ -47,7 +45,7 @@ from loader.formats.version_pointer import (
     sibling_version,
     version_dir,
 )
-from loader.formats.wdinfo import WDINFO_NAME, check_wdinfo
+from loader.formats.wdinfo import check_wdinfo
 from loader.io import urls
 from loader.io.errors import ObjectNotFoundError, PreconditionFailedError
 from loader.io.objects import S3Objects
@@ -62,12 +60,8 @@ from pid_platform.sharding.commit.claims import (
     this_process,
     wait_until_unclaimed,
 )
-from pid_platform.sharding.commit.in_place import MARKER, home_of, plan_in_place
-from pid_platform.sharding.commit.lease import check_held
-from pid_platform.sharding.commit.manifests import is_build_output
 from pid_platform.sharding.errors import BuildError, OutputNotWritableError
 from pid_platform.sharding.layout import PROBE_PREFIX, STATE_DIR
-from pid_platform.sharding.parallel import ordered_map
 from pid_platform.sharding.pause_points import pause_point
 from pid_platform.sharding.state_doc import load_state_doc
 
@@ -76,7 +70,7 @@ WORK_ROOT_ENV = "PID_WORK_ROOT"
 DEFAULT_GRACE_S = 24 * 3600.0
 # Build state a version carries: the settings it was cut with, and its intake (samples, report,
 # validation level, every file's outcome), so any machine re-shards it, validates only the files
-# changed since and finds a rebuild up to date from the bucket alone (``tasks/s3_tasks.py``); and
+# changed since and finds a rebuild up to date from the bucket alone (``sharding/tasks/``); and
 # its plan, so a plan on any machine extends it when only modality folders were added.
 CARRIED_STATE = ("sharding.json", "samples.parquet", "intake_report.json", "intake.json", "intake_cache.parquet",
                  "plan.parquet", "plan_cut.json")
@@ -224,22 +218,6 @@ class PublishedVersion:
         return f"{self.output}/{version_dir(self.version)}"
 
 
-def _version_files(staging: Path) -> tuple[list[str], list[str], list[str]]:
-    """(tars and key indexes, manifests, carried state) of a staged version, relative, sorted."""
-    data, manifests = [], []
-    for dirpath, dirs, files in os.walk(staging):
-        d = Path(dirpath)
-        if d == staging:
-            dirs[:] = [x for x in dirs if x != STATE_DIR]
-        for name in files:
-            if not is_build_output(staging, d / name):
-                continue
-            rel = (d / name).relative_to(staging).as_posix()
-            (manifests if name == WDINFO_NAME else data).append(rel)
-    state = [f"{STATE_DIR}/{n}" for n in CARRIED_STATE if (staging / STATE_DIR / n).is_file()]
-    return sorted(data), sorted(manifests), state
-
-
 # What fixes every byte of a version before a tar is written: the plan (each sample's files,
 # sizes and fingerprints, in shard order), the settings it was cut with, how its modalities were
 # added (``plan/add_modality.py``) and the intake report (the source's name the manifests carry).
@@ -249,7 +227,7 @@ VERSION_INPUTS = ("plan.parquet", "sharding.json", "plan_cut.json", "intake_repo
 def version_id(staging: Path) -> str:
     """A digest naming the version of the build staged in ``staging``, from its plan: known
     before any tar is written, so write tasks on other machines put their tars straight into
-    ``versions/<id>/`` (``tasks/s3_tasks.py``). Same plan, same id, same bytes."""
+    ``versions/<id>/`` (``sharding/tasks/``). Same plan, same id, same bytes."""
     h = hashlib.sha256(b"pid-version-2")
     for name in VERSION_INPUTS:
         path = staging / STATE_DIR / name
@@ -275,32 +253,6 @@ def checksums_of(manifests: dict[str, bytes]) -> dict[str, str]:
         manifest_dir = rel.rpartition("/")[0] or "."
         found.update(_tar_checksums(manifest_dir, load_state_doc(data, rel), rel))
     return {os.path.normpath(k): v for k, v in found.items()}
-
-
-def _listed_sizes(manifests: dict[str, bytes]) -> dict[str, int]:
-    """Path of each tar (relative to the version folder) -> its size, as the manifests list it."""
-    sizes: dict[str, int] = {}
-    for rel, data in manifests.items():
-        manifest_dir = Path(rel.rpartition("/")[0] or ".")
-        cols = check_wdinfo(load_state_doc(data, rel), rel)
-        for m in cols.data_keys:
-            for path, size in zip(cols.data_list, cols.tar_bytes.get(m) or [], strict=False):
-                if cols.root == ".":
-                    sizes[os.path.normpath(tar_path(manifest_dir, "", m, path).as_posix())] = int(size)
-    return sizes
-
-
-def expected_objects(staging: Path) -> dict[str, int]:
-    """Every object of the version staged in ``staging`` (relative to its version folder) -> size:
-    tars, key indexes, manifests and carried settings. The tars are checked against the sizes the
-    manifests list: a version is what its manifests say, or it is not published."""
-    data, manifests, state = _version_files(staging)
-    expected = {rel: (staging / rel).stat().st_size for rel in data + manifests + state}
-    for rel, size in _listed_sizes({m: (staging / m).read_bytes() for m in manifests}).items():
-        if expected.get(rel) != size:
-            raise BuildError(f"{staging}/{rel}: its manifest lists {size} bytes, the staged file has "
-                             f"{expected.get(rel, 'none')}; rebuild (nothing was published)")
-    return expected
 
 
 def damaged_objects(output: S3Output, version: str, expected: dict[str, int]) -> list[str]:
@@ -395,110 +347,6 @@ def publish_claims(output: S3Output, vids: set[str], *, now: Callable[[], float]
                 output, c.describe(), time.strftime("%H:%M:%S", time.localtime(c.expires)), vid))
         pause_point("publish:claimed")
         yield held
-
-
-def publish_version(
-    staging: Path, output: S3Output, *, num_workers: int = 4, now: Callable[[], float] = time.time,
-    holder: str | None = None,
-) -> PublishedVersion:
-    """Publish the complete version staged in ``staging`` (manifests written) as ``output``'s
-    current version: the Dagster ``sample_set`` step's "the bucket serves this up-to-date
-    build too" (a build itself publishes through ``tasks/s3_tasks.py``: plan, tasks, commit).
-
-    The version is claimed (``claims.py``) from before its objects are listed until after the
-    switch, so the cleanup leaves it alone. When the pointer already names it, the objects are
-    checked (one listing) and those missing or of the wrong size are sent again (``repaired``).
-    Raises ``VersionIncompleteError`` when the objects are not all there before the switch, and
-    ``PublishRaceError`` when the pointer moved since this build read it.
-    """
-    data, manifests, state = _version_files(staging)
-    if not manifests:
-        raise BuildError(f"{staging}: no {WDINFO_NAME} staged; nothing to publish to {output}")
-    vid = version_id(staging)
-    expected = expected_objects(staging)
-    holder = (holder or this_process())
-    current, etag = read_pointer_tagged(output)
-    store = output.store()
-
-    # Tars the current version holds with the same checksum are left in place when the rest only
-    # adds modalities (``in_place.py``), else copied inside the bucket.
-    old_sha: dict[str, str] = {}
-    old_docs: dict[str, bytes] = {}
-    if current is not None and (current.version != vid or current.uses):  # else: published as it is
-        old_docs = {m: get_bytes(output, f"{current.version_dir()}/{m}") or b"{}" for m in current.manifests}
-        try:
-            old_sha = checksums_of(old_docs)
-        except (FormatError, json.JSONDecodeError):
-            old_sha = {}  # an unreadable old manifest only costs the copies
-    new_sha = checksums_of({m: (staging / m).read_bytes() for m in manifests})
-    old_home = (home_of(current, old_docs) or current.version) if current is not None else None
-    in_place = plan_in_place(staging, manifests, current, old_docs, old_sha, new_sha, vid,
-                             lambda rel: get_bytes(output, rel), lambda rel: list_sizes(output, rel))
-    if in_place is not None:
-        vid = in_place.version_id(vid)
-        expected.update({m: len(b) for m, b in in_place.manifests.items()})
-    result = PublishedVersion(str(output), vid, current.version if current else None)
-    republish = current is not None and current.version == vid
-    vdir = version_dir(vid)
-
-    check_held(output, vid)  # the lease says which version this build publishes
-    with publish_claims(output, {vid}, now=now, holder=holder) as (claim,):
-        there = list_sizes(output, vdir)
-        if in_place is not None:
-            if in_place.placed and MARKER not in there:  # before the first tar it places
-                try:
-                    store.put(output.key(vdir, MARKER), in_place.marker())
-                except S3AccessError as exc:
-                    raise BuildError(f"{exc}; the pointer was not changed") from None
-            there_base = list_sizes(output, version_dir(in_place.base)) if in_place.base != vid else there
-
-        def send(rel: str) -> str:
-            path = staging / rel
-            home = in_place.home(rel, vid) if in_place is not None else vid
-            here = there if home == vid else there_base
-            if here.get(rel) == expected[rel]:
-                return "in_place" if in_place is not None and rel in in_place.reused else "kept"
-            key = output.key(version_dir(home), rel)
-            try:
-                if in_place is not None and rel in in_place.manifests:
-                    store.put(key, in_place.manifests[rel], content_type="application/json")
-                    return "uploaded"
-                if home == vid and current is not None and rel in new_sha and old_sha.get(rel) == new_sha[rel]:
-                    try:
-                        store.copy(output.key(version_dir(old_home or current.version), rel), key)
-                        return "copied"
-                    except ObjectNotFoundError:
-                        pass  # gone from the current version too (it is damaged): upload it instead
-                store.put(key, path)
-                return "repaired" if republish or rel in there else "uploaded"
-            except S3AccessError as exc:
-                raise BuildError(f"{exc}; the pointer was not changed, readers keep version "
-                                 f"{result.previous or '(none)'}") from None
-
-        def tally(outcomes: list[str]) -> None:
-            for o in outcomes:
-                setattr(result, o, getattr(result, o) + 1)
-
-        tally(list(ordered_map(send, data, num_workers, threads=True)))
-        tally([send(rel) for rel in manifests + state])  # manifests after every tar they list
-        if republish and not result.repaired:
-            result.unchanged = True  # named by the pointer and whole: the one listing was the check
-            return result
-        pause_point("publish:before-verify")
-        if in_place is None:
-            verify_before_switch(output, vid, expected)
-        else:  # each object where it lives: this version's folder, or the one its tars are in
-            for home in {vid, in_place.base}:
-                verify_before_switch(output, home, {r: n for r, n in expected.items() if in_place.home(r, vid) == home})
-        if republish:
-            result.unchanged = True  # the pointer already names it: nothing to switch
-            return result
-        pause_point("publish:before-switch")
-        claim.check()
-        check_held(output, vid)  # a build whose lease another build took stops here, pointer untouched
-        switch_pointer(output, vid, manifests, current, etag, holder, now,
-                uses=[in_place.base] if in_place is not None and in_place.base != vid else [])
-    return result
 
 
 def published_sources(output_root: S3Output) -> dict[str, VersionPointer]:

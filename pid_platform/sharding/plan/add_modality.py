@@ -17,7 +17,7 @@ zip mode refuses such a shard when it reads the new modality).
 their twins, and PiD's reader zips member streams by position: it would pair different keys and
 never read the tail of a short shard, and nothing in the manifest fields it reads shows this.
 The manifests a PiD job reads are the absolute (or URL) roots, so ``keep`` is refused with them
-(``refuse_keep_for_positional_readers``): as settings before any work (``build_source``), and
+(``refuse_keep_for_positional_readers``): as settings before any work (``tasks.run.run_build``), and
 for an output that kept keys when its manifests are written or their roots rewritten. (The other
 way, a placeholder member per missing key, would change the tar contract; not taken.)
 """

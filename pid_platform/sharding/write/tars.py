@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from loader.formats.atomic import TMP_MARKER, remove_stale_temp_files
+from loader.formats.atomic import TMP_MARKER
 from loader.formats.twin_tar import TarMember, key_index_relpath, tar_path, write_tar
 from pid_platform.sharding.commit.versions import link_atomic
 from pid_platform.sharding.layout import bucket_dir, sha_cache_path, stamp_path, write_staged_state
@@ -175,8 +175,7 @@ def remove_stale_temp_files_of(out: Path, plans: list[ShardPlan]) -> list[Path]:
 
 def write_shards(
     store: SourceStore, source: str, out: Path, plans: list[ShardPlan], *, previous: Path | None = None,
-    num_workers: int = 1, progress=None, then: AfterShard | None = None, only_own_temp_files: bool = False,
-    reuse: tuple[str, ...] | None = None,
+    num_workers: int = 1, progress=None, then: AfterShard | None = None, reuse: tuple[str, ...] | None = None,
 ) -> list[ShardResult]:
     """Write ``plans`` under ``out`` (a build's staging folder). A shard already up to date in
     ``out`` is kept; one up to date in ``previous`` (the published output) is hard-linked.
@@ -184,16 +183,13 @@ def write_shards(
     ``then(plan, result)`` runs on the worker once the shard's tars are in place (written, kept
     or linked; ``result.written`` says which), before the result is reported: the build's next
     steps, shard by shard, while other shards are still being written.
-    ``only_own_temp_files``: a write task of some of the shards: clear the leftovers of a crashed
-    writer beside ``plans``' files only, not under all of ``out``.
+    The leftovers of a crashed writer are cleared beside ``plans``' files only, not under all
+    of ``out``: other write tasks may be writing there (the commit clears the rest).
     ``reuse``: the modalities of ``previous``'s plan when ``plans`` add modalities to it
     (``plan/add_modality.py``): a shard whose tars of those are up to date there has them
     hard-linked and only the added modalities' tars written.
     """
-    if only_own_temp_files:
-        remove_stale_temp_files_of(out, plans)
-    else:
-        remove_stale_temp_files(out)
+    remove_stale_temp_files_of(out, plans)
     # Several workers take the largest shards first: they then end together on small ones, not
     # one of them on the last big shard while the others wait (buckets make shard sizes uneven).
     order = list(range(len(plans)))

@@ -1,7 +1,8 @@
-"""Where the tasks of an ``s3://`` output's build meet: ``<output>/.pid-build/staged/``.
+"""Where the stages of a build meet: the staging folder beside a folder output
+(``versions.staging_dir``), or ``<output>/.pid-build/staged/`` of an ``s3://`` output, each
+task on its own machine working in a scratch folder of its own (``scratch_dir``).
 
-A task of such a build runs on any machine in a work folder of its own; what one task hands
-the next goes through the bucket (``docs/formats.md`` section 9b):
+For a bucket, what one task hands the next goes through it (``docs/formats.md`` section 9b):
 
 * ``staged/intake/<file>`` and ``staged/intake.json``: the samples an intake staged (the
   Dagster ``sample_set`` step), for a plan on another machine;
@@ -24,10 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loader.formats.twin_tar import key_index_relpath, tar_path
 from loader.io.errors import ObjectNotFoundError, PreconditionFailedError
 from loader.io.s3_client import S3AccessError
-from pid_platform.sharding.commit import s3_output
-from pid_platform.sharding.commit.s3_output import VERSION_INPUTS, S3Output
+from pid_platform.sharding import pipeline
+from pid_platform.sharding.commit import s3_output, versions
+from pid_platform.sharding.commit.s3_output import (
+    VERSION_INPUTS,
+    S3Output,
+)
 from pid_platform.sharding.commit.state import (
     FINGERPRINT,
     INTAKE_SETTINGS,
@@ -38,12 +44,21 @@ from pid_platform.sharding.commit.state import (
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.intake.cache import CACHE_NAME
 from pid_platform.sharding.intake.task import slice_bounds
+from pid_platform.sharding.layout import bucket_dir, final_dir
 from pid_platform.sharding.pause_points import pause_point
 from pid_platform.sharding.plan.columnar import Shard
-from pid_platform.sharding.plan.plan_files import PLAN, SHARDS, PlanSource
+from pid_platform.sharding.plan.plan_files import (
+    PLAN,
+    SHARDS,
+    PlanSource,
+)
 from pid_platform.sharding.state_doc import load_state_doc
 from pid_platform.sharding.tasks import records as local_records
-from pid_platform.sharding.tasks.records import RECORD_FORMAT, WRITE
+from pid_platform.sharding.tasks.outcomes import TaskOrderError
+from pid_platform.sharding.tasks.records import (
+    RECORD_FORMAT,
+    WRITE,
+)
 
 STAGED = ".pid-build/staged"
 STAGED_NAME = "staged.json"
@@ -433,3 +448,73 @@ def coverage(plans: Sequence[Shard], recs: list[dict]) -> Coverage:
             continue
     cov.missing = [i for i in range(len(plans)) if i not in cov.digests]
     return cov
+
+
+def staged_folder_plan(out: Path, what: str) -> tuple[Path, Path] | None:
+    """(staging folder, its plan) ; None when nothing is staged over a committed build."""
+    staged = versions.staging_dir(out)
+    plan = state_dir(staged) / pipeline.PLAN
+    if plan.is_file():
+        return staged, plan
+    if (state_dir(final_dir(out)) / SAMPLES).is_file() and not staged.exists():
+        return None
+    raise TaskOrderError(f"{what} of {out}: no plan is staged in {staged}",
+                         "run `pid-shard plan` (the same --input-dir, --output-dir and settings) first")
+
+
+def scratch_dir(output: S3Output, work_root: str | Path | None, name: str) -> Path:
+    """A folder of this machine's own for one task (beside the one-process build's work folder)."""
+    return beside(s3_output.work_dir(output, work_root), name)
+
+
+def beside(work: Path, name: str) -> Path:
+    return work.parent / f"{work.name}.tasks" / name
+
+
+def staged_or_refuse(output: S3Output, what: str) -> Staged | None:
+    """The staged plan; None when nothing is staged over a published version (the plan found it
+    up to date and left ``staged/`` empty); a ``TaskOrderError`` when nothing was ever planned,
+    or when ``staged/`` holds what a plan or intake began and no ``staged.json`` (a plan killed
+    while staging, an intake staged since): the source changed, so never "up to date"."""
+    staged = read_staged(output)  # a damaged staged.json: StagedStateError, naming it
+    if staged is not None:
+        return staged
+    left = leftovers(output)
+    if s3_output.read_pointer(output) is not None and not left:
+        return None
+    why = (f"{output}/{rel(STAGED_NAME)} is missing beside {', '.join(left)}{' ...' if len(left) > 2 else ''} "
+           "(a plan was killed while staging, or an intake was staged since)") if left else (
+        f"{output}/{rel(STAGED_NAME)} is missing")
+    raise TaskOrderError(f"{what} of {output}: no plan is staged ({why})",
+                         "run `pid-shard plan` (the same --input-dir, --output-dir and settings) first")
+
+
+def tar_rel(plan: Shard, modality: str) -> str:
+    return tar_path(Path(), plan.bucket, modality, plan.relpath).as_posix()
+
+
+def key_index_rel(plan: Shard) -> str:
+    return (bucket_dir(Path(), plan.bucket) / key_index_relpath(plan.relpath)).as_posix()
+
+
+def shard_objects(plan: Shard, key_index_bytes: object) -> dict[str, int]:
+    """Each object of ``plan``'s shard in its version folder -> its size."""
+    found = {tar_rel(plan, m): plan.tar_bytes(m) for m in plan.modalities}
+    found[key_index_rel(plan)] = key_index_bytes if isinstance(key_index_bytes, int) else -1
+    return found
+
+
+def shard_homes(staged: Staged, plan: Shard, key_index_bytes: object) -> dict[str, dict[str, int]]:
+    """``shard_objects`` by the version whose folder holds them (``Staged.home``)."""
+    found: dict[str, dict[str, int]] = {}
+    index = key_index_rel(plan)
+    for r, n in shard_objects(plan, key_index_bytes).items():
+        found.setdefault(staged.home(r != index), {})[r] = n
+    return found
+
+
+def delete_staged(output: S3Output) -> None:
+    delete(output, rel(STAGED_NAME), rel(INTAKE_NAME))  # first: no task takes the rest
+    delete_under(output, STAGED)
+
+

@@ -1,0 +1,120 @@
+"""What the stages of a build report and refuse with, for a folder and a bucket alike: a task's
+outcome, the plan's, the errors that name the ``pid-shard`` command to run next, and the pause
+points the kill tests hold a write task at."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pid_platform.sharding.commit.state import load_intake_settings
+from pid_platform.sharding.errors import BuildError
+from pid_platform.sharding.intake.file_checks import VALIDATE_FULL
+from pid_platform.sharding.intake.task import (
+    IntakeReport,
+    slice_bounds,
+)
+
+# Held (PID_PAUSE_AT) once a write task has put one shard's outputs in place: tests kill it there.
+SHARD_DONE_POINT = "write-task:shard-done"
+
+
+def shard_done_point(index: int, of: int) -> str:
+    """The same point in write task ``index`` of ``of`` only: a test holds (or fails) one task."""
+    return f"write-task-{index}-of-{of}:shard-done"
+
+
+class TaskOrderError(BuildError):
+    """A task ran before the one it needs (a write task or commit before the plan). Its message is
+    the raiser's (the sharding layer's: ``facts``, then which ``pid-shard`` command to run); a
+    Dagster step raises it again with its own advice after ``facts``: an operator in the UI types
+    no command."""
+
+    def __init__(self, facts: str, advice: str) -> None:
+        super().__init__(f"{facts}; {advice}")
+        self.facts = facts
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """Why a staged plan cannot be committed yet: the facts (which tasks, where their records are
+    missing) and what a ``pid-shard`` user runs next. ``str()`` is the CLI's wording; a Dagster
+    step uses ``worded`` with its own advice (re-execute, materialize)."""
+
+    facts: str
+    cli_advice: str
+
+    def worded(self, advice: str) -> str:
+        return f"{self.facts}: {advice}; nothing was published"
+
+    def __str__(self) -> str:
+        return self.worded(self.cli_advice)
+
+
+class TasksUnfinishedError(BuildError):
+    """The commit found write tasks without a completion record (or with damaged shards)."""
+
+
+@dataclass
+class TaskOutcome:
+    stage: str
+    index: int
+    of: int
+    record: Path
+    already_done: bool  # the record was there: nothing was read or written
+    items: int = 0  # samples (intake) or shards (write) in the task's slice
+    first: int = 0  # position of its first shard (write; an intake slice is not contiguous)
+    done: int = 0  # files validated (intake) or shards written (write)
+    reused: int = 0  # outcomes reused (intake) or shards kept / hard-linked (write)
+    nothing_staged: bool = False  # no plan staged, over a committed build: the plan found it up to date
+    copied: int = 0  # tars an s3 write task copied inside the bucket from the current version
+    repaired: int = 0  # tars of the served version an s3 write task found missing or damaged and sent again
+    nbytes: int = 0  # bytes of the intake slice's files
+
+
+@dataclass
+class PlanOutcome:
+    out: Path
+    report: IntakeReport
+    shards: int
+    samples: int
+    up_to_date: bool  # the committed build is what this one would publish: nothing staged
+    files_validated: int = 0
+    outcomes_reused: int = 0
+    buckets: dict[str, int] = field(default_factory=dict)  # bucket -> shards
+    damaged_shards: int = 0  # with ``repair``: committed shards whose tars were missing or damaged
+
+
+# In a write record: the plan it wrote shards of (``plan_files.shards_identity``).
+PLAN_ID = "plan_shards_sha256"
+
+
+def check_task(index: int, of: int) -> None:
+    slice_bounds(0, index, of)  # raises ValueError naming the range
+
+
+def spans_text(positions: list[int]) -> str:
+    spans, start = [], None
+    for i, p in enumerate(positions):
+        if start is None:
+            start = p
+        if i + 1 == len(positions) or positions[i + 1] != p + 1:
+            spans.append(f"{start}" if start == p else f"{start}-{p}")
+            start = None
+    return ", ".join(spans)
+
+
+def report_from_json(doc: dict) -> IntakeReport:
+    """The intake report a plan staged (``intake_report.json``), for the commit's summary."""
+    return IntakeReport(
+        doc["source"], modalities=list(doc["modalities"]), empty_modalities=list(doc["empty_modalities"]),
+        image_modality=doc["image_modality"], files_seen=dict(doc["files_seen"]), orphans=dict(doc["orphans"]),
+        skipped_files=Counter(doc["skipped_files"]), dropped=Counter(doc["dropped"]),
+        examples={k: list(v) for k, v in doc["examples"].items()}, key_collisions=doc["key_collisions"],
+        samples=doc["samples"],
+    )
+
+
+def validate_of(folder: Path) -> str:
+    return (load_intake_settings(folder) or {}).get("validate", VALIDATE_FULL)
