@@ -34,6 +34,7 @@ from dagster._core.definitions.data_version import (
 from pid_platform.defs.groups import BUILD_GROUP
 from pid_platform.defs.partitions import SOURCES, sources_partitions
 from pid_platform.defs.resources import ShardingResource, SourceStoreResource
+from pid_platform.defs.step_errors import step_failure
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.settings import (
@@ -141,14 +142,10 @@ def commit_launchpad_settings(context: dg.AssetExecutionContext, source_store: S
     try:
         written = persist_settings(store, current, changes, defaults)
     except (BuildError, OSError) as exc:
-        raise dg.Failure(
-            description=(
-                f"the build of {source!r} committed with the launchpad's sharding ({_shown(pending)}), but it could "
-                f"not be written to {current.location} ({exc}). Until it is, the sensor and the daily schedule "
-                f"build the file's settings: edit {SETTINGS_NAME} there"
-            ),
-            allow_retries=False,
-        ) from exc
+        raise step_failure(
+            f"the build of {source!r} committed with the launchpad's sharding ({_shown(pending)}), but it could "
+            f"not be written to {current.location} ({exc}). Until it is, the sensor and the daily schedule "
+            f"build the file's settings: edit {SETTINGS_NAME} there", exc) from exc
     context.log.info(f"{source}: the build committed; launchpad sharding written to {written.location} "
                      f"({_shown(pending)}); version {current.version} -> {written.version}")
     # The file's new version, observed now that the file holds it (the run's steps built with it

@@ -49,6 +49,7 @@ from pid_platform.defs.plots import png_markdown, shard_sizes_png
 from pid_platform.defs.resources import ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, retry_only_transient
 from pid_platform.defs.settings import RunSettings, settings_for_run, settings_metadata
+from pid_platform.defs.step_errors import step_failure
 from pid_platform.sharding.commit import versions
 from pid_platform.sharding.commit.s3_output import S3Output, read_pointer
 from pid_platform.sharding.commit.state import SAMPLES, state_dir
@@ -111,14 +112,10 @@ def unfinished_failure(what: str, problem: Unfinished) -> TasksUnfinishedError:
 
 
 def _no_sample_set(source: str) -> dg.Failure:
-    return dg.Failure(
-        description=(
-            f"twin_tar_shards of {source} has no sample set to cut: no build of it is staged or committed. "
-            "Select sample_set with it (sample_set, twin_tar_shards and what follows them), or launch the "
-            f"source_build job for partition {source!r}"
-        ),
-        allow_retries=False,
-    )
+    return step_failure(
+        f"twin_tar_shards of {source} has no sample set to cut: no build of it is staged or committed. "
+        "Select sample_set with it (sample_set, twin_tar_shards and what follows them), or launch the "
+        f"source_build job for partition {source!r}")
 
 
 def s3_sample_set_to_cut(target: S3Output, out: Path, source: str) -> str:
