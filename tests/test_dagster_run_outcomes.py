@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from pid_platform.defs.executors import pid_executor
+from pid_platform.defs.latest import latest_materialization
 from pid_platform.defs.small_sources import (
     IN_PROCESS_BELOW_ENV,
     SmallSourceSettingError,
@@ -96,9 +97,7 @@ def test_reexecute_from_failure_after_a_rebuild_has_nothing_to_finish(
         real.rename(image)
         rebuilt = launch(context, launchpad_params("source_build", SOURCE))
         assert wait_done(instance, rebuilt, 300, context) == SUCCESS
-        committed = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=dg.AssetKey("wdinfo_manifests"), asset_partitions=[SOURCE]),
-            limit=1).records[0]
+        committed = latest_materialization(instance, "wdinfo_manifests", SOURCE)
 
         # Re-execute -> From failure on the failed run: nothing is staged any more.
         again = reexecute(context, failed)
@@ -109,9 +108,7 @@ def test_reexecute_from_failure_after_a_rebuild_has_nothing_to_finish(
         assert not any("already done" in m for m in run_messages(instance, again))
         assert step_keys(instance, again, dg.DagsterEventType.STEP_FAILURE) == []
         # The committed build's state stands: no new materialization, no asset red.
-        latest = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=dg.AssetKey("wdinfo_manifests"), asset_partitions=[SOURCE]),
-            limit=1).records[0]
+        latest = latest_materialization(instance, "wdinfo_manifests", SOURCE)
         assert latest.storage_id == committed.storage_id
         for asset in ("twin_tar_shards", "key_indexes", "wdinfo_manifests"):
             assert partition_status(context, asset) == {"materialized": [SOURCE], "failed": []}, asset
@@ -128,8 +125,7 @@ def test_a_verified_noop_after_a_failed_build_clears_the_red_state(
         built = launch(context, launchpad_params("source_build", SOURCE))
         assert wait_done(instance, built, 300, context) == SUCCESS
         manifests = dg.AssetKey("wdinfo_manifests")
-        committed = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=manifests, asset_partitions=[SOURCE]), limit=1).records[0]
+        committed = latest_materialization(instance, manifests, SOURCE)
         # A typo in the source's sharding.yaml fails the next build: the source turns red.
         settings = raw_root / SOURCE / SETTINGS_NAME
         settings.write_text("max_shard_size_mb: lots\n")
@@ -145,8 +141,7 @@ def test_a_verified_noop_after_a_failed_build_clears_the_red_state(
         for asset in ("sample_set", "twin_tar_shards", "key_indexes", "wdinfo_manifests"):
             assert partition_status(context, asset) == {"materialized": [SOURCE], "failed": []}, asset
         # The committed version restated: the same data version, so nothing downstream is stale.
-        latest = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=manifests, asset_partitions=[SOURCE]), limit=1).records[0]
+        latest = latest_materialization(instance, manifests, SOURCE)
         assert latest.storage_id != committed.storage_id
         assert latest.asset_materialization.tags.get("dagster/data_version") == \
             committed.asset_materialization.tags.get("dagster/data_version")
@@ -162,9 +157,7 @@ def test_a_verified_noop_after_a_failed_build_clears_the_red_state(
         # A second no-op restates nothing more: a source that is green gets no new event.
         again = launch(context, launchpad_params("source_build", SOURCE))
         assert wait_done(instance, again, 300, context) == SUCCESS
-        assert instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=manifests, asset_partitions=[SOURCE]), limit=1
-        ).records[0].storage_id == latest.storage_id
+        assert latest_materialization(instance, manifests, SOURCE).storage_id == latest.storage_id
 
 
 def _wait_for(path: Path, context, run_id: str, timeout_s: float = 300) -> None:

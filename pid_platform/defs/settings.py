@@ -32,6 +32,7 @@ from dagster._core.definitions.data_version import (
 )
 
 from pid_platform.defs.groups import BUILD_GROUP
+from pid_platform.defs.latest import latest_materialization
 from pid_platform.defs.partitions import SOURCES, sources_partitions
 from pid_platform.defs.resources import ShardingResource, SourceStoreResource
 from pid_platform.defs.step_errors import step_failure
@@ -114,11 +115,10 @@ def _pending_launchpad_settings(instance: dg.DagsterInstance, source: str, commi
                                 ) -> dict[str, dict[str, Any]]:
     """The launchpad settings the committed plan was cut with: the ``settings_diff`` of the
     newest ``twin_tar_shards`` materialization of ``source`` whose config is ``committed``."""
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey("twin_tar_shards"), asset_partitions=[source]), limit=1).records
-    if not records:
+    record = latest_materialization(instance, "twin_tar_shards", source)
+    if record is None:
         return {}
-    metadata = records[0].asset_materialization.metadata
+    metadata = record.asset_materialization.metadata
     version, diff = metadata.get("config_version"), metadata.get("settings_diff")
     if version is None or diff is None or version.value != committed.version():
         return {}
