@@ -207,6 +207,83 @@ def test_a_cancelled_launchpad_reshard_leaves_sharding_yaml_and_a_committed_one_
         assert any("the build committed; launchpad sharding written" in m for m in run_messages(instance, committed))
 
 
+def _hold_first_shard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A build's single write task holds after its first shard: the marker it leaves on reaching
+    the point, and the file that lets it go on."""
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    point = shard_done_point(0, 1)
+    monkeypatch.setenv(PAUSE_AT_ENV, point)
+    monkeypatch.setenv(PAUSE_DIR_ENV, str(pause))
+    stem = point.replace(":", "-")
+    return pause / f"{stem}.reached", pause / f"{stem}.go"
+
+
+def _without_the_queue_limit(home: Path) -> None:
+    """An instance whose dagster.yaml lacks the run queue's one-run-per-partition limit (an older
+    deployment's, or a limit raised by hand): a second run of a source gets past the queue."""
+    config = yaml.safe_load((home / "dagster.yaml").read_text())
+    del config["concurrency"]["runs"]["tag_concurrency_limits"]
+    (home / "dagster.yaml").write_text(yaml.safe_dump(config))
+
+
+@pytest.mark.slow
+def test_a_second_build_past_the_queue_stops_at_once_naming_the_run_that_holds_the_source(
+    ui_home: Path, raw_root: Path, out_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found on the second day: two launchpad runs of one source both started, their steps
+    interleaved in one staging folder, and the first failed late with pid-shard advice naming no
+    other run. A run that gets past the queue now stops in its first step, touching nothing, and
+    says which run holds the source; the holder builds on undisturbed."""
+    _without_the_queue_limit(ui_home)
+    reached, go = _hold_first_shard(tmp_path, monkeypatch)
+    with dg.DagsterInstance.get() as instance, ui_workspace(instance) as context:
+        instance.add_dynamic_partitions("sources", [SOURCE])
+        first = launch(context, launchpad_params("source_build", SOURCE, write_tasks=1, max_shard_size_mb=0.25))
+        _wait_for(reached, context, first, timeout_s=180)
+        second = launch(context, launchpad_params("source_build", SOURCE))
+        assert wait_done(instance, second, 300, context) == FAILURE
+        assert step_keys(instance, second, dg.DagsterEventType.STEP_START) == ["sample_set"]
+        failures = [r.dagster_event.step_failure_data.error.message
+                    for r in instance.all_logs(second, of_type=dg.DagsterEventType.STEP_FAILURE)]
+        assert len(failures) == 1, failures
+        assert failures[0].startswith(f"SourceHeldError: {SOURCE} is being built by run {first} (source_build, "
+                                      "started); one build of a source runs at a time"), failures
+        go.write_text("")
+        assert wait_done(instance, first, 300, context) == SUCCESS
+    built = yaml.safe_load((out_root / SOURCE / ".pid-build" / "sharding.json").read_text())
+    assert built["max_shard_size_mb"] == 0.25  # the holder's build, whole
+
+
+@pytest.mark.slow
+def test_a_queued_build_names_the_run_that_holds_its_source(
+    ui_home: Path, raw_root: Path, out_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The run queue holds a second run of a source back; the queued run's tag and log name the
+    run it waits for (the sensor's tick, as the daemon runs it), once; then it builds."""
+    from pid_platform.defs.automation.source_holder import QUEUED_BEHIND_TAG, queued_builds_sensor
+
+    reached, go = _hold_first_shard(tmp_path, monkeypatch)
+    with dg.DagsterInstance.get() as instance, ui_workspace(instance) as context:
+        instance.add_dynamic_partitions("sources", [SOURCE])
+        first = launch(context, launchpad_params("source_build", SOURCE, write_tasks=1))
+        _wait_for(reached, context, first, timeout_s=180)
+        second = launch(context, launchpad_params("source_build", SOURCE, assets=["sample_set"]))
+        dequeue(context)
+        assert instance.get_run_by_id(second).status == dg.DagsterRunStatus.QUEUED
+        for _ in range(2):  # a second tick adds nothing
+            with dg.build_sensor_context(instance=instance) as tick:
+                queued_builds_sensor(tick)
+        assert instance.get_run_by_id(second).tags[QUEUED_BEHIND_TAG] == first
+        said = [r.message for r in instance.all_logs(second, of_type=dg.DagsterEventType.ENGINE_EVENT)
+                if "queued behind" in r.message]  # the run's log in the UI shows an engine event's message
+        assert said == [f"queued behind run {first} (source_build, started), which is building {SOURCE}: one build "
+                        "of a source runs at a time, so this run starts when that one ends"], said
+        go.write_text("")
+        assert wait_done(instance, first, 300, context) == SUCCESS
+        assert wait_done(instance, second, 300, context) == SUCCESS
+
+
 @pytest.mark.slow
 def test_a_step_error_gives_the_ui_advice_not_a_pid_shard_command(
     ui_home: Path, raw_root: Path, out_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -39,6 +39,12 @@ def build_in_progress(instance: dg.DagsterInstance, source: str) -> dg.DagsterRu
     return run_in_progress(instance, source, source_build_job.name, _SOURCE_KEYS)
 
 
+def builds_source(run: dg.DagsterRun) -> bool:
+    """``run`` builds a source: a ``source_build`` run (or its re-execution), or one that
+    materializes any of a source's assets (Materialize, a backfill, automation)."""
+    return run.job_name == source_build_job.name or bool(_SOURCE_KEYS & set(run.asset_selection or ()))
+
+
 def run_in_progress(instance: dg.DagsterInstance, partition: str, job_name: str,
                     asset_keys: set[dg.AssetKey]) -> dg.DagsterRun | None:
     """A queued or running run of ``job_name``, or one materializing any of ``asset_keys``, for

@@ -17,6 +17,7 @@ from pid_platform.defs.automation.conditions import (
     FOLLOW_UPSTREAM,
 )
 from pid_platform.defs.automation.fingerprint import load_fingerprint
+from pid_platform.defs.automation.source_holder import refuse_unless_holding
 from pid_platform.defs.checks.catalog import built_and_catalog
 from pid_platform.defs.checks.common import built_plans
 from pid_platform.defs.datasets.catalog_entries import catalog_datasets
@@ -72,7 +73,7 @@ def _verified_or_fail(problems: list[str], what: str, source: str) -> None:
     if problems:
         raise step_failure(
             f"the committed {what} of {source} do not match its tars ({len(problems)} problems; "
-            f"first: {problems[0]}); rebuild the source (launch the source_build job for it)",
+            f"first: {problems[0]}); rebuild the source (materialize source_build for it)",
             metadata={"problems": dg.MetadataValue.json(first(problems))})
 
 
@@ -111,6 +112,7 @@ def key_indexes(
     the committed tars and records them (`state: committed`).
     """
     source = context.partition_key
+    refuse_unless_holding(context, source)  # one build of a source at a time (source_holder.py)
     out = source_store.source_out(source)
     target = source_store.source_target(source)
     with retry_only_transient(), ui_advice():
@@ -195,6 +197,7 @@ def wdinfo_manifests(
     committed tars and records them (`state: committed`); nothing is rewritten.
     """
     source = context.partition_key
+    refuse_unless_holding(context, source)  # one build of a source at a time (source_holder.py)
     out = source_store.source_out(source)
     target = source_store.source_target(source)
     with retry_only_transient(), ui_advice():

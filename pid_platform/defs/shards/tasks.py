@@ -42,6 +42,7 @@ from pathlib import Path
 import dagster as dg
 
 from pid_platform.defs.automation.builds import last_committed_build
+from pid_platform.defs.automation.source_holder import refuse_unless_holding
 from pid_platform.defs.groups import BUILD_POOL
 from pid_platform.defs.intake.assets import ratio_label
 from pid_platform.defs.metadata import bucket_label, human_bytes, row_count, table
@@ -194,6 +195,7 @@ def plan_write_tasks(
 ) -> Iterator[dg.Output | dg.DynamicOutput]:
     """Cut the staged samples into shards with the run's settings; one write task per range."""
     source = context.partition_key
+    refuse_unless_holding(context, source)  # one build of a source at a time (source_holder.py)
     out = source_store.source_out(source)
     target = source_store.source_target(source)
     with retry_only_transient():
@@ -234,6 +236,7 @@ def write_task(
     its completion record; nothing at all when the record is already there."""
     index, of = parse_task_key(context.get_mapping_key() or "")
     source = context.partition_key
+    refuse_unless_holding(context, source)  # one build of a source at a time (source_holder.py)
     out = source_store.source_out(source)
     name = f"{source}: write task {index} of {of}"
 
@@ -324,6 +327,7 @@ def collect_write_tasks(
 ) -> Iterator[dg.Output]:
     """Every write task done: ``twin_tar_shards``' materialization, from the staged shards."""
     source = context.partition_key
+    refuse_unless_holding(context, source)  # one build of a source at a time (source_holder.py)
     out = source_store.source_out(source)
     target = source_store.source_target(source)
     with retry_only_transient(), ui_advice():
