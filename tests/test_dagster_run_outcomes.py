@@ -312,6 +312,36 @@ def test_a_step_error_gives_the_ui_advice_not_a_pid_shard_command(
     assert "run `pid-shard task --index I --of 2` for each" in str(unfinished_write_tasks(out_root / SOURCE))
 
 
+RUN_LOG = """query($runId: ID!) { logsForRun(runId: $runId) { __typename ... on EventConnection { events {
+  __typename ... on MessageEvent { stepKey } ... on ExecutionStepFailureEvent { error { message } } } } } }"""
+
+
+@pytest.mark.slow
+def test_a_failed_step_and_its_alert_read_without_class_paths(ui_home: Path, raw_root: Path, out_root: Path) -> None:
+    """A Materialize click of a source's assets with a typo in its sharding.yaml: the run view's
+    error (what GraphQL gives the UI) and the alert's text start with the cause's own class name,
+    with no Dagster or pid_platform class path, and the alert names the job short."""
+    from pid_platform.defs.automation.alerts import run_failure_alert, step_errors
+
+    (raw_root / SOURCE / SETTINGS_NAME).write_text("max_shard_size_mb: lots\n")
+    assets = ["sample_set", "twin_tar_shards", "key_indexes", "wdinfo_manifests"]
+    with dg.DagsterInstance.get() as instance, ui_workspace(instance) as context:
+        instance.add_dynamic_partitions("sources", [SOURCE])
+        run_id = launch(context, launchpad_params("__ASSET_JOB", SOURCE, assets))
+        assert wait_done(instance, run_id, 300, context) == FAILURE
+        events = graphql(context, RUN_LOG, {"runId": run_id})["logsForRun"]["events"]
+        shown = [e["error"]["message"] for e in events if e["__typename"] == "ExecutionStepFailureEvent"]
+        assert len(shown) == 1, shown
+        first_line = shown[0].splitlines()[0]
+        assert first_line.startswith(f"ShardingConfigError: {raw_root / SOURCE / SETTINGS_NAME}: sharding setting "
+                                     "max_shard_size_mb='lots' is invalid"), first_line
+        assert "dagster." not in first_line and "pid_platform." not in first_line
+        errors = step_errors(instance, run_id)
+        alert = run_failure_alert(instance.get_run_by_id(run_id), None, sorted(errors), errors)
+    assert alert["text"] == (f"Dagster run {run_id[:8]} of materialize key_indexes, sample_set and 2 more failed "
+                             f"(partition {SOURCE}): sample_set: {first_line}")
+
+
 def _folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
