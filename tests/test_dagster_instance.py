@@ -47,6 +47,9 @@ def test_start_up_puts_the_checked_in_config_and_pool_limits_in_force(tmp_path: 
         (limit,) = config.run_queue_config.tag_concurrency_limits
         assert limit == {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
         assert instance.run_monitoring_settings["free_slots_after_run_end_seconds"] == 10
+        # Checked every 15 s; a run stuck Canceling (its worker gone) is canceled after a minute.
+        assert instance.run_monitoring_poll_interval_seconds == 15
+        assert instance.run_monitoring_cancel_timeout_seconds == 60
         # Job pages do not say "Auto-materialize off" while the automation sensor runs.
         from dagster._daemon.asset_daemon import get_auto_materialize_paused
         assert not get_auto_materialize_paused(instance)

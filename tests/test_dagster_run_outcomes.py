@@ -312,6 +312,70 @@ def test_a_step_error_gives_the_ui_advice_not_a_pid_shard_command(
     assert "run `pid-shard task --index I --of 2` for each" in str(unfinished_write_tasks(out_root / SOURCE))
 
 
+TERMINATE = """mutation($runId: String!) { terminateRun(runId: $runId, terminatePolicy: SAFE_TERMINATE) {
+  __typename ... on PythonError { message } } }"""
+FORCE_TERMINATE = """mutation($runId: String!) { terminateRun(runId: $runId, terminatePolicy: MARK_AS_CANCELED_IMMEDIATELY) {
+  __typename ... on PythonError { message } } }"""
+
+
+def _run_worker_pid(instance: dg.DagsterInstance, run_id: str) -> int:
+    """The run worker's pid, from its "Started process for run (pid: N)" event."""
+    for record in instance.all_logs(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT):
+        data = record.dagster_event.engine_event_data
+        if data is not None and "pid" in data.metadata:
+            return int(data.metadata["pid"].value)
+    raise AssertionError(f"run {run_id} logged no run worker pid")
+
+
+@pytest.mark.slow
+def test_a_run_whose_worker_no_longer_answers_ends_with_force_termination_and_frees_its_slot(
+    ui_home: Path, raw_root: Path, out_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the README says of Terminate and Force termination, from the UI: a run whose worker
+    is gone stays Canceling after Terminate; Force termination marks it Canceled at once; the
+    pid_build slot its write task held is freed by the daemon's run monitoring once the run has
+    been over for free_slots_after_run_end_seconds (10 s), not minutes later."""
+    import datetime as dt
+    import logging
+    import os
+    import signal
+
+    from dagster._core.test_utils import freeze_time
+    from dagster._daemon.monitoring.concurrency import execute_concurrency_slots_iteration
+
+    reached, _go = _hold_first_shard(tmp_path, monkeypatch)
+    with dg.DagsterInstance.get() as instance, ui_workspace(instance) as context:
+        instance.add_dynamic_partitions("sources", [SOURCE])
+        run_id = launch(context, launchpad_params("source_build", SOURCE, write_tasks=1))
+        _wait_for(reached, context, run_id, timeout_s=180)
+        storage = instance.event_log_storage
+
+        def holders() -> list[str]:
+            return [s.run_id for s in storage.get_concurrency_info("pid_build").claimed_slots]
+
+        assert holders() == [run_id]  # its write task holds a pid_build slot
+        os.kill(_run_worker_pid(instance, run_id), signal.SIGKILL)  # the worker no longer answers
+        # Terminate asks the worker through the code server; with the worker gone the request times
+        # out (the UI shows "User code server request timed out" after 60 s) and the run stays
+        # Canceling: the case the README sends to Force termination.
+        graphql(context, TERMINATE, {"runId": run_id})
+        assert instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.CANCELING
+        done = graphql(context, FORCE_TERMINATE, {"runId": run_id})["terminateRun"]
+        assert done["__typename"] == "TerminateRunSuccess", done
+        assert instance.get_run_by_id(run_id).status == CANCELED
+        assert holders() == [run_id]  # the dead step never gave its slot back
+
+        def monitor(after_s: float) -> None:  # one run-monitoring tick of the daemon, after_s past the end
+            ended = instance.get_run_record_by_id(run_id).end_time
+            with freeze_time(dt.datetime.fromtimestamp(ended + after_s, dt.UTC)):
+                list(execute_concurrency_slots_iteration(context, logging.getLogger("monitor")))
+
+        monitor(5)
+        assert holders() == [run_id]
+        monitor(11)
+        assert holders() == []
+
+
 RUN_LOG = """query($runId: ID!) { logsForRun(runId: $runId) { __typename ... on EventConnection { events {
   __typename ... on MessageEvent { stepKey } ... on ExecutionStepFailureEvent { error { message } } } } } }"""
 
