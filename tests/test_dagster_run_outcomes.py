@@ -28,6 +28,7 @@ from pid_platform.sharding.pause_points import PAUSE_AT_ENV, PAUSE_DIR_ENV, PAUS
 from pid_platform.sharding.settings import SETTINGS_NAME
 from pid_platform.sharding.tasks.records import WRITE, record_path
 from pid_platform.sharding.tasks.run import shard_done_point, unfinished_write_tasks
+from tests.support.procs import descendants, kill_all, parent_map, wait_gone
 from tests.support.ui_launch import (
     REPO,
     dequeue,
@@ -312,7 +313,7 @@ def test_a_step_error_gives_the_ui_advice_not_a_pid_shard_command(
     assert "run `pid-shard task --index I --of 2` for each" in str(unfinished_write_tasks(out_root / SOURCE))
 
 
-TERMINATE = """mutation($runId: String!) { terminateRun(runId: $runId, terminatePolicy: SAFE_TERMINATE) {
+TERMINATE_RUN = """mutation($runId: String!) { terminateRun(runId: $runId, terminatePolicy: SAFE_TERMINATE) {
   __typename ... on PythonError { message } } }"""
 FORCE_TERMINATE = """mutation($runId: String!) { terminateRun(runId: $runId, terminatePolicy: MARK_AS_CANCELED_IMMEDIATELY) {
   __typename ... on PythonError { message } } }"""
@@ -354,11 +355,14 @@ def test_a_run_whose_worker_no_longer_answers_ends_with_force_termination_and_fr
             return [s.run_id for s in storage.get_concurrency_info("pid_build").claimed_slots]
 
         assert holders() == [run_id]  # its write task holds a pid_build slot
-        os.kill(_run_worker_pid(instance, run_id), signal.SIGKILL)  # the worker no longer answers
-        # Terminate asks the worker through the code server; with the worker gone the request times
-        # out (the UI shows "User code server request timed out" after 60 s) and the run stays
-        # Canceling: the case the README sends to Force termination.
-        graphql(context, TERMINATE, {"runId": run_id})
+        worker = _run_worker_pid(instance, run_id)
+        code_server = parent_map()[worker]  # started by ui_workspace; the run worker is its child
+        os.kill(worker, signal.SIGKILL)  # the worker is gone: nothing answers a Terminate
+        # Terminate asks the worker to stop through the code server, whose request then never ends
+        # (Dagster 1.13 waits for the dead worker on the run's termination event): the UI reports
+        # "User code server request timed out" after 60 s and the run stays Canceling.
+        said = graphql(context, TERMINATE_RUN, {"runId": run_id})["terminateRun"]
+        assert said["__typename"] == "PythonError" and "timed out" in said["message"], said
         assert instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.CANCELING
         done = graphql(context, FORCE_TERMINATE, {"runId": run_id})["terminateRun"]
         assert done["__typename"] == "TerminateRunSuccess", done
@@ -374,6 +378,10 @@ def test_a_run_whose_worker_no_longer_answers_ends_with_force_termination_and_fr
         assert holders() == [run_id]
         monitor(11)
         assert holders() == []
+    # That code server keeps the stuck request and does not exit on its own: end it, by its pid.
+    left = {code_server} | descendants(code_server)
+    kill_all(left)
+    assert wait_gone(left, 10) == set()
 
 
 RUN_LOG = """query($runId: ID!) { logsForRun(runId: $runId) { __typename ... on EventConnection { events {
