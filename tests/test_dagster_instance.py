@@ -94,6 +94,7 @@ def test_an_alert_names_a_ui_materialization_by_its_assets() -> None:
     assert alert["text"] == ("Dagster run 01234567 of materialize sample_set, twin_tar_shards failed "
                              "(partition photos): twin_tar_shards: disk full")
     assert (alert["job"], alert["job_name"]) == ("materialize sample_set, twin_tar_shards", "__ASSET_JOB")
+    assert alert["title"] == "materialize sample_set, twin_tar_shards failed for photos in twin_tar_shards"
     assert job_label(dg.DagsterRun(job_name="source_build", run_id="x")) == "source_build"
     # An automation run of four assets and their checks: two named, the rest counted.
     many = dg.DagsterRun(job_name="__ASSET_JOB", run_id="x", asset_selection={

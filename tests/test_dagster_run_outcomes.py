@@ -412,6 +412,7 @@ def test_a_failed_step_and_its_alert_read_without_class_paths(ui_home: Path, raw
         alert = run_failure_alert(instance.get_run_by_id(run_id), None, sorted(errors), errors)
     assert alert["text"] == (f"Dagster run {run_id[:8]} of materialize key_indexes, sample_set and 2 more failed "
                              f"(partition {SOURCE}): sample_set: {first_line}")
+    assert alert["title"] == f"materialize key_indexes, sample_set and 2 more failed for {SOURCE} in sample_set"
 
 
 def _folder_bytes(folder: Path) -> int:
