@@ -206,3 +206,40 @@ def test_a_bad_datasets_yaml_keeps_the_code_location_and_shows_its_error_on_the_
         read = {e.check_name: e for e in catalog_run.get_asset_check_evaluations()}["dataset_definitions_read"]
         (problem,) = read.metadata["problems"].value
         assert not read.passed and str(path) in problem and "blend.samples_per_epoch is written twice" in problem
+
+
+def test_with_a_bad_datasets_yaml_the_daemon_still_ticks_the_sensors_and_raises_the_alert(
+        roots: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Found on the second day: a typo in datasets.yaml silenced raw-source discovery and alerting.
+    The daemon's own sensor iterations, on a real instance with the checked-in run queue: with a
+    datasets.yaml that does not parse, the discovery sensor still requests a build of each source,
+    and a run that fails raises the alert on the next tick."""
+    import datetime as dt
+    import logging
+
+    from dagster._core.test_utils import freeze_time
+    from dagster._daemon.sensor import execute_sensor_iteration
+
+    (roots.parent / "datasets.yaml").write_text("blend: {sources: [photos\n")  # never closed
+    queue = {"run_coordinator": {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator"}}
+    with dg.instance_for_test(overrides=queue) as instance, workspace_context(instance) as context:
+        with context.create_request_context() as request:
+            (entry,) = request.get_code_location_entries().values()
+            assert entry.load_error is None
+
+        def tick(at: dt.datetime) -> None:
+            with freeze_time(at):
+                list(execute_sensor_iteration(context, logging.getLogger("sensor_daemon"), None, None))
+
+        now = get_current_datetime()
+        tick(now)
+        builds = instance.get_runs(dg.RunsFilter(job_name="source_build"))
+        assert sorted(r.tags["dagster/partition"] for r in builds) == ["photos", "portraits"]
+        assert all(r.status == dg.DagsterRunStatus.QUEUED for r in builds)
+
+        failed = builds[0]
+        instance.report_run_failed(failed)
+        with caplog.at_level(logging.ERROR, logger="pid_platform.alerts"):
+            tick(now + dt.timedelta(seconds=61))
+        alerts = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ALERT")]
+        assert alerts and alerts[0].startswith(f"ALERT Dagster run {failed.run_id[:8]} of source_build failed"), alerts

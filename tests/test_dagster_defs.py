@@ -101,6 +101,7 @@ EXPECTED_AUTOMATION = {
     "daily_source_rebuild": ("schedule 0 3 * * * UTC", "source_build", "RUNNING"),
     "lerobot_datasets_sensor": ("sensor", "lerobot_sidecar_build", "RUNNING"),
     "run_failure_alert_sensor": ("sensor", None, "RUNNING"),
+    "queued_builds_sensor": ("sensor", None, "RUNNING"),
     "follow_upstream_sensor": ("automation-condition sensor", None, "RUNNING"),
 }
 

@@ -47,6 +47,9 @@ def test_start_up_puts_the_checked_in_config_and_pool_limits_in_force(tmp_path: 
         (limit,) = config.run_queue_config.tag_concurrency_limits
         assert limit == {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
         assert instance.run_monitoring_settings["free_slots_after_run_end_seconds"] == 10
+        # Checked every 15 s; a run stuck Canceling (its worker gone) is canceled after a minute.
+        assert instance.run_monitoring_poll_interval_seconds == 15
+        assert instance.run_monitoring_cancel_timeout_seconds == 60
         # Job pages do not say "Auto-materialize off" while the automation sensor runs.
         from dagster._daemon.asset_daemon import get_auto_materialize_paused
         assert not get_auto_materialize_paused(instance)
@@ -91,6 +94,7 @@ def test_an_alert_names_a_ui_materialization_by_its_assets() -> None:
     assert alert["text"] == ("Dagster run 01234567 of materialize sample_set, twin_tar_shards failed "
                              "(partition photos): twin_tar_shards: disk full")
     assert (alert["job"], alert["job_name"]) == ("materialize sample_set, twin_tar_shards", "__ASSET_JOB")
+    assert alert["title"] == "materialize sample_set, twin_tar_shards failed for photos in twin_tar_shards"
     assert job_label(dg.DagsterRun(job_name="source_build", run_id="x")) == "source_build"
     # An automation run of four assets and their checks: two named, the rest counted.
     many = dg.DagsterRun(job_name="__ASSET_JOB", run_id="x", asset_selection={
@@ -115,9 +119,28 @@ def test_step_errors_carry_no_module_paths() -> None:
         result = dg.materialize([broken], instance=instance, raise_on_error=False)
         failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
         shown = failure.event_specific_data.error.message
-        assert "BuildError: photos: image/a.jpg is not a JPEG" in shown and "pid_platform." not in shown
+        # The line the run view shows first: the cause's class and message, no Dagster class path.
+        assert shown.startswith("BuildError: photos: image/a.jpg is not a JPEG"), shown
+        assert "pid_platform." not in shown and "dagster." not in shown.splitlines()[0]
         assert step_errors(instance, result.run_id) == {
             "broken": "BuildError: photos: image/a.jpg is not a JPEG; remove it or fix it"}
+
+
+def test_a_staged_state_error_in_a_step_advises_no_pid_shard_command() -> None:
+    """The sharding layer's s3 staging errors advise `pid-shard plan` (their CLI users type it); in
+    a Dagster step the run view and the alert say what an operator in the UI does."""
+    from pid_platform.defs.retries import retry_only_transient
+    from pid_platform.sharding.tasks.staging import StagedStateError, parse_staged
+
+    where = "s3://bucket/photos/.pid-build/staged/staged.json"
+    with pytest.raises(StagedStateError, match="pid-shard plan"):
+        parse_staged(b'{"format": "other"}', where)  # what a pid-shard user reads
+    with pytest.raises(dg.Failure) as failure, retry_only_transient():
+        parse_staged(b'{"format": "other"}', where)
+    shown = failure.value.description
+    assert where in shown and "pid-shard plan" not in shown and "--input-dir" not in shown, shown
+    assert shown.endswith("launch the source_build job for this partition again"), shown
+    assert type(failure.value).__name__ == "StagedStateError" and failure.value.allow_retries is False
 
 
 def test_bad_pool_limits_say_what_to_write() -> None:

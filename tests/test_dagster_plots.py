@@ -12,6 +12,7 @@ import dagster as dg
 import pytest
 from PIL import Image
 
+from pid_platform.defs.latest import latest_materialization
 from pid_platform.demo import pid_demo as demo
 from pid_platform.demo.sample_data import make_sample_source
 
@@ -32,9 +33,7 @@ def _png(value: dg.MetadataValue, save_as: Path) -> Image.Image:
 
 
 def _latest(instance: dg.DagsterInstance, asset: str, partition: str) -> dict:
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[partition]), limit=1).records
-    return dict(records[0].asset_materialization.metadata)
+    return dict(latest_materialization(instance, asset, partition).asset_materialization.metadata)
 
 
 def test_plots_of_a_source_and_a_lerobot_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

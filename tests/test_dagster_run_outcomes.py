@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from pid_platform.defs.executors import pid_executor
+from pid_platform.defs.latest import latest_materialization
 from pid_platform.defs.small_sources import (
     IN_PROCESS_BELOW_ENV,
     SmallSourceSettingError,
@@ -28,6 +29,7 @@ from pid_platform.sharding.settings import SETTINGS_NAME
 from pid_platform.sharding.tasks.outcomes import shard_done_point
 from pid_platform.sharding.tasks.records import WRITE, record_path
 from pid_platform.sharding.tasks.write import unfinished_write_tasks
+from tests.support.procs import descendants, kill_all, parent_map, wait_gone
 from tests.support.ui_launch import (
     REPO,
     dequeue,
@@ -97,9 +99,7 @@ def test_reexecute_from_failure_after_a_rebuild_has_nothing_to_finish(
         real.rename(image)
         rebuilt = launch(context, launchpad_params("source_build", SOURCE))
         assert wait_done(instance, rebuilt, 300, context) == SUCCESS
-        committed = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=dg.AssetKey("wdinfo_manifests"), asset_partitions=[SOURCE]),
-            limit=1).records[0]
+        committed = latest_materialization(instance, "wdinfo_manifests", SOURCE)
 
         # Re-execute -> From failure on the failed run: nothing is staged any more.
         again = reexecute(context, failed)
@@ -110,9 +110,7 @@ def test_reexecute_from_failure_after_a_rebuild_has_nothing_to_finish(
         assert not any("already done" in m for m in run_messages(instance, again))
         assert step_keys(instance, again, dg.DagsterEventType.STEP_FAILURE) == []
         # The committed build's state stands: no new materialization, no asset red.
-        latest = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=dg.AssetKey("wdinfo_manifests"), asset_partitions=[SOURCE]),
-            limit=1).records[0]
+        latest = latest_materialization(instance, "wdinfo_manifests", SOURCE)
         assert latest.storage_id == committed.storage_id
         for asset in ("twin_tar_shards", "key_indexes", "wdinfo_manifests"):
             assert partition_status(context, asset) == {"materialized": [SOURCE], "failed": []}, asset
@@ -129,8 +127,7 @@ def test_a_verified_noop_after_a_failed_build_clears_the_red_state(
         built = launch(context, launchpad_params("source_build", SOURCE))
         assert wait_done(instance, built, 300, context) == SUCCESS
         manifests = dg.AssetKey("wdinfo_manifests")
-        committed = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=manifests, asset_partitions=[SOURCE]), limit=1).records[0]
+        committed = latest_materialization(instance, manifests, SOURCE)
         # A typo in the source's sharding.yaml fails the next build: the source turns red.
         settings = raw_root / SOURCE / SETTINGS_NAME
         settings.write_text("max_shard_size_mb: lots\n")
@@ -146,8 +143,7 @@ def test_a_verified_noop_after_a_failed_build_clears_the_red_state(
         for asset in ("sample_set", "twin_tar_shards", "key_indexes", "wdinfo_manifests"):
             assert partition_status(context, asset) == {"materialized": [SOURCE], "failed": []}, asset
         # The committed version restated: the same data version, so nothing downstream is stale.
-        latest = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=manifests, asset_partitions=[SOURCE]), limit=1).records[0]
+        latest = latest_materialization(instance, manifests, SOURCE)
         assert latest.storage_id != committed.storage_id
         assert latest.asset_materialization.tags.get("dagster/data_version") == \
             committed.asset_materialization.tags.get("dagster/data_version")
@@ -163,9 +159,7 @@ def test_a_verified_noop_after_a_failed_build_clears_the_red_state(
         # A second no-op restates nothing more: a source that is green gets no new event.
         again = launch(context, launchpad_params("source_build", SOURCE))
         assert wait_done(instance, again, 300, context) == SUCCESS
-        assert instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=manifests, asset_partitions=[SOURCE]), limit=1
-        ).records[0].storage_id == latest.storage_id
+        assert latest_materialization(instance, manifests, SOURCE).storage_id == latest.storage_id
 
 
 def _wait_for(path: Path, context, run_id: str, timeout_s: float = 300) -> None:
@@ -215,6 +209,83 @@ def test_a_cancelled_launchpad_reshard_leaves_sharding_yaml_and_a_committed_one_
         assert any("the build committed; launchpad sharding written" in m for m in run_messages(instance, committed))
 
 
+def _hold_first_shard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A build's single write task holds after its first shard: the marker it leaves on reaching
+    the point, and the file that lets it go on."""
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    point = shard_done_point(0, 1)
+    monkeypatch.setenv(PAUSE_AT_ENV, point)
+    monkeypatch.setenv(PAUSE_DIR_ENV, str(pause))
+    stem = point.replace(":", "-")
+    return pause / f"{stem}.reached", pause / f"{stem}.go"
+
+
+def _without_the_queue_limit(home: Path) -> None:
+    """An instance whose dagster.yaml lacks the run queue's one-run-per-partition limit (an older
+    deployment's, or a limit raised by hand): a second run of a source gets past the queue."""
+    config = yaml.safe_load((home / "dagster.yaml").read_text())
+    del config["concurrency"]["runs"]["tag_concurrency_limits"]
+    (home / "dagster.yaml").write_text(yaml.safe_dump(config))
+
+
+@pytest.mark.slow
+def test_a_second_build_past_the_queue_stops_at_once_naming_the_run_that_holds_the_source(
+    ui_home: Path, raw_root: Path, out_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found on the second day: two launchpad runs of one source both started, their steps
+    interleaved in one staging folder, and the first failed late with pid-shard advice naming no
+    other run. A run that gets past the queue now stops in its first step, touching nothing, and
+    says which run holds the source; the holder builds on undisturbed."""
+    _without_the_queue_limit(ui_home)
+    reached, go = _hold_first_shard(tmp_path, monkeypatch)
+    with dg.DagsterInstance.get() as instance, ui_workspace(instance) as context:
+        instance.add_dynamic_partitions("sources", [SOURCE])
+        first = launch(context, launchpad_params("source_build", SOURCE, write_tasks=1, max_shard_size_mb=0.25))
+        _wait_for(reached, context, first, timeout_s=180)
+        second = launch(context, launchpad_params("source_build", SOURCE))
+        assert wait_done(instance, second, 300, context) == FAILURE
+        assert step_keys(instance, second, dg.DagsterEventType.STEP_START) == ["sample_set"]
+        failures = [r.dagster_event.step_failure_data.error.message
+                    for r in instance.all_logs(second, of_type=dg.DagsterEventType.STEP_FAILURE)]
+        assert len(failures) == 1, failures
+        assert failures[0].startswith(f"SourceHeldError: {SOURCE} is being built by run {first} (source_build, "
+                                      "started); one build of a source runs at a time"), failures
+        go.write_text("")
+        assert wait_done(instance, first, 300, context) == SUCCESS
+    built = yaml.safe_load((out_root / SOURCE / ".pid-build" / "sharding.json").read_text())
+    assert built["max_shard_size_mb"] == 0.25  # the holder's build, whole
+
+
+@pytest.mark.slow
+def test_a_queued_build_names_the_run_that_holds_its_source(
+    ui_home: Path, raw_root: Path, out_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The run queue holds a second run of a source back; the queued run's tag and log name the
+    run it waits for (the sensor's tick, as the daemon runs it), once; then it builds."""
+    from pid_platform.defs.automation.source_holder import QUEUED_BEHIND_TAG, queued_builds_sensor
+
+    reached, go = _hold_first_shard(tmp_path, monkeypatch)
+    with dg.DagsterInstance.get() as instance, ui_workspace(instance) as context:
+        instance.add_dynamic_partitions("sources", [SOURCE])
+        first = launch(context, launchpad_params("source_build", SOURCE, write_tasks=1))
+        _wait_for(reached, context, first, timeout_s=180)
+        second = launch(context, launchpad_params("source_build", SOURCE, assets=["sample_set"]))
+        dequeue(context)
+        assert instance.get_run_by_id(second).status == dg.DagsterRunStatus.QUEUED
+        for _ in range(2):  # a second tick adds nothing
+            with dg.build_sensor_context(instance=instance) as tick:
+                queued_builds_sensor(tick)
+        assert instance.get_run_by_id(second).tags[QUEUED_BEHIND_TAG] == first
+        said = [r.message for r in instance.all_logs(second, of_type=dg.DagsterEventType.ENGINE_EVENT)
+                if "queued behind" in r.message]  # the run's log in the UI shows an engine event's message
+        assert said == [f"queued behind run {first} (source_build, started), which is building {SOURCE}: one build "
+                        "of a source runs at a time, so this run starts when that one ends"], said
+        go.write_text("")
+        assert wait_done(instance, first, 300, context) == SUCCESS
+        assert wait_done(instance, second, 300, context) == SUCCESS
+
+
 @pytest.mark.slow
 def test_a_step_error_gives_the_ui_advice_not_a_pid_shard_command(
     ui_home: Path, raw_root: Path, out_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -241,6 +312,108 @@ def test_a_step_error_gives_the_ui_advice_not_a_pid_shard_command(
         assert "pid-shard" not in failures[0] and "Re-execute -> All steps" in failures[0], failures
     # The CLI's commit of the same staged build still names the command its user runs.
     assert "run `pid-shard task --index I --of 2` for each" in str(unfinished_write_tasks(out_root / SOURCE))
+
+
+TERMINATE_RUN = """mutation($runId: String!) { terminateRun(runId: $runId, terminatePolicy: SAFE_TERMINATE) {
+  __typename ... on PythonError { message } } }"""
+FORCE_TERMINATE = """mutation($runId: String!) { terminateRun(runId: $runId, terminatePolicy: MARK_AS_CANCELED_IMMEDIATELY) {
+  __typename ... on PythonError { message } } }"""
+
+
+def _run_worker_pid(instance: dg.DagsterInstance, run_id: str) -> int:
+    """The run worker's pid, from its "Started process for run (pid: N)" event."""
+    for record in instance.all_logs(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT):
+        data = record.dagster_event.engine_event_data
+        if data is not None and "pid" in data.metadata:
+            return int(data.metadata["pid"].value)
+    raise AssertionError(f"run {run_id} logged no run worker pid")
+
+
+@pytest.mark.slow
+def test_a_run_whose_worker_no_longer_answers_ends_with_force_termination_and_frees_its_slot(
+    ui_home: Path, raw_root: Path, out_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the README says of Terminate and Force termination, from the UI: a run whose worker
+    is gone stays Canceling after Terminate; Force termination marks it Canceled at once; the
+    pid_build slot its write task held is freed by the daemon's run monitoring once the run has
+    been over for free_slots_after_run_end_seconds (10 s), not minutes later."""
+    import datetime as dt
+    import logging
+    import os
+    import signal
+
+    from dagster._core.test_utils import freeze_time
+    from dagster._daemon.monitoring.concurrency import execute_concurrency_slots_iteration
+
+    reached, _go = _hold_first_shard(tmp_path, monkeypatch)
+    with dg.DagsterInstance.get() as instance, ui_workspace(instance) as context:
+        instance.add_dynamic_partitions("sources", [SOURCE])
+        run_id = launch(context, launchpad_params("source_build", SOURCE, write_tasks=1))
+        _wait_for(reached, context, run_id, timeout_s=180)
+        storage = instance.event_log_storage
+
+        def holders() -> list[str]:
+            return [s.run_id for s in storage.get_concurrency_info("pid_build").claimed_slots]
+
+        assert holders() == [run_id]  # its write task holds a pid_build slot
+        worker = _run_worker_pid(instance, run_id)
+        code_server = parent_map()[worker]  # started by ui_workspace; the run worker is its child
+        os.kill(worker, signal.SIGKILL)  # the worker is gone: nothing answers a Terminate
+        # Terminate asks the worker to stop through the code server, whose request then never ends
+        # (Dagster 1.13 waits for the dead worker on the run's termination event): the UI reports
+        # "User code server request timed out" after 60 s and the run stays Canceling.
+        said = graphql(context, TERMINATE_RUN, {"runId": run_id})["terminateRun"]
+        assert said["__typename"] == "PythonError" and "timed out" in said["message"], said
+        assert instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.CANCELING
+        done = graphql(context, FORCE_TERMINATE, {"runId": run_id})["terminateRun"]
+        assert done["__typename"] == "TerminateRunSuccess", done
+        assert instance.get_run_by_id(run_id).status == CANCELED
+        assert holders() == [run_id]  # the dead step never gave its slot back
+
+        def monitor(after_s: float) -> None:  # one run-monitoring tick of the daemon, after_s past the end
+            ended = instance.get_run_record_by_id(run_id).end_time
+            with freeze_time(dt.datetime.fromtimestamp(ended + after_s, dt.UTC)):
+                list(execute_concurrency_slots_iteration(context, logging.getLogger("monitor")))
+
+        monitor(5)
+        assert holders() == [run_id]
+        monitor(11)
+        assert holders() == []
+    # That code server keeps the stuck request and does not exit on its own: end it, by its pid.
+    left = {code_server} | descendants(code_server)
+    kill_all(left)
+    assert wait_gone(left, 10) == set()
+
+
+RUN_LOG = """query($runId: ID!) { logsForRun(runId: $runId) { __typename ... on EventConnection { events {
+  __typename ... on MessageEvent { stepKey } ... on ExecutionStepFailureEvent { error { message } } } } } }"""
+
+
+@pytest.mark.slow
+def test_a_failed_step_and_its_alert_read_without_class_paths(ui_home: Path, raw_root: Path, out_root: Path) -> None:
+    """A Materialize click of a source's assets with a typo in its sharding.yaml: the run view's
+    error (what GraphQL gives the UI) and the alert's text start with the cause's own class name,
+    with no Dagster or pid_platform class path, and the alert names the job short."""
+    from pid_platform.defs.automation.alerts import run_failure_alert, step_errors
+
+    (raw_root / SOURCE / SETTINGS_NAME).write_text("max_shard_size_mb: lots\n")
+    assets = ["sample_set", "twin_tar_shards", "key_indexes", "wdinfo_manifests"]
+    with dg.DagsterInstance.get() as instance, ui_workspace(instance) as context:
+        instance.add_dynamic_partitions("sources", [SOURCE])
+        run_id = launch(context, launchpad_params("__ASSET_JOB", SOURCE, assets))
+        assert wait_done(instance, run_id, 300, context) == FAILURE
+        events = graphql(context, RUN_LOG, {"runId": run_id})["logsForRun"]["events"]
+        shown = [e["error"]["message"] for e in events if e["__typename"] == "ExecutionStepFailureEvent"]
+        assert len(shown) == 1, shown
+        first_line = shown[0].splitlines()[0]
+        assert first_line.startswith(f"ShardingConfigError: {raw_root / SOURCE / SETTINGS_NAME}: sharding setting "
+                                     "max_shard_size_mb='lots' is invalid"), first_line
+        assert "dagster." not in first_line and "pid_platform." not in first_line
+        errors = step_errors(instance, run_id)
+        alert = run_failure_alert(instance.get_run_by_id(run_id), None, sorted(errors), errors)
+    assert alert["text"] == (f"Dagster run {run_id[:8]} of materialize key_indexes, sample_set and 2 more failed "
+                             f"(partition {SOURCE}): sample_set: {first_line}")
+    assert alert["title"] == f"materialize key_indexes, sample_set and 2 more failed for {SOURCE} in sample_set"
 
 
 def _folder_bytes(folder: Path) -> int:

@@ -4,8 +4,8 @@ Every such step retries a failure a few times with growing waits: a network blip
 bucket or a busy disk heal on a later try, and each step is safe to repeat (a build stages its
 output and commits it atomically, a sidecar is replaced atomically). A failure that a retry
 cannot heal (bad input, a wrong setting, a file an earlier step should have left) is raised as
-``dg.Failure(allow_retries=False)``, the original error as its cause, so the run fails at once
-with that error's message. The build assets use ``retry_only_transient``: only an I/O error a
+a final ``dg.Failure`` (``step_errors.step_failure``), the original error as its cause, so the
+run fails at once with that error's class name and message. The build assets use ``retry_only_transient``: only an I/O error a
 later try can heal (``is_transient``) is left to the retry policy.
 """
 
@@ -17,6 +17,7 @@ from contextlib import contextmanager
 
 import dagster as dg
 
+from pid_platform.defs.step_errors import step_failure
 from pid_platform.sharding.errors import BuildError
 
 IO_RETRY = dg.RetryPolicy(max_retries=3, delay=10, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
@@ -27,12 +28,6 @@ IO_RETRY = dg.RetryPolicy(max_retries=3, delay=10, backoff=dg.Backoff.EXPONENTIA
 PERMANENT_ERRORS: tuple[type[BaseException], ...] = (BuildError, ValueError, tarfile.TarError)
 
 
-def failure_text(exc: BaseException) -> str:
-    """What the run view and the alert show for ``exc``: its class's own name and its message, no
-    module path (``FileNotFoundError: ...``, ``TasksUnfinishedError: ...``)."""
-    return f"{type(exc).__name__}: {exc}"
-
-
 @contextmanager
 def fail_without_retry_on(*errors: type[BaseException]) -> Iterator[None]:
     """Inside an asset or check: turn ``errors`` (default ``PERMANENT_ERRORS``) into a final failure."""
@@ -40,8 +35,7 @@ def fail_without_retry_on(*errors: type[BaseException]) -> Iterator[None]:
     try:
         yield
     except final as exc:
-        raise dg.Failure(description=failure_text(exc),
-                         allow_retries=False) from exc
+        raise step_failure(str(exc), exc) from exc
 
 
 # OSErrors that stay what they are on the next try: a missing file stays missing (an earlier step
@@ -67,5 +61,4 @@ def retry_only_transient() -> Iterator[None]:
     except Exception as exc:
         if is_transient(exc):
             raise
-        raise dg.Failure(description=failure_text(exc),
-                         allow_retries=False) from exc
+        raise step_failure(str(exc), exc) from exc

@@ -32,8 +32,10 @@ from dagster._core.definitions.data_version import (
 )
 
 from pid_platform.defs.groups import BUILD_GROUP
+from pid_platform.defs.latest import latest_materialization
 from pid_platform.defs.partitions import SOURCES, sources_partitions
 from pid_platform.defs.resources import ShardingResource, SourceStoreResource
+from pid_platform.defs.step_errors import step_failure
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.settings import (
@@ -113,11 +115,10 @@ def _pending_launchpad_settings(instance: dg.DagsterInstance, source: str, commi
                                 ) -> dict[str, dict[str, Any]]:
     """The launchpad settings the committed plan was cut with: the ``settings_diff`` of the
     newest ``twin_tar_shards`` materialization of ``source`` whose config is ``committed``."""
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey("twin_tar_shards"), asset_partitions=[source]), limit=1).records
-    if not records:
+    record = latest_materialization(instance, "twin_tar_shards", source)
+    if record is None:
         return {}
-    metadata = records[0].asset_materialization.metadata
+    metadata = record.asset_materialization.metadata
     version, diff = metadata.get("config_version"), metadata.get("settings_diff")
     if version is None or diff is None or version.value != committed.version():
         return {}
@@ -141,14 +142,10 @@ def commit_launchpad_settings(context: dg.AssetExecutionContext, source_store: S
     try:
         written = persist_settings(store, current, changes, defaults)
     except (BuildError, OSError) as exc:
-        raise dg.Failure(
-            description=(
-                f"the build of {source!r} committed with the launchpad's sharding ({_shown(pending)}), but it could "
-                f"not be written to {current.location} ({exc}). Until it is, the sensor and the daily schedule "
-                f"build the file's settings: edit {SETTINGS_NAME} there"
-            ),
-            allow_retries=False,
-        ) from exc
+        raise step_failure(
+            f"the build of {source!r} committed with the launchpad's sharding ({_shown(pending)}), but it could "
+            f"not be written to {current.location} ({exc}). Until it is, the sensor and the daily schedule "
+            f"build the file's settings: edit {SETTINGS_NAME} there", exc) from exc
     context.log.info(f"{source}: the build committed; launchpad sharding written to {written.location} "
                      f"({_shown(pending)}); version {current.version} -> {written.version}")
     # The file's new version, observed now that the file holds it (the run's steps built with it

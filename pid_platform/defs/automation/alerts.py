@@ -39,6 +39,15 @@ def job_label(run: dg.DagsterRun) -> str:
     return "materialize " + ", ".join(shown) + (f" and {rest} more" if rest > 0 else "")
 
 
+def alert_title(run: dg.DagsterRun, failed_steps: list[str]) -> str:
+    """The alert in one short line, for a chat message's title: the job, the source, the step
+    that failed (the first, and how many more)."""
+    source = run.tags.get("dagster/partition")
+    steps = sorted(failed_steps)
+    step = steps[0] + (f" and {len(steps) - 1} more" if len(steps) > 1 else "") if steps else None
+    return f"{job_label(run)} failed" + (f" for {source}" if source else "") + (f" in {step}" if step else "")
+
+
 def _without_module_path(message: str, cls_name: str) -> str:
     # Dagster renders an error as "module.path.ClassName: message"; an operator needs the class's
     # own name at most.
@@ -55,6 +64,7 @@ def run_failure_alert(run: dg.DagsterRun, error: str | None, failed_steps: list[
     why = "; ".join(f"{step}: {message}" for step, message in sorted(step_errors.items())) or error
     return {
         "alert": "dagster_run_failure",
+        "title": alert_title(run, failed_steps),
         "text": f"Dagster run {run.run_id[:8]} of {job_label(run)} failed"
                 + (f" (partition {run.tags['dagster/partition']})" if "dagster/partition" in run.tags else "")
                 + (f": {why}" if why else ""),

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import dagster as dg
 
 from pid_platform.defs.automation.jobs import SOURCE_ASSETS, source_build_job
+from pid_platform.defs.latest import latest_materialization
 
 COMMIT_ASSET = dg.AssetKey("wdinfo_manifests")
 INTAKE_ASSET = dg.AssetKey("sample_set")
@@ -36,6 +37,12 @@ def build_in_progress(instance: dg.DagsterInstance, source: str) -> dg.DagsterRu
     """A queued or running run that builds any of ``source``'s assets (a ``source_build`` run, or
     assets materialized from the UI), if there is one."""
     return run_in_progress(instance, source, source_build_job.name, _SOURCE_KEYS)
+
+
+def builds_source(run: dg.DagsterRun) -> bool:
+    """``run`` builds a source: a ``source_build`` run (or its re-execution), or one that
+    materializes any of a source's assets (Materialize, a backfill, automation)."""
+    return run.job_name == source_build_job.name or bool(_SOURCE_KEYS & set(run.asset_selection or ()))
 
 
 def run_in_progress(instance: dg.DagsterInstance, partition: str, job_name: str,
@@ -64,9 +71,7 @@ def last_materialized_build(instance: dg.DagsterInstance, asset_key: dg.AssetKey
                             version_key: str) -> CommittedBuild | None:
     """What the newest materialization of ``asset_key`` for ``partition`` was made from: its
     ``version_key`` and ``input_fingerprint`` metadata (``None``: none recorded)."""
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[partition]), limit=1).records
-    return _recorded(records[0] if records else None, version_key)
+    return _recorded(latest_materialization(instance, asset_key, partition), version_key)
 
 
 def last_committed_build(instance: dg.DagsterInstance, source: str) -> CommittedBuild | None:

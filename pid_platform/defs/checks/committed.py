@@ -22,6 +22,7 @@ from pid_platform.defs.checks.intake import dropped_fraction_result, latest_meta
 from pid_platform.defs.checks.key_indexes import key_indexes_result
 from pid_platform.defs.checks.manifests import manifest_counts_result
 from pid_platform.defs.checks.twin_tars import size_bound_result, twin_keys_result
+from pid_platform.defs.latest import latest_materialization
 from pid_platform.sharding.commit.s3_output import S3Output
 from pid_platform.sharding.tasks.published import published_problems
 
@@ -36,11 +37,9 @@ FOLDER_CHECKS: tuple[tuple[str, str, Callable[[Path], dg.AssetCheckResult]], ...
 
 
 def _target(instance: dg.DagsterInstance, asset: str, partition: str) -> AssetCheckEvaluationTargetMaterializationData | None:
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[partition]), limit=1).records
-    if not records:
+    r = latest_materialization(instance, asset, partition)
+    if r is None:
         return None
-    r = records[0]
     return AssetCheckEvaluationTargetMaterializationData(storage_id=r.storage_id, run_id=r.run_id, timestamp=r.timestamp)
 
 

@@ -10,6 +10,7 @@ import warnings
 
 import dagster as dg
 
+from pid_platform.defs.latest import latest_materialization
 from pid_platform.defs.partitions import sources_partitions
 
 # Above this share of dropped samples (of kept + dropped), the source's intake is flagged.
@@ -18,11 +19,10 @@ MAX_DROPPED_FRACTION = 0.10
 
 def latest_metadata(instance: dg.DagsterInstance, asset: str, partition: str) -> dict[str, object] | None:
     """The metadata of ``asset``'s latest materialization of ``partition``, as plain values."""
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[partition]), limit=1).records
-    if not records or records[0].asset_materialization is None:
+    record = latest_materialization(instance, asset, partition)
+    if record is None or record.asset_materialization is None:
         return None
-    return {k: getattr(v, "value", v) for k, v in records[0].asset_materialization.metadata.items()}
+    return {k: getattr(v, "value", v) for k, v in record.asset_materialization.metadata.items()}
 
 
 def dropped_fraction_result(metadata: dict[str, object] | None) -> dg.AssetCheckResult:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dagster as dg
 
 from pid_platform.defs.automation.jobs import SOURCE_ASSETS
+from pid_platform.defs.latest import latest_materialization
 
 
 def _failed_since(instance: dg.DagsterInstance, key: dg.AssetKey, source: str, after_storage_id: int,
@@ -39,11 +40,9 @@ def restate_failed_assets(context: dg.AssetExecutionContext, source: str) -> lis
     restated = []
     for asset in SOURCE_ASSETS:
         key = dg.AssetKey(asset)
-        records = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=key, asset_partitions=[source]), limit=1).records
-        if not records:
+        committed = latest_materialization(instance, key, source)
+        if committed is None:
             continue  # never built: nothing committed to restate
-        committed = records[0]
         failed = _failed_since(instance, key, source, committed.storage_id, context.run.run_id)
         if not failed:
             continue

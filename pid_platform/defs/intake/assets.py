@@ -8,6 +8,7 @@ import dagster as dg
 import pyarrow as pa
 
 from pid_platform.defs.automation.fingerprint import save_fingerprint, source_fingerprint
+from pid_platform.defs.automation.source_holder import refuse_unless_holding
 from pid_platform.defs.checks.committed import reassert_committed_checks
 from pid_platform.defs.checks.restate import restate_failed_assets
 from pid_platform.defs.groups import BUILD_GROUP, BUILD_POOL
@@ -122,6 +123,7 @@ def sample_set(
     materialization reported again, so it shows green (`checks/restate.py`).
     """
     source = context.partition_key
+    refuse_unless_holding(context, source)  # one build of a source at a time (source_holder.py)
     out = source_store.source_out(source)
     store = source_store.open()
     with retry_only_transient():

@@ -26,6 +26,7 @@ from pid_platform.defs.lerobot.resources import LeRobotResource
 from pid_platform.defs.metadata import human_bytes, row_count, table
 from pid_platform.defs.plots import bar_png, grouped_bars_png, png_markdown
 from pid_platform.defs.retries import IO_RETRY, fail_without_retry_on
+from pid_platform.defs.step_errors import step_failure
 from pid_platform.lerobot.publish import publish_sidecar
 
 # The sidecar's bytes depend on the schema: a new schema version marks every sidecar stale.
@@ -191,7 +192,7 @@ def published_mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotRes
     try:
         target = lerobot.target(dataset)
     except PublishRefused as exc:
-        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+        raise step_failure(str(exc), exc) from exc
     if target is None:
         note = ("publishing is off (publish_target is 'none'; set PID_LEROBOT_PUBLISH to git:<url>, "
                 "s3://bucket/prefix or hub to publish)")
@@ -202,7 +203,7 @@ def published_mp4_sidecar(context: dg.AssetExecutionContext, lerobot: LeRobotRes
     try:
         result = publish_sidecar(sidecar, target)
     except PublishRefused as exc:
-        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+        raise step_failure(str(exc), exc) from exc
     context.log.info(f"{dataset}: {'already published' if result.unchanged else 'published'} to {result.target}")
     metadata: dict[str, object] = {
         "published": True,

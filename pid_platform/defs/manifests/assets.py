@@ -17,6 +17,7 @@ from pid_platform.defs.automation.conditions import (
     FOLLOW_UPSTREAM,
 )
 from pid_platform.defs.automation.fingerprint import load_fingerprint
+from pid_platform.defs.automation.source_holder import refuse_unless_holding
 from pid_platform.defs.checks.catalog import built_and_catalog
 from pid_platform.defs.checks.common import built_plans
 from pid_platform.defs.datasets.catalog_entries import catalog_datasets
@@ -28,6 +29,7 @@ from pid_platform.defs.resources import SHARDING_CODE_VERSION, ShardingResource,
 from pid_platform.defs.retries import IO_RETRY, retry_only_transient
 from pid_platform.defs.settings import commit_launchpad_settings
 from pid_platform.defs.shards.tasks import ui_advice, unfinished_failure
+from pid_platform.defs.step_errors import step_failure
 from pid_platform.sharding.catalog import build_catalog, build_s3_catalog
 from pid_platform.sharding.commit.manifests import BucketManifest
 from pid_platform.sharding.commit.s3_output import S3Output, read_pointer
@@ -61,22 +63,17 @@ def committed_only(out: Path) -> bool:
 def nothing_to_finish(out: Path, source: str, asset: str) -> None:
     """Refuse at once when no build of ``source`` has staged tars and none is committed."""
     if not (state_dir(staging_dir(out)) / "sharding.json").is_file() and not (state_dir(out) / "sharding.json").is_file():
-        raise dg.Failure(
-            description=(
-                f"{asset} of {source} has no tars to describe: no build of it is staged or committed. Select "
-                f"sample_set and twin_tar_shards with it, or launch the source_build job for partition {source!r}"
-            ),
-            allow_retries=False,
-        )
+        raise step_failure(
+            f"{asset} of {source} has no tars to describe: no build of it is staged or committed. Select "
+            f"sample_set and twin_tar_shards with it, or launch the source_build job for partition {source!r}")
 
 
 def _verified_or_fail(problems: list[str], what: str, source: str) -> None:
     if problems:
-        raise dg.Failure(
-            description=f"the committed {what} of {source} do not match its tars ({len(problems)} problems; "
-                        f"first: {problems[0]}); rebuild the source (materialize source_build for it)",
-            metadata={"problems": dg.MetadataValue.json(first(problems))}, allow_retries=False,
-        )
+        raise step_failure(
+            f"the committed {what} of {source} do not match its tars ({len(problems)} problems; "
+            f"first: {problems[0]}); rebuild the source (materialize source_build for it)",
+            metadata={"problems": dg.MetadataValue.json(first(problems))})
 
 
 def _committed_key_indexes(out: Path, source: str) -> tuple[ShardingConfig, list[ShardRef], list[str]]:
@@ -114,6 +111,7 @@ def key_indexes(
     the committed tars and records them (`state: committed`).
     """
     source = context.partition_key
+    refuse_unless_holding(context, source)  # one build of a source at a time (source_holder.py)
     out = source_store.source_out(source)
     target = source_store.source_target(source)
     with retry_only_transient(), ui_advice():
@@ -198,6 +196,7 @@ def wdinfo_manifests(
     committed tars and records them (`state: committed`); nothing is rewritten.
     """
     source = context.partition_key
+    refuse_unless_holding(context, source)  # one build of a source at a time (source_holder.py)
     out = source_store.source_out(source)
     target = source_store.source_target(source)
     with retry_only_transient(), ui_advice():

@@ -42,6 +42,7 @@ from pathlib import Path
 import dagster as dg
 
 from pid_platform.defs.automation.builds import last_committed_build
+from pid_platform.defs.automation.source_holder import refuse_unless_holding
 from pid_platform.defs.groups import BUILD_POOL
 from pid_platform.defs.intake.assets import ratio_label
 from pid_platform.defs.metadata import bucket_label, human_bytes, row_count, table
@@ -49,6 +50,7 @@ from pid_platform.defs.plots import png_markdown, shard_sizes_png
 from pid_platform.defs.resources import ShardingResource, SourceStoreResource
 from pid_platform.defs.retries import IO_RETRY, retry_only_transient
 from pid_platform.defs.settings import RunSettings, settings_for_run, settings_metadata
+from pid_platform.defs.step_errors import step_failure
 from pid_platform.sharding.commit import versions
 from pid_platform.sharding.commit.s3_output import S3Output, read_pointer
 from pid_platform.sharding.commit.state import SAMPLES, state_dir
@@ -105,14 +107,10 @@ def unfinished_failure(what: str, problem: Unfinished) -> TasksUnfinishedError:
 
 
 def _no_sample_set(source: str) -> dg.Failure:
-    return dg.Failure(
-        description=(
-            f"twin_tar_shards of {source} has no sample set to cut: no build of it is staged or committed. "
-            "Select sample_set with it (sample_set, twin_tar_shards and what follows them), or launch the "
-            f"source_build job for partition {source!r}"
-        ),
-        allow_retries=False,
-    )
+    return step_failure(
+        f"twin_tar_shards of {source} has no sample set to cut: no build of it is staged or committed. "
+        "Select sample_set with it (sample_set, twin_tar_shards and what follows them), or launch the "
+        f"source_build job for partition {source!r}")
 
 
 def s3_sample_set_to_cut(target: S3Output, out: Path, source: str) -> str:
@@ -191,6 +189,7 @@ def plan_write_tasks(
 ) -> Iterator[dg.Output | dg.DynamicOutput]:
     """Cut the staged samples into shards with the run's settings; one write task per range."""
     source = context.partition_key
+    refuse_unless_holding(context, source)  # one build of a source at a time (source_holder.py)
     out = source_store.source_out(source)
     target = source_store.source_target(source)
     with retry_only_transient():
@@ -231,6 +230,7 @@ def write_task(
     its completion record; nothing at all when the record is already there."""
     index, of = parse_task_key(context.get_mapping_key() or "")
     source = context.partition_key
+    refuse_unless_holding(context, source)  # one build of a source at a time (source_holder.py)
     out = source_store.source_out(source)
     name = f"{source}: write task {index} of {of}"
 
@@ -321,6 +321,7 @@ def collect_write_tasks(
 ) -> Iterator[dg.Output]:
     """Every write task done: ``twin_tar_shards``' materialization, from the staged shards."""
     source = context.partition_key
+    refuse_unless_holding(context, source)  # one build of a source at a time (source_holder.py)
     out = source_store.source_out(source)
     target = source_store.source_target(source)
     with retry_only_transient(), ui_advice():
