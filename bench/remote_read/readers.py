@@ -222,7 +222,8 @@ def child_floor(args) -> None:
     parts = [(b, k, o, min(FLOOR_PART, size - o)) for b, k, size in spec["floor"] for o in range(0, size, FLOOR_PART)]
     workers = int(args.workers or 0)
     if workers:
-        from torch.utils.data import DataLoader, IterableDataset  # imported before the clock, as ours is
+        # Imported before the clock, as ours is.
+        from torch.utils.data import DataLoader, IterableDataset
 
         class Parts(_FloorParts, IterableDataset):
             pass

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset
 
+from loader.io import urls
 from loader.wds.collate import collate_samples
 from loader.wds.epoch_plan import UNBATCHED_BLOCK, Layout
 from loader.wds.errors import DecodeError
@@ -134,6 +135,9 @@ class TwinTarDataset(IterableDataset):
         """Called in the training process just before DataLoader workers are forked from it:
         what every worker would read or make for itself first (the key indexes of the shards the
         plan reads first, the S3 client) is read or made once, here, and the fork copies it."""
+        roots = getattr(self.shards, "roots", None)
+        if not roots or all(urls.is_local(r) for r in roots):
+            return
         tasks = (t for pb in self.shardlist.batches(0, 1) for t in pb.reading()[0])
         read_indexes_before_fork(self.shards, tasks, self.modalities, self.options)
 

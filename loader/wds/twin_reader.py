@@ -15,6 +15,7 @@ is built once, as the dict handed on: no per-member dicts, no grouping pass.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import OrderedDict, deque
@@ -89,9 +90,9 @@ def read_indexes_before_fork(shards, tasks: Iterable[Task], modalities: tuple[st
     if config.read_ahead_bytes <= 0 or options.verify is not None:
         return 0
     wanted: dict[tuple, tuple[TarSample, tuple[str, ...]]] = {}
-    for task in tasks:
-        if len(wanted) >= _INDEX_CACHE_SIZE:
-            break
+    for seen, task in enumerate(tasks):
+        if len(wanted) >= _INDEX_CACHE_SIZE or seen >= _INDEX_CACHE_SIZE * PREPARE_BATCHES:
+            break  # the plan's first shards only: the workers read on from there
         shard = shards[task.shard_id]
         if not shard.key_index or urls.is_local(shard.root):
             continue
@@ -106,10 +107,9 @@ def read_indexes_before_fork(shards, tasks: Iterable[Task], modalities: tuple[st
         client_for_fork(config)
 
     def one(item) -> None:
-        try:
+        # Best effort: the worker that needs an index that failed here reads it again and reports it.
+        with contextlib.suppress(Exception):
             read_index(*item)
-        except Exception:  # noqa: BLE001 - best effort: the worker that needs it reads it again and reports the error
-            pass
 
     with ThreadPoolExecutor(min(config.read_ahead_connections, len(wanted)), thread_name_prefix="key-index") as pool:
         list(pool.map(one, wanted.values()))
