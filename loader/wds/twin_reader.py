@@ -63,8 +63,10 @@ def read_index(shard: TarSample, modalities: tuple[str, ...], offsets: bool = Tr
     with _INDEX_CACHE_LOCK:
         hit = _INDEX_CACHE.get(key)
         if hit is None and not offsets:  # the keys of an index read with its offsets will do
-            hit = _INDEX_CACHE.get((*key[:3], True))
-            key = (*key[:3], True)
+            hit = _INDEX_CACHE.get(with_offsets := (*key[:3], True))
+            if hit is not None:
+                _INDEX_CACHE.move_to_end(with_offsets)
+                return hit
         if hit is not None:
             _INDEX_CACHE.move_to_end(key)
             return hit
