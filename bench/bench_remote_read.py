@@ -26,7 +26,10 @@
   the caption, the same function for all, run where each reader maps samples: in its workers).
   ``floor``: the same twin-tar bytes (image + caption tars) fetched as 8 MiB ranged GETs, 16 at
   once, through the same proxy, nothing parsed; its boto3 client is made on the clock, as every
-  reader's is. LitData's raw bytes (memoryviews) become ``bytes`` in its workers: a worker cannot
+  reader's is. ``floor over N workers`` (for each ``--workers`` N > 0): the same GETs split over N
+  DataLoader workers (16 / N at once in each), each part's bytes handed to the training process
+  through the DataLoader, as every reader with workers hands its samples: the best any reader can
+  do in that configuration. Both floors are reported; the target is stated against each. LitData's raw bytes (memoryviews) become ``bytes`` in its workers: a worker cannot
   pickle a memoryview into the DataLoader's queue (it hung at 2 workers without decode).
 * **Checked first:** each reader's samples (key, image bytes, caption bytes) equal the source's.
 * **Timed:** ``--rounds`` rounds; in each, every (workers, decode) row runs each contender once, the
@@ -159,7 +162,7 @@ def main() -> None:
     ap.add_argument("--delay-ms", type=int)
     args = ap.parse_args()
     if args.child:
-        if args.child in ("ours", "wds", "litdata"):
+        if args.child in ("ours", "wds", "litdata", "floor"):
             args.workers = int(args.workers)
         {"ours": child_ours, "wds": child_wds, "litdata": child_litdata, "litdata-optimize": child_litdata_optimize,
          "floor": child_floor, "proxy": child_proxy}[args.child](args)
@@ -235,6 +238,9 @@ def main() -> None:
                 for r in range(args.rounds):
                     order = contenders[r % len(contenders):] + contenders[: r % len(contenders)]
                     results.setdefault((delay, "floor"), []).append(run("floor", 0, "none"))
+                    for w in workers:  # the same GETs over w DataLoader workers, handed through it
+                        if w:
+                            results.setdefault((delay, "floor", w), []).append(run("floor", w, "none"))
                     for w, d in rows:
                         for name in order:
                             results.setdefault((delay, w, d, name), []).append(run(name, w, d))

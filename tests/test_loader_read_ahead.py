@@ -269,3 +269,65 @@ def test_tars_opened_ahead_are_never_closed_unread(built: Path, s3_env, workers:
     st = loader.stats["stream"]
     assert st["ahead_dropped"] == 0, st
     assert st["bytes_read"] <= 1.05 * st["bytes_handed"], st
+
+
+def test_a_small_tar_is_one_get_for_every_stream_of_it(built: Path, s3_env) -> None:
+    """A small tar (captions) opened by several streams, as the batches of a shard alternate
+    between workers: its members fetched in one GET, once, each stream handed its own range."""
+    bucket, _ = upload(s3_env, built, "ra-whole")
+    tar = next(p for p in sorted(built.rglob("*.tar")) if "caption" in p.parts)
+    data = tar.read_bytes()
+    url = f"s3://{bucket}/data/{tar.relative_to(built).as_posix()}"
+    n = len(data)
+    cuts = [0, 1536, n // 2, n]  # header boundaries do not matter to the stream
+    stats = StreamStats()
+    ahead = ReadAhead(StreamConfig(), stats)
+    streams = [ahead.open(url, a, b, whole=n) for a, b in zip(cuts, cuts[1:], strict=False)]
+    try:
+        got = [s.read(b - a) for s, a, b in zip(streams, cuts, cuts[1:], strict=False)]
+    finally:
+        for s in streams:
+            s.close()
+        ahead.close()
+    assert b"".join(got) == data
+    assert stats.opens == 1 and stats.bytes_read == n == stats.bytes_handed, stats
+    assert stats.ahead_dropped == 0, stats
+
+
+def test_workers_start_with_the_key_indexes_the_training_process_read(built: Path, s3_env) -> None:
+    """With workers (forked), the key indexes of the shards the plan reads first are read once,
+    in the training process before the fork, not again by every worker; samples unchanged."""
+    from loader.wds.twin_reader import index_cached
+
+    _, urls = upload(s3_env, built, "ra-fork-indexes")
+    loader = _loader(urls, SMALL, 2, shuffle_buffer=0)
+    shards = loader.dataset.shards
+    assert not any(index_cached(shards[i], tuple(shards[i].keys)) for i in range(len(shards)))
+    assert batches_seen(loader) == batches_seen(_loader(str(built), OFF, 0, shuffle_buffer=0))
+    assert all(index_cached(shards[i], tuple(shards[i].keys)) for i in range(len(shards)))
+
+
+def test_a_forked_process_starts_with_the_client_made_for_it(s3_env) -> None:
+    """The S3 client made for forked workers is theirs: the maker never uses it (its sockets
+    would be shared), a forked process takes it and reads with it."""
+    import multiprocessing
+
+    from loader.io.s3_client import client_for_fork, s3_client
+
+    bucket = s3_env.make_bucket("ra-fork-client")
+    s3_env.client().put_object(Bucket=bucket, Key="x", Body=b"abc")
+    config = StreamConfig(read_timeout_s=7.0)  # settings of their own: no other test's client
+    spare = client_for_fork(config)
+    assert s3_client(config) is not spare
+
+    def child(q) -> None:
+        client = s3_client(config)
+        q.put((client is spare, client.get_object(Bucket=bucket, Key="x")["Body"].read()))
+
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(q,))
+    p.start()
+    took, body = q.get(timeout=60)
+    p.join(60)
+    assert took and body == b"abc"

@@ -185,6 +185,34 @@ def _litdata_samples(tar_path: str):
             yield cur
 
 
+def _get_part(client, part) -> bytes:
+    b, k, o, n = part
+    body = client.get_object(Bucket=b, Key=k, Range=f"bytes={o}-{o + n - 1}")["Body"]
+    chunks = []
+    while chunk := body.read(1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class _FloorParts:
+    """The floor's parts as a DataLoader dataset: worker w fetches parts w, w + workers, ... with
+    ``FLOOR_CONNECTIONS // workers`` GETs at once and hands each part's bytes through the
+    DataLoader, as every reader with workers hands its samples (pickled into a queue)."""
+
+    def __init__(self, parts: list, client, connections: int):
+        self.parts, self.client, self.connections = parts, client, connections
+
+    def __iter__(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        w, n = (info.id, info.num_workers) if info is not None else (0, 1)
+        with ThreadPoolExecutor(self.connections) as pool:
+            yield from pool.map(lambda part: _get_part(self.client, part), self.parts[w::n])
+
+
 def child_floor(args) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
@@ -192,19 +220,23 @@ def child_floor(args) -> None:
 
     spec = json.loads(Path(args.spec).read_text())
     parts = [(b, k, o, min(FLOOR_PART, size - o)) for b, k, size in spec["floor"] for o in range(0, size, FLOOR_PART)]
+    workers = int(args.workers or 0)
+    if workers:
+        # Imported before the clock, as ours is.
+        from torch.utils.data import DataLoader, IterableDataset
+
+        class Parts(_FloorParts, IterableDataset):
+            pass
     t0, c0 = time.perf_counter(), _cpu_s()
     # Its client is made on the clock, as every reader's is (0.1 s: the S3 service model); the
     # readers' own lists of what to read (manifests, key indexes, index.json) are not the floor's.
+    # With workers it is made before they are forked and used only by them (as ours makes theirs).
     client = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
-
-    def get(part) -> int:
-        b, k, o, n = part
-        body = client.get_object(Bucket=b, Key=k, Range=f"bytes={o}-{o + n - 1}")["Body"]
-        got = 0
-        while chunk := body.read(1 << 20):
-            got += len(chunk)
-        return got
-
-    with ThreadPoolExecutor(FLOOR_CONNECTIONS) as pool:
-        total = sum(pool.map(get, parts))
+    if workers:
+        loader = DataLoader(Parts(parts, client, max(1, FLOOR_CONNECTIONS // workers)), batch_size=None,
+                            num_workers=workers)
+        total = sum(len(b) for b in loader)
+    else:
+        with ThreadPoolExecutor(FLOOR_CONNECTIONS) as pool:
+            total = sum(len(b) for b in pool.map(lambda part: _get_part(client, part), parts))
     _result(samples=spec["samples"], wall=time.perf_counter() - t0, cpu=_cpu_s() - c0, bytes=total)

@@ -87,32 +87,46 @@ class RetryingStream(io.RawIOBase):
         return self._pos
 
     def readinto(self, buffer) -> int:  # type: ignore[override]
-        self._checkClosed()
         view = memoryview(buffer).cast("B")
+        data = self.read_chunk(len(view))
+        n = len(data)
+        view[:n] = data
+        return n
+
+    def read_chunk(self, n: int) -> bytes:
+        """The next 1..n bytes (b"" at the end) as the body handed them on: no copy into a
+        caller's buffer (``ReadAhead`` joins a range's chunks once)."""
+        self._checkClosed()
+        timed = self._config.min_throughput_bps > 0
         while True:
-            if not view or self._at_end():
-                return 0
+            if n <= 0 or self._at_end():
+                return b""
             try:
                 if self._resp is None:
                     self._open()
                     continue
-                want = len(view) if self._end is None else min(len(view), self._end - self._pos)
-                t0 = time.monotonic()
-                data = self._resp.body.read1(want)
-                elapsed = time.monotonic() - t0
+                want = n if self._end is None else min(n, self._end - self._pos)
+                if timed:
+                    t0 = time.monotonic()
+                    data = self._resp.body.read1(want)
+                    elapsed = time.monotonic() - t0
+                else:
+                    data = self._resp.body.read1(want)
                 if not data:
                     self._body_ended()
                     continue
             except TransientError as e:
                 self._failed(e)
                 continue
-            n = min(len(data), want)
-            view[:n] = data[:n]
-            self._pos += n
+            if len(data) > want:
+                data = data[:want]
+            got = len(data)
+            self._pos += got
             self._consecutive_failures = 0
-            self.stats.add(bytes_read=n)
-            self._watch_throughput(n, elapsed)
-            return n
+            self.stats.add(bytes_read=got)
+            if timed:
+                self._watch_throughput(got, elapsed)
+            return data
 
     def close(self) -> None:
         self._drop()

@@ -10,13 +10,14 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset
 
+from loader.io import urls
 from loader.wds.collate import collate_samples
 from loader.wds.epoch_plan import UNBATCHED_BLOCK, Layout
 from loader.wds.errors import DecodeError
 from loader.wds.expand import DECODE_ERROR_POLICIES, ExpandOptions, ExpandStats
 from loader.wds.shard_table import ShardTable
 from loader.wds.shardlists import PlannedBatch, ShardlistBasic, current_worker
-from loader.wds.twin_reader import TwinReader
+from loader.wds.twin_reader import TwinReader, read_indexes_before_fork
 
 STATS_KEY = "__stats__"
 log = logging.getLogger(__name__)
@@ -129,6 +130,16 @@ class TwinTarDataset(IterableDataset):
         for name, c in zip(names, np.bincount(sources, minlength=len(names)).tolist(), strict=True):
             if c:
                 per_source[name] += c
+
+    def before_fork(self) -> None:
+        """Called in the training process just before DataLoader workers are forked from it:
+        what every worker would read or make for itself first (the key indexes of the shards the
+        plan reads first, the S3 client) is read or made once, here, and the fork copies it."""
+        roots = getattr(self.shards, "roots", None)
+        if not roots or all(urls.is_local(r) for r in roots):
+            return
+        tasks = (t for pb in self.shardlist.batches(0, 1) for t in pb.reading()[0])
+        read_indexes_before_fork(self.shards, tasks, self.modalities, self.options)
 
     def reader(self) -> TwinReader:
         """A sample reader for this process (it holds open files: close it)."""

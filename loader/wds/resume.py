@@ -61,6 +61,16 @@ class _Blocks(IterableDataset):
         return self.dataset.blocks()
 
 
+def _forks(context: Any) -> bool:
+    """Whether DataLoader workers started with ``context`` are forked (they copy this process)."""
+    import multiprocessing
+
+    if context is None:  # the default context; the first method listed is the platform's default
+        return (multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]) == "fork"
+    method = context if isinstance(context, str) else getattr(context, "get_start_method", lambda: None)()
+    return method == "fork"
+
+
 def _done_samples(plan: EpochPlan, rank: int, progress: tuple[int, int]) -> int:
     c, s = progress
     return sum(plan.batch(rank, k).size for k in range(c)) + s
@@ -106,6 +116,8 @@ class ResumableLoader:
         sl.start_index = 0  # the loader's own progress says what is read
         kwargs = dict(self.dataloader_kwargs)
         kwargs["worker_init_fn"] = worker_init(kwargs.get("worker_init_fn"))  # workers die with us
+        if self.num_workers and _forks(kwargs.get("multiprocessing_context")):
+            self.dataset.before_fork()
         loader = DataLoader(
             _Blocks(self.dataset), batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **kwargs,
         )
