@@ -457,7 +457,12 @@ class TwinReader:
         last = _task_end(task)
         ahead = self._ahead_for(shard)
         tars = self._open.pop(key, None)
-        if tars is not None and tars.modalities == mods and not verify:
+        # Tars ``prepare`` opened for this task win over kept ones that would go on into it: they
+        # hold its first bytes already, and the kept ones' limits end where this task starts (a
+        # prepare that ran while the kept tars were being opened saw neither; closing these
+        # instead dropped bytes fetched for this very task).
+        twin = self._prepared.pop((task.shard_id, mode, first, mods), None)
+        if tars is not None and twin is None and tars.modalities == mods and not verify:
             gap = first - tars.pos
             # Zip mode passes members cheaply (headers only); past a few, a key index's offset is cheaper.
             # Read ahead by ranges, a gap's bytes are fetched for nothing: the offset always wins.
@@ -465,13 +470,10 @@ class TwinReader:
             if gap == 0 or skip:
                 self._want(shard, tars, mods, last)
                 self._keep(key, tars)
-                twin = self._prepared.pop((task.shard_id, mode, first, mods), None)
-                if twin is not None:  # opened ahead for this task too: a second stream, unread
-                    twin.close()
                 return tars
         if tars is not None:
             tars.close()
-        tars = self._prepared.pop((task.shard_id, mode, first, mods), None)
+        tars = twin
         if tars is not None:
             self._want(shard, tars, mods, last)
         else:
