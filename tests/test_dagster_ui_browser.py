@@ -91,6 +91,13 @@ def _shown(browser, texts: list[str], what: str, shots: Path) -> None:
     assert missing == [], f"{what}: not shown: {missing} (screenshot in {shots})"
 
 
+def _snap(browser, url: str, texts: list[str], what: str, shots: Path, name: str) -> None:
+    """Open ``url``, wait until ``texts`` show, save a screenshot as ``name``."""
+    browser.get(url)
+    _shown(browser, texts, what, shots)
+    browser.save_screenshot(str(shots / name))
+
+
 def test_asset_graph_partitions_checks_and_a_launched_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     home = demo.prepare_home(tmp_path / "home")
     env = {"PID_RAW_ROOT": str(tmp_path / "raw"), "PID_OUTPUT_ROOT": str(tmp_path / "out"),
@@ -117,9 +124,8 @@ def test_asset_graph_partitions_checks_and_a_launched_run(tmp_path: Path, monkey
             headless_chromium(tmp_path / "chromium-profile", tmp_path / "chromedriver.log") as browser:
         # The graph draws long names shortened at this zoom ("published..._sidecar"); the catalog
         # lists each in full.
-        browser.get(f"{dev.url}{GRAPH}")
-        _shown(browser, ["webdataset_build", "lerobot", "catalog", *ASSETS[:-1]], "asset graph", shots)
-        browser.save_screenshot(str(shots / "asset-graph.png"))
+        _snap(browser, f"{dev.url}{GRAPH}", ["webdataset_build", "lerobot", "catalog", *ASSETS[:-1]],
+              "asset graph", shots, "asset-graph.png")
         browser.get(f"{dev.url}/assets")
         _shown(browser, ASSETS, "asset catalog", shots)
 
@@ -144,30 +150,16 @@ def test_asset_graph_partitions_checks_and_a_launched_run(tmp_path: Path, monkey
         browser.save_screenshot(str(shots / "asset-graph-after-run.png"))
 
         # Re-shard photos from the launchpad: its pre-filled config, one setting changed.
-        job = {**LOCATION, "pipelineName": "source_build"}
-        browser.get(f"{dev.url}/locations/pid_platform/jobs/source_build")
-        _shown(browser, ["source_build", "sample_set", "twin_tar_shards"], "source_build job", shots)
-        browser.save_screenshot(str(shots / "source-build-job.png"))
-        schema = dev.graphql(PREFILLED, {"selector": job})["runConfigSchemaOrError"]
-        assert schema["__typename"] == "RunConfigSchema", schema
-        config = yaml.safe_load(schema["rootDefaultYaml"])
-        sharding = config["resources"]["sharding"]["config"]
-        assert not {"max_shard_size_mb", "shard_size", "seed"} & set(sharding)  # nothing to restate
-        sharding["shard_size"] = 2
-        params = {"selector": {**LOCATION, "jobName": "source_build"}, "runConfigData": config,
-                  "executionMetadata": {"tags": [{"key": "dagster/partition", "value": "photos"}]}}
+        _snap(browser, f"{dev.url}/locations/pid_platform/jobs/source_build",
+              ["source_build", "sample_set", "twin_tar_shards"], "source_build job", shots, "source-build-job.png")
         before_reshard = _automation_runs(dev)
         browser.get("about:blank")
-        launched = dev.graphql(LAUNCH, {"params": params})["launchRun"]
-        assert launched["__typename"] == "LaunchRunSuccess", launched
-        reshard_id = launched["run"]["runId"]
+        reshard_id = _launch_reshard(dev, 2)
         _wait_for_run(dev, reshard_id, tmp_path / "dagster-dev.log", 400)
-        browser.get(f"{dev.url}/runs/{reshard_id}")
-        _shown(browser, ["source_build", "Success"], "re-shard run page", shots)
-        browser.save_screenshot(str(shots / "reshard-run.png"))
-        browser.get(f"{dev.url}/assets/twin_tar_shards?partition=photos")
-        _shown(browser, ["twin_tar_shards", "photos"], "re-sharded asset", shots)
-        browser.save_screenshot(str(shots / "reshard-asset.png"))
+        _snap(browser, f"{dev.url}/runs/{reshard_id}", ["source_build", "Success"],
+              "re-shard run page", shots, "reshard-run.png")
+        _snap(browser, f"{dev.url}/assets/twin_tar_shards?partition=photos", ["twin_tar_shards", "photos"],
+              "re-sharded asset", shots, "reshard-asset.png")
 
         # The catalog follows the re-shard on its own (the automation sensor is on in a fresh
         # instance) and its check passes: a green catalog.
@@ -201,9 +193,13 @@ EDITED = {"sources": {"photos": {"weight": 1.0}}, "samples_per_epoch": 120}
 
 def _launch_reshard(dev: DagsterDev, shard_size: int) -> str:
     """A ``source_build`` run of photos from the launchpad's pre-filled config, ``shard_size`` set."""
-    job = {**LOCATION, "pipelineName": "source_build"}
-    config = yaml.safe_load(dev.graphql(PREFILLED, {"selector": job})["runConfigSchemaOrError"]["rootDefaultYaml"])
-    config["resources"]["sharding"]["config"]["shard_size"] = shard_size
+    schema = dev.graphql(PREFILLED, {"selector": {**LOCATION, "pipelineName": "source_build"}})
+    schema = schema["runConfigSchemaOrError"]
+    assert schema["__typename"] == "RunConfigSchema", schema
+    config = yaml.safe_load(schema["rootDefaultYaml"])
+    sharding = config["resources"]["sharding"]["config"]
+    assert not {"max_shard_size_mb", "shard_size", "seed"} & set(sharding)  # nothing to restate
+    sharding["shard_size"] = shard_size
     params = {"selector": {**LOCATION, "jobName": "source_build"}, "runConfigData": config,
               "executionMetadata": {"tags": [{"key": "dagster/partition", "value": "photos"}]}}
     launched = dev.graphql(LAUNCH, {"params": params})["launchRun"]
@@ -258,12 +254,10 @@ def test_two_launches_of_one_source_build_one_at_a_time_and_a_datasets_edit_reac
             assert not (a == "STARTED" and b == "STARTED"), "two builds of photos ran at once"
             if a == "STARTED" and b == "QUEUED":
                 seen_queued = True
-                browser.get(f"{dev.url}/runs/{second}")
-                _shown(browser, ["Queued", "Run queued"], "queued second run", shots)
-                browser.save_screenshot(str(shots / "second-launch-queued.png"))
-                browser.get(f"{dev.url}/runs")
-                _shown(browser, ["Queued"], "runs page with the queued launch", shots)
-                browser.save_screenshot(str(shots / "runs-one-build-at-a-time.png"))
+                _snap(browser, f"{dev.url}/runs/{second}", ["Queued", "Run queued"],
+                      "queued second run", shots, "second-launch-queued.png")
+                _snap(browser, f"{dev.url}/runs", ["Queued"],
+                      "runs page with the queued launch", shots, "runs-one-build-at-a-time.png")
                 browser.get("about:blank")
                 break
             if a in ("SUCCESS", "FAILURE", "CANCELED"):
@@ -274,9 +268,8 @@ def test_two_launches_of_one_source_build_one_at_a_time_and_a_datasets_edit_reac
         _wait_for_run(dev, second, log, 400)
         times = {r: dev.graphql(RUN_TIMES, {"id": r})["runOrError"] for r in (first, second)}
         assert times[second]["startTime"] >= times[first]["endTime"], times  # one build at a time
-        browser.get(f"{dev.url}/runs/{second}")
-        _shown(browser, ["source_build", "Success"], "second run page", shots)
-        browser.save_screenshot(str(shots / "second-launch-done.png"))
+        _snap(browser, f"{dev.url}/runs/{second}", ["source_build", "Success"],
+              "second run page", shots, "second-launch-done.png")
         # The last committed launch's setting is the source's: each build committed its own.
         assert _built_with(out_root / "photos")["shard_size"] == 3
         assert yaml.safe_load((source / SETTINGS_NAME).read_text())["shard_size"] == 3
@@ -291,12 +284,10 @@ def test_two_launches_of_one_source_build_one_at_a_time_and_a_datasets_edit_reac
         while read_catalog(out_root).mixture("blend") != Mixture.from_json("blend", EDITED):
             assert time.monotonic() < deadline, f"catalog.json never got the edit: {log.read_text()[-3000:]}"
             time.sleep(3)
-        browser.get(f"{dev.url}/assets/dataset_catalog")
-        _shown(browser, ["dataset_catalog", "pid_platform"], "catalog after the edit", shots)
-        browser.save_screenshot(str(shots / "catalog-after-datasets-edit.png"))
-        browser.get(f"{dev.url}/assets/datasets/blend")
-        _shown(browser, ["blend", "pid_platform"], "dataset after the edit", shots)
-        browser.save_screenshot(str(shots / "dataset-blend-after-edit.png"))
+        _snap(browser, f"{dev.url}/assets/dataset_catalog", ["dataset_catalog", "pid_platform"],
+              "catalog after the edit", shots, "catalog-after-datasets-edit.png")
+        _snap(browser, f"{dev.url}/assets/datasets/blend", ["blend", "pid_platform"],
+              "dataset after the edit", shots, "dataset-blend-after-edit.png")
         assert _automation_runs(dev) - before, "catalog.json was written by no automation run"
     for shot in ("second-launch-queued.png", "second-launch-done.png", "catalog-after-datasets-edit.png"):
         assert (shots / shot).stat().st_size > 10_000
