@@ -39,8 +39,17 @@ def source_holder(instance: dg.DagsterInstance, source: str) -> dg.DagsterRun | 
     """The run that holds ``source``: the oldest run building any of its assets that has started
     and not ended (``None``: no run holds it)."""
     records = instance.get_run_records(dg.RunsFilter(statuses=HOLDING, tags={"dagster/partition": source}))
-    builds = [r for r in records if builds_source(r.dagster_run)]
-    return min(builds, key=lambda r: r.storage_id).dagster_run if builds else None
+    return _oldest_builds(records).get(source)
+
+
+def _oldest_builds(records) -> dict[str, dg.DagsterRun]:
+    """Per source, the oldest of ``records`` (run records past the queue) that builds it."""
+    holders: dict[str, dg.DagsterRun] = {}
+    for r in sorted(records, key=lambda r: r.storage_id, reverse=True):  # the oldest written last
+        source = r.dagster_run.tags.get("dagster/partition")
+        if source is not None and builds_source(r.dagster_run):
+            holders[source] = r.dagster_run
+    return holders
 
 
 def holder_named(holder: dg.DagsterRun) -> str:
@@ -67,12 +76,14 @@ def refuse_unless_holding(context: dg.OpExecutionContext | dg.AssetExecutionCont
 def queued_builds_sensor(context: dg.SensorEvaluationContext) -> dg.SkipReason:
     instance = context.instance
     queued = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED]))
+    # One query for every source's holder, not one per queued run (a queue of 40 new sources).
+    holders = _oldest_builds(instance.get_run_records(dg.RunsFilter(statuses=HOLDING))) if queued else {}
     named = []
     for run in sorted(queued, key=lambda r: r.run_id):
         source = run.tags.get("dagster/partition")
         if source is None or not builds_source(run):
             continue
-        holder = source_holder(instance, source)
+        holder = holders.get(source)
         if holder is None or run.tags.get(QUEUED_BEHIND_TAG) == holder.run_id:
             continue
         instance.add_run_tags(run.run_id, {QUEUED_BEHIND_TAG: holder.run_id})
