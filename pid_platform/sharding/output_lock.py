@@ -6,6 +6,9 @@ output; the kernel drops it when the process dies, so a killed build never leave
 The file exists only while a build step runs: the holder deletes it before letting go, and a
 taker checks that the file it locked is still the one under that name (else it locked a file
 a finishing holder had just deleted, and tries again).
+
+A Dagster run holds its output from its first step to its end (``run_hold.py``); a build of any
+other process is refused while that hold is live, before it takes the lock.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from loader.formats.layout import lock_name
 from loader.io.flock import flock_held, read_lock_holder
 from pid_platform.sharding.errors import BuildError, OutputNotWritableError
 from pid_platform.sharding.layout import final_dir
+from pid_platform.sharding.run_hold import refuse_if_held
 
 # Steps nest (the one-process build, `tasks.run.run_build`, calls each stage): the process keeps one lock per folder.
 _held: dict[Path, int] = {}
@@ -44,6 +48,7 @@ def build_lock(out: str | os.PathLike[str]) -> Iterator[None]:
         finally:
             _held[path] -= 1
         return
+    refuse_if_held(out)  # a Dagster run holds the output between its steps too
 
     def in_progress() -> BuildInProgressError:
         holder = read_lock_holder(path)[:64] or "unknown"

@@ -60,6 +60,7 @@ from loader.io.errors import (
 from pid_platform.sharding.commit.held import HeldInBackground
 from pid_platform.sharding.commit.holder_process import HolderProcess
 from pid_platform.sharding.errors import BuildError
+from pid_platform.sharding.run_hold import refuse_if_held
 
 if TYPE_CHECKING:
     from pid_platform.sharding.commit.s3_output import S3Output
@@ -479,6 +480,7 @@ def build_lease(output: S3Output, settings: LeaseSettings | None = None) -> Iter
                 lease, n = _held[output.url]
                 _held[output.url] = (lease, n - 1)
         return
+    refuse_if_held(output)  # a Dagster run holds the output between its steps too
     with BuildLease(output, settings) as lease:
         with _held_lock:
             _held[output.url] = (lease, 1)
