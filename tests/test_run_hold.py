@@ -160,15 +160,15 @@ def s3_bucket_for(s3: SeaweedS3, nodeid: str) -> str:
     return s3.make_bucket(f"hold-{hashlib.sha256(nodeid.encode()).hexdigest()[:16]}")
 
 
-def test_a_live_hold_refuses_pid_shard_and_pid_shard_plan_naming_the_run(
+def test_a_live_hold_refuses_pid_shard_plan_and_task_naming_the_run(
     where: tuple[str, object], raw_root: Path, tmp_path: Path,
 ) -> None:
     url, output = where
     _hold(output)
-    for extra in ((), ("plan",)):
+    for extra in ((), ("plan",), ("task", "--index", "0", "--of", "1")):
         args = [*extra, "--input-dir", str(raw_root / SOURCE), "--output-dir", url, "--num-workers", "1"]
         res = pid_shard(tmp_path, "cli", *args, env=NO_PAUSE, check=False)
-        assert res.returncode == 2, res.stderr
+        assert res.returncode == 2, (extra, res.stderr)
         assert f"{url} is being built by Dagster run 0123abcd-run (source_build, source {SOURCE})" in res.stderr
         assert hold_place(output).where in res.stderr  # what to delete if that run is gone
     if isinstance(output, Path):
