@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -26,11 +27,20 @@ from pid_platform.sharding.run_hold import S3_HOLD_REL, RunHold, RunHoldForStep,
 from tests.support.dagster_runs import load_defs
 from tests.support.machines import pid_shard
 from tests.support.seaweedfs import SeaweedS3, upload_tree
-from tests.support.ui_launch import launch, launchpad_params, terminate, ui_workspace, wait_done
+from tests.support.ui_launch import (
+    launch,
+    launchpad_params,
+    run_messages,
+    terminate,
+    ui_workspace,
+    wait_done,
+)
 from tests.test_dagster_run_outcomes import (  # noqa: F401 - ui_home: the prepared instance fixture
     CANCELED,
+    FAILURE,
     SOURCE,
     SUCCESS,
+    _hide_a_file,
     _hold_first_shard,
     _wait_for,
     ui_home,
@@ -136,6 +146,27 @@ def test_a_run_that_ends_before_its_last_step_is_let_go_by_the_sensor(
     assert res.returncode == 0, res.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("ui_home")
+def test_a_step_that_fails_for_good_lets_go_of_the_output_at_once(
+    raw_root: Path, out_root: Path, tmp_path: Path,
+) -> None:
+    """No sensor tick here: the failed write task's own step lets go, and the CLI builds."""
+    output = str(out_root / SOURCE)
+    with dg.DagsterInstance.get() as instance, ui_workspace(instance) as context:
+        instance.add_dynamic_partitions("sources", [SOURCE])
+        staged = launch(context, launchpad_params("source_build", SOURCE, ["sample_set"]))
+        assert wait_done(instance, staged, 300, context) == SUCCESS
+        image, real = _hide_a_file(raw_root)  # a staged sample's file gone: its write task fails for good
+        failed = launch(context, launchpad_params("source_build", SOURCE, ["twin_tar_shards"], write_tasks=1))
+        assert wait_done(instance, failed, 300, context) == FAILURE
+        assert any(f"took over the hold of run {staged}" in m for m in run_messages(instance, failed))
+        assert hold_place(output).read() is None
+    shutil.rmtree(image)
+    real.rename(image)
+    assert _cli(tmp_path, raw_root, output).returncode == 0
+
+
 # --- The hold as a CLI meets it -------------------------------------------------------------------
 
 def _hold(output, run_id: str = "0123abcd-run", *, renewed_ago: float = 0.0, ttl_s: float = 60.0) -> None:
@@ -216,3 +247,17 @@ def test_a_run_s_own_later_step_renews_the_hold_and_another_run_is_refused(tmp_p
     with RunHoldForStep(out, "run-b", "source_build", SOURCE, may_take_over=lambda r: r == "run-a") as taken:
         assert taken.took_over is not None and taken.took_over.run_id == "run-a"
     assert hold_place(out).read()[0].run_id == "run-b"
+
+
+def test_steps_of_one_run_side_by_side_keep_renewing_the_hold(where: tuple[str, object]) -> None:
+    """Write tasks of one run renew the hold each from its own process: one's renewal changes the
+    ETag the other last wrote, and must not end the other's renewals."""
+    _url, output = where
+    with RunHoldForStep(output, "run-a", "source_build", SOURCE, ttl_s=60.0) as one, \
+            RunHoldForStep(output, "run-a", "source_build", SOURCE, ttl_s=60.0, now=lambda: time.time() + 5) as two:
+        assert two.hold is not None
+        assert one._renew_once()  # after the other's write: renewed still
+        assert hold_place(output).read()[0] == one.hold  # its renewal is the one there now
+        hold_place(output).store.delete(hold_place(output).key)  # released (the run's last step)
+        assert not one._renew_once()  # a released hold is not brought back
+        assert hold_place(output).read() is None

@@ -300,13 +300,15 @@ class RunHoldForStep(HeldInBackground):
         return min(self.ttl_s / 3, MAX_RENEW_S)
 
     def _renew_once(self) -> bool:
-        assert self.hold is not None
+        # Read first: the run's other steps (write tasks side by side) renew it too, each
+        # changing its ETag; only a hold that is gone or another run's ends the renewals.
         try:
-            self._write(replace(self.hold, renewed=self.now()), self.etag)
-        except PreconditionFailedError:
-            log.warning("%s: the hold of run %s was released or taken over; no longer renewing it",
-                        self.place.where, self.run_id)
-            return False
+            got = self.place.read()
+            if got is None or got[0].run_id != self.run_id:
+                log.warning("%s: the hold of run %s was released or taken over; no longer renewing it",
+                            self.place.where, self.run_id)
+                return False
+            self._write(replace(got[0], renewed=self.now()), got[1])
         except Exception as exc:  # noqa: BLE001 - retried next period; the hold outlasts a few misses
             log.warning("%s: renewing the run's hold failed (%s); trying again", self.place.where, exc)
         return True

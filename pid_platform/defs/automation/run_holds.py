@@ -51,12 +51,20 @@ def holding_output(context: dg.OpExecutionContext | dg.AssetExecutionContext, so
                                 "without releasing it")
         try:
             yield hold
-        except (dg.RetryRequested, GeneratorExit):  # retried with the hold kept; a closed step is not a failure
+        except GeneratorExit:  # a step's generator closed early: not a failure
             raise
         except BaseException as exc:
-            if not is_transient(exc):
+            if not _retried(context, exc):
                 hold.release()
             raise
+
+
+def _retried(context: dg.OpExecutionContext | dg.AssetExecutionContext, exc: BaseException) -> bool:
+    """Whether the step will run again after ``exc`` (its run keeps the hold meanwhile)."""
+    if isinstance(exc, dg.RetryRequested):
+        return context.retry_number < exc.max_retries
+    policy = context.op_def.retry_policy
+    return is_transient(exc) and policy is not None and context.retry_number < policy.max_retries
 
 
 @dg.sensor(
