@@ -48,7 +48,6 @@ def build_lock(out: str | os.PathLike[str]) -> Iterator[None]:
         finally:
             _held[path] -= 1
         return
-    refuse_if_held(out)  # a Dagster run holds the output between its steps too
 
     def in_progress() -> BuildInProgressError:
         holder = read_lock_holder(path)[:64] or "unknown"
@@ -67,6 +66,9 @@ def build_lock(out: str | os.PathLike[str]) -> Iterator[None]:
                 f"output folder {out} is not writable ({exc.strerror or exc}); "
                 "choose another --output-dir or fix its permissions"
             ) from None
+        # Checked holding the lock: a run's step takes its hold before the lock, so a step that
+        # starts after this check finds the lock taken, and one that started before is seen here.
+        refuse_if_held(out)  # a Dagster run holds the output between its steps too
         _held[path] = 1
         try:
             yield

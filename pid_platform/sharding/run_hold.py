@@ -19,7 +19,9 @@ length: a small record, the same for a folder output and an ``s3://`` one::
   for good; a sensor releases it when the run ends however it ends (``defs/automation/run_holds.py``).
 * ``build_lock`` and ``build_lease`` refuse while a live hold of a run exists, unless this process
   acts for that run (``acting_for``, set by the Dagster step around its work): ``pid-shard`` and
-  ``pid-shard plan | commit`` stop at once with ``HeldByRunError`` naming the run.
+  ``pid-shard plan | commit`` stop at once with ``HeldByRunError`` naming the run (``pid-shard
+  task``, which takes neither, checks first). They check once they hold the lock or lease, and a
+  step takes the hold before either: of a step and a CLI build starting together, one sees the other.
 * A hold is live until its last renewal plus its TTL (``PID_RUN_HOLD_TTL_S``, default an hour:
   a run lost without its end being seen blocks CLI builds of its output that long at most; a run
   that waits longer than that between two steps, for pool slots say, is no longer protected
@@ -81,10 +83,10 @@ def ttl_from_env(environ: Mapping[str, str] | None = None) -> float:
     if not text:
         return DEFAULT_TTL_S
     try:
-        value = float(text[:41])
+        value = float(text) if len(text) <= 40 else math.nan  # 1e300 is one; a page of digits is not
     except ValueError:
         value = math.nan
-    if len(text) > 40 or not math.isfinite(value) or not MIN_TTL_S <= value <= MAX_TTL_S:
+    if not math.isfinite(value) or not MIN_TTL_S <= value <= MAX_TTL_S:
         raise RunHoldError(f"{TTL_ENV}={text[:40]!r}: give a number of seconds from {MIN_TTL_S:g} to {MAX_TTL_S:g} "
                            f"(how long a lost Dagster run's hold blocks CLI builds), or unset it "
                            f"(default {DEFAULT_TTL_S:g})")

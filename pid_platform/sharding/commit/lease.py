@@ -480,8 +480,8 @@ def build_lease(output: S3Output, settings: LeaseSettings | None = None) -> Iter
                 lease, n = _held[output.url]
                 _held[output.url] = (lease, n - 1)
         return
-    refuse_if_held(output)  # a Dagster run holds the output between its steps too
     with BuildLease(output, settings) as lease:
+        refuse_if_held(output)  # holding the lease, as build_lock checks holding the lock (run_hold.py)
         with _held_lock:
             _held[output.url] = (lease, 1)
         try:
