@@ -30,6 +30,7 @@ from pid_platform.sharding.errors import BuildError, OutputNotWritableError
 from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, VALIDATE_LEVELS
 from pid_platform.sharding.pipeline import BuildSummary, refuse_roots_on_s3
 from pid_platform.sharding.plan.shard_plan import MISSING_KEYS_CHOICES, RESHARD, ShardingConfig
+from pid_platform.sharding.run_hold import refuse_if_held
 from pid_platform.sharding.storage import SourceStore, open_source_store
 from pid_platform.sharding.tasks.commit import run_commit, run_s3_commit
 from pid_platform.sharding.tasks.outcomes import TaskOutcome
@@ -305,6 +306,8 @@ def _config_of(args: argparse.Namespace) -> ShardingConfig:
 def _run_task_command(command: str, args: argparse.Namespace, root: str | None, source: str | None) -> str:
     """Run one stage of the tasked build; return what to print."""
     out = Path(urls.without_file_scheme(args.output_dir))
+    if command == "task":
+        refuse_if_held(out)  # a task takes no lock (they run side by side); a Dagster run's hold stops it
     if command == "commit":
         return format_summary(run_commit(out, num_workers=args.num_workers, manifest_root=args.manifest_root))
     assert root is not None and source is not None
@@ -354,6 +357,8 @@ def _run_s3_task_command(command: str, args: argparse.Namespace, root: str | Non
     meet in the bucket, each in a work folder of its own machine."""
     output = S3Output(args.output_dir, S3Settings(endpoint_url=args.s3_endpoint_url))
     check_writable(output)  # an unreachable or refused bucket stops before any work
+    if command == "task":
+        refuse_if_held(output)  # a task takes no lease (they run side by side); a Dagster run's hold stops it
     if command == "commit":
         summary = run_s3_commit(output, work_root=args.work_dir, num_workers=args.num_workers)
         if summary is None:

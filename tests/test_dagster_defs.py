@@ -102,6 +102,7 @@ EXPECTED_AUTOMATION = {
     "lerobot_datasets_sensor": ("sensor", "lerobot_sidecar_build", "RUNNING"),
     "run_failure_alert_sensor": ("sensor", None, "RUNNING"),
     "queued_builds_sensor": ("sensor", None, "RUNNING"),
+    "run_holds_sensor": ("sensor", None, "RUNNING"),
     "follow_upstream_sensor": ("automation-condition sensor", None, "RUNNING"),
 }
 

@@ -9,6 +9,7 @@
         <modality>/part_<NNNNNN>/<NNNNNN>.tar       twin tars, ``part_size`` per part folder
         _key_index/part_<NNNNNN>/<NNNNNN>.parquet   one key index per shard
     .<out>.pid-lock                                 beside the output, while a build runs
+    .<out>.pid-run-hold.json                        beside the output, while a Dagster run builds it
 
 The build (``pid_platform/sharding``) writes these names and the loader's discovery looks for them;
 both import them from here, so neither can drift from the other.
@@ -26,6 +27,7 @@ KEY_INDEX_DIR = "_key_index"
 KEY_INDEX_SUFFIX = ".parquet"
 TAR_SUFFIX = ".tar"
 LOCK_SUFFIX = ".pid-lock"  # the build lock: .<output folder name>.pid-lock beside it
+RUN_HOLD_SUFFIX = ".pid-run-hold.json"  # a Dagster run's hold (pid_platform/sharding/run_hold.py)
 DEFAULT_PART_SIZE = 1000
 
 
@@ -54,6 +56,11 @@ def key_index_relpath(shard_path: str) -> str:
 def lock_name(output_name: str) -> str:
     """The build lock's file name beside an output folder named ``output_name``."""
     return f".{output_name}{LOCK_SUFFIX}"
+
+
+def run_hold_name(output_name: str) -> str:
+    """The file name of a Dagster run's hold beside an output folder named ``output_name``."""
+    return f".{output_name}{RUN_HOLD_SUFFIX}"
 
 
 # Paths (relative to the output folder) of the files a build writes: tars, key indexes and

@@ -6,6 +6,9 @@ output; the kernel drops it when the process dies, so a killed build never leave
 The file exists only while a build step runs: the holder deletes it before letting go, and a
 taker checks that the file it locked is still the one under that name (else it locked a file
 a finishing holder had just deleted, and tries again).
+
+A Dagster run holds its output from its first step to its end (``run_hold.py``); a build of any
+other process is refused while that hold is live, before it takes the lock.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from loader.formats.layout import lock_name
 from loader.io.flock import flock_held, read_lock_holder
 from pid_platform.sharding.errors import BuildError, OutputNotWritableError
 from pid_platform.sharding.layout import final_dir
+from pid_platform.sharding.run_hold import refuse_if_held
 
 # Steps nest (the one-process build, `tasks.run.run_build`, calls each stage): the process keeps one lock per folder.
 _held: dict[Path, int] = {}
@@ -62,6 +66,9 @@ def build_lock(out: str | os.PathLike[str]) -> Iterator[None]:
                 f"output folder {out} is not writable ({exc.strerror or exc}); "
                 "choose another --output-dir or fix its permissions"
             ) from None
+        # Checked holding the lock: a run's step takes its hold before the lock, so a step that
+        # starts after this check finds the lock taken, and one that started before is seen here.
+        refuse_if_held(out)  # a Dagster run holds the output between its steps too
         _held[path] = 1
         try:
             yield

@@ -15,7 +15,9 @@ every step of every run reports to, on whichever machine it runs.
   ``pid/queued_behind`` (shown in the Runs list) and a line in the queued run's log.
 
 A ``pid-shard`` build of the same output holds the output's lock for its whole build; a step
-that meets it fails at once, naming its process (``sharding/output_lock.py``).
+that meets it fails at once, naming its process (``sharding/output_lock.py``). The other way
+round, a run holds its source's output from its first build step to its end, so a ``pid-shard``
+started between two of its steps is refused, naming the run (``run_holds.py``).
 """
 
 from __future__ import annotations

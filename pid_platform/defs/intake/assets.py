@@ -8,7 +8,7 @@ import dagster as dg
 import pyarrow as pa
 
 from pid_platform.defs.automation.fingerprint import save_fingerprint, source_fingerprint
-from pid_platform.defs.automation.source_holder import refuse_unless_holding
+from pid_platform.defs.automation.run_holds import holding_output
 from pid_platform.defs.checks.committed import reassert_committed_checks
 from pid_platform.defs.checks.restate import restate_failed_assets
 from pid_platform.defs.groups import BUILD_GROUP, BUILD_POOL
@@ -123,79 +123,80 @@ def sample_set(
     materialization reported again, so it shows green (`checks/restate.py`).
     """
     source = context.partition_key
-    refuse_unless_holding(context, source)  # one build of a source at a time (source_holder.py)
-    out = source_store.source_out(source)
-    store = source_store.open()
-    with retry_only_transient():
-        run_settings = settings_for_run(context, source_store, sharding, source)
-        settings = run_settings.settings
-        target = source_store.source_target(source)
-        if target is not None:
-            check_writable(target)  # an S3 output that refuses stops the run before any work
-        # Listed before the intake reads: a file changed meanwhile makes the next tick build again.
-        fingerprint, _ = source_fingerprint(store, source)
-        samples_where = None
-        with build_lease(target) if target is not None else nullcontext():
+    with holding_output(context, source, source_store) as hold:  # the run holds the source to its end (run_holds.py)
+        out = source_store.source_out(source)
+        store = source_store.open()
+        with retry_only_transient():
+            run_settings = settings_for_run(context, source_store, sharding, source)
+            settings = run_settings.settings
+            target = source_store.source_target(source)
             if target is not None:
-                seed_intake_cache(target, out)  # the published outcomes: validate only what changed since
-            # An s3 output is up to date when the bucket serves what this intake finds (below), never
-            # by a local folder: one an older release committed there would vouch for the bucket.
-            result = run_intake(
-                store, source, out, settings.config, trust_pickle=sharding.trust_pickle,
-                num_workers=sharding.num_workers, stop_if_up_to_date=target is None,
-            )
-            if target is not None and published_intake_matches(target, staging_dir(out), settings.config):
-                # The bucket serves what this build would publish: nothing to build, on any machine.
-                samples_where = f"{target}/{read_pointer(target).version_dir()}/.pid-build/samples.parquet"
-                discard_staging(out)
-                result = replace(result, up_to_date=True)
-        if not result.up_to_date:
-            save_fingerprint(staging_dir(out), fingerprint)  # committed with the build it describes
-            if target is not None:
-                push_intake(target, staging_dir(out))  # for the plan step, on whichever machine it runs
-    samples, report, path = result.samples, result.report, result.path
-    counts = {"files_validated": report.files_validated, "outcomes_reused": report.outcomes_reused,
-              "validate": result.validate}
-    if result.up_to_date:
-        context.log.info(f"{source}: up to date ({report.samples} samples); nothing to build")
-        # A source red from a failed build is green again once verified unchanged; before the
-        # checks, so their results belong to the restated materializations.
-        restate_failed_assets(context, source)
-        # The skipped checks' verdict, on what is served.
-        reassert_committed_checks(context, source, final_dir(out), target if samples_where else None)
-        context.log_event(dg.AssetObservation(
-            asset_key=context.asset_key, partition=source,
-            # What the committed build is made from, confirmed: the sensor compares against it.
-            metadata={"up_to_date": True, "samples": report.samples, **counts,
-                      "settings_version": settings.version, "input_fingerprint": fingerprint,
-                      "data_version": _samples_digest(samples, settings.config.classify_aspect_ratio),
-                      "samples_table": dg.MetadataValue.path(samples_where or str(path))},
-        ))
-        return
-    context.log.info(f"{source}: {report.samples} samples kept, {report.dropped_total} dropped")
-    yield dg.MaterializeResult(
-        metadata={
-            "up_to_date": False,
-            **counts,
-            "samples": report.samples,
-            "dropped_total": report.dropped_total,
-            "dropped_by_reason": dg.MetadataValue.json(dict(sorted(report.dropped.items()))),
-            "orphans": dg.MetadataValue.json(report.orphans),
-            "skipped_files": dg.MetadataValue.json(dict(sorted(report.skipped_files.items()))),
-            "examples": dg.MetadataValue.json(dict(sorted(report.examples.items()))),
-            "key_collisions": report.key_collisions,
-            "modalities": ", ".join(report.modalities),
-            "files_seen": dg.MetadataValue.json(report.files_seen),
-            "report": _report_table(report),
-            **row_count(report.samples),
-            # Written into the staging folder; this is where it is once wdinfo_manifests commits.
-            "samples_table": dg.MetadataValue.path(str(out / path.relative_to(staging_dir(out)))),
-            "raw_source": f"{store.uri.rstrip('/')}/{source}",
-            "classify_aspect_ratio": settings.config.classify_aspect_ratio,
-            "input_fingerprint": fingerprint,
-            **settings_metadata(run_settings),
-            **_plots(source, samples, report),
-        },
-        tags=run_settings.tags,
-        data_version=dg.DataVersion(_samples_digest(samples, settings.config.classify_aspect_ratio)),
-    )
+                check_writable(target)  # an S3 output that refuses stops the run before any work
+            # Listed before the intake reads: a file changed meanwhile makes the next tick build again.
+            fingerprint, _ = source_fingerprint(store, source)
+            samples_where = None
+            with build_lease(target) if target is not None else nullcontext():
+                if target is not None:
+                    seed_intake_cache(target, out)  # the published outcomes: validate only what changed since
+                # An s3 output is up to date when the bucket serves what this intake finds (below), never
+                # by a local folder: one an older release committed there would vouch for the bucket.
+                result = run_intake(
+                    store, source, out, settings.config, trust_pickle=sharding.trust_pickle,
+                    num_workers=sharding.num_workers, stop_if_up_to_date=target is None,
+                )
+                if target is not None and published_intake_matches(target, staging_dir(out), settings.config):
+                    # The bucket serves what this build would publish: nothing to build, on any machine.
+                    samples_where = f"{target}/{read_pointer(target).version_dir()}/.pid-build/samples.parquet"
+                    discard_staging(out)
+                    result = replace(result, up_to_date=True)
+            if not result.up_to_date:
+                save_fingerprint(staging_dir(out), fingerprint)  # committed with the build it describes
+                if target is not None:
+                    push_intake(target, staging_dir(out))  # for the plan step, on whichever machine it runs
+        samples, report, path = result.samples, result.report, result.path
+        counts = {"files_validated": report.files_validated, "outcomes_reused": report.outcomes_reused,
+                  "validate": result.validate}
+        if result.up_to_date:
+            context.log.info(f"{source}: up to date ({report.samples} samples); nothing to build")
+            hold.release()  # nothing follows in this run: the source is free for other builds
+            # A source red from a failed build is green again once verified unchanged; before the
+            # checks, so their results belong to the restated materializations.
+            restate_failed_assets(context, source)
+            # The skipped checks' verdict, on what is served.
+            reassert_committed_checks(context, source, final_dir(out), target if samples_where else None)
+            context.log_event(dg.AssetObservation(
+                asset_key=context.asset_key, partition=source,
+                # What the committed build is made from, confirmed: the sensor compares against it.
+                metadata={"up_to_date": True, "samples": report.samples, **counts,
+                          "settings_version": settings.version, "input_fingerprint": fingerprint,
+                          "data_version": _samples_digest(samples, settings.config.classify_aspect_ratio),
+                          "samples_table": dg.MetadataValue.path(samples_where or str(path))},
+            ))
+            return
+        context.log.info(f"{source}: {report.samples} samples kept, {report.dropped_total} dropped")
+        yield dg.MaterializeResult(
+            metadata={
+                "up_to_date": False,
+                **counts,
+                "samples": report.samples,
+                "dropped_total": report.dropped_total,
+                "dropped_by_reason": dg.MetadataValue.json(dict(sorted(report.dropped.items()))),
+                "orphans": dg.MetadataValue.json(report.orphans),
+                "skipped_files": dg.MetadataValue.json(dict(sorted(report.skipped_files.items()))),
+                "examples": dg.MetadataValue.json(dict(sorted(report.examples.items()))),
+                "key_collisions": report.key_collisions,
+                "modalities": ", ".join(report.modalities),
+                "files_seen": dg.MetadataValue.json(report.files_seen),
+                "report": _report_table(report),
+                **row_count(report.samples),
+                # Written into the staging folder; this is where it is once wdinfo_manifests commits.
+                "samples_table": dg.MetadataValue.path(str(out / path.relative_to(staging_dir(out)))),
+                "raw_source": f"{store.uri.rstrip('/')}/{source}",
+                "classify_aspect_ratio": settings.config.classify_aspect_ratio,
+                "input_fingerprint": fingerprint,
+                **settings_metadata(run_settings),
+                **_plots(source, samples, report),
+            },
+            tags=run_settings.tags,
+            data_version=dg.DataVersion(_samples_digest(samples, settings.config.classify_aspect_ratio)),
+        )

@@ -17,7 +17,7 @@ from pid_platform.defs.automation.conditions import (
     FOLLOW_UPSTREAM,
 )
 from pid_platform.defs.automation.fingerprint import load_fingerprint
-from pid_platform.defs.automation.source_holder import refuse_unless_holding
+from pid_platform.defs.automation.run_holds import holding_output
 from pid_platform.defs.checks.catalog import built_and_catalog
 from pid_platform.defs.checks.common import built_plans
 from pid_platform.defs.datasets.catalog_entries import catalog_datasets
@@ -111,24 +111,24 @@ def key_indexes(
     the committed tars and records them (`state: committed`).
     """
     source = context.partition_key
-    refuse_unless_holding(context, source)  # one build of a source at a time (source_holder.py)
-    out = source_store.source_out(source)
-    target = source_store.source_target(source)
-    with retry_only_transient(), ui_advice():
-        if target is not None:
-            return _s3_key_indexes(source_store, source, target)
-        nothing_to_finish(out, source, "key_indexes")
-        if committed_only(out):
-            config, plans, written = _committed_key_indexes(out, source)
-            state = "committed"
-        else:
-            # The staged tars were cut with the config recorded beside them, whatever a later run asks for.
-            config, plans, written = run_key_indexes(out, num_workers=sharding.num_workers)
-            state = "staged"
-    per_bucket: dict[str, int] = {}
-    for p in plans:
-        per_bucket[p.bucket] = per_bucket.get(p.bucket, 0) + 1
-    return _key_indexes_result(len(written), sum(p.count for p in plans), state, config, per_bucket)
+    with holding_output(context, source, source_store):  # the run holds the source to its end (run_holds.py)
+        out = source_store.source_out(source)
+        target = source_store.source_target(source)
+        with retry_only_transient(), ui_advice():
+            if target is not None:
+                return _s3_key_indexes(source_store, source, target)
+            nothing_to_finish(out, source, "key_indexes")
+            if committed_only(out):
+                config, plans, written = _committed_key_indexes(out, source)
+                state = "committed"
+            else:
+                # The staged tars were cut with the config recorded beside them, whatever a later run asks for.
+                config, plans, written = run_key_indexes(out, num_workers=sharding.num_workers)
+                state = "staged"
+        per_bucket: dict[str, int] = {}
+        for p in plans:
+            per_bucket[p.bucket] = per_bucket.get(p.bucket, 0) + 1
+        return _key_indexes_result(len(written), sum(p.count for p in plans), state, config, per_bucket)
 
 
 def _key_indexes_result(count: int, rows: int, state: str, config: ShardingConfig,
@@ -196,57 +196,58 @@ def wdinfo_manifests(
     committed tars and records them (`state: committed`); nothing is rewritten.
     """
     source = context.partition_key
-    refuse_unless_holding(context, source)  # one build of a source at a time (source_holder.py)
-    out = source_store.source_out(source)
-    target = source_store.source_target(source)
-    with retry_only_transient(), ui_advice():
-        if target is not None:
-            config, manifests, state, fingerprint, out = _s3_manifests(source_store, sharding, source, target)
-            removed: list[Path] = []
-        else:
-            nothing_to_finish(out, source, "wdinfo_manifests")
-            if committed_only(out):
-                config, manifests, removed = _committed_manifests(out, source)
-                state = "committed"
+    with holding_output(context, source, source_store) as hold:  # the run holds the source to its end (run_holds.py)
+        out = source_store.source_out(source)
+        target = source_store.source_target(source)
+        with retry_only_transient(), ui_advice():
+            if target is not None:
+                config, manifests, state, fingerprint, out = _s3_manifests(source_store, sharding, source, target)
+                removed: list[Path] = []
             else:
-                config, manifests, removed = run_manifests(out, source, num_workers=sharding.num_workers,
-                                                           manifest_root=sharding.manifest_root_of(source))
-                state = "committed now"
-            # What the committed build was made from: the sensor and the schedule compare against it.
-            fingerprint = load_fingerprint(out)
-        pointer = read_pointer(target) if target is not None else None
-    if state == "committed now":
-        # A launchpad re-shard takes effect in sharding.yaml now that its build is committed.
-        commit_launchpad_settings(context, source_store, sharding, source, config)
-    listed = ([f"{target}/{p}" for p in pointer.manifest_paths()] if pointer is not None
-              else [str(m.path) for m in manifests])
-    rows = [
-        (bucket_label(m.bucket), len(m.manifest.tars), m.manifest.total_key_count, m.manifest.chunk_size,
-         str(m.path.relative_to(out)))
-        for m in manifests
-    ]
-    if removed:
-        context.log.info(f"{source}: the new version dropped {len(removed)} files of the previous one")
-    return dg.MaterializeResult(
-        metadata={
-            "manifests": dg.MetadataValue.json(listed),
-            "state": state,
-            **({"version": pointer.version} if pointer is not None else {}),
-            "buckets": len(manifests),
-            "tars": sum(len(m.manifest.tars) for m in manifests),
-            "samples": sum(m.manifest.total_key_count for m in manifests),
-            "config_version": config.version(),
-            "settings_version": config.version(),
-            **({"input_fingerprint": fingerprint} if fingerprint is not None else {}),
-            "manifests_by_bucket": table(
-                (("bucket", "string"), ("tars", "int"), ("samples", "int"), ("chunk_size", "int"),
-                 ("manifest", "string")), rows),
-            **row_count(sum(m.manifest.total_key_count for m in manifests)),
-            "removed_count": len(removed),
-            "removed": dg.MetadataValue.json(first([str(p.relative_to(out)) for p in removed])),
-            "output": dg.MetadataValue.path(source_store.output_location(source)),
-        }
-    )
+                nothing_to_finish(out, source, "wdinfo_manifests")
+                if committed_only(out):
+                    config, manifests, removed = _committed_manifests(out, source)
+                    state = "committed"
+                else:
+                    config, manifests, removed = run_manifests(out, source, num_workers=sharding.num_workers,
+                                                               manifest_root=sharding.manifest_root_of(source))
+                    state = "committed now"
+                # What the committed build was made from: the sensor and the schedule compare against it.
+                fingerprint = load_fingerprint(out)
+            pointer = read_pointer(target) if target is not None else None
+        if state == "committed now":
+            # A launchpad re-shard takes effect in sharding.yaml now that its build is committed.
+            commit_launchpad_settings(context, source_store, sharding, source, config)
+        listed = ([f"{target}/{p}" for p in pointer.manifest_paths()] if pointer is not None
+                  else [str(m.path) for m in manifests])
+        rows = [
+            (bucket_label(m.bucket), len(m.manifest.tars), m.manifest.total_key_count, m.manifest.chunk_size,
+             str(m.path.relative_to(out)))
+            for m in manifests
+        ]
+        if removed:
+            context.log.info(f"{source}: the new version dropped {len(removed)} files of the previous one")
+        hold.release()  # the build is committed (or verified): the run holds the source no more
+        return dg.MaterializeResult(
+            metadata={
+                "manifests": dg.MetadataValue.json(listed),
+                "state": state,
+                **({"version": pointer.version} if pointer is not None else {}),
+                "buckets": len(manifests),
+                "tars": sum(len(m.manifest.tars) for m in manifests),
+                "samples": sum(m.manifest.total_key_count for m in manifests),
+                "config_version": config.version(),
+                "settings_version": config.version(),
+                **({"input_fingerprint": fingerprint} if fingerprint is not None else {}),
+                "manifests_by_bucket": table(
+                    (("bucket", "string"), ("tars", "int"), ("samples", "int"), ("chunk_size", "int"),
+                     ("manifest", "string")), rows),
+                **row_count(sum(m.manifest.total_key_count for m in manifests)),
+                "removed_count": len(removed),
+                "removed": dg.MetadataValue.json(first([str(p.relative_to(out)) for p in removed])),
+                "output": dg.MetadataValue.path(source_store.output_location(source)),
+            }
+        )
 
 
 def _s3_manifests(source_store: SourceStoreResource, sharding: ShardingResource, source: str, target: S3Output

@@ -42,7 +42,7 @@ from pathlib import Path
 import dagster as dg
 
 from pid_platform.defs.automation.builds import last_committed_build
-from pid_platform.defs.automation.source_holder import refuse_unless_holding
+from pid_platform.defs.automation.run_holds import holding_output
 from pid_platform.defs.groups import BUILD_POOL
 from pid_platform.defs.intake.assets import ratio_label
 from pid_platform.defs.metadata import bucket_label, human_bytes, row_count, table
@@ -189,31 +189,31 @@ def plan_write_tasks(
 ) -> Iterator[dg.Output | dg.DynamicOutput]:
     """Cut the staged samples into shards with the run's settings; one write task per range."""
     source = context.partition_key
-    refuse_unless_holding(context, source)  # one build of a source at a time (source_holder.py)
-    out = source_store.source_out(source)
-    target = source_store.source_target(source)
-    with retry_only_transient():
-        run_settings = settings_for_run(context, source_store, sharding, source)
-        # sample_set may have run on another machine: an s3 output's samples come from the bucket.
-        samples_from = sample_set_to_cut(out, source) if target is None else s3_sample_set_to_cut(target, out, source)
-        # A new run's tasks check their shards again (retries and re-execution keep the records).
-        if target is not None:
-            plans, version = stage_plan_in_bucket(source_store.open(), source, target, out, run_settings.config)
-            context.log.info(f"{source}: the plan of version {version} is staged in {target}; the write tasks "
-                             "send their shards there from any machine")
-        else:
-            plans = stage_plan(source_store.open(), source, out, run_settings.config, fresh_tasks=True)
-    if samples_from == "committed":
-        context.log.info(f"{source}: no intake staged; re-sharding the committed sample set of {source} (key "
-                         "indexes and manifests follow once materialized; the published version stays until then)")
-    tasks = sharding.write_tasks_for(len(plans))
-    context.log.info(f"{source}: {len(plans)} shards in {tasks} write task{'s' if tasks != 1 else ''}")
-    yield dg.Output(
-        Planned(samples_from, run_settings, plans_digest(run_settings.config.version(), plans), len(plans), tasks),
-        output_name="planned", metadata={"shards": len(plans), "write_tasks": tasks},
-    )
-    for index in range(tasks):
-        yield dg.DynamicOutput(None, mapping_key=task_key(index, tasks), output_name="tasks")
+    with holding_output(context, source, source_store):  # the run holds the source to its end (run_holds.py)
+        out = source_store.source_out(source)
+        target = source_store.source_target(source)
+        with retry_only_transient():
+            run_settings = settings_for_run(context, source_store, sharding, source)
+            # sample_set may have run on another machine: an s3 output's samples come from the bucket.
+            samples_from = sample_set_to_cut(out, source) if target is None else s3_sample_set_to_cut(target, out, source)
+            # A new run's tasks check their shards again (retries and re-execution keep the records).
+            if target is not None:
+                plans, version = stage_plan_in_bucket(source_store.open(), source, target, out, run_settings.config)
+                context.log.info(f"{source}: the plan of version {version} is staged in {target}; the write tasks "
+                                 "send their shards there from any machine")
+            else:
+                plans = stage_plan(source_store.open(), source, out, run_settings.config, fresh_tasks=True)
+        if samples_from == "committed":
+            context.log.info(f"{source}: no intake staged; re-sharding the committed sample set of {source} (key "
+                             "indexes and manifests follow once materialized; the published version stays until then)")
+        tasks = sharding.write_tasks_for(len(plans))
+        context.log.info(f"{source}: {len(plans)} shards in {tasks} write task{'s' if tasks != 1 else ''}")
+        yield dg.Output(
+            Planned(samples_from, run_settings, plans_digest(run_settings.config.version(), plans), len(plans), tasks),
+            output_name="planned", metadata={"shards": len(plans), "write_tasks": tasks},
+        )
+        for index in range(tasks):
+            yield dg.DynamicOutput(None, mapping_key=task_key(index, tasks), output_name="tasks")
 
 
 @dg.op(
@@ -230,36 +230,36 @@ def write_task(
     its completion record; nothing at all when the record is already there."""
     index, of = parse_task_key(context.get_mapping_key() or "")
     source = context.partition_key
-    refuse_unless_holding(context, source)  # one build of a source at a time (source_holder.py)
-    out = source_store.source_out(source)
-    name = f"{source}: write task {index} of {of}"
+    with holding_output(context, source, source_store):  # the run holds the source to its end (run_holds.py)
+        out = source_store.source_out(source)
+        name = f"{source}: write task {index} of {of}"
 
-    def progress(done: int, total: int) -> None:
-        if done == total or done % max(1, total // 10) == 0:
-            context.log.info(f"{name}: {done}/{total} shards")
+        def progress(done: int, total: int) -> None:
+            if done == total or done % max(1, total // 10) == 0:
+                context.log.info(f"{name}: {done}/{total} shards")
 
-    target = source_store.source_target(source)
-    with retry_only_transient(), ui_advice():
-        if target is not None:
-            # Into the bucket, shard by shard; each shard's checks and key index are done here,
-            # where its bytes are (the later steps read what this task recorded).
-            outcome = run_s3_write_task(source_store.open(), source, target, index, of,
-                                        work_root=source_store.work_root or None, num_workers=sharding.num_workers,
-                                        progress=progress)
-        else:
-            # Key indexes stay key_indexes' job, after the blocking checks on these tars.
-            outcome = run_write_task(source_store.open(), source, out, index, of, num_workers=sharding.num_workers,
-                                     progress=progress, key_indexes=False)
-    if outcome.nothing_staged:
-        context.log.info(f"{name}: {nothing_to_finish(context, source)}")
-    elif outcome.already_done:
-        context.log.info(f"{name}: already done ({outcome.record} is there); nothing written")
-    yield dg.Output(None, metadata={
-        "task": index, "of": of, "shards": outcome.items, "first_shard": outcome.first,
-        "written": outcome.done, "reused": outcome.reused, "already_done": outcome.already_done,
-        "nothing_staged": outcome.nothing_staged,
-        "record": dg.MetadataValue.path(str(outcome.record)),
-    })
+        target = source_store.source_target(source)
+        with retry_only_transient(), ui_advice():
+            if target is not None:
+                # Into the bucket, shard by shard; each shard's checks and key index are done here,
+                # where its bytes are (the later steps read what this task recorded).
+                outcome = run_s3_write_task(source_store.open(), source, target, index, of,
+                                            work_root=source_store.work_root or None, num_workers=sharding.num_workers,
+                                            progress=progress)
+            else:
+                # Key indexes stay key_indexes' job, after the blocking checks on these tars.
+                outcome = run_write_task(source_store.open(), source, out, index, of, num_workers=sharding.num_workers,
+                                         progress=progress, key_indexes=False)
+        if outcome.nothing_staged:
+            context.log.info(f"{name}: {nothing_to_finish(context, source)}")
+        elif outcome.already_done:
+            context.log.info(f"{name}: already done ({outcome.record} is there); nothing written")
+        yield dg.Output(None, metadata={
+            "task": index, "of": of, "shards": outcome.items, "first_shard": outcome.first,
+            "written": outcome.done, "reused": outcome.reused, "already_done": outcome.already_done,
+            "nothing_staged": outcome.nothing_staged,
+            "record": dg.MetadataValue.path(str(outcome.record)),
+        })
 
 
 def shards_metadata(source: str, output: str, config: ShardingConfig, planned: Planned,
@@ -321,30 +321,30 @@ def collect_write_tasks(
 ) -> Iterator[dg.Output]:
     """Every write task done: ``twin_tar_shards``' materialization, from the staged shards."""
     source = context.partition_key
-    refuse_unless_holding(context, source)  # one build of a source at a time (source_holder.py)
-    out = source_store.source_out(source)
-    target = source_store.source_target(source)
-    with retry_only_transient(), ui_advice():
-        shards = staged_shards(target, source_store.work_root or None, "collect") if target is not None else None
-        if _rebuilt_since(out, target, shards):
-            context.log.info(f"{source}: {nothing_to_finish(context, source)}")
-            return
-        if target is not None:
-            problem = "no plan is staged in the bucket" if shards is None else shards.unfinished(target)
-        else:
-            problem = unfinished_write_tasks(out, key_indexes=False)
-        if problem is not None:
-            raise unfinished_failure(f"twin_tar_shards of {source}", problem)
-        if target is not None:
-            config, results = shards.config, shards.results()
-            shutil.rmtree(shards.folder, ignore_errors=True)
-        else:
-            config, _plans, results = staged_results(versions.staging_dir(out))
-    metadata = shards_metadata(source, source_store.output_location(source), config, planned, results)
-    with warnings.catch_warnings():
-        # An op's data_version is "beta" in 1.13; the one-op asset set the same version through
-        # MaterializeResult, and the UI's staleness depends on it.
-        warnings.simplefilter("ignore", dg.BetaWarning)
-        out = dg.Output(None, metadata=metadata, tags=planned.run_settings.tags,
-                        data_version=dg.DataVersion(planned.data_version))
-    yield out
+    with holding_output(context, source, source_store):  # the run holds the source to its end (run_holds.py)
+        out = source_store.source_out(source)
+        target = source_store.source_target(source)
+        with retry_only_transient(), ui_advice():
+            shards = staged_shards(target, source_store.work_root or None, "collect") if target is not None else None
+            if _rebuilt_since(out, target, shards):
+                context.log.info(f"{source}: {nothing_to_finish(context, source)}")
+                return
+            if target is not None:
+                problem = "no plan is staged in the bucket" if shards is None else shards.unfinished(target)
+            else:
+                problem = unfinished_write_tasks(out, key_indexes=False)
+            if problem is not None:
+                raise unfinished_failure(f"twin_tar_shards of {source}", problem)
+            if target is not None:
+                config, results = shards.config, shards.results()
+                shutil.rmtree(shards.folder, ignore_errors=True)
+            else:
+                config, _plans, results = staged_results(versions.staging_dir(out))
+        metadata = shards_metadata(source, source_store.output_location(source), config, planned, results)
+        with warnings.catch_warnings():
+            # An op's data_version is "beta" in 1.13; the one-op asset set the same version through
+            # MaterializeResult, and the UI's staleness depends on it.
+            warnings.simplefilter("ignore", dg.BetaWarning)
+            out = dg.Output(None, metadata=metadata, tags=planned.run_settings.tags,
+                            data_version=dg.DataVersion(planned.data_version))
+        yield out

@@ -60,6 +60,7 @@ from loader.io.errors import (
 from pid_platform.sharding.commit.held import HeldInBackground
 from pid_platform.sharding.commit.holder_process import HolderProcess
 from pid_platform.sharding.errors import BuildError
+from pid_platform.sharding.run_hold import refuse_if_held
 
 if TYPE_CHECKING:
     from pid_platform.sharding.commit.s3_output import S3Output
@@ -480,6 +481,7 @@ def build_lease(output: S3Output, settings: LeaseSettings | None = None) -> Iter
                 _held[output.url] = (lease, n - 1)
         return
     with BuildLease(output, settings) as lease:
+        refuse_if_held(output)  # holding the lease, as build_lock checks holding the lock (run_hold.py)
         with _held_lock:
             _held[output.url] = (lease, 1)
         try:
