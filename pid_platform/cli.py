@@ -36,7 +36,6 @@ from pid_platform.sharding.tasks.outcomes import TaskOutcome
 from pid_platform.sharding.tasks.plan import (
     run_intake_task,
     run_plan,
-    run_s3_intake_task,
     run_s3_plan,
 )
 from pid_platform.sharding.tasks.run import run_build, run_s3_build
@@ -377,9 +376,9 @@ def _run_s3_task_command(command: str, args: argparse.Namespace, root: str | Non
                 f"I = 0 .. N-1 (any N up to {plan.shards}, on any machines), then `pid-shard commit --output-dir "
                 f"{output}`")
     if args.stage == "intake":
-        res = run_s3_intake_task(store, source, output, args.index, args.of, work_root=args.work_dir,
-                                 trust_pickle=args.trust_pickle, num_workers=args.num_workers,
-                                 validate=args.validate, revalidate=args.revalidate, force=args.force)
+        res = run_intake_task(store, source, output, args.index, args.of, work_root=args.work_dir,
+                              trust_pickle=args.trust_pickle, num_workers=args.num_workers,
+                              validate=args.validate, revalidate=args.revalidate, force=args.force)
     else:
         res = run_s3_write_task(store, source, output, args.index, args.of, work_root=args.work_dir,
                                 num_workers=args.num_workers)

@@ -63,6 +63,7 @@ from pid_platform.sharding.tasks.outcomes import (
     spans_text,
     validate_of,
 )
+from pid_platform.sharding.tasks.records import WRITE, BucketStaging, records
 from pid_platform.sharding.tasks.staging import (
     STAGED_NAME,
     Staged,
@@ -166,7 +167,8 @@ def staged_shards(output: S3Output, work_root: str | Path | None, what: str,
     with staging.staged_plan(output, staged, folder) as plan:
         plans = load_shards(folder, config, plan)
     return StagedShards(staged, folder, config, plans,
-                        staging.coverage(plans, staging.write_records(output, staged.plan_sha256)))
+                        staging.coverage(plans, [r for r in records(BucketStaging(output), WRITE)
+                                                 if r.get("plan_sha256") == staged.plan_sha256]))
 
 
 @dataclass
@@ -290,7 +292,7 @@ def _publish(output: S3Output, staged: Staged, bodies: dict[str, bytes | Path], 
     check_held(output, vid)
     with s3_output.publish_claims(output, {vid}, now=now, holder=holder) as (claim,):
         for r, body in bodies.items():
-            staging.put(output, f"{version_dir(vid)}/{r}", body, "the commit")
+            s3_output.put_bytes(output, f"{version_dir(vid)}/{r}", body, "the commit")
             result.uploaded += 1
         if copies:
             bucket = output.store()

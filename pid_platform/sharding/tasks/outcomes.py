@@ -61,7 +61,7 @@ class TaskOutcome:
     stage: str
     index: int
     of: int
-    record: Path
+    record: str  # where its completion record is (a path, or an s3:// URL)
     already_done: bool  # the record was there: nothing was read or written
     items: int = 0  # samples (intake) or shards (write) in the task's slice
     first: int = 0  # position of its first shard (write; an intake slice is not contiguous)

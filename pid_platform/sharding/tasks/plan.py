@@ -45,7 +45,6 @@ from pid_platform.sharding.plan.columnar import ShardRef
 from pid_platform.sharding.plan.plan_files import load_shards
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.storage import SourceStore
-from pid_platform.sharding.tasks import records as local_records
 from pid_platform.sharding.tasks import staging
 from pid_platform.sharding.tasks.outcomes import PlanOutcome, TaskOutcome, check_task
 from pid_platform.sharding.tasks.published import (
@@ -57,12 +56,13 @@ from pid_platform.sharding.tasks.published import (
 )
 from pid_platform.sharding.tasks.records import (
     INTAKE,
-    RECORD_FORMAT,
     WRITE,
+    BucketStaging,
+    FolderStaging,
     clear_records,
+    intake_part_name,
     intake_part_path,
     read_record,
-    record_path,
     write_record,
 )
 from pid_platform.sharding.tasks.staging import (
@@ -76,31 +76,40 @@ from pid_platform.sharding.tasks.staging import (
 
 
 def run_intake_task(
-    store: SourceStore, source: str, out: Path, index: int, of: int, *, trust_pickle: bool = False,
+    store: SourceStore, source: str, out: Path | S3Output, index: int, of: int, *, trust_pickle: bool = False,
     num_workers: int = 1, validate: str = VALIDATE_FULL, revalidate: bool = False, force: bool = False,
-    progress: Callable | None = None,
+    progress: Callable | None = None, work_root: str | Path | None = None,
 ) -> TaskOutcome:
-    """Intake task ``index`` of ``of``: the outcomes of its slice's files, then its record."""
+    """Intake task ``index`` of ``of``: the outcomes of its slice's files, then its record, in
+    the staging of ``out``; for a bucket, worked out in a scratch folder of this machine (in
+    ``work_root``) and staged in the bucket, where the plan finds them."""
     check_task(index, of)
     check_validate_level(validate)
-    staged = versions.staging_dir(out)
+    on_s3 = isinstance(out, S3Output)
+    work = scratch_dir(out, work_root, f"intake-{index}-of-{of}") if on_s3 else Path(out)
+    kept = BucketStaging(out) if on_s3 else FolderStaging(versions.staging_dir(work))
     settings = {"validate": validate, "trust_pickle": trust_pickle}
-    rec = read_record(staged, INTAKE, index, of)
+    rec = read_record(kept, INTAKE, index, of)
     if rec is not None and rec.get("settings") == settings and rec.get("slicing") == SLICING:
-        return TaskOutcome(INTAKE, index, of, record_path(staged, INTAKE, index, of), True,
-                           rec.get("samples", 0), nbytes=rec.get("bytes", 0))
-    staging = versions.begin(out, first_step=True, force=force)
-    final = final_dir(out)
-    caches = [state_dir(final) / CACHE_NAME, state_dir(staging) / CACHE_NAME]
+        return TaskOutcome(INTAKE, index, of, rec["path"], True, rec.get("samples", 0), nbytes=rec.get("bytes", 0))
+    if on_s3:
+        shutil.rmtree(work, ignore_errors=True)
+    staging = versions.begin(work, first_step=True, force=force)
+    caches = [state_dir(final_dir(work)) / CACHE_NAME, state_dir(staging) / CACHE_NAME]
     cache = IntakeCache(validate) if revalidate else IntakeCache.load(caches, validate)
     part = intake_slice(store, source, index, of, trust_pickle=trust_pickle, num_workers=num_workers,
                         validate=validate, cache=cache, progress=progress)
     part.outcomes.save(intake_part_path(staging, index, of))
-    path = write_record(staging, INTAKE, index, of, {
+    what = f"intake task {index} of {of}"
+    if on_s3:
+        kept.put(intake_part_name(index, of), intake_part_path(staging, index, of), what)
+    path = write_record(kept, INTAKE, index, of, {
         "settings": settings, "slicing": SLICING, "samples": part.samples, "bytes": part.nbytes,
         "files_validated": part.files_validated, "outcomes_reused": part.outcomes_reused,
         "part": intake_part_path(staging, index, of).name,
-    })
+    }, what)
+    if on_s3:
+        shutil.rmtree(work, ignore_errors=True)
     return TaskOutcome(INTAKE, index, of, path, False, part.samples, 0, part.files_validated,
                        part.outcomes_reused, nbytes=part.nbytes)
 
@@ -177,43 +186,16 @@ def stage_plan(store: SourceStore, source: str, out: Path, config: ShardingConfi
 PLAN_BEFORE_STAGING_POINT = "s3-plan:before-staging"
 
 
-def run_s3_intake_task(
-    store: SourceStore, source: str, output: S3Output, index: int, of: int, *, work_root: str | Path | None = None,
-    trust_pickle: bool = False, num_workers: int = 1, validate: str = VALIDATE_FULL, revalidate: bool = False,
-    force: bool = False,
-) -> TaskOutcome:
-    """Intake task ``index`` of ``of`` (``run_intake_task``) in a scratch folder of this
-    machine; its outcomes and record then go to the bucket, where the plan finds them."""
-    scratch = scratch_dir(output, work_root, f"intake-{index}-of-{of}")
-    shutil.rmtree(scratch, ignore_errors=True)
-    settings = {"validate": validate, "trust_pickle": trust_pickle}
-    rel = staging.record_rel(INTAKE, index, of)
-    rec = staging.get_json(output, rel)
-    if (rec is not None and rec.get("format") == RECORD_FORMAT and rec.get("settings") == settings
-            and rec.get("slicing") == SLICING):
-        return TaskOutcome(INTAKE, index, of, Path(rel), True, rec.get("samples", 0), nbytes=rec.get("bytes", 0))
-    res = run_intake_task(store, source, scratch, index, of, trust_pickle=trust_pickle, num_workers=num_workers,
-                          validate=validate, revalidate=revalidate, force=force)
-    staged = versions.staging_dir(scratch)
-    part = local_records.intake_part_path(staged, index, of)
-    what = f"intake task {index} of {of}"
-    staging.put(output, staging.rel("tasks", part.name), part, what)
-    staging.put(output, rel, local_records.record_path(staged, INTAKE, index, of).read_bytes(), what)
-    shutil.rmtree(scratch, ignore_errors=True)
-    return TaskOutcome(INTAKE, index, of, Path(rel), False, res.items, 0, res.done, res.reused, nbytes=res.nbytes)
-
-
 def _pull_intake_parts(output: S3Output, work: Path) -> None:
     """Every finished intake task's outcomes, beside this machine's staging of the build."""
-    names = set(staging.names_under(output, staging.rel("tasks")))
+    kept = BucketStaging(output)
+    names = set(kept.names("tasks"))
     for name in sorted(n for n in names if n.startswith(f"{INTAKE}-") and n.endswith(".json")):
         part = name[: -len(".json")] + ".parquet"
-        data = s3_output.get_bytes(output, staging.rel("tasks", part)) if part in names else None
+        data = kept.get(f"tasks/{part}") if part in names else None
         if data is None:
             continue
-        tasks = local_records.tasks_dir(versions.begin(work, first_step=True))
-        tasks.mkdir(parents=True, exist_ok=True)
-        (tasks / part).write_bytes(data)
+        FolderStaging(versions.begin(work, first_step=True)).put(f"tasks/{part}", data, "")
 
 
 def already_served(output: S3Output, folder: Path, vid: str, uses: list[str], config: ShardingConfig) -> bool:
@@ -275,13 +257,13 @@ def _stage_in_bucket(output: S3Output, folder: Path, source: str, staged_id: str
     records go (this plan's tasks report what they did themselves)."""
     pause_point(PLAN_BEFORE_STAGING_POINT)
     check_held(output)  # before the first object of the staging changes
-    staging.clear_write_records(output)
+    clear_records(BucketStaging(output), WRITE)
     vid, _uses = published_as(staged_id, in_place)
     if in_place is None:
         return staging.stage_plan_state(output, folder, source, seen, version=vid,
                                         before_marker=lambda: check_held(output))
     if in_place.placed and s3_output.get_bytes(output, f"{version_dir(vid)}/{MARKER}") is None:
-        staging.put(output, f"{version_dir(vid)}/{MARKER}", in_place.marker(), "staging the plan")
+        s3_output.put_bytes(output, f"{version_dir(vid)}/{MARKER}", in_place.marker(), "staging the plan")
     return staging.stage_plan_state(output, folder, source, seen, version=vid, base=in_place.base,
                                     reused=load_plan_cut(folder).reused_modalities,
                                     before_marker=lambda: check_held(output))
