@@ -63,7 +63,7 @@ from pid_platform.sharding.tasks.outcomes import (
     spans_text,
     validate_of,
 )
-from pid_platform.sharding.tasks.records import WRITE, BucketStaging, records
+from pid_platform.sharding.tasks.records import WRITE, bucket_staging, records
 from pid_platform.sharding.tasks.staging import (
     STAGED_NAME,
     Staged,
@@ -78,8 +78,18 @@ from pid_platform.sharding.tasks.write import KEY_INDEX, staged_results, unfinis
 from pid_platform.sharding.write.tars import ShardResult
 
 
+def run_commit(out: Path | S3Output, *, num_workers: int = 1, manifest_root: str = "relative",
+               work_root: str | Path | None = None) -> pipeline.BuildSummary | None:
+    """Commit the staged plan of ``out`` once every write task is done: its manifests, then the
+    output's switch: a folder's swap (``commit_folder``), or a bucket's conditional pointer
+    write (``commit_bucket``; None when nothing is staged over a published version)."""
+    if isinstance(out, S3Output):
+        return commit_bucket(out, work_root=work_root, num_workers=num_workers)
+    return commit_folder(out, num_workers=num_workers, manifest_root=manifest_root)
+
+
 @pipeline.build_step
-def run_commit(out: Path, *, num_workers: int = 1, manifest_root: str = "relative") -> pipeline.BuildSummary:
+def commit_folder(out: Path, *, num_workers: int = 1, manifest_root: str = "relative") -> pipeline.BuildSummary:
     """Commit the staged plan of ``out`` once every write task is done: manifests, state, swap.
 
     Refuses (``TasksUnfinishedError``, naming the tasks) while any shard lacks a finished task.
@@ -167,7 +177,7 @@ def staged_shards(output: S3Output, work_root: str | Path | None, what: str,
     with staging.staged_plan(output, staged, folder) as plan:
         plans = load_shards(folder, config, plan)
     return StagedShards(staged, folder, config, plans,
-                        staging.coverage(plans, [r for r in records(BucketStaging(output), WRITE)
+                        staging.coverage(plans, [r for r in records(bucket_staging(output), WRITE)
                                                  if r.get("plan_sha256") == staged.plan_sha256]))
 
 
@@ -260,7 +270,7 @@ def refuse_altered_records(output: S3Output, shards: StagedShards, threads: int 
                 raise staging.StagedStateError(problem)
 
 
-def run_s3_commit(output: S3Output, *, work_root: str | Path | None = None, num_workers: int = 1,
+def commit_bucket(output: S3Output, *, work_root: str | Path | None = None, num_workers: int = 1,
                   now: Callable[[], float] = time.time) -> pipeline.BuildSummary | None:
     """``pid-shard commit`` of an s3 output (``commit_staged``), summed up as the build's summary."""
     done = commit_staged(output, work_root=work_root, num_workers=num_workers, now=now)

@@ -84,6 +84,7 @@ class PlanOutcome:
     outcomes_reused: int = 0
     buckets: dict[str, int] = field(default_factory=dict)  # bucket -> shards
     damaged_shards: int = 0  # with ``repair``: committed shards whose tars were missing or damaged
+    version: str | None = None  # an s3 output's: the version staged in the bucket (None: nothing staged)
 
 
 # In a write record: the plan it wrote shards of (``plan_files.shards_identity``).

@@ -8,7 +8,7 @@
 * plan: the intake over the whole source (every outcome an intake task found is reused, so it
   reads only files no task covered), ``samples.parquet``, the report, then ``plan.parquet``
   and ``sharding.json``, in the staging folder beside a folder output, holding its build lock.
-  For a bucket the same runs in the machine's work folder (``run_plan``), holding the build
+  For a bucket the same runs in the machine's work folder (``plan_in_folder``), holding the build
   lease; then the plan's state goes to ``staged/`` and, last, ``staged.json`` naming the
   version (``s3_output.version_id``: a digest of the plan, known before any tar is written) and
   the pointer the plan saw (``staging.py``). A plan that lost its lease stages nothing. The
@@ -21,6 +21,7 @@ from __future__ import annotations
 import shutil
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from loader.formats.errors import FormatError
@@ -57,9 +58,9 @@ from pid_platform.sharding.tasks.published import (
 from pid_platform.sharding.tasks.records import (
     INTAKE,
     WRITE,
-    BucketStaging,
-    FolderStaging,
+    bucket_staging,
     clear_records,
+    folder_staging,
     intake_part_name,
     intake_part_path,
     read_record,
@@ -87,7 +88,7 @@ def run_intake_task(
     check_validate_level(validate)
     on_s3 = isinstance(out, S3Output)
     work = scratch_dir(out, work_root, f"intake-{index}-of-{of}") if on_s3 else Path(out)
-    kept = BucketStaging(out) if on_s3 else FolderStaging(versions.staging_dir(work))
+    kept = bucket_staging(out) if on_s3 else folder_staging(versions.staging_dir(work))
     settings = {"validate": validate, "trust_pickle": trust_pickle}
     rec = read_record(kept, INTAKE, index, of)
     if rec is not None and rec.get("settings") == settings and rec.get("slicing") == SLICING:
@@ -114,8 +115,23 @@ def run_intake_task(
                        part.outcomes_reused, nbytes=part.nbytes)
 
 
-@pipeline.build_step
 def run_plan(
+    store: SourceStore, source: str, out: Path | S3Output, config: ShardingConfig, *,
+    work_root: str | Path | None = None, trust_pickle: bool = False, num_workers: int = 1, force: bool = False,
+    validate: str = VALIDATE_FULL, revalidate: bool = False, repair: bool = False,
+) -> PlanOutcome:
+    """The plan of a build of ``out``, staged for the write tasks: beside a folder
+    (``plan_in_folder``), or in the bucket (``plan_in_bucket``; its version in
+    ``PlanOutcome.version``, None and ``up_to_date`` when the pointer already serves it)."""
+    settings = dict(trust_pickle=trust_pickle, num_workers=num_workers, force=force, validate=validate,
+                    revalidate=revalidate, repair=repair)
+    if isinstance(out, S3Output):
+        return plan_in_bucket(store, source, out, config, work_root=work_root, **settings)
+    return plan_in_folder(store, source, out, config, **settings)
+
+
+@pipeline.build_step
+def plan_in_folder(
     store: SourceStore, source: str, out: Path, config: ShardingConfig, *, trust_pickle: bool = False,
     num_workers: int = 1, force: bool = False, validate: str = VALIDATE_FULL, revalidate: bool = False,
     progress: Callable | None = None, committed: Path | None = None, repair: bool = False,
@@ -188,14 +204,14 @@ PLAN_BEFORE_STAGING_POINT = "s3-plan:before-staging"
 
 def _pull_intake_parts(output: S3Output, work: Path) -> None:
     """Every finished intake task's outcomes, beside this machine's staging of the build."""
-    kept = BucketStaging(output)
+    kept = bucket_staging(output)
     names = set(kept.names("tasks"))
     for name in sorted(n for n in names if n.startswith(f"{INTAKE}-") and n.endswith(".json")):
         part = name[: -len(".json")] + ".parquet"
         data = kept.get(f"tasks/{part}") if part in names else None
         if data is None:
             continue
-        FolderStaging(versions.begin(work, first_step=True)).put(f"tasks/{part}", data, "")
+        folder_staging(versions.begin(work, first_step=True)).put(f"tasks/{part}", data, "")
 
 
 def already_served(output: S3Output, folder: Path, vid: str, uses: list[str], config: ShardingConfig) -> bool:
@@ -257,7 +273,7 @@ def _stage_in_bucket(output: S3Output, folder: Path, source: str, staged_id: str
     records go (this plan's tasks report what they did themselves)."""
     pause_point(PLAN_BEFORE_STAGING_POINT)
     check_held(output)  # before the first object of the staging changes
-    clear_records(BucketStaging(output), WRITE)
+    clear_records(bucket_staging(output), WRITE)
     vid, _uses = published_as(staged_id, in_place)
     if in_place is None:
         return staging.stage_plan_state(output, folder, source, seen, version=vid,
@@ -269,22 +285,23 @@ def _stage_in_bucket(output: S3Output, folder: Path, source: str, staged_id: str
                                     before_marker=lambda: check_held(output))
 
 
-def run_s3_plan(
+def plan_in_bucket(
     store: SourceStore, source: str, output: S3Output, config: ShardingConfig, *, work_root: str | Path | None = None,
     trust_pickle: bool = False, num_workers: int = 1, force: bool = False, validate: str = VALIDATE_FULL,
     revalidate: bool = False, repair: bool = False,
-) -> tuple[PlanOutcome, str | None]:
-    """The plan, staged in the bucket; ``(outcome, version)``, version None when the pointer
-    already names the version this plan builds (nothing staged: the tasks have nothing to do).
-    ``repair``: staged even then, for write tasks that read the served tars back."""
+) -> PlanOutcome:
+    """The plan, cut in this machine's work folder (``plan_in_folder``), staged in the bucket
+    (``PlanOutcome.version``); ``up_to_date`` and no version when the pointer already names the
+    version this plan builds (nothing staged: the tasks have nothing to do). ``repair``: staged
+    even then, for write tasks that read the served tars back."""
     work = s3_output.work_dir(output, work_root)
     with build_lease(output):
         seen = seen_pointer(output)  # before anything is read of the published version
         _pull_intake_parts(output, work)
         seed_intake_cache(output, work)  # the published outcomes: validate only what changed since
         committed = pull_committed_plan(output, scratch_dir(output, work_root, "committed"))
-        plan = run_plan(store, source, work, config, trust_pickle=trust_pickle, num_workers=num_workers, force=force,
-                        validate=validate, revalidate=revalidate, committed=committed)
+        plan = plan_in_folder(store, source, work, config, trust_pickle=trust_pickle, num_workers=num_workers,
+                              force=force, validate=validate, revalidate=revalidate, committed=committed)
         folder = final_dir(work) if plan.up_to_date else versions.staging_dir(work)
         staged_id = s3_output.version_id(folder)
         in_place = in_place_of(output, folder, staged_id)
@@ -293,8 +310,9 @@ def run_s3_plan(
             shutil.rmtree(committed, ignore_errors=True)
         if not repair and already_served(output, folder, vid, uses, config):
             delete_staged(output)
-            return plan, None
-        return plan, _stage_in_bucket(output, folder, source, staged_id, in_place, seen).version
+            return replace(plan, up_to_date=True, version=None)
+        return replace(plan, up_to_date=False,
+                       version=_stage_in_bucket(output, folder, source, staged_id, in_place, seen).version)
 
 
 def pull_staged_intake(output: S3Output, work: Path) -> bool:

@@ -1,9 +1,9 @@
 """Where the stages of one build hand each other files, and the completion records kept there.
 
-A ``Staging`` is the seam between a folder output and a bucket: ``FolderStaging`` keeps the
-files in the staging folder's ``.pid-build/`` (beside the output), ``BucketStaging`` under
-``<output>/.pid-build/staged/``; each gets, puts, lists and deletes files by the same names
-(``tasks/write-000000-of-000002.json``), so the stages read and write them one way.
+A ``Staging`` is the seam between a folder output and a bucket: the storage layer's object
+store (``loader/io/objects.py``) of the staging folder's ``.pid-build/`` (beside the output), or
+the bucket's ``<output>/.pid-build/staged/``; the stages get, put, list and delete its files by
+the same names (``tasks/write-000000-of-000002.json``) either way.
 
 A record is written last, atomically, once every output of its task is in place: its presence
 is the task's "done". It names the task (stage, index, of) and what it was done against (the
@@ -17,10 +17,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from loader.formats.atomic import atomic_write_bytes, is_temp_file
-from pid_platform.sharding.commit import s3_output
+from loader.formats.atomic import is_temp_file
+from loader.io.objects import LocalObjects, ObjectStore
+from loader.io.s3_client import S3AccessError
 from pid_platform.sharding.commit.s3_output import S3Output
 from pid_platform.sharding.commit.state import state_dir
+from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.state_doc import load_state_doc
 
 STAGED = ".pid-build/staged"  # a bucket's staging, under its output prefix
@@ -31,65 +33,54 @@ RECORD_FORMAT = 1
 
 
 @dataclass(frozen=True)
-class FolderStaging:
-    """The staging folder ``folder``'s own files (``<folder>/.pid-build/<name>``)."""
+class Staging:
+    """The staged files of one build: ``prefix`` in an object store (``loader/io/objects.py``),
+    a folder's (``folder_staging``) or a bucket's (``bucket_staging``)."""
 
-    folder: Path
+    store: ObjectStore
+    prefix: str = ""
 
-    def path(self, name: str) -> Path:
-        return state_dir(self.folder) / name
+    def _key(self, name: str) -> str:
+        return "/".join(p for p in (self.prefix, name) if p)
 
     def url(self, name: str) -> str:
-        return str(self.path(name))
+        return self.store.url(self._key(name))
 
     def get(self, name: str) -> bytes | None:
         try:
-            return self.path(name).read_bytes()
-        except (FileNotFoundError, NotADirectoryError):
-            return None
+            return self.store.get_or_none(self._key(name))
+        except S3AccessError as exc:
+            raise BuildError(str(exc)) from None
 
     def put(self, name: str, data: bytes | Path, what: str) -> None:
-        atomic_write_bytes(self.path(name), data if isinstance(data, bytes) else data.read_bytes())
+        try:
+            self.store.put(self._key(name), data)
+        except S3AccessError as exc:
+            raise BuildError(f"{exc} ({what}; nothing was published)") from None
 
     def names(self, under: str) -> list[str]:
-        d = self.path(under)
-        return sorted(p.name for p in d.iterdir() if p.is_file() and not is_temp_file(p)) if d.is_dir() else []
+        """The names of the files under ``under/``, relative to it, sorted."""
+        prefix = self._key(under) + "/"
+        return [o.key[len(prefix):] for o in self.store.list(prefix)]
 
     def delete(self, *names: str) -> None:
         for n in names:
-            self.path(n).unlink(missing_ok=True)
+            self.store.delete(self._key(n))
 
 
-@dataclass(frozen=True)
-class BucketStaging:
+def folder_staging(folder: Path) -> Staging:
+    """The staging folder ``folder``'s own files (``<folder>/.pid-build/<name>``)."""
+    return Staging(LocalObjects(state_dir(folder)))
+
+
+def bucket_staging(output: S3Output) -> Staging:
     """The staging of ``output`` in its bucket (``<output>/.pid-build/staged/<name>``)."""
-
-    output: S3Output
-
-    def url(self, name: str) -> str:
-        return f"{self.output}/{STAGED}/{name}"
-
-    def get(self, name: str) -> bytes | None:
-        return s3_output.get_bytes(self.output, f"{STAGED}/{name}")
-
-    def put(self, name: str, data: bytes | Path, what: str) -> None:
-        s3_output.put_bytes(self.output, f"{STAGED}/{name}", data, what)
-
-    def names(self, under: str) -> list[str]:
-        prefix = self.output.key(STAGED, under) + "/"
-        return sorted(o.key[len(prefix):] for o in self.output.store().list(prefix))
-
-    def delete(self, *names: str) -> None:
-        for n in names:
-            self.output.store().delete(self.output.key(STAGED, n))
-
-
-Staging = FolderStaging | BucketStaging
+    return Staging(output.store(), output.key(STAGED))
 
 
 def staging_of(where: Path | Staging) -> Staging:
     """A staging folder's own files, or ``where`` itself."""
-    return FolderStaging(Path(where)) if isinstance(where, (str, Path)) else where
+    return where if isinstance(where, Staging) else folder_staging(Path(where))
 
 
 def tasks_dir(folder: Path) -> Path:

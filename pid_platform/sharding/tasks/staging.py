@@ -54,7 +54,7 @@ from pid_platform.sharding.plan.plan_files import (
 )
 from pid_platform.sharding.state_doc import load_state_doc
 from pid_platform.sharding.tasks.outcomes import TaskOrderError
-from pid_platform.sharding.tasks.records import STAGED, BucketStaging, get_doc
+from pid_platform.sharding.tasks.records import STAGED, bucket_staging, get_doc
 
 STAGED_NAME = "staged.json"
 STAGING_NAME = "staging.json"  # a plan began staging (``stage_plan_state``)
@@ -134,7 +134,7 @@ def rel(*parts: str) -> str:
 
 
 def shard_marker(plan: Shard) -> str:
-    """The staged marker of a shard a write task has sent (a ``BucketStaging`` name)."""
+    """The staged marker of a shard a write task has sent (a ``bucket_staging`` name)."""
     return f"shards/{plan.bucket or '_flat'}/{plan.index:06d}.json"
 
 
@@ -146,7 +146,7 @@ def push_files(output: S3Output, folder: Path, names: tuple[str, ...], under: st
     """``folder``'s files among ``names`` to ``staged/<under>/``; name -> sha256 of each sent."""
     sent = {n: _sha(folder / n) for n in names if (folder / n).is_file()}
     for n in sorted(sent):
-        BucketStaging(output).put(f"{under}/{n}", folder / n, what)
+        bucket_staging(output).put(f"{under}/{n}", folder / n, what)
     return sent
 
 
@@ -158,7 +158,7 @@ def pull_files(output: S3Output, files: dict[str, str], under: str, folder: Path
         path = folder / name
         if path.is_file() and _sha(path) == sha:
             continue
-        data = BucketStaging(output).get(f"{under}/{name}")
+        data = bucket_staging(output).get(f"{under}/{name}")
         if data is None or hashlib.sha256(data).hexdigest() != sha:
             raise StagedStateError(
                 f"{output}/{rel(under, name)}: missing, or not the file {output}/{rel(named_by)} names (another "
@@ -248,7 +248,7 @@ def stage_plan_state(output: S3Output, folder: Path, source: str, seen: SeenPoin
     # First a mark that a plan is being staged (so a plan killed from here on leaves ``staged/``
     # not empty: the tasks refuse rather than find the output up to date), then the replaced
     # plan's staged.json goes, so no task takes the new files for it.
-    store = BucketStaging(output)
+    store = bucket_staging(output)
     store.put(STAGING_NAME, json.dumps({"format": STAGED_FORMAT}).encode(), "staging the plan")
     store.delete(STAGED_NAME)
     state = push_files(output, state_dir(folder), SHARED_STATE, "state", "staging the plan")
@@ -337,7 +337,7 @@ class _PlanReads:
 def push_intake(output: S3Output, staging: Path) -> None:
     """The samples an intake staged in ``staging`` (its ``INTAKE_STATE``), for a plan on another
     machine; any plan staged before is stale now and goes first."""
-    store = BucketStaging(output)
+    store = bucket_staging(output)
     store.delete(STAGED_NAME, INTAKE_NAME)
     sent = push_files(output, state_dir(staging), INTAKE_STATE, "intake", "staging the intake")
     store.put(INTAKE_NAME, json.dumps({"format": STAGED_FORMAT, "files": sent}, sort_keys=True).encode(),
@@ -346,7 +346,7 @@ def push_intake(output: S3Output, staging: Path) -> None:
 
 def staged_intake(output: S3Output) -> dict[str, str] | None:
     """The files of the intake staged in the bucket (name -> sha256); None when none is."""
-    doc = get_doc(BucketStaging(output), INTAKE_NAME)
+    doc = get_doc(bucket_staging(output), INTAKE_NAME)
     if doc is None or doc.get("format") != STAGED_FORMAT or not isinstance(doc.get("files"), dict):
         return None
     return dict(doc["files"])
@@ -456,7 +456,7 @@ def shard_homes(staged: Staged, plan: Shard, key_index_bytes: object) -> dict[st
 
 
 def delete_staged(output: S3Output) -> None:
-    BucketStaging(output).delete(STAGED_NAME, INTAKE_NAME)  # first: no task takes the rest
+    bucket_staging(output).delete(STAGED_NAME, INTAKE_NAME)  # first: no task takes the rest
     store = output.store()
     store.delete_many(o.key for o in store.list(output.key(STAGED) + "/"))
 

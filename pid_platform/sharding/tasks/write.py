@@ -62,7 +62,7 @@ from pid_platform.sharding.tasks.outcomes import (
 from pid_platform.sharding.tasks.published import current_manifests
 from pid_platform.sharding.tasks.records import (
     WRITE,
-    BucketStaging,
+    bucket_staging,
     get_doc,
     read_record,
     record_name,
@@ -105,19 +105,24 @@ def staged_results(staging: Path, *, plans: list[ShardRef] | None = None,
 
 
 def run_write_task(
-    store: SourceStore, source: str, out: Path, index: int, of: int, *, num_workers: int = 1,
+    store: SourceStore, source: str, out: Path | S3Output, index: int, of: int, *, num_workers: int = 1,
     progress: Callable[[int, int], None] | None = None, key_indexes: bool = True,
+    work_root: str | Path | None = None, repair: bool = False,
 ) -> TaskOutcome:
     """Write task ``index`` of ``of``: its range of the staged plan's shards, then its record.
     ``progress(done, total)`` after each of its shards is in place. ``key_indexes``: also each
-    shard's key index (the Dagster assets leave them to ``key_indexes``, after the blocking
-    checks on the tars).
+    shard's key index (the Dagster assets leave a folder's to ``key_indexes``, after the blocking
+    checks on the tars; a bucket's task checks and sends each shard's, where its bytes are).
+    For a bucket: ``write_into_bucket`` (``work_root``, ``repair``).
 
     Takes no build lock: the write tasks of one plan run side by side, each writing only its own
     shards' files (and clearing only their temporary leftovers). Start them after the plan and
     finish them before the commit, which hold the lock.
     """
     check_task(index, of)
+    if isinstance(out, S3Output):
+        return write_into_bucket(store, source, out, index, of, work_root=work_root, num_workers=num_workers,
+                                 progress=progress, repair=repair)
     out = Path(out)
     found = staged_folder_plan(out, f"write task {index} of {of}")
     if found is None:
@@ -243,15 +248,15 @@ def _shard_problems(folder: Path, plan: ShardPlan, config: ShardingConfig,
     }
 
 
-def run_s3_write_task(
+def write_into_bucket(
     store: SourceStore, source: str, output: S3Output, index: int, of: int, *, work_root: str | Path | None = None,
     num_workers: int = 1, progress: Callable[[int, int], None] | None = None, repair: bool = False,
 ) -> TaskOutcome:
     """Write task ``index`` of ``of`` of the plan staged in the bucket: its shards' tars and key
     indexes into ``versions/<id>/``, shard by shard, then its record. ``repair``: each tar of
     the served version is read back, and sent again where its sha256 is not its manifest's."""
-    slice_bounds(0, index, of)  # raises ValueError naming the range
-    kept = BucketStaging(output)
+    check_task(index, of)
+    kept = bucket_staging(output)
     staged = staged_or_refuse(output, f"write task {index} of {of}")
     if staged is None:
         return TaskOutcome(WRITE, index, of, kept.url(record_name(WRITE, index, of)), True, nothing_staged=True)
