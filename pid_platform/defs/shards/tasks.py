@@ -62,9 +62,9 @@ from pid_platform.sharding.plan.plan_files import PLAN
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.tasks.commit import staged_shards
 from pid_platform.sharding.tasks.outcomes import TaskOrderError, TasksUnfinishedError, Unfinished
-from pid_platform.sharding.tasks.plan import pull_staged_intake, stage_plan, stage_plan_in_bucket
+from pid_platform.sharding.tasks.plan import stage_plan, stage_plan_in_bucket
 from pid_platform.sharding.tasks.published import pull_committed_intake
-from pid_platform.sharding.tasks.staging import INTAKE_STATE
+from pid_platform.sharding.tasks.staging import INTAKE_STATE, pull_staged_intake
 from pid_platform.sharding.tasks.write import (
     run_write_task,
     staged_results,

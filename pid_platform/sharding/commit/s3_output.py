@@ -156,14 +156,6 @@ def get_bytes(output: S3Output, rel: str) -> bytes | None:
         raise BuildError(str(exc)) from None
 
 
-def put_bytes(output: S3Output, rel: str, data: bytes | Path, what: str) -> None:
-    """``data`` (bytes or a local file) as the object at ``output/rel``, for ``what``."""
-    try:
-        output.store().put(output.key(rel), data)
-    except S3AccessError as exc:
-        raise BuildError(f"{exc} ({what}; nothing was published)") from None
-
-
 def read_pointer(output: S3Output) -> VersionPointer | None:
     return read_pointer_tagged(output)[0]
 

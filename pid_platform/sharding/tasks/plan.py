@@ -263,23 +263,29 @@ def seen_pointer(output: S3Output) -> SeenPointer:
     return SeenPointer(pointer.version if pointer else None, etag)
 
 
-def _stage_in_bucket(output: S3Output, folder: Path, source: str, staged_id: str,
-                     in_place: InPlace | None, seen: SeenPointer) -> Staged:
-    """The plan of ``folder`` (version id ``staged_id``: a digest of the plan, computed once),
-    cut against the pointer ``seen``, staged for the write tasks; published in place when
-    ``in_place`` (its ``MARKER`` first, before any task puts a tar into another version's
-    folder). A plan that lost the build lease (stalled past its TTL while another build took
-    it) stops here and before ``staged.json``, staging nothing a task would take; earlier write
-    records go (this plan's tasks report what they did themselves)."""
+def _stage_in_bucket(output: S3Output, folder: Path, source: str, seen: SeenPointer,
+                     config: ShardingConfig | None = None) -> Staged | None:
+    """The plan of ``folder`` (its version id: a digest of the plan, computed once), cut against
+    the pointer ``seen``, staged for the write tasks; published in place when it only adds
+    modalities (``in_place_of``: its ``MARKER`` first, before any task puts a tar into another
+    version's folder). ``config``: None (nothing staged) when the pointer already serves this
+    plan's version whole (``already_served``). A plan that lost the build lease (stalled past its
+    TTL while another build took it) stops here and before ``staged.json``, staging nothing a
+    task would take; earlier write records go (this plan's tasks report what they did themselves)."""
+    staged_id = s3_output.version_id(folder)
+    in_place = in_place_of(output, folder, staged_id)
+    vid, uses = published_as(staged_id, in_place)
+    if config is not None and already_served(output, folder, vid, uses, config):
+        delete_staged(output)
+        return None
     pause_point(PLAN_BEFORE_STAGING_POINT)
     check_held(output)  # before the first object of the staging changes
     clear_records(bucket_staging(output), WRITE)
-    vid, _uses = published_as(staged_id, in_place)
     if in_place is None:
         return staging.stage_plan_state(output, folder, source, seen, version=vid,
                                         before_marker=lambda: check_held(output))
     if in_place.placed and s3_output.get_bytes(output, f"{version_dir(vid)}/{MARKER}") is None:
-        s3_output.put_bytes(output, f"{version_dir(vid)}/{MARKER}", in_place.marker(), "staging the plan")
+        bucket_staging(output, "").put(f"{version_dir(vid)}/{MARKER}", in_place.marker(), "staging the plan")
     return staging.stage_plan_state(output, folder, source, seen, version=vid, base=in_place.base,
                                     reused=load_plan_cut(folder).reused_modalities,
                                     before_marker=lambda: check_held(output))
@@ -302,33 +308,17 @@ def plan_in_bucket(
         committed = pull_committed_plan(output, scratch_dir(output, work_root, "committed"))
         plan = plan_in_folder(store, source, work, config, trust_pickle=trust_pickle, num_workers=num_workers,
                               force=force, validate=validate, revalidate=revalidate, committed=committed)
-        folder = final_dir(work) if plan.up_to_date else versions.staging_dir(work)
-        staged_id = s3_output.version_id(folder)
-        in_place = in_place_of(output, folder, staged_id)
-        vid, uses = published_as(staged_id, in_place)
         if committed is not None:
             shutil.rmtree(committed, ignore_errors=True)
-        if not repair and already_served(output, folder, vid, uses, config):
-            delete_staged(output)
-            return replace(plan, up_to_date=True, version=None)
-        return replace(plan, up_to_date=False,
-                       version=_stage_in_bucket(output, folder, source, staged_id, in_place, seen).version)
-
-
-def pull_staged_intake(output: S3Output, work: Path) -> bool:
-    """The samples ``sample_set`` staged in the bucket, into this machine's staging of the build
-    (so the Dagster ``plan`` step cuts them wherever it runs); False when none are staged."""
-    files = staging.staged_intake(output)
-    if files is None:
-        return False
-    staging.pull_intake(output, files, versions.begin(work, first_step=True))
-    return True
+        folder = final_dir(work) if plan.up_to_date else versions.staging_dir(work)
+        staged = _stage_in_bucket(output, folder, source, seen, None if repair else config)
+        return replace(plan, up_to_date=staged is None, version=staged.version if staged else None)
 
 
 def stage_plan_in_bucket(store: SourceStore, source: str, output: S3Output, work: Path,
                          config: ShardingConfig) -> tuple[list[ShardRef], str]:
     """The Dagster ``plan`` step of an s3 output: the samples staged in this machine's work
-    folder (``pull_staged_intake``, or the committed ones copied there), cut with ``config``
+    folder (``staging.pull_staged_intake``, or the committed ones copied there), cut with ``config``
     and staged in the bucket for the write tasks; ``(shards, version)``. Earlier write records
     are forgotten, so this run's tasks report what they did themselves (every shard still in
     the bucket is kept). It holds the build lease as ``pid-shard plan`` does, and checks it right
@@ -339,7 +329,4 @@ def stage_plan_in_bucket(store: SourceStore, source: str, output: S3Output, work
         plans = stage_plan(store, source, work, config, fresh_tasks=True, committed=committed)
         if committed is not None:
             shutil.rmtree(committed, ignore_errors=True)
-        folder = versions.staging_dir(work)
-        staged_id = s3_output.version_id(folder)
-        in_place = in_place_of(output, folder, staged_id)
-        return plans, _stage_in_bucket(output, folder, source, staged_id, in_place, seen).version
+        return plans, _stage_in_bucket(output, versions.staging_dir(work), source, seen).version

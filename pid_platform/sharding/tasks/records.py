@@ -73,9 +73,10 @@ def folder_staging(folder: Path) -> Staging:
     return Staging(LocalObjects(state_dir(folder)))
 
 
-def bucket_staging(output: S3Output) -> Staging:
-    """The staging of ``output`` in its bucket (``<output>/.pid-build/staged/<name>``)."""
-    return Staging(output.store(), output.key(STAGED))
+def bucket_staging(output: S3Output, under: str = STAGED) -> Staging:
+    """The staging of ``output`` in its bucket (``<output>/.pid-build/staged/<name>``; ``under``
+    "": the output's own objects)."""
+    return Staging(output.store(), output.key(under))
 
 
 def staging_of(where: Path | Staging) -> Staging:

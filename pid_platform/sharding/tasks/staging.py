@@ -344,17 +344,15 @@ def push_intake(output: S3Output, staging: Path) -> None:
         "staging the intake")
 
 
-def staged_intake(output: S3Output) -> dict[str, str] | None:
-    """The files of the intake staged in the bucket (name -> sha256); None when none is."""
+def pull_staged_intake(output: S3Output, work: Path) -> bool:
+    """The samples ``sample_set`` staged in the bucket (``push_intake``), into this machine's
+    staging of the build (so the Dagster ``plan`` step cuts them wherever it runs); False when
+    none are staged."""
     doc = get_doc(bucket_staging(output), INTAKE_NAME)
     if doc is None or doc.get("format") != STAGED_FORMAT or not isinstance(doc.get("files"), dict):
-        return None
-    return dict(doc["files"])
-
-
-def pull_intake(output: S3Output, files: dict[str, str], staging: Path) -> None:
-    """The intake staged in the bucket (``staged_intake``) into ``staging``'s state folder."""
-    pull_files(output, files, "intake", state_dir(staging), INTAKE_NAME)
+        return False
+    pull_files(output, dict(doc["files"]), "intake", state_dir(versions.begin(work, first_step=True)), INTAKE_NAME)
+    return True
 
 
 @dataclass
