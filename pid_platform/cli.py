@@ -32,16 +32,14 @@ from pid_platform.sharding.pipeline import BuildSummary, refuse_roots_on_s3
 from pid_platform.sharding.plan.shard_plan import MISSING_KEYS_CHOICES, RESHARD, ShardingConfig
 from pid_platform.sharding.run_hold import refuse_if_held
 from pid_platform.sharding.storage import SourceStore, open_source_store
-from pid_platform.sharding.tasks.commit import run_commit, run_s3_commit
+from pid_platform.sharding.tasks.commit import run_commit
 from pid_platform.sharding.tasks.outcomes import TaskOutcome
 from pid_platform.sharding.tasks.plan import (
     run_intake_task,
     run_plan,
-    run_s3_intake_task,
-    run_s3_plan,
 )
-from pid_platform.sharding.tasks.run import run_build, run_s3_build
-from pid_platform.sharding.tasks.write import run_s3_write_task, run_write_task
+from pid_platform.sharding.tasks.run import run_build
+from pid_platform.sharding.tasks.write import run_write_task
 
 EXIT_BUILD_ERROR = 2  # argparse also exits 2 on bad arguments: "your input is wrong"
 MAX_EXAMPLES_SHOWN = 3
@@ -272,21 +270,11 @@ def run_shard(args: argparse.Namespace, root: str, source: str) -> BuildSummary:
     store: SourceStore = open_source_store(root, endpoint_url=args.s3_endpoint_url)
     progress = _ShardProgress()
     try:
-        if is_s3_url(args.output_dir):
-            # The tasked build in one process: the plan, write task 0 of 1, the commit.
-            output = S3Output(args.output_dir, S3Settings(endpoint_url=args.s3_endpoint_url))
-            check_writable(output)  # an unreachable or refused bucket stops before any work
-            refuse_roots_on_s3(args.manifest_root, output)
-            return run_s3_build(
-                store, source, output, config, work_root=args.work_dir, trust_pickle=args.trust_pickle,
-                num_workers=args.num_workers, force=args.force, validate=args.validate,
-                revalidate=args.revalidate, repair=args.repair, progress=progress)
-        # The same, for a folder: the plan, write task 0 of 1, the commit.
+        # The tasked build in one process: the plan, write task 0 of 1, the commit.
         return run_build(
-            store, source, Path(urls.without_file_scheme(args.output_dir)), config, num_workers=args.num_workers,
-            trust_pickle=args.trust_pickle, progress=progress, force=args.force, validate=args.validate,
-            revalidate=args.revalidate, manifest_root=args.manifest_root, repair=args.repair,
-        )
+            store, source, _output_of(args), config, num_workers=args.num_workers, trust_pickle=args.trust_pickle,
+            progress=progress, force=args.force, validate=args.validate, revalidate=args.revalidate,
+            manifest_root=args.manifest_root, repair=args.repair, work_root=args.work_dir)
     finally:
         progress.close()
 
@@ -303,34 +291,54 @@ def _config_of(args: argparse.Namespace) -> ShardingConfig:
     )
 
 
+def _output_of(args: argparse.Namespace) -> Path | S3Output:
+    """``--output-dir``: a folder, or an s3 output whose bucket took a write (an unreachable or
+    refused bucket stops before any work)."""
+    if not is_s3_url(args.output_dir):
+        return Path(urls.without_file_scheme(args.output_dir))
+    output = S3Output(args.output_dir, S3Settings(endpoint_url=args.s3_endpoint_url))
+    check_writable(output)
+    refuse_roots_on_s3(args.manifest_root, output)
+    return output
+
+
 def _run_task_command(command: str, args: argparse.Namespace, root: str | None, source: str | None) -> str:
-    """Run one stage of the tasked build; return what to print."""
-    out = Path(urls.without_file_scheme(args.output_dir))
+    """Run one stage of the tasked build (``sharding/tasks/``: for an s3 output the tasks meet in
+    the bucket, each in a work folder of its own machine); return what to print."""
+    out = _output_of(args)
+    on_s3 = isinstance(out, S3Output)
     if command == "task":
-        refuse_if_held(out)  # a task takes no lock (they run side by side); a Dagster run's hold stops it
+        refuse_if_held(out)  # a task takes no lock or lease (they run side by side); a Dagster run's hold stops it
     if command == "commit":
-        return format_summary(run_commit(out, num_workers=args.num_workers, manifest_root=args.manifest_root))
+        summary = run_commit(out, num_workers=args.num_workers, manifest_root=args.manifest_root,
+                             work_root=args.work_dir)
+        if summary is None:
+            pointer = read_pointer(out)
+            return (f"pid-shard commit: {out}: nothing staged (the plan found version "
+                    f"{pointer.version if pointer else '(none)'} up to date); nothing to do")
+        return format_summary(summary)
     assert root is not None and source is not None
-    check_output_apart(root, source, out)
+    check_output_apart(root, source, args.output_dir if on_s3 else out)
     store = open_source_store(root, endpoint_url=args.s3_endpoint_url)
+    settings = dict(num_workers=args.num_workers, work_root=args.work_dir)
     if command == "plan":
-        plan = run_plan(store, source, out, _config_of(args), trust_pickle=args.trust_pickle,
-                        num_workers=args.num_workers, force=args.force, validate=args.validate,
-                        revalidate=args.revalidate, repair=args.repair)
+        plan = run_plan(store, source, out, _config_of(args), trust_pickle=args.trust_pickle, force=args.force,
+                        validate=args.validate, revalidate=args.revalidate, repair=args.repair, **settings)
         head = (f"pid-shard plan: source {source!r} -> {out}: {plan.samples} samples, {plan.shards} shards "
                 f"in {len(plan.buckets)} buckets (files validated: {plan.files_validated}  "
                 f"outcomes reused: {plan.outcomes_reused})")
         if plan.up_to_date:
-            return (f"{head}\n  up to date: the committed build is what this one would publish; nothing staged "
-                    "(the tasks and the commit have nothing to do)")
-        return (f"{head}\n  staged; next: `pid-shard task --index I --of N ...` for I = 0 .. N-1 (any N up to "
-                f"{plan.shards}), then `pid-shard commit --output-dir {out}`")
+            return f"{head}\n  up to date: {out} already serves the version this plan builds; nothing staged" \
+                if on_s3 else (f"{head}\n  up to date: the committed build is what this one would publish; nothing "
+                               "staged (the tasks and the commit have nothing to do)")
+        return (f"{head}\n  staged{f' as version {plan.version} in the bucket' if on_s3 else ''}; next: `pid-shard "
+                f"task --index I --of N ...` for I = 0 .. N-1 (any N up to {plan.shards}"
+                f"{', on any machines' if on_s3 else ''}), then `pid-shard commit --output-dir {out}`")
     if args.stage == "intake":
         res = run_intake_task(store, source, out, args.index, args.of, trust_pickle=args.trust_pickle,
-                              num_workers=args.num_workers, validate=args.validate, revalidate=args.revalidate,
-                              force=args.force)
+                              validate=args.validate, revalidate=args.revalidate, force=args.force, **settings)
     else:
-        res = run_write_task(store, source, out, args.index, args.of, num_workers=args.num_workers)
+        res = run_write_task(store, source, out, args.index, args.of, **settings)
     return _task_outcome_text(res, str(out))
 
 
@@ -350,45 +358,6 @@ def _task_outcome_text(res: TaskOutcome, out: str) -> str:
     if res.already_done:
         return f"{head}: {what}: already done (completion record {res.record}); nothing to do"
     return f"{head}: {what}: {did}; completion record {res.record}"
-
-
-def _run_s3_task_command(command: str, args: argparse.Namespace, root: str | None, source: str | None) -> str:
-    """One stage of the tasked build of an ``s3://`` output (``sharding/tasks/``, meeting in the bucket): the tasks
-    meet in the bucket, each in a work folder of its own machine."""
-    output = S3Output(args.output_dir, S3Settings(endpoint_url=args.s3_endpoint_url))
-    check_writable(output)  # an unreachable or refused bucket stops before any work
-    if command == "task":
-        refuse_if_held(output)  # a task takes no lease (they run side by side); a Dagster run's hold stops it
-    if command == "commit":
-        summary = run_s3_commit(output, work_root=args.work_dir, num_workers=args.num_workers)
-        if summary is None:
-            pointer = read_pointer(output)
-            return (f"pid-shard commit: {output}: nothing staged (the plan found version "
-                    f"{pointer.version if pointer else '(none)'} up to date); nothing to do")
-        return format_summary(summary)
-    assert root is not None and source is not None
-    check_output_apart(root, source, args.output_dir)
-    store = open_source_store(root, endpoint_url=args.s3_endpoint_url)
-    if command == "plan":
-        plan, vid = run_s3_plan(store, source, output, _config_of(args), work_root=args.work_dir,
-                                trust_pickle=args.trust_pickle, num_workers=args.num_workers, force=args.force,
-                                validate=args.validate, revalidate=args.revalidate)
-        head = (f"pid-shard plan: source {source!r} -> {output}: {plan.samples} samples, {plan.shards} shards "
-                f"in {len(plan.buckets)} buckets (files validated: {plan.files_validated}  "
-                f"outcomes reused: {plan.outcomes_reused})")
-        if vid is None:
-            return f"{head}\n  up to date: {output} already serves the version this plan builds; nothing staged"
-        return (f"{head}\n  staged as version {vid} in the bucket; next: `pid-shard task --index I --of N ...` for "
-                f"I = 0 .. N-1 (any N up to {plan.shards}, on any machines), then `pid-shard commit --output-dir "
-                f"{output}`")
-    if args.stage == "intake":
-        res = run_s3_intake_task(store, source, output, args.index, args.of, work_root=args.work_dir,
-                                 trust_pickle=args.trust_pickle, num_workers=args.num_workers,
-                                 validate=args.validate, revalidate=args.revalidate, force=args.force)
-    else:
-        res = run_s3_write_task(store, source, output, args.index, args.of, work_root=args.work_dir,
-                                num_workers=args.num_workers)
-    return _task_outcome_text(res, str(output))
 
 
 def task_main(command: str, argv: Sequence[str]) -> int:
@@ -416,8 +385,7 @@ def task_main(command: str, argv: Sequence[str]) -> int:
                              f"got --index {args.index} --of {args.of}")
     except ValueError as exc:
         parser.error(str(exc))
-    run = _run_s3_task_command if on_s3 else _run_task_command
-    return run_and_print(f"pid-shard {command}", "the task", lambda: run(command, args, root, source))
+    return run_and_print(f"pid-shard {command}", "the task", lambda: _run_task_command(command, args, root, source))
 
 
 def shard_main(argv: Sequence[str] | None = None) -> int:

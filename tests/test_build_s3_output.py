@@ -98,7 +98,7 @@ KILL_BEFORE_SWITCH = textwrap.dedent("""
     from pid_platform.sharding.plan.shard_plan import ShardingConfig
     from pid_platform.sharding.commit.s3_output import S3Output
     from pid_platform.sharding.storage import LocalSourceStore
-    from pid_platform.sharding.tasks.run import run_s3_build
+    from pid_platform.sharding.tasks.run import run_build
 
     raw, work, url = sys.argv[1:4]
     # Every tar, key index and manifest of the new version is up; the process dies at the pause
@@ -112,8 +112,8 @@ KILL_BEFORE_SWITCH = textwrap.dedent("""
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=die, daemon=True).start()
-    run_s3_build(LocalSourceStore(raw), "photos", S3Output(url),
-                 ShardingConfig(max_shard_size_mb=0.25, classify_aspect_ratio=False), work_root=work)
+    run_build(LocalSourceStore(raw), "photos", S3Output(url),
+              ShardingConfig(max_shard_size_mb=0.25, classify_aspect_ratio=False), work_root=work)
 """)
 
 

@@ -62,11 +62,10 @@ from pid_platform.sharding.plan.plan_files import PLAN
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.tasks.commit import staged_shards
 from pid_platform.sharding.tasks.outcomes import TaskOrderError, TasksUnfinishedError, Unfinished
-from pid_platform.sharding.tasks.plan import pull_staged_intake, stage_plan, stage_plan_in_bucket
+from pid_platform.sharding.tasks.plan import stage_plan, stage_plan_in_bucket
 from pid_platform.sharding.tasks.published import pull_committed_intake
-from pid_platform.sharding.tasks.staging import INTAKE_STATE
+from pid_platform.sharding.tasks.staging import INTAKE_STATE, pull_staged_intake
 from pid_platform.sharding.tasks.write import (
-    run_s3_write_task,
     run_write_task,
     staged_results,
     unfinished_write_tasks,
@@ -243,9 +242,9 @@ def write_task(
             if target is not None:
                 # Into the bucket, shard by shard; each shard's checks and key index are done here,
                 # where its bytes are (the later steps read what this task recorded).
-                outcome = run_s3_write_task(source_store.open(), source, target, index, of,
-                                            work_root=source_store.work_root or None, num_workers=sharding.num_workers,
-                                            progress=progress)
+                outcome = run_write_task(source_store.open(), source, target, index, of,
+                                        work_root=source_store.work_root or None, num_workers=sharding.num_workers,
+                                        progress=progress)
             else:
                 # Key indexes stay key_indexes' job, after the blocking checks on these tars.
                 outcome = run_write_task(source_store.open(), source, out, index, of, num_workers=sharding.num_workers,

@@ -41,28 +41,22 @@ from pid_platform.sharding.commit.s3_output import (
     PublishRaceError,
     S3Output,
 )
-from pid_platform.sharding.commit.state import (
-    REPORT,
-    load_intake_settings,
-    state_dir,
-)
 from pid_platform.sharding.errors import BuildError
-from pid_platform.sharding.intake.file_checks import VALIDATE_FULL
 from pid_platform.sharding.layout import STATE_DIR, final_dir
 from pid_platform.sharding.pause_points import pause_point
 from pid_platform.sharding.plan.add_modality import load_plan_cut
 from pid_platform.sharding.plan.columnar import Shard, ShardRef
 from pid_platform.sharding.plan.plan_files import load_shards
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
-from pid_platform.sharding.state_doc import load_state_doc
 from pid_platform.sharding.tasks import staging
 from pid_platform.sharding.tasks.outcomes import (
     TasksUnfinishedError,
     Unfinished,
-    report_from_json,
+    report_of,
     spans_text,
     validate_of,
 )
+from pid_platform.sharding.tasks.records import WRITE, bucket_staging, records
 from pid_platform.sharding.tasks.staging import (
     STAGED_NAME,
     Staged,
@@ -77,8 +71,27 @@ from pid_platform.sharding.tasks.write import KEY_INDEX, staged_results, unfinis
 from pid_platform.sharding.write.tars import ShardResult
 
 
+def run_commit(out: Path | S3Output, *, num_workers: int = 1, manifest_root: str = "relative",
+               work_root: str | Path | None = None) -> pipeline.BuildSummary | None:
+    """Commit the staged plan of ``out`` once every write task is done: its manifests, then the
+    output's switch: a folder's swap (``commit_folder``), or a bucket's conditional pointer
+    write (``commit_staged``; None when nothing is staged over a published version)."""
+    if not isinstance(out, S3Output):
+        return commit_folder(out, num_workers=num_workers, manifest_root=manifest_root)
+    done = commit_staged(out, work_root=work_root, num_workers=num_workers)
+    if done is None:
+        return None
+    folder = done.shards.folder
+    summary = pipeline.BuildSummary(done.shards.staged.source, folder, report_of(folder),
+                                    pipeline.summarize(done.shards.results()), [m.path for m in done.manifests], [],
+                                    validate_of(folder), up_to_date=done.published.unchanged,
+                                    published=done.published.url)
+    shutil.rmtree(folder, ignore_errors=True)
+    return summary
+
+
 @pipeline.build_step
-def run_commit(out: Path, *, num_workers: int = 1, manifest_root: str = "relative") -> pipeline.BuildSummary:
+def commit_folder(out: Path, *, num_workers: int = 1, manifest_root: str = "relative") -> pipeline.BuildSummary:
     """Commit the staged plan of ``out`` once every write task is done: manifests, state, swap.
 
     Refuses (``TasksUnfinishedError``, naming the tasks) while any shard lacks a finished task.
@@ -91,7 +104,7 @@ def run_commit(out: Path, *, num_workers: int = 1, manifest_root: str = "relativ
     if found is None:
         final = final_dir(out)
         rewrite_manifest_roots(out, manifest_root)
-        report = report_from_json(load_state_doc((state_dir(final) / REPORT).read_bytes(), state_dir(final) / REPORT))
+        report = report_of(final)
         results, manifests = pipeline.committed_results(out)
         return pipeline.BuildSummary(report.source, out, report, pipeline.summarize(results), manifests, [],
                                      validate_of(final), up_to_date=True)
@@ -101,7 +114,7 @@ def run_commit(out: Path, *, num_workers: int = 1, manifest_root: str = "relativ
     problem = unfinished_write_tasks(out, plans=plans)
     if problem is not None:
         raise TasksUnfinishedError(f"commit of {out}: {problem}")
-    report = report_from_json(load_state_doc((state_dir(staging) / REPORT).read_bytes(), state_dir(staging) / REPORT))
+    report = report_of(staging)
     _config, _plans, results = staged_results(staging, plans=plans)
     validate = validate_of(staging)
     _, manifests, removed = pipeline.run_manifests(out, report.source, num_workers=num_workers,
@@ -166,7 +179,8 @@ def staged_shards(output: S3Output, work_root: str | Path | None, what: str,
     with staging.staged_plan(output, staged, folder) as plan:
         plans = load_shards(folder, config, plan)
     return StagedShards(staged, folder, config, plans,
-                        staging.coverage(plans, staging.write_records(output, staged.plan_sha256)))
+                        staging.coverage(plans, [r for r in records(bucket_staging(output), WRITE)
+                                                 if r.get("plan_sha256") == staged.plan_sha256]))
 
 
 @dataclass
@@ -258,22 +272,6 @@ def refuse_altered_records(output: S3Output, shards: StagedShards, threads: int 
                 raise staging.StagedStateError(problem)
 
 
-def run_s3_commit(output: S3Output, *, work_root: str | Path | None = None, num_workers: int = 1,
-                  now: Callable[[], float] = time.time) -> pipeline.BuildSummary | None:
-    """``pid-shard commit`` of an s3 output (``commit_staged``), summed up as the build's summary."""
-    done = commit_staged(output, work_root=work_root, num_workers=num_workers, now=now)
-    if done is None:
-        return None
-    folder = done.shards.folder
-    report = report_from_json(load_state_doc((state_dir(folder) / REPORT).read_bytes(), state_dir(folder) / REPORT))
-    validate = (load_intake_settings(folder) or {}).get("validate", VALIDATE_FULL)
-    summary = pipeline.BuildSummary(done.shards.staged.source, folder, report, pipeline.summarize(done.shards.results()),
-                                    [m.path for m in done.manifests], [], validate,
-                                    up_to_date=done.published.unchanged, published=done.published.url)
-    shutil.rmtree(folder, ignore_errors=True)
-    return summary
-
-
 def _publish(output: S3Output, staged: Staged, bodies: dict[str, bytes | Path], manifest_rels: list[str],
              expected: dict[str, dict[str, int]], now: Callable[[], float],
              copies: list[str] = ()) -> PublishedVersion:
@@ -290,7 +288,7 @@ def _publish(output: S3Output, staged: Staged, bodies: dict[str, bytes | Path], 
     check_held(output, vid)
     with s3_output.publish_claims(output, {vid}, now=now, holder=holder) as (claim,):
         for r, body in bodies.items():
-            staging.put(output, f"{version_dir(vid)}/{r}", body, "the commit")
+            bucket_staging(output, "").put(f"{version_dir(vid)}/{r}", body, "the commit")
             result.uploaded += 1
         if copies:
             bucket = output.store()

@@ -8,13 +8,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pid_platform.sharding.commit.state import load_intake_settings
+from pid_platform.sharding.commit.state import REPORT, load_intake_settings, state_dir
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.intake.file_checks import VALIDATE_FULL
 from pid_platform.sharding.intake.task import (
     IntakeReport,
     slice_bounds,
 )
+from pid_platform.sharding.state_doc import load_state_doc
 
 # Held (PID_PAUSE_AT) once a write task has put one shard's outputs in place: tests kill it there.
 SHARD_DONE_POINT = "write-task:shard-done"
@@ -61,7 +62,7 @@ class TaskOutcome:
     stage: str
     index: int
     of: int
-    record: Path
+    record: str  # where its completion record is (a path, or an s3:// URL)
     already_done: bool  # the record was there: nothing was read or written
     items: int = 0  # samples (intake) or shards (write) in the task's slice
     first: int = 0  # position of its first shard (write; an intake slice is not contiguous)
@@ -84,6 +85,7 @@ class PlanOutcome:
     outcomes_reused: int = 0
     buckets: dict[str, int] = field(default_factory=dict)  # bucket -> shards
     damaged_shards: int = 0  # with ``repair``: committed shards whose tars were missing or damaged
+    version: str | None = None  # an s3 output's: the version staged in the bucket (None: nothing staged)
 
 
 # In a write record: the plan it wrote shards of (``plan_files.shards_identity``).
@@ -105,8 +107,9 @@ def spans_text(positions: list[int]) -> str:
     return ", ".join(spans)
 
 
-def report_from_json(doc: dict) -> IntakeReport:
-    """The intake report a plan staged (``intake_report.json``), for the commit's summary."""
+def report_of(folder: Path) -> IntakeReport:
+    """The intake report a plan staged in ``folder`` (``intake_report.json``), for the commit's summary."""
+    doc = load_state_doc((state_dir(folder) / REPORT).read_bytes(), state_dir(folder) / REPORT)
     return IntakeReport(
         doc["source"], modalities=list(doc["modalities"]), empty_modalities=list(doc["empty_modalities"]),
         image_modality=doc["image_modality"], files_seen=dict(doc["files_seen"]), orphans=dict(doc["orphans"]),

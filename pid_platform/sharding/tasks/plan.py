@@ -8,7 +8,7 @@
 * plan: the intake over the whole source (every outcome an intake task found is reused, so it
   reads only files no task covered), ``samples.parquet``, the report, then ``plan.parquet``
   and ``sharding.json``, in the staging folder beside a folder output, holding its build lock.
-  For a bucket the same runs in the machine's work folder (``run_plan``), holding the build
+  For a bucket the same runs in the machine's work folder (``plan_in_folder``), holding the build
   lease; then the plan's state goes to ``staged/`` and, last, ``staged.json`` naming the
   version (``s3_output.version_id``: a digest of the plan, known before any tar is written) and
   the pointer the plan saw (``staging.py``). A plan that lost its lease stages nothing. The
@@ -21,6 +21,7 @@ from __future__ import annotations
 import shutil
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from loader.formats.errors import FormatError
@@ -45,7 +46,6 @@ from pid_platform.sharding.plan.columnar import ShardRef
 from pid_platform.sharding.plan.plan_files import load_shards
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.storage import SourceStore
-from pid_platform.sharding.tasks import records as local_records
 from pid_platform.sharding.tasks import staging
 from pid_platform.sharding.tasks.outcomes import PlanOutcome, TaskOutcome, check_task
 from pid_platform.sharding.tasks.published import (
@@ -57,12 +57,13 @@ from pid_platform.sharding.tasks.published import (
 )
 from pid_platform.sharding.tasks.records import (
     INTAKE,
-    RECORD_FORMAT,
     WRITE,
+    bucket_staging,
     clear_records,
+    folder_staging,
+    intake_part_name,
     intake_part_path,
     read_record,
-    record_path,
     write_record,
 )
 from pid_platform.sharding.tasks.staging import (
@@ -76,37 +77,61 @@ from pid_platform.sharding.tasks.staging import (
 
 
 def run_intake_task(
-    store: SourceStore, source: str, out: Path, index: int, of: int, *, trust_pickle: bool = False,
+    store: SourceStore, source: str, out: Path | S3Output, index: int, of: int, *, trust_pickle: bool = False,
     num_workers: int = 1, validate: str = VALIDATE_FULL, revalidate: bool = False, force: bool = False,
-    progress: Callable | None = None,
+    progress: Callable | None = None, work_root: str | Path | None = None,
 ) -> TaskOutcome:
-    """Intake task ``index`` of ``of``: the outcomes of its slice's files, then its record."""
+    """Intake task ``index`` of ``of``: the outcomes of its slice's files, then its record, in
+    the staging of ``out``; for a bucket, worked out in a scratch folder of this machine (in
+    ``work_root``) and staged in the bucket, where the plan finds them."""
     check_task(index, of)
     check_validate_level(validate)
-    staged = versions.staging_dir(out)
+    on_s3 = isinstance(out, S3Output)
+    work = scratch_dir(out, work_root, f"intake-{index}-of-{of}") if on_s3 else Path(out)
+    kept = bucket_staging(out) if on_s3 else folder_staging(versions.staging_dir(work))
     settings = {"validate": validate, "trust_pickle": trust_pickle}
-    rec = read_record(staged, INTAKE, index, of)
+    rec = read_record(kept, INTAKE, index, of)
     if rec is not None and rec.get("settings") == settings and rec.get("slicing") == SLICING:
-        return TaskOutcome(INTAKE, index, of, record_path(staged, INTAKE, index, of), True,
-                           rec.get("samples", 0), nbytes=rec.get("bytes", 0))
-    staging = versions.begin(out, first_step=True, force=force)
-    final = final_dir(out)
-    caches = [state_dir(final) / CACHE_NAME, state_dir(staging) / CACHE_NAME]
+        return TaskOutcome(INTAKE, index, of, rec["path"], True, rec.get("samples", 0), nbytes=rec.get("bytes", 0))
+    if on_s3:
+        shutil.rmtree(work, ignore_errors=True)
+    staging = versions.begin(work, first_step=True, force=force)
+    caches = [state_dir(final_dir(work)) / CACHE_NAME, state_dir(staging) / CACHE_NAME]
     cache = IntakeCache(validate) if revalidate else IntakeCache.load(caches, validate)
     part = intake_slice(store, source, index, of, trust_pickle=trust_pickle, num_workers=num_workers,
                         validate=validate, cache=cache, progress=progress)
     part.outcomes.save(intake_part_path(staging, index, of))
-    path = write_record(staging, INTAKE, index, of, {
+    what = f"intake task {index} of {of}"
+    if on_s3:
+        kept.put(intake_part_name(index, of), intake_part_path(staging, index, of), what)
+    path = write_record(kept, INTAKE, index, of, {
         "settings": settings, "slicing": SLICING, "samples": part.samples, "bytes": part.nbytes,
         "files_validated": part.files_validated, "outcomes_reused": part.outcomes_reused,
         "part": intake_part_path(staging, index, of).name,
-    })
+    }, what)
+    if on_s3:
+        shutil.rmtree(work, ignore_errors=True)
     return TaskOutcome(INTAKE, index, of, path, False, part.samples, 0, part.files_validated,
                        part.outcomes_reused, nbytes=part.nbytes)
 
 
-@pipeline.build_step
 def run_plan(
+    store: SourceStore, source: str, out: Path | S3Output, config: ShardingConfig, *,
+    work_root: str | Path | None = None, trust_pickle: bool = False, num_workers: int = 1, force: bool = False,
+    validate: str = VALIDATE_FULL, revalidate: bool = False, repair: bool = False,
+) -> PlanOutcome:
+    """The plan of a build of ``out``, staged for the write tasks: beside a folder
+    (``plan_in_folder``), or in the bucket (``plan_in_bucket``; its version in
+    ``PlanOutcome.version``, None and ``up_to_date`` when the pointer already serves it)."""
+    settings = dict(trust_pickle=trust_pickle, num_workers=num_workers, force=force, validate=validate,
+                    revalidate=revalidate, repair=repair)
+    if isinstance(out, S3Output):
+        return plan_in_bucket(store, source, out, config, work_root=work_root, **settings)
+    return plan_in_folder(store, source, out, config, **settings)
+
+
+@pipeline.build_step
+def plan_in_folder(
     store: SourceStore, source: str, out: Path, config: ShardingConfig, *, trust_pickle: bool = False,
     num_workers: int = 1, force: bool = False, validate: str = VALIDATE_FULL, revalidate: bool = False,
     progress: Callable | None = None, committed: Path | None = None, repair: bool = False,
@@ -177,43 +202,16 @@ def stage_plan(store: SourceStore, source: str, out: Path, config: ShardingConfi
 PLAN_BEFORE_STAGING_POINT = "s3-plan:before-staging"
 
 
-def run_s3_intake_task(
-    store: SourceStore, source: str, output: S3Output, index: int, of: int, *, work_root: str | Path | None = None,
-    trust_pickle: bool = False, num_workers: int = 1, validate: str = VALIDATE_FULL, revalidate: bool = False,
-    force: bool = False,
-) -> TaskOutcome:
-    """Intake task ``index`` of ``of`` (``run_intake_task``) in a scratch folder of this
-    machine; its outcomes and record then go to the bucket, where the plan finds them."""
-    scratch = scratch_dir(output, work_root, f"intake-{index}-of-{of}")
-    shutil.rmtree(scratch, ignore_errors=True)
-    settings = {"validate": validate, "trust_pickle": trust_pickle}
-    rel = staging.record_rel(INTAKE, index, of)
-    rec = staging.get_json(output, rel)
-    if (rec is not None and rec.get("format") == RECORD_FORMAT and rec.get("settings") == settings
-            and rec.get("slicing") == SLICING):
-        return TaskOutcome(INTAKE, index, of, Path(rel), True, rec.get("samples", 0), nbytes=rec.get("bytes", 0))
-    res = run_intake_task(store, source, scratch, index, of, trust_pickle=trust_pickle, num_workers=num_workers,
-                          validate=validate, revalidate=revalidate, force=force)
-    staged = versions.staging_dir(scratch)
-    part = local_records.intake_part_path(staged, index, of)
-    what = f"intake task {index} of {of}"
-    staging.put(output, staging.rel("tasks", part.name), part, what)
-    staging.put(output, rel, local_records.record_path(staged, INTAKE, index, of).read_bytes(), what)
-    shutil.rmtree(scratch, ignore_errors=True)
-    return TaskOutcome(INTAKE, index, of, Path(rel), False, res.items, 0, res.done, res.reused, nbytes=res.nbytes)
-
-
 def _pull_intake_parts(output: S3Output, work: Path) -> None:
     """Every finished intake task's outcomes, beside this machine's staging of the build."""
-    names = set(staging.names_under(output, staging.rel("tasks")))
+    kept = bucket_staging(output)
+    names = set(kept.names("tasks"))
     for name in sorted(n for n in names if n.startswith(f"{INTAKE}-") and n.endswith(".json")):
         part = name[: -len(".json")] + ".parquet"
-        data = s3_output.get_bytes(output, staging.rel("tasks", part)) if part in names else None
+        data = kept.get(f"tasks/{part}") if part in names else None
         if data is None:
             continue
-        tasks = local_records.tasks_dir(versions.begin(work, first_step=True))
-        tasks.mkdir(parents=True, exist_ok=True)
-        (tasks / part).write_bytes(data)
+        folder_staging(versions.begin(work, first_step=True)).put(f"tasks/{part}", data, "")
 
 
 def already_served(output: S3Output, folder: Path, vid: str, uses: list[str], config: ShardingConfig) -> bool:
@@ -265,70 +263,62 @@ def seen_pointer(output: S3Output) -> SeenPointer:
     return SeenPointer(pointer.version if pointer else None, etag)
 
 
-def _stage_in_bucket(output: S3Output, folder: Path, source: str, staged_id: str,
-                     in_place: InPlace | None, seen: SeenPointer) -> Staged:
-    """The plan of ``folder`` (version id ``staged_id``: a digest of the plan, computed once),
-    cut against the pointer ``seen``, staged for the write tasks; published in place when
-    ``in_place`` (its ``MARKER`` first, before any task puts a tar into another version's
-    folder). A plan that lost the build lease (stalled past its TTL while another build took
-    it) stops here and before ``staged.json``, staging nothing a task would take; earlier write
-    records go (this plan's tasks report what they did themselves)."""
+def _stage_in_bucket(output: S3Output, folder: Path, source: str, seen: SeenPointer,
+                     config: ShardingConfig | None = None) -> Staged | None:
+    """The plan of ``folder`` (its version id: a digest of the plan, computed once), cut against
+    the pointer ``seen``, staged for the write tasks; published in place when it only adds
+    modalities (``in_place_of``: its ``MARKER`` first, before any task puts a tar into another
+    version's folder). ``config``: None (nothing staged) when the pointer already serves this
+    plan's version whole (``already_served``). A plan that lost the build lease (stalled past its
+    TTL while another build took it) stops here and before ``staged.json``, staging nothing a
+    task would take; earlier write records go (this plan's tasks report what they did themselves)."""
+    staged_id = s3_output.version_id(folder)
+    in_place = in_place_of(output, folder, staged_id)
+    vid, uses = published_as(staged_id, in_place)
+    if config is not None and already_served(output, folder, vid, uses, config):
+        delete_staged(output)
+        return None
     pause_point(PLAN_BEFORE_STAGING_POINT)
     check_held(output)  # before the first object of the staging changes
-    staging.clear_write_records(output)
-    vid, _uses = published_as(staged_id, in_place)
+    clear_records(bucket_staging(output), WRITE)
     if in_place is None:
         return staging.stage_plan_state(output, folder, source, seen, version=vid,
                                         before_marker=lambda: check_held(output))
     if in_place.placed and s3_output.get_bytes(output, f"{version_dir(vid)}/{MARKER}") is None:
-        staging.put(output, f"{version_dir(vid)}/{MARKER}", in_place.marker(), "staging the plan")
+        bucket_staging(output, "").put(f"{version_dir(vid)}/{MARKER}", in_place.marker(), "staging the plan")
     return staging.stage_plan_state(output, folder, source, seen, version=vid, base=in_place.base,
                                     reused=load_plan_cut(folder).reused_modalities,
                                     before_marker=lambda: check_held(output))
 
 
-def run_s3_plan(
+def plan_in_bucket(
     store: SourceStore, source: str, output: S3Output, config: ShardingConfig, *, work_root: str | Path | None = None,
     trust_pickle: bool = False, num_workers: int = 1, force: bool = False, validate: str = VALIDATE_FULL,
     revalidate: bool = False, repair: bool = False,
-) -> tuple[PlanOutcome, str | None]:
-    """The plan, staged in the bucket; ``(outcome, version)``, version None when the pointer
-    already names the version this plan builds (nothing staged: the tasks have nothing to do).
-    ``repair``: staged even then, for write tasks that read the served tars back."""
+) -> PlanOutcome:
+    """The plan, cut in this machine's work folder (``plan_in_folder``), staged in the bucket
+    (``PlanOutcome.version``); ``up_to_date`` and no version when the pointer already names the
+    version this plan builds (nothing staged: the tasks have nothing to do). ``repair``: staged
+    even then, for write tasks that read the served tars back."""
     work = s3_output.work_dir(output, work_root)
     with build_lease(output):
         seen = seen_pointer(output)  # before anything is read of the published version
         _pull_intake_parts(output, work)
         seed_intake_cache(output, work)  # the published outcomes: validate only what changed since
         committed = pull_committed_plan(output, scratch_dir(output, work_root, "committed"))
-        plan = run_plan(store, source, work, config, trust_pickle=trust_pickle, num_workers=num_workers, force=force,
-                        validate=validate, revalidate=revalidate, committed=committed)
-        folder = final_dir(work) if plan.up_to_date else versions.staging_dir(work)
-        staged_id = s3_output.version_id(folder)
-        in_place = in_place_of(output, folder, staged_id)
-        vid, uses = published_as(staged_id, in_place)
+        plan = plan_in_folder(store, source, work, config, trust_pickle=trust_pickle, num_workers=num_workers,
+                              force=force, validate=validate, revalidate=revalidate, committed=committed)
         if committed is not None:
             shutil.rmtree(committed, ignore_errors=True)
-        if not repair and already_served(output, folder, vid, uses, config):
-            delete_staged(output)
-            return plan, None
-        return plan, _stage_in_bucket(output, folder, source, staged_id, in_place, seen).version
-
-
-def pull_staged_intake(output: S3Output, work: Path) -> bool:
-    """The samples ``sample_set`` staged in the bucket, into this machine's staging of the build
-    (so the Dagster ``plan`` step cuts them wherever it runs); False when none are staged."""
-    files = staging.staged_intake(output)
-    if files is None:
-        return False
-    staging.pull_intake(output, files, versions.begin(work, first_step=True))
-    return True
+        folder = final_dir(work) if plan.up_to_date else versions.staging_dir(work)
+        staged = _stage_in_bucket(output, folder, source, seen, None if repair else config)
+        return replace(plan, up_to_date=staged is None, version=staged.version if staged else None)
 
 
 def stage_plan_in_bucket(store: SourceStore, source: str, output: S3Output, work: Path,
                          config: ShardingConfig) -> tuple[list[ShardRef], str]:
     """The Dagster ``plan`` step of an s3 output: the samples staged in this machine's work
-    folder (``pull_staged_intake``, or the committed ones copied there), cut with ``config``
+    folder (``staging.pull_staged_intake``, or the committed ones copied there), cut with ``config``
     and staged in the bucket for the write tasks; ``(shards, version)``. Earlier write records
     are forgotten, so this run's tasks report what they did themselves (every shard still in
     the bucket is kept). It holds the build lease as ``pid-shard plan`` does, and checks it right
@@ -339,7 +329,4 @@ def stage_plan_in_bucket(store: SourceStore, source: str, output: S3Output, work
         plans = stage_plan(store, source, work, config, fresh_tasks=True, committed=committed)
         if committed is not None:
             shutil.rmtree(committed, ignore_errors=True)
-        folder = versions.staging_dir(work)
-        staged_id = s3_output.version_id(folder)
-        in_place = in_place_of(output, folder, staged_id)
-        return plans, _stage_in_bucket(output, folder, source, staged_id, in_place, seen).version
+        return plans, _stage_in_bucket(output, versions.staging_dir(work), source, seen).version

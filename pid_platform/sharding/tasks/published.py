@@ -42,12 +42,16 @@ def pull_committed_plan(output: S3Output, folder: Path) -> Path | None:
     found = {n: published_state(output, n) for n in staging.PLAN_STATE}
     if found.get("plan.parquet") is None or found.get("sharding.json") is None:
         return None
-    state = state_dir(folder)
-    state.mkdir(parents=True)
+    _write_state(state_dir(folder), found)
+    return folder
+
+
+def _write_state(state: Path, found: dict[str, bytes | None]) -> None:
+    """Each of ``found`` that the published version carries, into the state folder ``state``."""
+    state.mkdir(parents=True, exist_ok=True)
     for name, data in found.items():
         if data is not None:
             atomic_write_bytes(state / name, data)
-    return folder
 
 
 def current_manifests(output: S3Output, pointer: VersionPointer) -> dict[str, bytes]:
@@ -121,12 +125,9 @@ def pull_committed_intake(output: S3Output, work: Path) -> bool:
         return False
     with build_lock(work):
         state = state_dir(versions.begin(work, first_step=True))
-        state.mkdir(parents=True, exist_ok=True)
         for name in staging.INTAKE_STATE:
             (state / name).unlink(missing_ok=True)  # a stale intake of this machine's goes
-        for name, data in found.items():
-            if data is not None:
-                atomic_write_bytes(state / name, data)
+        _write_state(state, found)
     return True
 
 
@@ -140,9 +141,7 @@ def seed_intake_cache(output: S3Output, work: Path) -> bool:
         data = published_state(output, CACHE_NAME)
         if data is None:
             return False
-        state = state_dir(versions.begin(work, first_step=True))
-        state.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(cache, data)
+        _write_state(state_dir(versions.begin(work, first_step=True)), {CACHE_NAME: data})
     return True
 
 

@@ -53,14 +53,9 @@ from pid_platform.sharding.plan.plan_files import (
     PlanSource,
 )
 from pid_platform.sharding.state_doc import load_state_doc
-from pid_platform.sharding.tasks import records as local_records
 from pid_platform.sharding.tasks.outcomes import TaskOrderError
-from pid_platform.sharding.tasks.records import (
-    RECORD_FORMAT,
-    WRITE,
-)
+from pid_platform.sharding.tasks.records import STAGED, bucket_staging, get_doc
 
-STAGED = ".pid-build/staged"
 STAGED_NAME = "staged.json"
 STAGING_NAME = "staging.json"  # a plan began staging (``stage_plan_state``)
 # Held (PID_PAUSE_AT) once the plan's state files are staged, before staged.json: tests kill it there.
@@ -138,45 +133,9 @@ def rel(*parts: str) -> str:
     return "/".join((STAGED, *parts))
 
 
-def record_rel(stage: str, index: int, of: int) -> str:
-    return rel("tasks", local_records.record_path(Path(), stage, index, of).name)
-
-
-def shard_marker_rel(plan: Shard) -> str:
-    return rel("shards", plan.bucket or "_flat", f"{plan.index:06d}.json")
-
-
-def get_json(output: S3Output, path: str) -> dict | None:
-    """The JSON object staged at ``path``; None when there is none; ``StateFileError`` naming it
-    when it is damaged (a task or the commit acts on it)."""
-    data = s3_output.get_bytes(output, path)
-    if data is None:
-        return None
-    doc = load_state_doc(data, f"{output}/{path}")
-    return doc if isinstance(doc, dict) else None
-
-
-def put(output: S3Output, path: str, data: bytes | Path, what: str) -> None:
-    try:
-        output.store().put(output.key(path), data)
-    except S3AccessError as exc:
-        raise BuildError(f"{exc} ({what}; nothing was published)") from None
-
-
-def delete(output: S3Output, *paths: str) -> None:
-    store = output.store()
-    for p in paths:
-        store.delete(output.key(p))
-
-
-def delete_under(output: S3Output, path: str) -> int:
-    store = output.store()
-    return store.delete_many(o.key for o in store.list(output.key(path) + "/"))
-
-
-def names_under(output: S3Output, path: str) -> list[str]:
-    prefix = output.key(path) + "/"
-    return sorted(o.key[len(prefix):] for o in output.store().list(prefix))
+def shard_marker(plan: Shard) -> str:
+    """The staged marker of a shard a write task has sent (a ``bucket_staging`` name)."""
+    return f"shards/{plan.bucket or '_flat'}/{plan.index:06d}.json"
 
 
 def _sha(path: Path) -> str:
@@ -187,7 +146,7 @@ def push_files(output: S3Output, folder: Path, names: tuple[str, ...], under: st
     """``folder``'s files among ``names`` to ``staged/<under>/``; name -> sha256 of each sent."""
     sent = {n: _sha(folder / n) for n in names if (folder / n).is_file()}
     for n in sorted(sent):
-        put(output, rel(under, n), folder / n, what)
+        bucket_staging(output).put(f"{under}/{n}", folder / n, what)
     return sent
 
 
@@ -199,7 +158,7 @@ def pull_files(output: S3Output, files: dict[str, str], under: str, folder: Path
         path = folder / name
         if path.is_file() and _sha(path) == sha:
             continue
-        data = s3_output.get_bytes(output, rel(under, name))
+        data = bucket_staging(output).get(f"{under}/{name}")
         if data is None or hashlib.sha256(data).hexdigest() != sha:
             raise StagedStateError(
                 f"{output}/{rel(under, name)}: missing, or not the file {output}/{rel(named_by)} names (another "
@@ -289,8 +248,9 @@ def stage_plan_state(output: S3Output, folder: Path, source: str, seen: SeenPoin
     # First a mark that a plan is being staged (so a plan killed from here on leaves ``staged/``
     # not empty: the tasks refuse rather than find the output up to date), then the replaced
     # plan's staged.json goes, so no task takes the new files for it.
-    put(output, rel(STAGING_NAME), json.dumps({"format": STAGED_FORMAT}).encode(), "staging the plan")
-    delete(output, rel(STAGED_NAME))
+    store = bucket_staging(output)
+    store.put(STAGING_NAME, json.dumps({"format": STAGED_FORMAT}).encode(), "staging the plan")
+    store.delete(STAGED_NAME)
     state = push_files(output, state_dir(folder), SHARED_STATE, "state", "staging the plan")
     pause_point(STAGING_POINT)
     try:
@@ -301,7 +261,7 @@ def stage_plan_state(output: S3Output, folder: Path, source: str, seen: SeenPoin
     staged = Staged(version or s3_output.version_id(folder), state[PLAN], source, state, base, reused, seen,
                     plan_etag)
     before_marker()
-    put(output, rel(STAGED_NAME), staged.to_bytes(), "staging the plan")
+    store.put(STAGED_NAME, staged.to_bytes(), "staging the plan")
     return staged
 
 
@@ -377,42 +337,22 @@ class _PlanReads:
 def push_intake(output: S3Output, staging: Path) -> None:
     """The samples an intake staged in ``staging`` (its ``INTAKE_STATE``), for a plan on another
     machine; any plan staged before is stale now and goes first."""
-    delete(output, rel(STAGED_NAME), rel(INTAKE_NAME))
+    store = bucket_staging(output)
+    store.delete(STAGED_NAME, INTAKE_NAME)
     sent = push_files(output, state_dir(staging), INTAKE_STATE, "intake", "staging the intake")
-    put(output, rel(INTAKE_NAME), json.dumps({"format": STAGED_FORMAT, "files": sent}, sort_keys=True).encode(),
+    store.put(INTAKE_NAME, json.dumps({"format": STAGED_FORMAT, "files": sent}, sort_keys=True).encode(),
         "staging the intake")
 
 
-def staged_intake(output: S3Output) -> dict[str, str] | None:
-    """The files of the intake staged in the bucket (name -> sha256); None when none is."""
-    doc = get_json(output, rel(INTAKE_NAME))
+def pull_staged_intake(output: S3Output, work: Path) -> bool:
+    """The samples ``sample_set`` staged in the bucket (``push_intake``), into this machine's
+    staging of the build (so the Dagster ``plan`` step cuts them wherever it runs); False when
+    none are staged."""
+    doc = get_doc(bucket_staging(output), INTAKE_NAME)
     if doc is None or doc.get("format") != STAGED_FORMAT or not isinstance(doc.get("files"), dict):
-        return None
-    return dict(doc["files"])
-
-
-def pull_intake(output: S3Output, files: dict[str, str], staging: Path) -> None:
-    """The intake staged in the bucket (``staged_intake``) into ``staging``'s state folder."""
-    pull_files(output, files, "intake", state_dir(staging), INTAKE_NAME)
-
-
-def write_records(output: S3Output, plan_sha256: str) -> list[dict]:
-    """Every write record in the bucket for the plan with ``plan_sha256``."""
-    found = []
-    for name in names_under(output, rel("tasks")):
-        if name.startswith(f"{WRITE}-") and name.endswith(".json"):
-            doc = get_json(output, rel("tasks", name))
-            if doc is not None and doc.get("format") == RECORD_FORMAT and doc.get("plan_sha256") == plan_sha256:
-                found.append(doc | {"path": f"{output}/{rel('tasks', name)}"})
-    return found
-
-
-def clear_write_records(output: S3Output) -> int:
-    """Forget every write record: the next tasks check their shards again (keeping those whose
-    marker and objects are there) and report what they did themselves."""
-    names = [n for n in names_under(output, rel("tasks")) if n.startswith(f"{WRITE}-")]
-    delete(output, *(rel("tasks", n) for n in names))
-    return len(names)
+        return False
+    pull_files(output, dict(doc["files"]), "intake", state_dir(versions.begin(work, first_step=True)), INTAKE_NAME)
+    return True
 
 
 @dataclass
@@ -514,7 +454,8 @@ def shard_homes(staged: Staged, plan: Shard, key_index_bytes: object) -> dict[st
 
 
 def delete_staged(output: S3Output) -> None:
-    delete(output, rel(STAGED_NAME), rel(INTAKE_NAME))  # first: no task takes the rest
-    delete_under(output, STAGED)
+    bucket_staging(output).delete(STAGED_NAME, INTAKE_NAME)  # first: no task takes the rest
+    store = output.store()
+    store.delete_many(o.key for o in store.list(output.key(STAGED) + "/"))
 
 

@@ -61,9 +61,11 @@ from pid_platform.sharding.tasks.outcomes import (
 )
 from pid_platform.sharding.tasks.published import current_manifests
 from pid_platform.sharding.tasks.records import (
-    RECORD_FORMAT,
     WRITE,
+    bucket_staging,
+    get_doc,
     read_record,
+    record_name,
     record_path,
     records,
     tasks_dir,
@@ -74,6 +76,7 @@ from pid_platform.sharding.tasks.staging import (
     key_index_rel,
     scratch_dir,
     shard_homes,
+    shard_marker,
     shard_objects,
     staged_folder_plan,
     staged_or_refuse,
@@ -102,23 +105,28 @@ def staged_results(staging: Path, *, plans: list[ShardRef] | None = None,
 
 
 def run_write_task(
-    store: SourceStore, source: str, out: Path, index: int, of: int, *, num_workers: int = 1,
+    store: SourceStore, source: str, out: Path | S3Output, index: int, of: int, *, num_workers: int = 1,
     progress: Callable[[int, int], None] | None = None, key_indexes: bool = True,
+    work_root: str | Path | None = None, repair: bool = False,
 ) -> TaskOutcome:
     """Write task ``index`` of ``of``: its range of the staged plan's shards, then its record.
     ``progress(done, total)`` after each of its shards is in place. ``key_indexes``: also each
-    shard's key index (the Dagster assets leave them to ``key_indexes``, after the blocking
-    checks on the tars).
+    shard's key index (the Dagster assets leave a folder's to ``key_indexes``, after the blocking
+    checks on the tars; a bucket's task checks and sends each shard's, where its bytes are).
+    For a bucket: ``write_into_bucket`` (``work_root``, ``repair``).
 
     Takes no build lock: the write tasks of one plan run side by side, each writing only its own
     shards' files (and clearing only their temporary leftovers). Start them after the plan and
     finish them before the commit, which hold the lock.
     """
     check_task(index, of)
+    if isinstance(out, S3Output):
+        return write_into_bucket(store, source, out, index, of, work_root=work_root, num_workers=num_workers,
+                                 progress=progress, repair=repair)
     out = Path(out)
     found = staged_folder_plan(out, f"write task {index} of {of}")
     if found is None:
-        return TaskOutcome(WRITE, index, of, record_path(versions.staging_dir(out), WRITE, index, of), True,
+        return TaskOutcome(WRITE, index, of, str(record_path(versions.staging_dir(out), WRITE, index, of)), True,
                            nothing_staged=True)
     staged, _plan_file = found
     config = pipeline.load_sharding_config(staged)
@@ -127,7 +135,7 @@ def run_write_task(
     rec = read_record(staged, WRITE, index, of)
     if rec is not None and rec.get(PLAN_ID) == plan_id:
         first, stop = rec["shards"]
-        return TaskOutcome(WRITE, index, of, record_path(staged, WRITE, index, of), True, stop - first, first)
+        return TaskOutcome(WRITE, index, of, rec["path"], True, stop - first, first)
     staging = versions.begin(out)
     first, stop = slice_bounds(len(shards), index, of)
     after = pipeline.after_shard(staging, key_indexes=key_indexes)
@@ -240,22 +248,22 @@ def _shard_problems(folder: Path, plan: ShardPlan, config: ShardingConfig,
     }
 
 
-def run_s3_write_task(
+def write_into_bucket(
     store: SourceStore, source: str, output: S3Output, index: int, of: int, *, work_root: str | Path | None = None,
     num_workers: int = 1, progress: Callable[[int, int], None] | None = None, repair: bool = False,
 ) -> TaskOutcome:
     """Write task ``index`` of ``of`` of the plan staged in the bucket: its shards' tars and key
     indexes into ``versions/<id>/``, shard by shard, then its record. ``repair``: each tar of
     the served version is read back, and sent again where its sha256 is not its manifest's."""
-    slice_bounds(0, index, of)  # raises ValueError naming the range
-    rel = staging.record_rel(WRITE, index, of)
+    check_task(index, of)
+    kept = bucket_staging(output)
     staged = staged_or_refuse(output, f"write task {index} of {of}")
     if staged is None:
-        return TaskOutcome(WRITE, index, of, Path(rel), True, nothing_staged=True)
-    rec = staging.get_json(output, rel)
+        return TaskOutcome(WRITE, index, of, kept.url(record_name(WRITE, index, of)), True, nothing_staged=True)
+    rec = read_record(kept, WRITE, index, of)
     if rec is not None and rec.get("plan_sha256") == staged.plan_sha256:
         first, stop = rec["shards"]
-        return TaskOutcome(WRITE, index, of, Path(rel), True, stop - first, first)
+        return TaskOutcome(WRITE, index, of, rec["path"], True, stop - first, first)
     scratch = staging.pull_plan_state(output, staged, scratch_dir(output, work_root, f"write-{index}-of-{of}"),
                                       staging.TASK_STATE)
     config = pipeline.load_sharding_config(scratch)
@@ -316,7 +324,7 @@ def run_s3_write_task(
                                                         sha256=shas[m])
                 bucket.put(output.key(vdir, index_rel), scratch / index_rel)
                 # Last: the marker vouches for the shard's objects (a rerun keeps them).
-                bucket.put(output.key(staging.shard_marker_rel(plan)), json.dumps(marker, sort_keys=True).encode())
+                kept.put(shard_marker(plan), json.dumps(marker, sort_keys=True).encode(), f"write task {index} of {of}")
             except (S3AccessError, ObjectNotFoundError) as exc:
                 raise BuildError(f"{exc} (write task {index} of {of}, shard {plan.relpath}; nothing was published)") from None
             found[i] = marker
@@ -335,7 +343,7 @@ def run_s3_write_task(
                 todo = []
                 for i, plan in enumerate(batch, start=at):
                     read_back(plan)
-                    marker = staging.get_json(output, staging.shard_marker_rel(plan))
+                    marker = get_doc(kept, shard_marker(plan))
                     # A marker of an older pid-shard (no tar sizes) is not kept: its shard is sent again.
                     if (marker is not None and marker.get("digest") == plan.digest()
                             and isinstance(marker.get("bytes"), dict) and all(
@@ -365,17 +373,16 @@ def run_s3_write_task(
                              then=send)
                 sent += [i for i, _ in todo]
         # Last: the record says every shard of the range is in the bucket, with each tar's sha256.
-        staging.put(output, rel, json.dumps({
-            "format": RECORD_FORMAT, "stage": WRITE, "index": index, "of": of, "plan_sha256": staged.plan_sha256,
-            "version": staged.version, "shards": [first, stop], "written": sorted(sent),
+        path = write_record(kept, WRITE, index, of, {
+            "plan_sha256": staged.plan_sha256, "version": staged.version, "shards": [first, stop], "written": sorted(sent),
             "digests": {str(i): m["tars"] for i, m in sorted(found.items())},
             "key_index_bytes": {str(i): m["key_index_bytes"] for i, m in sorted(found.items())},
             "tar_sizes": {str(i): m["bytes"] for i, m in sorted(found.items())},
             "etags": {str(i): m.get("etags", {}) for i, m in sorted(found.items())},
             "problems": {str(i): m.get("problems", {}) for i, m in sorted(found.items())},
-        }, sort_keys=True, indent=1).encode(), f"write task {index} of {of}")
+        })
         shutil.rmtree(scratch, ignore_errors=True)
-        return TaskOutcome(WRITE, index, of, Path(rel), False, stop - first, first, len(sent), counts["kept"],
+        return TaskOutcome(WRITE, index, of, path, False, stop - first, first, len(sent), counts["kept"],
                            copied=counts["copied"], repaired=counts["repaired"])
 
 
