@@ -243,8 +243,8 @@ def write_task(
                 # Into the bucket, shard by shard; each shard's checks and key index are done here,
                 # where its bytes are (the later steps read what this task recorded).
                 outcome = run_write_task(source_store.open(), source, target, index, of,
-                                        work_root=source_store.work_root or None, num_workers=sharding.num_workers,
-                                        progress=progress)
+                                         work_root=source_store.work_root or None, num_workers=sharding.num_workers,
+                                         progress=progress)
             else:
                 # Key indexes stay key_indexes' job, after the blocking checks on these tars.
                 outcome = run_write_task(source_store.open(), source, out, index, of, num_workers=sharding.num_workers,
