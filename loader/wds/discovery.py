@@ -257,6 +257,7 @@ class _Columns:
         self.sha256: list[tuple[int, dict[str, list]]] = []  # per manifest: (tars, modality -> digests)
         self.checksums = hashlib.sha256()  # over every listed tar checksum, for the fingerprint
         self.any_checksum = False
+        self.sizes: list[tuple[int, dict[str, list]]] = []  # per manifest: (tars, modality -> tar bytes)
 
     @staticmethod
     def _id(table: dict, value) -> int:
@@ -300,6 +301,7 @@ class _Columns:
                 self.checksums.update("\n".join(d or "" for d in digests).encode())
                 self.any_checksum = True
         self.pid_names.append(np.full(n, cols.format_version == 0, dtype=bool))
+        self.sizes.append((n, {m: cols.tar_bytes[m] for m in keys if m in cols.tar_bytes}))
         self.paths.append(pa.array(cols.data_list, pa.string()))
         self.counts.append(counts)
         self.key_indexes.append(key_index)
@@ -319,6 +321,14 @@ class _Columns:
         return {m: pa.array([d for n, part in self.sha256 for d in part.get(m) or [None] * n], pa.string())
                 for m in mods}
 
+    def _size_columns(self) -> dict[str, np.ndarray] | None:
+        mods = sorted({m for _, part in self.sizes for m in part})
+        if not mods:
+            return None
+        return {m: np.concatenate([np.asarray([v if type(v) is int and v > 0 else -1 for v in part[m]], np.int64) if m in part
+                                   else np.full(n, -1, np.int64) for n, part in self.sizes])
+                for m in mods}
+
     def table(self) -> ShardTable:
         def cat(parts, dtype):
             return np.concatenate(parts) if parts else np.zeros(0, dtype)
@@ -333,6 +343,7 @@ class _Columns:
             list(self.dirs), cat(self.dir_ids, np.int32), sha256=self._sha256_columns(),
             checksums_digest=self.checksums.hexdigest() if self.any_checksum else "",
             pid_names=cat(self.pid_names, bool) if any(a.any() for a in self.pid_names) else None,
+            sizes=self._size_columns(),
         )
 
 

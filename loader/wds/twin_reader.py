@@ -42,6 +42,7 @@ PREPARE_BATCHES = 32  # read ahead: planned batches whose tars are opened before
 PULL_PER_BATCH = 4  # read ahead: batches planned ahead per batch read, at most (the ramp to the budget)
 PREPARED = 32  # read ahead: tars opened ahead, at most (their bytes are bounded by the ReadAhead's budget)
 SMALL_SHARE = 32  # read ahead: a tar this many times smaller than its shard's largest is fetched whole (_small_tars)
+TAR_TAIL = 22 * 512  # a tar's bytes after its last member at most: 2 end-of-archive blocks + a 10 KiB record's padding
 SKIP_AHEAD = 8  # further ahead than this, a reader with header offsets reopens there instead of skipping
 _READ_ERRORS = (TarReadError, EOFError, OSError)
 
@@ -475,7 +476,11 @@ class TwinReader:
             tars.close()
         tars = twin
         if tars is not None:
-            self._want(shard, tars, mods, last)
+            try:
+                self._want(shard, tars, mods, last)  # opened early: waits for the key index here
+            except BaseException:
+                tars.close()
+                raise
         else:
             tars = self._open_at(shard, task, mods, mode, first, last, ahead)
         if not verify:
@@ -515,8 +520,12 @@ class TwinReader:
         """Read-ahead tars fetch on up to member ``last`` (their limits end earlier)."""
         if tars.ahead_to is None or last <= tars.ahead_to:
             return
-        index = self._key_index(shard, mods)  # cached: the tars were opened from it
-        assert index is not None
+        index = self._key_index(shard, mods)  # cached: the tars were opened from it (or are on the way)
+        if index is None or not all(m in index[1] for m in mods):
+            tars.ahead_to = None  # opened early, and no offsets to bound them: read on to the end
+            for m in mods:
+                tars.stream(m).want(None, self._order)
+            return
         tars.want(_limits(index, mods, last, shard.sample_count), last, self._order)
 
     def _ahead_for(self, shard: TarSample):
@@ -542,10 +551,12 @@ class TwinReader:
             if not shard.key_index or self._ahead_for(shard) is None:
                 continue
             mods = self.modalities or shard.keys
-            if not self._index_soon(shard, mods):
-                done = False  # its key index is on the way: a later call opens the tars
-                continue
             first, last = min(a for a, _ in task.ranges), _task_end(task)
+            if not self._index_soon(shard, mods):
+                done = False  # its key index is on the way: a later call sets the tars' limits
+                if first == 0 and kept is None:
+                    self._open_early(shard, task, mods, mode)
+                continue
             chained = [t for k, t in self._prepared.items() if k[0] == task.shard_id and k[1] == mode and k[3] == mods]
             if kept is not None and kept.modalities == mods:
                 chained.append(kept)
@@ -569,6 +580,26 @@ class TwinReader:
             while len(self._prepared) > PREPARED:
                 self._prepared.popitem(last=False)[1].close()
         return done
+
+    def _open_early(self, shard: TarSample, task: Task, mods: tuple[str, ...], mode: str) -> None:
+        """A task that starts at the shard's first member, its key index still on the way: the
+        tars are opened at byte 0 now, asking ahead one read-ahead block each (their first
+        members), so those bytes come with the key index, not one time to first byte after it.
+        Instrumented at 0 workers, the reader's first bytes waited on three first-byte times in a
+        row (manifest, key index, range). The index raises the limits when it comes (``_want``:
+        ``ahead_to`` 0 until then); a task that ends before a block reads on into the next one,
+        which its shard's next task reads from the same tars. Only where the manifest lists the
+        tars' sizes."""
+        key = (task.shard_id, mode, 0, mods)
+        sizes = shard.sizes or {}
+        if key in self._prepared or len(self._prepared) >= PREPARED or not all(m in sizes for m in mods):
+            return
+        block = (self.options.stream_config or StreamConfig()).read_ahead_block
+        # Short of the tar's end by its largest tail (end-of-archive blocks, record padding): the
+        # reader never reads there, so no byte asked for now is fetched for nothing.
+        limits = {m: max(0, min(block, sizes[m] - TAR_TAIL)) for m in mods}
+        self._prepared[key] = _Tars(shard, mods, {m: 0 for m in mods}, 0, self.options, self.stats, False,
+                                    self._ahead, limits, 0, self._order)
 
     def plan_ahead(self, batches: Iterable) -> Iterator:
         """``batches`` (planned batches) as they come, each prepared before it is read: as many
