@@ -104,10 +104,6 @@ def read_indexes_before_fork(shards, tasks: Iterable[Task], modalities: tuple[st
             wanted.setdefault((shard.key_index, mods), (shard, mods))
     if not wanted:
         return 0
-    if any(urls.scheme(shard.key_index) == "s3" for shard, _ in wanted.values()):
-        from loader.io.s3_client import client_for_fork
-
-        client_for_fork(config)
 
     def one(item) -> None:
         # Best effort: the worker that needs an index that failed here reads it again and reports it.
@@ -115,7 +111,15 @@ def read_indexes_before_fork(shards, tasks: Iterable[Task], modalities: tuple[st
             read_index(*item)
 
     with ThreadPoolExecutor(min(config.read_ahead_connections, len(wanted)), thread_name_prefix="key-index") as pool:
-        list(pool.map(one, wanted.values()))
+        reads = [pool.submit(one, item) for item in wanted.values()]
+        if any(urls.scheme(shard.key_index) == "s3" for shard, _ in wanted.values()):
+            from loader.io.s3_client import client_for_fork
+
+            # Made while the indexes' first bytes are on the way (its 10-30 ms of CPU were
+            # spent before they were asked for).
+            client_for_fork(config)
+        for r in reads:
+            r.result()
     return len(wanted)
 
 
