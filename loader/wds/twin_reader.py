@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
@@ -49,6 +50,8 @@ _READ_ERRORS = (TarReadError, EOFError, OSError)
 _INDEX_CACHE: OrderedDict[tuple, tuple] = OrderedDict()
 _INDEX_CACHE_SIZE = 32   # shards: a worker reads its batches of one shard one after another
 _INDEX_CACHE_LOCK = threading.Lock()
+# Key indexes being read on a thread of this process (read_indexes_soon): cache key -> (pid, the read).
+_INDEX_PENDING: dict[tuple, tuple[int, Future]] = {}
 
 
 def read_index(shard: TarSample, modalities: tuple[str, ...], offsets: bool = True):
@@ -61,22 +64,79 @@ def read_index(shard: TarSample, modalities: tuple[str, ...], offsets: bool = Tr
     if not shard.key_index:
         return None
     key = (shard.key_index, shard.sample_count, tuple(modalities), offsets)
+    hit = _cached_index(key)
+    if hit is not None:
+        return hit
+    with _INDEX_CACHE_LOCK:
+        pending = _INDEX_PENDING.get((*key[:3], True))
+    if pending is not None and pending[0] == os.getpid():  # being read already (a forked copy's never ends)
+        pending[1].exception()
+        hit = _cached_index(key)
+        if hit is not None:
+            return hit  # else it failed: read again here, where the error is met and reported
+    return _read_and_cache(key, shard, modalities, offsets)
+
+
+def _cached_index(key: tuple):
     with _INDEX_CACHE_LOCK:
         hit = _INDEX_CACHE.get(key)
-        if hit is None and not offsets:  # the keys of an index read with its offsets will do
+        if hit is None and not key[3]:  # the keys of an index read with its offsets will do
             hit = _INDEX_CACHE.get(with_offsets := (*key[:3], True))
             if hit is not None:
                 _INDEX_CACHE.move_to_end(with_offsets)
                 return hit
         if hit is not None:
             _INDEX_CACHE.move_to_end(key)
-            return hit
+        return hit
+
+
+def _read_and_cache(key: tuple, shard: TarSample, modalities: tuple[str, ...], offsets: bool):
     got = _read_index_uncached(shard, modalities, offsets)
     with _INDEX_CACHE_LOCK:
         _INDEX_CACHE[key] = got
         while len(_INDEX_CACHE) > _INDEX_CACHE_SIZE:
             _INDEX_CACHE.popitem(last=False)
     return got
+
+
+def read_indexes_soon(shards, modalities: tuple[str, ...] | None, options) -> int:
+    """Right after the manifests are read: a remote dataset of at most ``_INDEX_CACHE_SIZE``
+    shards (every key index of it is read this epoch, whatever the plan, and all stay cached)
+    has them read now, on a few threads, while the loader and its plan are made. Instrumented,
+    the key indexes were asked for 40-70 ms after the manifests came (the plan, the DataLoader)
+    and every first batch waited for them: at 0 workers its tars' limits, at 2 workers the fork
+    (``read_indexes_before_fork``). A read of one still on the way waits for it
+    (``read_index``); failures are left for the reader to meet and report. Returns the reads started."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    config = options.stream_config or StreamConfig()
+    roots = getattr(shards, "roots", None)
+    if (config.read_ahead_bytes <= 0 or options.verify is not None or not roots or len(shards) > _INDEX_CACHE_SIZE
+            or all(urls.is_local(r) for r in roots)):
+        return 0
+    wanted = {}
+    for shard in shards:
+        mods = tuple(modalities or shard.keys)
+        key = (shard.key_index, shard.sample_count, mods, True)
+        if shard.key_index and not urls.is_local(shard.root) and not index_cached(shard, mods):
+            wanted.setdefault(key, (shard, mods))
+    if not wanted:
+        return 0
+    pool = ThreadPoolExecutor(min(config.read_ahead_connections, len(wanted)), thread_name_prefix="key-index-soon")
+
+    def one(key: tuple, shard: TarSample, mods: tuple[str, ...]) -> None:
+        try:
+            _read_and_cache(key, shard, mods, True)
+        finally:
+            with _INDEX_CACHE_LOCK:
+                _INDEX_PENDING.pop(key, None)
+
+    with _INDEX_CACHE_LOCK:
+        for key, (shard, mods) in wanted.items():
+            if key not in _INDEX_PENDING:
+                _INDEX_PENDING[key] = (os.getpid(), pool.submit(one, key, shard, mods))
+    pool.shutdown(wait=False)  # its threads end with the last read
+    return len(wanted)
 
 
 def read_indexes_before_fork(shards, tasks: Iterable[Task], modalities: tuple[str, ...] | None, options) -> int:
@@ -92,6 +152,10 @@ def read_indexes_before_fork(shards, tasks: Iterable[Task], modalities: tuple[st
     config = options.stream_config or StreamConfig()
     if config.read_ahead_bytes <= 0 or options.verify is not None:
         return 0
+    with _INDEX_CACHE_LOCK:  # no thread of read_indexes_soon may be mid-read (or hold the lock) at the fork
+        pending = [f for pid, f in _INDEX_PENDING.values() if pid == os.getpid()]
+    for f in pending:
+        f.exception()
     wanted: dict[tuple, tuple[TarSample, tuple[str, ...]]] = {}
     for seen, task in enumerate(tasks):
         if len(wanted) >= _INDEX_CACHE_SIZE or seen >= _INDEX_CACHE_SIZE * PREPARE_BATCHES:
