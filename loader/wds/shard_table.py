@@ -27,7 +27,7 @@ class TarSample:
     shard_id: int = -1  # position in the ShardTable this came from
     sha256: dict[str, str] | None = None  # modality -> hex digest, kept only for verify="sha256"
     pid_names: bool = False  # PiD-written: member names split into key and extension as PiD's reader does
-    sizes: dict[str, int] | None = None  # modality -> the tar's bytes, where the manifest lists them
+    sizes: dict[str, int] | None = None  # modality -> the tar's bytes, where the manifest lists them (remote tars)
 
     def url(self, modality: str) -> str:
         return join_url(self.root, modality, self.path)
