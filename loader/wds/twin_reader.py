@@ -299,6 +299,7 @@ class _Tars:
                  ahead_to: int | None = None, order: int = 0, wholes: dict[str, int] | None = None):
         self.shard, self.modalities, self.pos, self.verify = shard, modalities, pos, verify
         self.ahead_to = ahead_to  # read-ahead: the member the streams' limits end before (None: no limit)
+        self.early_last: int | None = None  # opened before the key index came: the end of the task it was opened for
         self._tars: list[OpenTar] | None = None
         self._nexts: list | None = None
         self._opts, self._stats = opts, stats
@@ -629,6 +630,12 @@ class TwinReader:
             if kept is not None and kept.modalities == mods:
                 chained.append(kept)
             try:
+                for t in chained:
+                    if t.ahead_to == 0 and t.early_last is not None:
+                        # Opened early, its index here now: its limits first, so that a later task
+                        # of the shard goes on in it (its bytes are on the way there), not in a
+                        # second stream that closes this one with them unread (a flaky drop, 1 in 4).
+                        self._want(shard, t, mods, t.early_last)
                 # Tars that read this task already, or go on into it: no second stream.
                 follows = next((t for t in chained if t.ahead_to is not None and t.pos <= first <= t.ahead_to), None)
                 if follows is not None:
@@ -666,8 +673,9 @@ class TwinReader:
         # Short of the tar's end by its largest tail (end-of-archive blocks, record padding): the
         # reader never reads there, so no byte asked for now is fetched for nothing.
         limits = {m: max(0, min(block, sizes[m] - TAR_TAIL)) for m in mods}
-        self._prepared[key] = _Tars(shard, mods, {m: 0 for m in mods}, 0, self.options, self.stats, False,
-                                    self._ahead, limits, 0, self._order)
+        tars = self._prepared[key] = _Tars(shard, mods, {m: 0 for m in mods}, 0, self.options, self.stats, False,
+                                           self._ahead, limits, 0, self._order)
+        tars.early_last = _task_end(task)
 
     def plan_ahead(self, batches: Iterable) -> Iterator:
         """``batches`` (planned batches) as they come, each prepared before it is read: as many
