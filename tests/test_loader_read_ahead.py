@@ -297,12 +297,14 @@ def test_a_small_tar_is_one_get_for_every_stream_of_it(built: Path, s3_env) -> N
 def test_workers_start_with_the_key_indexes_the_training_process_read(built: Path, s3_env) -> None:
     """With workers (forked), the key indexes of the shards the plan reads first are read once,
     in the training process before the fork, not again by every worker; samples unchanged."""
+    import loader.wds.twin_reader as twin_reader
     from loader.wds.twin_reader import index_cached
 
     _, urls = upload(s3_env, built, "ra-fork-indexes")
     loader = _loader(urls, SMALL, 2, shuffle_buffer=0)
     shards = loader.dataset.shards
-    assert not any(index_cached(shards[i], tuple(shards[i].keys)) for i in range(len(shards)))
+    _wait_for_index_reads()
+    twin_reader._INDEX_CACHE.clear()  # as a dataset too large to have them read with its manifests
     assert batches_seen(loader) == batches_seen(_loader(str(built), OFF, 0, shuffle_buffer=0))
     assert all(index_cached(shards[i], tuple(shards[i].keys)) for i in range(len(shards)))
 
@@ -331,3 +333,54 @@ def test_a_forked_process_starts_with_the_client_made_for_it(s3_env) -> None:
     took, body = q.get(timeout=60)
     p.join(60)
     assert took and body == b"abc"
+
+
+def _wait_for_index_reads() -> None:
+    import loader.wds.twin_reader as twin_reader
+
+    for _, fut in list(twin_reader._INDEX_PENDING.values()):
+        fut.exception()
+
+
+def test_a_small_datasets_key_indexes_are_read_with_its_manifests(built: Path, s3_env) -> None:
+    """A remote dataset of a few shards has every key index asked for as soon as its manifests
+    are read (before: when the first batch was planned, or before the fork: one more time to
+    first byte before the first batch); the tars' sizes come from the manifests."""
+    from loader.wds.twin_reader import _INDEX_PENDING, index_cached
+
+    _, urls = upload(s3_env, built, "ra-indexes-soon")
+    ds = build_dataset(urls, decode=None, seed=5, stream_config=SMALL)
+    shards = [ds.shards[i] for i in range(len(ds.shards))]
+    assert all(index_cached(s, tuple(s.keys)) or (s.key_index, s.sample_count, tuple(s.keys), True) in _INDEX_PENDING
+               for s in shards)
+    _wait_for_index_reads()
+    assert all(index_cached(s, tuple(s.keys)) for s in shards)
+    for s in shards:
+        assert s.sizes == {m: (built / s.url(m).split("/data/", 1)[1]).stat().st_size for m in s.keys}
+
+
+def test_a_shards_first_task_fetches_its_tars_while_its_key_index_comes(built: Path, s3_env,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key index not read yet: a task from a shard's first member opens its tars at byte 0
+    at once (short of their ends, by the manifest's sizes), the index raises their limits when it
+    comes; the same samples, every byte fetched once, none dropped."""
+    import loader.wds.twin_reader as twin_reader
+
+    _, urls = upload(s3_env, built, "ra-early")
+    early = []
+    real = twin_reader.TwinReader._open_early
+
+    def counted(self, shard, task, mods, mode):
+        early.append(shard.shard_id)
+        return real(self, shard, task, mods, mode)
+
+    monkeypatch.setattr(twin_reader.TwinReader, "_open_early", counted)
+    monkeypatch.setattr(twin_reader, "_INDEX_CACHE_SIZE", 1)  # too many shards to read them with the manifests
+    for mode in ("zip", "index"):
+        early.clear()
+        loader = _loader(urls, SMALL, 0, shuffle_buffer=0, mode=mode)
+        assert batches_seen(loader) == batches_seen(_loader(str(built), OFF, 0, shuffle_buffer=0, mode=mode))
+        st = loader.stats["stream"]
+        assert early, "no tar was opened before its key index came"
+        assert st["ahead_dropped"] == 0, st
+        assert st["bytes_read"] <= 1.05 * st["bytes_handed"], st

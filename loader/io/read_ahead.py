@@ -414,8 +414,8 @@ class ReadAheadStream(io.RawIOBase):
             if self._size is not None:
                 end = min(end, self._size)
             length = min(block, end - self._next)
-            if ahead._ramp > 0 and length == block:  # a range shorter than a block is asked for whole
-                length = max(block // RAMP_PIECES, 1)
+            if ahead._ramp > 0:  # a range of at most a piece is asked for whole
+                length = min(length, max(block // RAMP_PIECES, 1))
             if length <= 0 or not ahead._take(length, self):
                 return
             if ahead._ramp > 0:

@@ -62,12 +62,17 @@ def concat_tables(tables: Sequence[ShardTable]) -> ShardTable:
     pid = None
     if any(t.pid_names is not None for t in tables):
         pid = np.concatenate([t.pid_names if t.pid_names is not None else np.zeros(len(t), bool) for t in tables])
+    sizes = None
+    if any(t.sizes is not None for t in tables):
+        mods = sorted({m for t in tables for m in t.sizes or {}})
+        sizes = {m: np.concatenate([(t.sizes or {}).get(m, np.full(len(t), -1, np.int64)) for t in tables])
+                 for m in mods}
     return ShardTable(
         roots, root_ids, pa.concat_arrays([t.paths for t in tables]), np.concatenate([t.counts for t in tables]),
         pa.concat_arrays([t.key_indexes for t in tables]), keys, keys_ids, sources, source_ids, buckets,
         bucket_ids, dirs, dir_ids, sha256=sha256,
         checksums_digest="|".join(t.checksums_digest for t in tables) if any(t.checksums_digest for t in tables) else "",
-        pid_names=pid,
+        pid_names=pid, sizes=sizes,
     )
 
 

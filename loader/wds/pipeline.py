@@ -16,6 +16,7 @@ from loader.wds.image import ImageTransform, check_image_transform
 from loader.wds.resume import ResumableLoader
 from loader.wds.shard_table import Wdinfo
 from loader.wds.shardlists import ShardlistBasic, ShardlistBasicParallelSync
+from loader.wds.twin_reader import read_indexes_soon
 
 
 def build_dataset(
@@ -126,11 +127,13 @@ def build_dataset(
     if decode is not None:
         decoder = Decoder(image=decode, caption_fields=caption_fields, caption_weights=caption_weights,
                           trusted_data=trusted_data, seed=seed, image_transform=image_transform)
-    return TwinTarDataset(
+    dataset = TwinTarDataset(
         table, shardlist, modalities=modalities, options=options, shuffle_buffer=shuffle_buffer,
         decoder=decoder, maps=augment, batch_size=batch_size, same_aspect_batches=same_aspect_batches,
         on_decode_error=on_decode_error, drop_last=drop_last,
     )
+    read_indexes_soon(table, dataset.modalities, options)  # a small remote dataset's, while the loader is made
+    return dataset
 
 
 _KEEP = object()   # make_loader without batch_size: the dataset's (deprecated build_dataset(batch_size=))

@@ -27,6 +27,7 @@ class TarSample:
     shard_id: int = -1  # position in the ShardTable this came from
     sha256: dict[str, str] | None = None  # modality -> hex digest, kept only for verify="sha256"
     pid_names: bool = False  # PiD-written: member names split into key and extension as PiD's reader does
+    sizes: dict[str, int] | None = None  # modality -> the tar's bytes, where the manifest lists them (remote tars)
 
     def url(self, modality: str) -> str:
         return join_url(self.root, modality, self.path)
@@ -41,7 +42,7 @@ class ShardTable(Sequence[TarSample]):
         sources: list[str], source_ids: np.ndarray, buckets: list[str | None], bucket_ids: np.ndarray,
         dirs: list[str] | None = None, dir_ids: np.ndarray | None = None,
         sha256: dict[str, pa.Array] | None = None, checksums_digest: str = "",
-        pid_names: np.ndarray | None = None,
+        pid_names: np.ndarray | None = None, sizes: dict[str, np.ndarray] | None = None,
     ):
         self.roots = roots
         self.root_ids = root_ids.astype(np.int32, copy=False)
@@ -65,6 +66,10 @@ class ShardTable(Sequence[TarSample]):
         # Per tar: listed by a PiD-written manifest (no format_version), so its member names are
         # split the way PiD's reader splits them (loader.formats.pid_names). None: none is.
         self.pid_names = None if pid_names is None else pid_names.astype(bool, copy=False)
+        # Per modality, each tar's bytes as its manifest lists them (-1: not listed); None: none
+        # listed. A remote tar's first ranges are asked for before its key index comes, and must
+        # stop short of its end (loader.wds.twin_reader._open_early).
+        self.sizes = None if sizes is None else {m: a.astype(np.int64, copy=False) for m, a in sizes.items()}
 
     def __len__(self) -> int:
         return len(self.counts)
@@ -87,6 +92,7 @@ class ShardTable(Sequence[TarSample]):
             shard_id=i,
             sha256=None if self.sha256 is None else {m: a[i].as_py() for m, a in self.sha256.items()},
             pid_names=self.pid_names is not None and bool(self.pid_names[i]),
+            sizes=None if self.sizes is None else {m: int(a[i]) for m, a in self.sizes.items() if a[i] >= 0},
         )
 
     def _key_index(self, i: int) -> str | None:
@@ -143,6 +149,7 @@ class ShardTable(Sequence[TarSample]):
             "sha256": None if self.sha256 is None else {m: pack_strings(a) for m, a in self.sha256.items()},
             "fingerprint": self.__dict__.get("_fingerprint"),
             "pid_names": None if self.pid_names is None else pack_ints(self.pid_names),
+            "sizes": None if self.sizes is None else {m: pack_ints(a) for m, a in self.sizes.items()},
         }
         return _unpack_shard_table, (columns,)
 
@@ -152,6 +159,8 @@ class ShardTable(Sequence[TarSample]):
             arrays += (self.dir_ids,)
         if self.pid_names is not None:
             arrays += (self.pid_names,)
+        if self.sizes is not None:
+            arrays += tuple(self.sizes.values())
         return int(sum(a.nbytes for a in arrays) + self.paths.nbytes + self.key_indexes.nbytes)
 
 
@@ -168,6 +177,7 @@ def _unpack_shard_table(columns: dict) -> ShardTable:
         sha256=None if sha256 is None else {m: unpack_strings(a) for m, a in sha256.items()},
         checksums_digest=columns["checksums_digest"],
         pid_names=None if columns["pid_names"] is None else unpack_ints(columns["pid_names"]),
+        sizes=None if columns.get("sizes") is None else {m: unpack_ints(a) for m, a in columns["sizes"].items()},
     )
     if columns["fingerprint"] is not None:
         table._fingerprint = columns["fingerprint"]

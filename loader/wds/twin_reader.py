@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
@@ -42,12 +43,15 @@ PREPARE_BATCHES = 32  # read ahead: planned batches whose tars are opened before
 PULL_PER_BATCH = 4  # read ahead: batches planned ahead per batch read, at most (the ramp to the budget)
 PREPARED = 32  # read ahead: tars opened ahead, at most (their bytes are bounded by the ReadAhead's budget)
 SMALL_SHARE = 32  # read ahead: a tar this many times smaller than its shard's largest is fetched whole (_small_tars)
+TAR_TAIL = 22 * 512  # a tar's bytes after its last member at most: 2 end-of-archive blocks + a 10 KiB record's padding
 SKIP_AHEAD = 8  # further ahead than this, a reader with header offsets reopens there instead of skipping
 _READ_ERRORS = (TarReadError, EOFError, OSError)
 
 _INDEX_CACHE: OrderedDict[tuple, tuple] = OrderedDict()
 _INDEX_CACHE_SIZE = 32   # shards: a worker reads its batches of one shard one after another
 _INDEX_CACHE_LOCK = threading.Lock()
+# Key indexes being read on a thread of this process (read_indexes_soon): cache key -> (pid, the read).
+_INDEX_PENDING: dict[tuple, tuple[int, Future]] = {}
 
 
 def read_index(shard: TarSample, modalities: tuple[str, ...], offsets: bool = True):
@@ -60,22 +64,79 @@ def read_index(shard: TarSample, modalities: tuple[str, ...], offsets: bool = Tr
     if not shard.key_index:
         return None
     key = (shard.key_index, shard.sample_count, tuple(modalities), offsets)
+    hit = _cached_index(key)
+    if hit is not None:
+        return hit
+    with _INDEX_CACHE_LOCK:
+        pending = _INDEX_PENDING.get((*key[:3], True))
+    if pending is not None and pending[0] == os.getpid():  # being read already (a forked copy's never ends)
+        pending[1].exception()
+        hit = _cached_index(key)
+        if hit is not None:
+            return hit  # else it failed: read again here, where the error is met and reported
+    return _read_and_cache(key, shard, modalities, offsets)
+
+
+def _cached_index(key: tuple):
     with _INDEX_CACHE_LOCK:
         hit = _INDEX_CACHE.get(key)
-        if hit is None and not offsets:  # the keys of an index read with its offsets will do
+        if hit is None and not key[3]:  # the keys of an index read with its offsets will do
             hit = _INDEX_CACHE.get(with_offsets := (*key[:3], True))
             if hit is not None:
                 _INDEX_CACHE.move_to_end(with_offsets)
                 return hit
         if hit is not None:
             _INDEX_CACHE.move_to_end(key)
-            return hit
+        return hit
+
+
+def _read_and_cache(key: tuple, shard: TarSample, modalities: tuple[str, ...], offsets: bool):
     got = _read_index_uncached(shard, modalities, offsets)
     with _INDEX_CACHE_LOCK:
         _INDEX_CACHE[key] = got
         while len(_INDEX_CACHE) > _INDEX_CACHE_SIZE:
             _INDEX_CACHE.popitem(last=False)
     return got
+
+
+def read_indexes_soon(shards, modalities: tuple[str, ...] | None, options) -> int:
+    """Right after the manifests are read: a remote dataset of at most ``_INDEX_CACHE_SIZE``
+    shards (every key index of it is read this epoch, whatever the plan, and all stay cached)
+    has them read now, on a few threads, while the loader and its plan are made. Instrumented,
+    the key indexes were asked for 40-70 ms after the manifests came (the plan, the DataLoader)
+    and every first batch waited for them: at 0 workers its tars' limits, at 2 workers the fork
+    (``read_indexes_before_fork``). A read of one still on the way waits for it
+    (``read_index``); failures are left for the reader to meet and report. Returns the reads started."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    config = options.stream_config or StreamConfig()
+    roots = getattr(shards, "roots", None)
+    if (config.read_ahead_bytes <= 0 or options.verify is not None or not roots or len(shards) > _INDEX_CACHE_SIZE
+            or all(urls.is_local(r) for r in roots)):
+        return 0
+    wanted = {}
+    for shard in shards:
+        mods = tuple(modalities or shard.keys)
+        key = (shard.key_index, shard.sample_count, mods, True)
+        if shard.key_index and not urls.is_local(shard.root) and not index_cached(shard, mods):
+            wanted.setdefault(key, (shard, mods))
+    if not wanted:
+        return 0
+    pool = ThreadPoolExecutor(min(config.read_ahead_connections, len(wanted)), thread_name_prefix="key-index-soon")
+
+    def one(key: tuple, shard: TarSample, mods: tuple[str, ...]) -> None:
+        try:
+            _read_and_cache(key, shard, mods, True)
+        finally:
+            with _INDEX_CACHE_LOCK:
+                _INDEX_PENDING.pop(key, None)
+
+    with _INDEX_CACHE_LOCK:
+        for key, (shard, mods) in wanted.items():
+            if key not in _INDEX_PENDING:
+                _INDEX_PENDING[key] = (os.getpid(), pool.submit(one, key, shard, mods))
+    pool.shutdown(wait=False)  # its threads end with the last read
+    return len(wanted)
 
 
 def read_indexes_before_fork(shards, tasks: Iterable[Task], modalities: tuple[str, ...] | None, options) -> int:
@@ -91,6 +152,10 @@ def read_indexes_before_fork(shards, tasks: Iterable[Task], modalities: tuple[st
     config = options.stream_config or StreamConfig()
     if config.read_ahead_bytes <= 0 or options.verify is not None:
         return 0
+    with _INDEX_CACHE_LOCK:  # no thread of read_indexes_soon may be mid-read (or hold the lock) at the fork
+        pending = [f for pid, f in _INDEX_PENDING.values() if pid == os.getpid()]
+    for f in pending:
+        f.exception()
     wanted: dict[tuple, tuple[TarSample, tuple[str, ...]]] = {}
     for seen, task in enumerate(tasks):
         if len(wanted) >= _INDEX_CACHE_SIZE or seen >= _INDEX_CACHE_SIZE * PREPARE_BATCHES:
@@ -103,10 +168,6 @@ def read_indexes_before_fork(shards, tasks: Iterable[Task], modalities: tuple[st
             wanted.setdefault((shard.key_index, mods), (shard, mods))
     if not wanted:
         return 0
-    if any(urls.scheme(shard.key_index) == "s3" for shard, _ in wanted.values()):
-        from loader.io.s3_client import client_for_fork
-
-        client_for_fork(config)
 
     def one(item) -> None:
         # Best effort: the worker that needs an index that failed here reads it again and reports it.
@@ -114,7 +175,15 @@ def read_indexes_before_fork(shards, tasks: Iterable[Task], modalities: tuple[st
             read_index(*item)
 
     with ThreadPoolExecutor(min(config.read_ahead_connections, len(wanted)), thread_name_prefix="key-index") as pool:
-        list(pool.map(one, wanted.values()))
+        reads = [pool.submit(one, item) for item in wanted.values()]
+        if any(urls.scheme(shard.key_index) == "s3" for shard, _ in wanted.values()):
+            from loader.io.s3_client import client_for_fork
+
+            # Made while the indexes' first bytes are on the way (its 10-30 ms of CPU were
+            # spent before they were asked for).
+            client_for_fork(config)
+        for r in reads:
+            r.result()
     return len(wanted)
 
 
@@ -230,6 +299,7 @@ class _Tars:
                  ahead_to: int | None = None, order: int = 0, wholes: dict[str, int] | None = None):
         self.shard, self.modalities, self.pos, self.verify = shard, modalities, pos, verify
         self.ahead_to = ahead_to  # read-ahead: the member the streams' limits end before (None: no limit)
+        self.early_last: int | None = None  # opened before the key index came: the end of the task it was opened for
         self._tars: list[OpenTar] | None = None
         self._nexts: list | None = None
         self._opts, self._stats = opts, stats
@@ -475,7 +545,11 @@ class TwinReader:
             tars.close()
         tars = twin
         if tars is not None:
-            self._want(shard, tars, mods, last)
+            try:
+                self._want(shard, tars, mods, last)  # opened early: waits for the key index here
+            except BaseException:
+                tars.close()
+                raise
         else:
             tars = self._open_at(shard, task, mods, mode, first, last, ahead)
         if not verify:
@@ -515,8 +589,12 @@ class TwinReader:
         """Read-ahead tars fetch on up to member ``last`` (their limits end earlier)."""
         if tars.ahead_to is None or last <= tars.ahead_to:
             return
-        index = self._key_index(shard, mods)  # cached: the tars were opened from it
-        assert index is not None
+        index = self._key_index(shard, mods)  # cached: the tars were opened from it (or are on the way)
+        if index is None or not all(m in index[1] for m in mods):
+            tars.ahead_to = None  # opened early, and no offsets to bound them: read on to the end
+            for m in mods:
+                tars.stream(m).want(None, self._order)
+            return
         tars.want(_limits(index, mods, last, shard.sample_count), last, self._order)
 
     def _ahead_for(self, shard: TarSample):
@@ -542,14 +620,22 @@ class TwinReader:
             if not shard.key_index or self._ahead_for(shard) is None:
                 continue
             mods = self.modalities or shard.keys
-            if not self._index_soon(shard, mods):
-                done = False  # its key index is on the way: a later call opens the tars
-                continue
             first, last = min(a for a, _ in task.ranges), _task_end(task)
+            if not self._index_soon(shard, mods):
+                done = False  # its key index is on the way: a later call sets the tars' limits
+                if first == 0 and kept is None:
+                    self._open_early(shard, task, mods, mode)
+                continue
             chained = [t for k, t in self._prepared.items() if k[0] == task.shard_id and k[1] == mode and k[3] == mods]
             if kept is not None and kept.modalities == mods:
                 chained.append(kept)
             try:
+                for t in chained:
+                    if t.ahead_to == 0 and t.early_last is not None:
+                        # Opened early, its index here now: its limits first, so that a later task
+                        # of the shard goes on in it (its bytes are on the way there), not in a
+                        # second stream that closes this one with them unread (a flaky drop, 1 in 4).
+                        self._want(shard, t, mods, t.early_last)
                 # Tars that read this task already, or go on into it: no second stream.
                 follows = next((t for t in chained if t.ahead_to is not None and t.pos <= first <= t.ahead_to), None)
                 if follows is not None:
@@ -569,6 +655,27 @@ class TwinReader:
             while len(self._prepared) > PREPARED:
                 self._prepared.popitem(last=False)[1].close()
         return done
+
+    def _open_early(self, shard: TarSample, task: Task, mods: tuple[str, ...], mode: str) -> None:
+        """A task that starts at the shard's first member, its key index still on the way: the
+        tars are opened at byte 0 now, asking ahead one read-ahead block each (their first
+        members), so those bytes come with the key index, not one time to first byte after it.
+        Instrumented at 0 workers, the reader's first bytes waited on three first-byte times in a
+        row (manifest, key index, range). The index raises the limits when it comes (``_want``:
+        ``ahead_to`` 0 until then); a task that ends before a block reads on into the next one,
+        which its shard's next task reads from the same tars. Only where the manifest lists the
+        tars' sizes."""
+        key = (task.shard_id, mode, 0, mods)
+        sizes = shard.sizes or {}
+        if key in self._prepared or len(self._prepared) >= PREPARED or not all(m in sizes for m in mods):
+            return
+        block = (self.options.stream_config or StreamConfig()).read_ahead_block
+        # Short of the tar's end by its largest tail (end-of-archive blocks, record padding): the
+        # reader never reads there, so no byte asked for now is fetched for nothing.
+        limits = {m: max(0, min(block, sizes[m] - TAR_TAIL)) for m in mods}
+        tars = self._prepared[key] = _Tars(shard, mods, {m: 0 for m in mods}, 0, self.options, self.stats, False,
+                                           self._ahead, limits, 0, self._order)
+        tars.early_last = _task_end(task)
 
     def plan_ahead(self, batches: Iterable) -> Iterator:
         """``batches`` (planned batches) as they come, each prepared before it is read: as many
