@@ -20,6 +20,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from dagster._core.test_utils import create_run_for_test
 
 from pid_platform.defs.automation.run_holds import run_holds_sensor
 from pid_platform.sharding.commit.s3_output import S3Output
@@ -144,6 +145,28 @@ def test_a_run_that_ends_before_its_last_step_is_let_go_by_the_sensor(
         assert _tick_run_holds_sensor(instance) == "no ended run still held its output"
     res = _cli(tmp_path, raw_root, output)
     assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.usefixtures("ui_home")
+def test_the_sensor_keeps_the_hold_of_a_run_waiting_between_two_of_its_steps(out_root: Path) -> None:
+    """Between two steps (the next one queued for pool slots, say) no step of the run renews its
+    hold: each tick renews the hold of a source's running build run, so it outlives its TTL while
+    the run lives; a hold of a run that is not running is left to expire or be released."""
+    output = str(out_root / SOURCE)
+    with dg.DagsterInstance.get() as instance:
+        run = create_run_for_test(instance, job_name="source_build", status=dg.DagsterRunStatus.STARTED,
+                                  tags={"dagster/partition": SOURCE})
+        _hold(output, run.run_id, renewed_ago=50.0, ttl_s=60.0)  # 10 s from expiring
+        said = _tick_run_holds_sensor(instance)
+        assert said.endswith(f"renewed the holds of running runs: {SOURCE} ({run.run_id[:8]})"), said
+        hold = hold_place(output).read()[0]
+        assert hold.run_id == run.run_id and time.time() - hold.renewed < 5, hold
+        # Another run's hold on the output (not this source's running run) is not renewed.
+        hold_place(output).store.delete(hold_place(output).key)
+        _hold(output, "0123abcd-other", renewed_ago=50.0, ttl_s=60.0)
+        before = hold_place(output).read()[0]
+        assert "renewed" not in _tick_run_holds_sensor(instance)
+        assert hold_place(output).read()[0] == before
 
 
 @pytest.mark.slow

@@ -23,9 +23,9 @@ length: a small record, the same for a folder output and an ``s3://`` one::
   task``, which takes neither, checks first). They check once they hold the lock or lease, and a
   step takes the hold before either: of a step and a CLI build starting together, one sees the other.
 * A hold is live until its last renewal plus its TTL (``PID_RUN_HOLD_TTL_S``, default an hour:
-  a run lost without its end being seen blocks CLI builds of its output that long at most; a run
-  that waits longer than that between two steps, for pool slots say, is no longer protected
-  until its next step renews it). One whose deadline lies more than two TTLs ahead is not honoured.
+  a run lost without its end being seen blocks CLI builds of its output that long at most). A
+  run waiting between two steps, for pool slots say, has no step renewing it: the sensor renews
+  the hold of each source's running build run (``renew_hold``). One whose deadline lies more than two TTLs ahead is not honoured.
 
 The record is written by another process, so it is read strictly: anything but the fields above,
 in range, is ``RunHoldError`` naming the file. Every read and write goes through the storage
@@ -246,6 +246,26 @@ def release_hold_at(place: HoldPlace, run_id: str) -> bool:
     return True
 
 
+def renew_hold(output: S3Output | str | os.PathLike[str], run_id: str, *,
+               now: Callable[[], float] = time.time) -> bool:
+    """Renew ``output``'s hold if it is ``run_id``'s (``run_holds_sensor``: a run waiting between
+    two steps, for pool slots say, has no step renewing it); True if it was renewed."""
+    try:
+        return renew_hold_at(hold_place(output), run_id, now()) is not None
+    except (RunHoldError, PreconditionFailedError, ObjectNotFoundError):
+        return False  # not one this code wrote, or changed meanwhile by a step that renewed it
+
+
+def renew_hold_at(place: HoldPlace, run_id: str, now: float) -> tuple[RunHold, str | None] | None:
+    """The hold at ``place`` renewed at ``now`` if it is ``run_id``'s, with its new ETag; ``None``
+    when it is gone or another run's. Conditional on the ETag read: a writer meanwhile wins."""
+    got = place.read()
+    if got is None or got[0].run_id != run_id:
+        return None
+    hold = replace(got[0], renewed=now)
+    return hold, place.store.put_if_match(place.key, hold.to_bytes(), got[1], content_type="application/json")
+
+
 class RunHoldForStep(HeldInBackground):
     """A build step's part in its run's hold: taken (or renewed) on enter, renewed in the
     background, kept on exit (the run's later steps renew it; its end releases it).
@@ -302,15 +322,15 @@ class RunHoldForStep(HeldInBackground):
         return min(self.ttl_s / 3, MAX_RENEW_S)
 
     def _renew_once(self) -> bool:
-        # Read first: the run's other steps (write tasks side by side) renew it too, each
-        # changing its ETag; only a hold that is gone or another run's ends the renewals.
+        # Read first: the run's other steps (write tasks side by side) and run_holds_sensor renew
+        # it too, each changing its ETag; only a hold that is gone or another run's ends the renewals.
         try:
-            got = self.place.read()
-            if got is None or got[0].run_id != self.run_id:
+            renewed = renew_hold_at(self.place, self.run_id, self.now())
+            if renewed is None:
                 log.warning("%s: the hold of run %s was released or taken over; no longer renewing it",
                             self.place.where, self.run_id)
                 return False
-            self._write(replace(got[0], renewed=self.now()), got[1])
+            self.hold, self.etag = renewed
         except Exception as exc:  # noqa: BLE001 - retried next period; the hold outlasts a few misses
             log.warning("%s: renewing the run's hold failed (%s); trying again", self.place.where, exc)
         return True

@@ -19,10 +19,16 @@ import dagster as dg
 
 from pid_platform.defs.automation.alerts import job_label
 from pid_platform.defs.automation.builds import builds_source
-from pid_platform.defs.automation.source_holder import refuse_unless_holding
+from pid_platform.defs.automation.source_holder import HOLDING, oldest_builds, refuse_unless_holding
 from pid_platform.defs.resources import SourceStoreResource
 from pid_platform.defs.retries import is_transient
-from pid_platform.sharding.run_hold import RunHoldForStep, acting_for, release_hold, ttl_from_env
+from pid_platform.sharding.run_hold import (
+    RunHoldForStep,
+    acting_for,
+    release_hold,
+    renew_hold,
+    ttl_from_env,
+)
 
 ENDED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 
@@ -71,7 +77,8 @@ def _retried(context: dg.OpExecutionContext | dg.AssetExecutionContext, exc: Bas
     minimum_interval_seconds=15,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Every 15 s: releases the hold a build run has on its source's output once the run has ended "
-                "(succeeded, failed or canceled). While a build run holds an output, a pid-shard build of it is "
+                "(succeeded, failed or canceled), and renews the hold of a build run still running (between two "
+                "of its steps nothing else does). While a build run holds an output, a pid-shard build of it is "
                 "refused, naming the run; a hold nobody releases expires after PID_RUN_HOLD_TTL_S (an hour).",
 )
 def run_holds_sensor(context: dg.SensorEvaluationContext, source_store: SourceStoreResource) -> dg.SkipReason:
@@ -89,5 +96,14 @@ def run_holds_sensor(context: dg.SensorEvaluationContext, source_store: SourceSt
             released.append(f"{source} ({run.run_id[:8]}, {run.status.value.lower()})")
     if records:
         context.update_cursor(str(max(r.update_timestamp.timestamp() for r in records)))
-    return dg.SkipReason(f"released the holds of ended runs: {', '.join(released)}" if released
-                         else "no ended run still held its output")
+    # A run between two steps (waiting for pool slots, say) has no step renewing its hold: keep
+    # the hold of each source's holding run alive while that run has not ended.
+    kept = []
+    for source, run in sorted(oldest_builds(context.instance.get_run_records(dg.RunsFilter(statuses=HOLDING))).items()):
+        if renew_hold(source_store.source_target(source) or source_store.source_out(source), run.run_id):
+            kept.append(f"{source} ({run.run_id[:8]})")
+    said = [f"released the holds of ended runs: {', '.join(released)}" if released
+            else "no ended run still held its output"]
+    if kept:
+        said.append(f"renewed the holds of running runs: {', '.join(kept)}")
+    return dg.SkipReason("; ".join(said))

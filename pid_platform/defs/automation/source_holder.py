@@ -41,10 +41,10 @@ def source_holder(instance: dg.DagsterInstance, source: str) -> dg.DagsterRun | 
     """The run that holds ``source``: the oldest run building any of its assets that has started
     and not ended (``None``: no run holds it)."""
     records = instance.get_run_records(dg.RunsFilter(statuses=HOLDING, tags={"dagster/partition": source}))
-    return _oldest_builds(records).get(source)
+    return oldest_builds(records).get(source)
 
 
-def _oldest_builds(records) -> dict[str, dg.DagsterRun]:
+def oldest_builds(records) -> dict[str, dg.DagsterRun]:
     """Per source, the oldest of ``records`` (run records past the queue) that builds it."""
     holders: dict[str, dg.DagsterRun] = {}
     for r in sorted(records, key=lambda r: r.storage_id, reverse=True):  # the oldest written last
@@ -79,7 +79,7 @@ def queued_builds_sensor(context: dg.SensorEvaluationContext) -> dg.SkipReason:
     instance = context.instance
     queued = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED]))
     # One query for every source's holder, not one per queued run (a queue of 40 new sources).
-    holders = _oldest_builds(instance.get_run_records(dg.RunsFilter(statuses=HOLDING))) if queued else {}
+    holders = oldest_builds(instance.get_run_records(dg.RunsFilter(statuses=HOLDING))) if queued else {}
     named = []
     for run in sorted(queued, key=lambda r: r.run_id):
         source = run.tags.get("dagster/partition")
