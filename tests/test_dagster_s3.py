@@ -35,7 +35,7 @@ from tests.support.dagster_runs import (
     use_roots,
 )
 from tests.support.s3_objects import current_version, pointer
-from tests.support.seaweedfs import SeaweedS3, upload_tree
+from tests.support.seaweedfs import SeaweedS3, raw_and_output_buckets, upload_tree
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -82,22 +82,10 @@ def _dagster_build(source: str, **sharding) -> dict[str, dict]:
         return {**materialized(built), **materialized(catalog)}
 
 
-def _raw_and_output_buckets(s3_env: SeaweedS3, drop: Path, monkeypatch: pytest.MonkeyPatch, prefix: str):
-    """Buckets ``<prefix>-raw`` (holding ``drop`` under ``drops/``) and ``<prefix>-out``, set as the
-    code location's raw and output roots; the S3 client."""
-    client = s3_env.client()
-    s3_env.make_bucket(f"{prefix}-raw")
-    s3_env.make_bucket(f"{prefix}-out")
-    upload_tree(client, drop, f"{prefix}-raw", "drops")
-    monkeypatch.setenv("PID_RAW_ROOT", f"s3://{prefix}-raw/drops")
-    monkeypatch.setenv("PID_OUTPUT_ROOT", f"s3://{prefix}-out/built")
-    return client
-
-
 def test_every_asset_from_s3_into_s3_matches_the_local_build_and_trains(
     s3_env: SeaweedS3, photo_drop_template: Path, raw_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client = _raw_and_output_buckets(s3_env, photo_drop_template, monkeypatch, "dagster-both")
+    client = raw_and_output_buckets(s3_env, photo_drop_template, monkeypatch, "dagster-both")
     monkeypatch.setenv("PID_WORK_ROOT", str(tmp_path / "work"))
     monkeypatch.chdir(tmp_path)
     # Three write tasks, meeting in the bucket: no step of an s3 build needs another's disk.
@@ -146,12 +134,7 @@ def test_any_machine_finds_an_s3_build_up_to_date_and_reshards_it_from_the_bucke
     """Each run below has an empty work folder of its own, as a fresh worker would: what a
     build needs of the last one (its samples, every file's outcome, its settings) comes from the
     version the bucket serves."""
-    client = s3_env.client()
-    s3_env.make_bucket("dagster-fresh-raw")
-    s3_env.make_bucket("dagster-fresh-out")
-    upload_tree(client, photo_drop_template, "dagster-fresh-raw", "drops")
-    monkeypatch.setenv("PID_RAW_ROOT", "s3://dagster-fresh-raw/drops")
-    monkeypatch.setenv("PID_OUTPUT_ROOT", "s3://dagster-fresh-out/built")
+    client = raw_and_output_buckets(s3_env, photo_drop_template, monkeypatch, "dagster-fresh")
     instance.add_dynamic_partitions(SOURCES, ["photos"])  # one instance: the machines share it
 
     def run(machine: str, **kwargs):
@@ -191,7 +174,7 @@ def test_a_tar_deleted_from_the_served_version_is_sent_again_by_the_dagster_step
     """A re-shard with the same settings on a fresh machine stages the very version the pointer
     names: its write tasks keep what the bucket holds and send the tar that was deleted, never
     copying a tar onto itself (which failed every retry, blaming a re-staged plan)."""
-    client = _raw_and_output_buckets(s3_env, photo_drop_template, monkeypatch, "dagster-repair")
+    client = raw_and_output_buckets(s3_env, photo_drop_template, monkeypatch, "dagster-repair")
     instance.add_dynamic_partitions(SOURCES, ["photos"])
 
     def run(machine: str, **kwargs):

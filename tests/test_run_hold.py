@@ -27,7 +27,7 @@ from pid_platform.sharding.commit.s3_output import S3Output
 from pid_platform.sharding.run_hold import S3_HOLD_REL, RunHold, RunHoldForStep, hold_place
 from tests.support.dagster_runs import load_defs
 from tests.support.machines import pid_shard
-from tests.support.seaweedfs import SeaweedS3, upload_tree
+from tests.support.seaweedfs import SeaweedS3, raw_and_output_buckets
 from tests.support.ui_launch import (
     launch,
     launchpad_params,
@@ -103,12 +103,7 @@ def test_a_pid_shard_of_an_s3_output_mid_run_is_refused_and_builds_once_the_run_
     s3_env: SeaweedS3, photo_drop_template: Path, raw_root: Path, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    client = s3_env.client()
-    s3_env.make_bucket("hold-raw")
-    s3_env.make_bucket("hold-out")
-    upload_tree(client, photo_drop_template, "hold-raw", "drops")
-    monkeypatch.setenv("PID_RAW_ROOT", "s3://hold-raw/drops")
-    monkeypatch.setenv("PID_OUTPUT_ROOT", "s3://hold-out/built")
+    client = raw_and_output_buckets(s3_env, photo_drop_template, monkeypatch, "hold")
     monkeypatch.setenv("PID_WORK_ROOT", str(tmp_path / "work"))
     output = f"s3://hold-out/built/{SOURCE}"
     reached, go = _hold_first_shard(tmp_path, monkeypatch)

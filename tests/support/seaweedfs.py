@@ -69,6 +69,18 @@ def upload_tree(client, local_dir: str | os.PathLike[str], bucket: str, prefix: 
     return keys
 
 
+def raw_and_output_buckets(s3_env: SeaweedS3, drop: Path, monkeypatch: pytest.MonkeyPatch, prefix: str):
+    """Buckets ``<prefix>-raw`` (holding ``drop`` under ``drops/``) and ``<prefix>-out``, set as the
+    code location's raw and output roots (``PID_RAW_ROOT``, ``PID_OUTPUT_ROOT``); the S3 client."""
+    client = s3_env.client()
+    s3_env.make_bucket(f"{prefix}-raw")
+    s3_env.make_bucket(f"{prefix}-out")
+    upload_tree(client, drop, f"{prefix}-raw", "drops")
+    monkeypatch.setenv("PID_RAW_ROOT", f"s3://{prefix}-raw/drops")
+    monkeypatch.setenv("PID_OUTPUT_ROOT", f"s3://{prefix}-out/built")
+    return client
+
+
 def upload_to_new_bucket(server: SeaweedS3, local_dir: str | os.PathLike[str], bucket: str, prefix: str) -> str:
     """Make ``bucket``, upload ``local_dir`` under ``prefix``; the ``s3://`` URL of that copy."""
     made = server.make_bucket(bucket)
