@@ -111,7 +111,7 @@ def test_a_killed_write_task_rerun_gives_the_same_bytes_and_the_commit_waits_for
     pid_shard(tmp_path, "other", "task", "--index", "1", "--of", "2", *_io(s3.source, url))
     refused = pid_shard(tmp_path, "committer", "commit", *_io(None, url), check=False)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
-    assert "lie in no finished write task" in refused.stderr and "nothing was published" in refused.stderr
+    assert "write task 0 of 2 has not finished" in refused.stderr and "nothing was published" in refused.stderr
     assert "pid-current.json" not in s3.keys("killed")
 
     rerun = pid_shard(tmp_path, "rerun", "task", "--index", "0", "--of", "2", *_io(s3.source, url))

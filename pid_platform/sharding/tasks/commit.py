@@ -53,7 +53,7 @@ from pid_platform.sharding.tasks.outcomes import (
     TasksUnfinishedError,
     Unfinished,
     report_of,
-    spans_text,
+    unfinished_write,
     validate_of,
 )
 from pid_platform.sharding.tasks.records import WRITE, bucket_staging, records
@@ -137,11 +137,7 @@ class StagedShards:
         return pipeline.planned_results(self.plans, self.cov.written.__contains__)
 
     def unfinished(self, output: S3Output) -> Unfinished | None:
-        if not self.cov.missing:
-            return None
-        return Unfinished(f"shards {spans_text(self.cov.missing)} of {len(self.plans)} lie in no finished write task "
-                          f"(no completion record under {output}/{staging.rel('tasks')}/)",
-                          "run `pid-shard task --index I --of N` for each unfinished I of one N, then commit again")
+        return unfinished_write(len(self.plans), self.cov.ofs, self.cov.missing, f"{output}/{staging.rel('tasks')}/")
 
     def problems(self, output: S3Output, check: str) -> list[str]:
         """What the write tasks' ``check`` found in their shards, and every shard object the

@@ -107,6 +107,30 @@ def spans_text(positions: list[int]) -> str:
     return ", ".join(spans)
 
 
+def unfinished_write(shards: int, ofs: set[int], missing: list[int], where: str, *,
+                     damaged: bool = False) -> Unfinished | None:
+    """Why a staged plan of ``shards`` shards cannot be committed (None: no shard is ``missing``),
+    for a folder and a bucket alike: ``ofs``, the ``--of`` of each of its write records found in
+    ``where``; ``damaged``, some record's shards had gone missing or been damaged since."""
+    if not missing:
+        return None
+    if len(ofs) == 1:
+        n = next(iter(ofs))
+        left = [i for i in range(n) if any(j in missing for j in range(*slice_bounds(shards, i, n)))]
+        return Unfinished(
+            f"write task{'s' if len(left) > 1 else ''} {', '.join(map(str, left))} of {n} "
+            f"{'have' if len(left) > 1 else 'has'} not finished (no completion record in {where}"
+            f"{'; some had a shard missing or damaged since, and must run again' if damaged else ''})",
+            f"run `pid-shard task --index I --of {n}` for each, then commit again")
+    if not ofs:
+        return Unfinished(f"no write task has finished for the staged plan ({shards} shards; no completion record "
+                          f"in {where})", "run `pid-shard task --index I --of N` for I = 0 .. N-1, then commit again")
+    return Unfinished(
+        f"shards {spans_text(missing)} of {shards} lie in no finished write task (records for --of "
+        f"{', '.join(map(str, sorted(ofs)))} in {where})",
+        "run `pid-shard task --index I --of N` for each unfinished I of one N, then commit again")
+
+
 def report_of(folder: Path) -> IntakeReport:
     """The intake report a plan staged in ``folder`` (``intake_report.json``), for the commit's summary."""
     doc = load_state_doc((state_dir(folder) / REPORT).read_bytes(), state_dir(folder) / REPORT)

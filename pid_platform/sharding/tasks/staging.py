@@ -367,10 +367,11 @@ class Coverage:
     written: set[int]  # written by the task (not kept from an earlier run)
     problems: dict[int, dict[str, list[str]]]  # check name -> problems the task found in its tars
     missing: list[int]  # shards no record covers
+    ofs: set[int]  # the ``--of`` of the records that cover shards
 
 
 def coverage(plans: Sequence[Shard], recs: list[dict]) -> Coverage:
-    cov = Coverage({}, {}, {}, {}, {}, set(), {}, [])
+    cov = Coverage({}, {}, {}, {}, {}, set(), {}, [], set())
     for r in recs:
         try:
             start, stop = slice_bounds(len(plans), r["index"], r["of"])
@@ -384,6 +385,7 @@ def coverage(plans: Sequence[Shard], recs: list[dict]) -> Coverage:
                 cov.record[i] = str(r.get("path"))
                 cov.problems[i] = dict(r.get("problems", {}).get(str(i), {}))
             cov.written |= {int(i) for i in r.get("written", [])}
+            cov.ofs.add(int(r["of"]))
         except (KeyError, TypeError, ValueError):
             continue
     cov.missing = [i for i in range(len(plans)) if i not in cov.digests]

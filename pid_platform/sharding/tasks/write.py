@@ -57,7 +57,7 @@ from pid_platform.sharding.tasks.outcomes import (
     Unfinished,
     check_task,
     shard_done_point,
-    spans_text,
+    unfinished_write,
 )
 from pid_platform.sharding.tasks.published import current_manifests
 from pid_platform.sharding.tasks.records import (
@@ -190,28 +190,8 @@ def unfinished_write_tasks(out: Path, *, key_indexes: bool = True, plans: list[S
             damaged.append(r)
             Path(r["path"]).unlink(missing_ok=True)
     missing = [i for i, c in enumerate(covered) if not c]
-    if not missing:
-        return None
-    ofs = sorted({r["of"] for r in recs} | {r["of"] for r in damaged})
-    where = tasks_dir(staging)
-    if len(ofs) == 1:
-        n = ofs[0]
-        unfinished = [i for i in range(n) if not all(covered[slice(*slice_bounds(len(plans), i, n))])]
-        return Unfinished(
-            f"write task{'s' if len(unfinished) > 1 else ''} {', '.join(map(str, unfinished))} of {n} "
-            f"{'have' if len(unfinished) > 1 else 'has'} not finished (no completion record in {where}"
-            f"{'; some had a shard missing or damaged since, and must run again' if damaged else ''})",
-            f"run `pid-shard task --index I --of {n}` for each, then commit again")
-    if not ofs:
-        return Unfinished(
-            f"no write task has finished for the staged plan of {out} ({len(plans)} shards; no completion "
-            f"record in {where})",
-            "run `pid-shard task --index I --of N` for I = 0 .. N-1, then commit again")
-    return Unfinished(
-        f"shards {spans_text(missing)} of {len(plans)} lie in no finished write task (records for --of "
-        f"{', '.join(map(str, ofs))} in {where})",
-        "run the missing tasks of one N, then commit again"
-    )
+    return unfinished_write(len(plans), {r["of"] for r in recs + damaged}, missing, str(tasks_dir(staging)),
+                            damaged=bool(damaged))
 
 
 # The checks a write task runs on each shard's tars before it sends them (``verify_output``).
