@@ -21,7 +21,7 @@ import os
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 
 from loader.formats.errors import FormatError, short_repr
@@ -107,8 +107,6 @@ def read_indexes_soon(shards, modalities: tuple[str, ...] | None, options) -> in
     and every first batch waited for them: at 0 workers its tars' limits, at 2 workers the fork
     (``read_indexes_before_fork``). A read of one still on the way waits for it
     (``read_index``); failures are left for the reader to meet and report. Returns the reads started."""
-    from concurrent.futures import ThreadPoolExecutor
-
     config = options.stream_config or StreamConfig()
     roots = getattr(shards, "roots", None)
     if (config.read_ahead_bytes <= 0 or options.verify is not None or not roots or len(shards) > _INDEX_CACHE_SIZE
@@ -147,8 +145,6 @@ def read_indexes_before_fork(shards, tasks: Iterable[Task], modalities: tuple[st
     read every key index again (the batches of a shard alternate between workers), and made its
     own client: 0.15-0.25 s of CPU and two times to first byte before its first batch. Failures
     are left for the workers to meet and report. Returns the key indexes read."""
-    from concurrent.futures import ThreadPoolExecutor
-
     config = options.stream_config or StreamConfig()
     if config.read_ahead_bytes <= 0 or options.verify is not None:
         return 0

@@ -97,6 +97,10 @@ class SourceStoreResource(dg.ConfigurableResource, ABC):
             return work_dir(target, self.work_root or default_work_root())
         return Path(self.output_root) / self._checked(source)
 
+    def source_output(self, source: str) -> S3Output | Path:
+        """The output a build of ``source`` switches: its S3 prefix, or its folder."""
+        return self.source_target(source) or self.source_out(source)
+
     def output_location(self, source: str) -> str:
         """Where readers find a source's build (a folder, or the S3 prefix with its pointer)."""
         target = self.source_target(source)

@@ -117,13 +117,9 @@ class RunHold:
         return now < self.deadline <= now + 2 * self.ttl_s
 
 
-def _error(message: str) -> RunHoldError:
-    return RunHoldError(message)
-
-
 def parse_hold(data: bytes, where: str) -> RunHold:
     """The hold in ``data`` (read from ``where``), every field checked; ``RunHoldError`` naming the file."""
-    doc = load_json_doc(data, where, max_bytes=MAX_HOLD_BYTES, fix=_FIX, error=_error)
+    doc = load_json_doc(data, where, max_bytes=MAX_HOLD_BYTES, fix=_FIX, error=RunHoldError)
 
     def bad(what: str) -> RunHoldError:
         return RunHoldError(f"{where} is not a Dagster run's hold this version of pid-platform reads ({what}); {_FIX}")

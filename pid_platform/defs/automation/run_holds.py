@@ -47,7 +47,7 @@ def holding_output(context: dg.OpExecutionContext | dg.AssetExecutionContext, so
     one is retried by the step's retry policy, which keeps it)."""
     refuse_unless_holding(context, source)  # another run of this instance: named (source_holder.py)
     run = context.run
-    output = source_store.source_target(source) or source_store.source_out(source)
+    output = source_store.source_output(source)
     instance = context.instance
     hold = RunHoldForStep(output, run.run_id, job_label(run), source,
                           may_take_over=lambda other: _ended(instance, other))
@@ -91,7 +91,7 @@ def run_holds_sensor(context: dg.SensorEvaluationContext, source_store: SourceSt
         run, source = r.dagster_run, r.dagster_run.tags.get("dagster/partition")
         if source is None or not builds_source(run):
             continue
-        output = source_store.source_target(source) or source_store.source_out(source)
+        output = source_store.source_output(source)
         if release_hold(output, run.run_id):
             released.append(f"{source} ({run.run_id[:8]}, {run.status.value.lower()})")
     if records:
@@ -100,7 +100,7 @@ def run_holds_sensor(context: dg.SensorEvaluationContext, source_store: SourceSt
     # the hold of each source's holding run alive while that run has not ended.
     kept = []
     for source, run in sorted(oldest_builds(context.instance.get_run_records(dg.RunsFilter(statuses=HOLDING))).items()):
-        if renew_hold(source_store.source_target(source) or source_store.source_out(source), run.run_id):
+        if renew_hold(source_store.source_output(source), run.run_id):
             kept.append(f"{source} ({run.run_id[:8]})")
     said = [f"released the holds of ended runs: {', '.join(released)}" if released
             else "no ended run still held its output"]
