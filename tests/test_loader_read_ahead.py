@@ -335,6 +335,24 @@ def test_a_forked_process_starts_with_the_client_made_for_it(s3_env) -> None:
     assert took and body == b"abc"
 
 
+def test_workers_get_a_client_made_for_them_when_every_key_index_was_read_already(built: Path, s3_env) -> None:
+    """A small remote dataset has every key index read with its manifests; the fork still gets the
+    S3 client made for its workers (before: none was made then, and each worker made its own
+    before its first GET)."""
+    import os
+
+    from loader.io import s3_client as clients
+    from loader.io.s3_client import S3Settings
+
+    _, urls = upload(s3_env, built, "ra-fork-spare")
+    config = StreamConfig(read_timeout_s=7.5)  # settings of their own: no other test's spare
+    ds = build_dataset(urls, decode=None, seed=5, stream_config=config)
+    _wait_for_index_reads()
+    ds.before_fork()
+    key = (clients._env_key(), clients._settings_key(S3Settings.for_stream(config)))
+    assert clients._spares.get(key, (None,))[0] == os.getpid()
+
+
 def _wait_for_index_reads() -> None:
     import loader.wds.twin_reader as twin_reader
 

@@ -148,8 +148,15 @@ def read_indexes_before_fork(shards, tasks: Iterable[Task], modalities: tuple[st
     config = options.stream_config or StreamConfig()
     if config.read_ahead_bytes <= 0 or options.verify is not None:
         return 0
+    roots = getattr(shards, "roots", None) or []
     with _INDEX_CACHE_LOCK:  # no thread of read_indexes_soon may be mid-read (or hold the lock) at the fork
         pending = [f for pid, f in _INDEX_PENDING.values() if pid == os.getpid()]
+    spare = any(urls.scheme(r) == "s3" for r in roots)
+    if spare and pending:
+        # The client the workers will use, made whatever the cache holds (instrumented: when
+        # read_indexes_soon had read every key index, none was made, and each worker made its
+        # own before its first GET: 15-40 ms each), while the reads on the way wait for bytes.
+        spare = _client_for_fork(config)
     for f in pending:
         f.exception()
     wanted: dict[tuple, tuple[TarSample, tuple[str, ...]]] = {}
@@ -163,6 +170,8 @@ def read_indexes_before_fork(shards, tasks: Iterable[Task], modalities: tuple[st
         if not index_cached(shard, mods):
             wanted.setdefault((shard.key_index, mods), (shard, mods))
     if not wanted:
+        if spare:
+            _client_for_fork(config)
         return 0
 
     def one(item) -> None:
@@ -172,15 +181,19 @@ def read_indexes_before_fork(shards, tasks: Iterable[Task], modalities: tuple[st
 
     with ThreadPoolExecutor(min(config.read_ahead_connections, len(wanted)), thread_name_prefix="key-index") as pool:
         reads = [pool.submit(one, item) for item in wanted.values()]
-        if any(urls.scheme(shard.key_index) == "s3" for shard, _ in wanted.values()):
-            from loader.io.s3_client import client_for_fork
-
-            # Made while the indexes' first bytes are on the way (its 10-30 ms of CPU were
-            # spent before they were asked for).
-            client_for_fork(config)
+        if spare:  # while the indexes' first bytes are on the way
+            _client_for_fork(config)
         for r in reads:
             r.result()
     return len(wanted)
+
+
+def _client_for_fork(config: StreamConfig) -> bool:
+    """Make the S3 client the processes forked next will use (``client_for_fork``); False: made."""
+    from loader.io.s3_client import client_for_fork
+
+    client_for_fork(config)
+    return False
 
 
 def index_cached(shard: TarSample, modalities: tuple[str, ...], offsets: bool = True) -> bool:
