@@ -29,7 +29,9 @@
   reader's is. ``floor over N workers`` (for each ``--workers`` N > 0): the same GETs split over N
   DataLoader workers (16 / N at once in each), each part's bytes handed to the training process
   through the DataLoader, as every reader with workers hands its samples: the best any reader can
-  do in that configuration. Both floors are reported; the target is stated against each. LitData's raw bytes (memoryviews) become ``bytes`` in its workers: a worker cannot
+  do in that configuration. Both floors are reported; the target is stated against each. Neither
+  floor learns what to read: ``floor with discovery`` (each of them again, reported, no target)
+  first GETs the manifests ours reads, all at once, as ours must before its first range. LitData's raw bytes (memoryviews) become ``bytes`` in its workers: a worker cannot
   pickle a memoryview into the DataLoader's queue (it hung at 2 workers without decode).
 * **Checked first:** each reader's samples (key, image bytes, caption bytes) equal the source's.
 * **Timed:** ``--rounds`` rounds; in each, every (workers, decode) row runs each contender once, the
@@ -152,6 +154,7 @@ def main() -> None:
     ap.add_argument("--baseline", action="store_true",
                     help="also run ours with the read-ahead off (one open-ended stream per tar: the reader before it)")
     ap.add_argument("--read-ahead-off", action="store_true")
+    ap.add_argument("--discover", action="store_true", help="(floor child) GET the manifests first")
     # child arguments
     ap.add_argument("--spec")
     ap.add_argument("--decode")
@@ -201,6 +204,7 @@ def main() -> None:
         manifests = [f"s3://bench/twin/{Path(m).relative_to(out).as_posix()}" for m in find_manifests(str(out))]
         floor = [("bench", f"twin/{Path(shard.url(m)).relative_to(out).as_posix()}", os.path.getsize(shard.url(m)))
                  for shard in table for m in MODS]
+        discover = [("bench", m[len("s3://bench/"):]) for m in manifests]
         results: dict[tuple, list[dict]] = {}
         checks: dict[str, str] = {}
         for delay in delays:
@@ -211,10 +215,11 @@ def main() -> None:
                     "Bucket": "bench", "Key": f"wds/{Path(t).name}"}, ExpiresIn=24 * 3600) for t in wds_tars]
                 spec = cache_root / f"spec-{delay}.json"
                 spec.write_text(json.dumps({"ours": manifests, "wds": wds_urls, "litdata": "s3://bench/litdata",
-                                            "floor": floor, "samples": n}))
+                                            "floor": floor, "discover": discover, "samples": n}))
                 env = {**server.env(), "AWS_ENDPOINT_URL": proxy.url, "PYTHONPATH": str(ROOT)}
 
-                def run(name: str, w: int, decode: str, check: bool = False, spec=spec, env=env, proxy=proxy) -> dict:
+                def run(name: str, w: int, decode: str, check: bool = False, spec=spec, env=env, proxy=proxy,
+                        discover: bool = False) -> dict:
                     py = Path(sys.executable) if name != "litdata" else lit_py
                     child = {"ours": "ours", "ours, no read-ahead": "ours", "webdataset": "wds", "litdata": "litdata",
                              "floor": "floor"}[name]
@@ -222,6 +227,8 @@ def main() -> None:
                             "--batch-size", str(args.batch_size), "--cache-root", str(cache_root)]
                     if name == "ours, no read-ahead":
                         argv.append("--read-ahead-off")
+                    if discover:
+                        argv.append("--discover")
                     before = proxy.forwarded()
                     res = run_child(py, argv + (["--check"] if check else []), env)
                     res["forwarded"] = proxy.forwarded() - before
@@ -238,9 +245,11 @@ def main() -> None:
                 for r in range(args.rounds):
                     order = contenders[r % len(contenders):] + contenders[: r % len(contenders)]
                     results.setdefault((delay, "floor"), []).append(run("floor", 0, "none"))
+                    results.setdefault((delay, "floor+d"), []).append(run("floor", 0, "none", discover=True))
                     for w in workers:  # the same GETs over w DataLoader workers, handed through it
                         if w:
                             results.setdefault((delay, "floor", w), []).append(run("floor", w, "none"))
+                            results.setdefault((delay, "floor+d", w), []).append(run("floor", w, "none", discover=True))
                     for w, d in rows:
                         for name in order:
                             results.setdefault((delay, w, d, name), []).append(run(name, w, d))

@@ -335,6 +335,24 @@ def test_a_forked_process_starts_with_the_client_made_for_it(s3_env) -> None:
     assert took and body == b"abc"
 
 
+def test_workers_get_a_client_made_for_them_when_every_key_index_was_read_already(built: Path, s3_env) -> None:
+    """A small remote dataset has every key index read with its manifests; the fork still gets the
+    S3 client made for its workers (before: none was made then, and each worker made its own
+    before its first GET)."""
+    import os
+
+    from loader.io import s3_client as clients
+    from loader.io.s3_client import S3Settings
+
+    _, urls = upload(s3_env, built, "ra-fork-spare")
+    config = StreamConfig(read_timeout_s=7.5)  # settings of their own: no other test's spare
+    ds = build_dataset(urls, decode=None, seed=5, stream_config=config)
+    _wait_for_index_reads()
+    ds.before_fork()
+    key = (clients._env_key(), clients._settings_key(S3Settings.for_stream(config)))
+    assert clients._spares.get(key, (None,))[0] == os.getpid()
+
+
 def _wait_for_index_reads() -> None:
     import loader.wds.twin_reader as twin_reader
 
@@ -357,6 +375,30 @@ def test_a_small_datasets_key_indexes_are_read_with_its_manifests(built: Path, s
     assert all(index_cached(s, tuple(s.keys)) for s in shards)
     for s in shards:
         assert s.sizes == {m: (built / s.url(m).split("/data/", 1)[1]).stat().st_size for m in s.keys}
+
+
+def test_a_large_datasets_first_shards_key_indexes_are_read_with_its_manifests(built: Path, s3_env,
+                                                                              monkeypatch) -> None:
+    """A remote dataset of more shards than the key-index cache holds has the key indexes of the
+    shards its plan reads first (as many as the cache holds) asked for with its manifests, and no
+    others (before: none, until the first batch or the fork asked); samples unchanged."""
+    import loader.wds.twin_reader as twin_reader
+    from loader.wds.twin_reader import index_cached
+
+    _, urls = upload(s3_env, built, "ra-indexes-large")
+    _wait_for_index_reads()
+    twin_reader._INDEX_CACHE.clear()
+    monkeypatch.setattr(twin_reader, "_INDEX_CACHE_SIZE", 2)  # this dataset's shards: more than that
+    ds = build_dataset(urls, decode=None, seed=5, stream_config=SMALL, shuffle_buffer=0)
+    shards = [ds.shards[i] for i in range(len(ds.shards))]
+    assert len(shards) > 2
+    first: list[int] = []
+    for t in (t for pb in ds.shardlist.batches(0, 1) for t in pb.reading()[0]):  # the plan's tasks, in order
+        if t.shard_id not in first:
+            first.append(t.shard_id)
+    _wait_for_index_reads()
+    assert [i for i, s in enumerate(shards) if index_cached(s, tuple(s.keys))] == sorted(first[:2])
+    assert batches_seen(make_loader(ds, batch_size=3)) == batches_seen(_loader(str(built), OFF, 0, shuffle_buffer=0))
 
 
 def test_a_shards_first_task_fetches_its_tars_while_its_key_index_comes(built: Path, s3_env,

@@ -187,7 +187,7 @@ def _litdata_samples(tar_path: str):
 
 def _get_part(client, part) -> bytes:
     b, k, o, n = part
-    body = client.get_object(Bucket=b, Key=k, Range=f"bytes={o}-{o + n - 1}")["Body"]
+    body = client.get_object(Bucket=b, Key=k, Range=f"bytes={o}-{o + n - 1}")["Body"]  # past the end: to it
     chunks = []
     while chunk := body.read(1 << 20):
         chunks.append(chunk)
@@ -232,6 +232,14 @@ def child_floor(args) -> None:
     # readers' own lists of what to read (manifests, key indexes, index.json) are not the floor's.
     # With workers it is made before they are forked and used only by them (as ours makes theirs).
     client = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
+    if args.discover:
+        # "floor with discovery": first one round of GETs of the objects any reader of these tars
+        # must read to learn what to read (ours' manifests, all at once), then the same parts:
+        # what ours pays before its first range, and the floor above does not.
+        with ThreadPoolExecutor(FLOOR_CONNECTIONS) as pool:
+            list(pool.map(lambda bk: _get_part(client, (*bk, 0, 1 << 30)), spec["discover"]))
+        if workers:  # forked workers must not share the pooled sockets it used: a client of their own, as ours makes
+            client = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
     if workers:
         loader = DataLoader(Parts(parts, client, max(1, FLOOR_CONNECTIONS // workers)), batch_size=None,
                             num_workers=workers)

@@ -24,7 +24,7 @@ def report(results: dict, delays, rows, contenders, n: int, tar_bytes: int, chec
     print("| delay | workers | decode | reader | samples/s | MB/s | CPU-s / 1000 samples | fetched MB / 1000 samples "
           "| peak RSS MB per reading process | ours / reader |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    verdicts = []
+    verdicts, likes = [], []
     for delay in delays:
         fl = results[(delay, "floor")]
         floor_rate = med(n / x["wall"] for x in fl)
@@ -65,6 +65,19 @@ def report(results: dict, delays, rows, contenders, n: int, tar_bytes: int, chec
         floors = [("-", f"floor (x{FLOOR_CONNECTIONS} ranged GETs)", fl)]
         floors += [(w, f"floor (x{FLOOR_CONNECTIONS} ranged GETs over {w} DataLoader workers)", results[(delay, "floor", w)])
                    for w in sorted({w for w, _ in rows}) if (delay, "floor", w) in results]
+        # Like for like: ours learns what to read (its manifests) on the clock; these floors do too.
+        fd0 = results.get((delay, "floor+d"))
+        if fd0:
+            floors.append(("-", f"floor with discovery (the manifests' GETs, then x{FLOOR_CONNECTIONS} ranged GETs)", fd0))
+        for w in sorted({w for w, d in rows if d == "none"}):
+            ours, fdw = results[(delay, w, "none", "ours")], results.get((delay, "floor+d", w))
+            if fdw:
+                floors.append((w, f"floor with discovery over {w} DataLoader workers", fdw))
+            for over, fd in ((None, fd0), (w, fdw if w else None)):
+                if fd:
+                    ratio = med(o["samples"] / o["wall"] / (n / x["wall"]) for o, x in zip(ours, fd, strict=True))
+                    likes.append(f"ours {ratio:.2f}x the floor with discovery{f' over {over} DataLoader workers' if over else ''}"
+                                 f" at {delay} ms, {w} workers, decode none")
         for w, name, runs in floors:
             print(f"| {delay} ms | {w} | - | {name} | {med(n / x['wall'] for x in runs):.0f} | "
                   f"{med(tar_bytes / 1e6 / x['wall'] for x in runs):.0f} | {med(x['cpu'] / n * 1000 for x in runs):.2f} | "
@@ -84,5 +97,7 @@ def report(results: dict, delays, rows, contenders, n: int, tar_bytes: int, chec
     verdicts.append((all(v == "equal" for v in checks.values()), "every reader's samples equal the source's",
                      ", ".join(f"{k}: {v}" for k, v in checks.items())))
     print()
+    for line in likes:  # no targets: what the floor targets above leave out, reported beside them
+        print(f"(like for like: {line})")
     for ok, target, measured in verdicts:
         print(f"{'PASS' if ok else 'MISS'}: {target} ({measured})")

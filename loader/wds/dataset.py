@@ -12,7 +12,7 @@ from torch.utils.data import IterableDataset
 
 from loader.io import urls
 from loader.wds.collate import collate_samples
-from loader.wds.epoch_plan import UNBATCHED_BLOCK, Layout
+from loader.wds.epoch_plan import UNBATCHED_BLOCK, Layout, Task
 from loader.wds.errors import DecodeError
 from loader.wds.expand import DECODE_ERROR_POLICIES, ExpandOptions, ExpandStats
 from loader.wds.shard_table import ShardTable
@@ -138,8 +138,11 @@ class TwinTarDataset(IterableDataset):
         roots = getattr(self.shards, "roots", None)
         if not roots or all(urls.is_local(r) for r in roots):
             return
-        tasks = (t for pb in self.shardlist.batches(0, 1) for t in pb.reading()[0])
-        read_indexes_before_fork(self.shards, tasks, self.modalities, self.options)
+        read_indexes_before_fork(self.shards, self.first_tasks(), self.modalities, self.options)
+
+    def first_tasks(self) -> Iterator[Task]:
+        """The tasks of this rank's plan, in order (lazily: callers take its first shards)."""
+        return (t for pb in self.shardlist.batches(0, 1) for t in pb.reading()[0])
 
     def reader(self) -> TwinReader:
         """A sample reader for this process (it holds open files: close it)."""

@@ -132,7 +132,8 @@ def build_dataset(
         decoder=decoder, maps=augment, batch_size=batch_size, same_aspect_batches=same_aspect_batches,
         on_decode_error=on_decode_error, drop_last=drop_last,
     )
-    read_indexes_soon(table, dataset.modalities, options)  # a small remote dataset's, while the loader is made
+    # A remote dataset's key indexes (a large one's: of the plan's first shards), while the loader is made.
+    read_indexes_soon(table, dataset.modalities, options, dataset.first_tasks())
     return dataset
 
 

@@ -99,25 +99,24 @@ def _read_and_cache(key: tuple, shard: TarSample, modalities: tuple[str, ...], o
     return got
 
 
-def read_indexes_soon(shards, modalities: tuple[str, ...] | None, options) -> int:
-    """Right after the manifests are read: a remote dataset of at most ``_INDEX_CACHE_SIZE``
-    shards (every key index of it is read this epoch, whatever the plan, and all stay cached)
-    has them read now, on a few threads, while the loader and its plan are made. Instrumented,
-    the key indexes were asked for 40-70 ms after the manifests came (the plan, the DataLoader)
-    and every first batch waited for them: at 0 workers its tars' limits, at 2 workers the fork
-    (``read_indexes_before_fork``). A read of one still on the way waits for it
-    (``read_index``); failures are left for the reader to meet and report. Returns the reads started."""
+def read_indexes_soon(shards, modalities: tuple[str, ...] | None, options,
+                      tasks: Iterable[Task] = ()) -> int:
+    """Right after the manifests are read: a remote dataset's key indexes are read now, on a few
+    threads, while the loader and its plan are made: every one of a dataset of at most
+    ``_INDEX_CACHE_SIZE`` shards (each is read this epoch, whatever the plan, and all stay
+    cached), else those of the first shards ``tasks`` (the plan) reads, ``_INDEX_CACHE_SIZE`` at
+    most. Instrumented, the key indexes were asked for 40-70 ms after the manifests came (the
+    plan, the DataLoader) and every first batch waited for them: at 0 workers its tars' limits,
+    at 2 workers the fork (``read_indexes_before_fork``). A read of one still on the way waits
+    for it (``read_index``); failures are left for the reader to meet and report. Returns the
+    reads started."""
     config = options.stream_config or StreamConfig()
     roots = getattr(shards, "roots", None)
-    if (config.read_ahead_bytes <= 0 or options.verify is not None or not roots or len(shards) > _INDEX_CACHE_SIZE
+    if (config.read_ahead_bytes <= 0 or options.verify is not None or not roots
             or all(urls.is_local(r) for r in roots)):
         return 0
-    wanted = {}
-    for shard in shards:
-        mods = tuple(modalities or shard.keys)
-        key = (shard.key_index, shard.sample_count, mods, True)
-        if shard.key_index and not urls.is_local(shard.root) and not index_cached(shard, mods):
-            wanted.setdefault(key, (shard, mods))
+    ids = (t.shard_id for t in tasks) if len(shards) > _INDEX_CACHE_SIZE else range(len(shards))
+    wanted = _first_shards(shards, ids, modalities)
     if not wanted:
         return 0
     pool = ThreadPoolExecutor(min(config.read_ahead_connections, len(wanted)), thread_name_prefix="key-index-soon")
@@ -148,21 +147,21 @@ def read_indexes_before_fork(shards, tasks: Iterable[Task], modalities: tuple[st
     config = options.stream_config or StreamConfig()
     if config.read_ahead_bytes <= 0 or options.verify is not None:
         return 0
+    roots = getattr(shards, "roots", None) or []
     with _INDEX_CACHE_LOCK:  # no thread of read_indexes_soon may be mid-read (or hold the lock) at the fork
         pending = [f for pid, f in _INDEX_PENDING.values() if pid == os.getpid()]
+    spare = any(urls.scheme(r) == "s3" for r in roots)
+    if spare and pending:
+        # The client the workers will use, made whatever the cache holds (instrumented: when
+        # read_indexes_soon had read every key index, none was made, and each worker made its
+        # own before its first GET: 15-40 ms each), while the reads on the way wait for bytes.
+        spare = _client_for_fork(config)
     for f in pending:
         f.exception()
-    wanted: dict[tuple, tuple[TarSample, tuple[str, ...]]] = {}
-    for seen, task in enumerate(tasks):
-        if len(wanted) >= _INDEX_CACHE_SIZE or seen >= _INDEX_CACHE_SIZE * PREPARE_BATCHES:
-            break  # the plan's first shards only: the workers read on from there
-        shard = shards[task.shard_id]
-        if not shard.key_index or urls.is_local(shard.root):
-            continue
-        mods = tuple(modalities or shard.keys)
-        if not index_cached(shard, mods):
-            wanted.setdefault((shard.key_index, mods), (shard, mods))
+    wanted = _first_shards(shards, (t.shard_id for t in tasks), modalities)
     if not wanted:
+        if spare:
+            _client_for_fork(config)
         return 0
 
     def one(item) -> None:
@@ -172,15 +171,36 @@ def read_indexes_before_fork(shards, tasks: Iterable[Task], modalities: tuple[st
 
     with ThreadPoolExecutor(min(config.read_ahead_connections, len(wanted)), thread_name_prefix="key-index") as pool:
         reads = [pool.submit(one, item) for item in wanted.values()]
-        if any(urls.scheme(shard.key_index) == "s3" for shard, _ in wanted.values()):
-            from loader.io.s3_client import client_for_fork
-
-            # Made while the indexes' first bytes are on the way (its 10-30 ms of CPU were
-            # spent before they were asked for).
-            client_for_fork(config)
+        if spare:  # while the indexes' first bytes are on the way
+            _client_for_fork(config)
         for r in reads:
             r.result()
     return len(wanted)
+
+
+def _first_shards(shards, shard_ids: Iterable[int], modalities: tuple[str, ...] | None) -> dict:
+    """Cache key -> (shard, modalities) of the remote shards read first (``shard_ids``: the plan's
+    tasks' shards, in order) whose key index is not cached: ``_INDEX_CACHE_SIZE`` at most (the
+    reader reads on from there)."""
+    wanted: dict[tuple, tuple[TarSample, tuple[str, ...]]] = {}
+    for seen, shard_id in enumerate(shard_ids):
+        if len(wanted) >= _INDEX_CACHE_SIZE or seen >= _INDEX_CACHE_SIZE * PREPARE_BATCHES:
+            break
+        shard = shards[shard_id]
+        if not shard.key_index or urls.is_local(shard.root):
+            continue
+        mods = tuple(modalities or shard.keys)
+        if not index_cached(shard, mods):
+            wanted.setdefault((shard.key_index, shard.sample_count, mods, True), (shard, mods))
+    return wanted
+
+
+def _client_for_fork(config: StreamConfig) -> bool:
+    """Make the S3 client the processes forked next will use (``client_for_fork``); False: made."""
+    from loader.io.s3_client import client_for_fork
+
+    client_for_fork(config)
+    return False
 
 
 def index_cached(shard: TarSample, modalities: tuple[str, ...], offsets: bool = True) -> bool:
