@@ -117,12 +117,6 @@ class IntakeCache:
         self._sources.append(outcomes.select(CACHE_SCHEMA.names).cast(CACHE_SCHEMA))
         self._held = None
 
-    def update(self, other: IntakeCache) -> None:
-        other._flush()
-        self._flush()
-        self._sources.extend(other._sources)
-        self._held = None
-
     def _flush(self) -> None:
         if self._rows:
             cols = list(zip(*self._rows, strict=True))
@@ -148,11 +142,6 @@ class IntakeCache:
     def release(self) -> None:
         """Let go of the rows read for the last modality looked up (read again when needed)."""
         self._held = None
-
-    def table(self) -> pa.Table:
-        """Every outcome once, sorted by modality and name (for a cache small enough to hold)."""
-        parts = [self.of_modality(m) for m in self.modalities()]
-        return pa.concat_tables(parts).combine_chunks() if parts else CACHE_SCHEMA.empty_table()
 
     def lookup(self, modality: str, names: pa.Array) -> pa.Table:
         """The outcome held for each of ``names`` (files of ``modality``), aligned with them: a
