@@ -49,7 +49,7 @@ from loader.formats.layout import STATE_DIR, run_hold_name
 from loader.formats.strict_doc import load_json_doc
 from loader.io.errors import ObjectNotFoundError, PreconditionFailedError
 from loader.io.objects import ObjectStore, open_store
-from pid_platform.sharding.commit.held import HeldInBackground
+from pid_platform.sharding.commit.held import MAX_TIME_S, HeldInBackground, Renewed, ago, utc
 from pid_platform.sharding.commit.s3_output import S3Output
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.layout import final_dir
@@ -63,7 +63,6 @@ DEFAULT_TTL_S = 3600.0
 MIN_TTL_S = 10.0  # renewed every third of it: a shorter one expires between two renewals of a busy machine
 MAX_TTL_S = 7 * 86400.0  # a lost run blocks CLI builds of its output a week at most
 MAX_RENEW_S = 300.0  # renewed at least every five minutes while a step runs, whatever the TTL
-MAX_TIME_S = 1e11  # the year 5138: a time past it is not one this code wrote
 MAX_HOLD_BYTES = 4096  # one short JSON line; anything larger is not a hold
 _FIX = ("if no Dagster run is building this output (the Dagster UI's Runs page shows none in progress), "
         "delete the file and build again")
@@ -94,7 +93,7 @@ def ttl_from_env(environ: Mapping[str, str] | None = None) -> float:
 
 
 @dataclass(frozen=True)
-class RunHold:
+class RunHold(Renewed):
     run_id: str
     job: str
     source: str
@@ -110,11 +109,6 @@ class RunHold:
     @property
     def deadline(self) -> float:
         return self.renewed + self.ttl_s
-
-    def live(self, now: float) -> bool:
-        """Renewed within its TTL, and not further ahead than a hold can be (a forged record, or
-        a writer's clock more than a TTL ahead, is not honoured)."""
-        return now < self.deadline <= now + 2 * self.ttl_s
 
 
 def parse_hold(data: bytes, where: str) -> RunHold:
@@ -193,21 +187,12 @@ def acting_for(run_id: str) -> Iterator[None]:
         _acting_for = before
 
 
-def _ago(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
-
-
-def _utc(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
-
-
 def held_by_run(place: HoldPlace, hold: RunHold, now: float) -> HeldByRunError:
     return HeldByRunError(
         f"{place.output} is being built by Dagster run {hold.run_id} ({hold.job}, source {hold.source}), which "
-        f"took it {_ago(now - hold.taken)} ago (renewed {_ago(now - hold.renewed)} ago); this build stopped before "
+        f"took it {ago(now - hold.taken)} ago (renewed {ago(now - hold.renewed)} ago); this build stopped before "
         "touching it. Wait for that run to end (the Dagster UI's Runs page shows it). If that run is not on the "
-        f"Runs page or has ended, delete {place.where}, or wait until the hold expires at {_utc(hold.deadline)}")
+        f"Runs page or has ended, delete {place.where}, or wait until the hold expires at {utc(hold.deadline)}")
 
 
 def refuse_if_held(output: S3Output | str | os.PathLike[str], *, now: Callable[[], float] = time.time) -> None:

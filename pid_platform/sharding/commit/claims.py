@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 from loader.formats.errors import short_repr
 from loader.formats.strict_doc import load_json_doc
-from pid_platform.sharding.commit.held import HeldInBackground
+from pid_platform.sharding.commit.held import MAX_TIME_S, HeldInBackground, Renewed
 from pid_platform.sharding.errors import BuildError
 
 if TYPE_CHECKING:
@@ -63,7 +63,6 @@ MIN_TTL_S = 1.0  # renewed every third of it: three PUTs a second at most
 MAX_TTL_S = 86400.0  # a killed holder's claim counts for a day at most
 DEFAULT_MAX_WAIT_S = 3 * DEFAULT_TTL_S  # a cleanup deletes a version in minutes; past this, stop
 MAX_CLAIM_BYTES = 4096
-MAX_TIME_S = 1e11  # the year 5138: a time past it is not one this code wrote
 MAX_HOLDER_CHARS = 200
 
 
@@ -73,7 +72,7 @@ def this_process() -> str:
 
 
 @dataclass(frozen=True)
-class Claim:
+class Claim(Renewed):
     subject: str
     purpose: str
     holder: str
@@ -86,11 +85,6 @@ class Claim:
     def deadline(self) -> float:
         """When it stops counting: its last renewal plus its TTL, or ``expires`` if earlier."""
         return self.expires if self.renewed is None else min(self.expires, self.renewed + self.ttl_s)
-
-    def live(self, now: float) -> bool:
-        """Not stale, and not further ahead than a claim can be (two TTLs: the holder's clock may
-        run up to a TTL ahead; a claim "until 2036" is not one a process here wrote)."""
-        return now < self.deadline <= now + 2 * self.ttl_s
 
     def describe(self) -> str:
         return f"{self.purpose} claim of {self.holder} on {self.subject}"
