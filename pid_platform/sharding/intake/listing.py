@@ -77,7 +77,9 @@ class SourceListing:
         return out
 
     def weights(self, file_cost: int) -> np.ndarray:
-        """Each complete sample's bytes plus ``file_cost`` per file (what validating it costs)."""
+        """What validating each complete sample costs, in bytes read: its files' sizes plus
+        ``file_cost`` per file. Bytes stand for the decode cost (a full decode of a photograph is
+        about linear in its file size, far more than in its count), and are known before any read."""
         total = np.full(len(self), file_cost * len(self.modalities), dtype=np.int64)
         for m in self.modalities:
             total += self.complete[size_column(m)].to_numpy()
