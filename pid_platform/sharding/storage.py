@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from loader.formats.atomic import atomic_write_bytes
 from loader.io import urls
-from pid_platform.sharding.compute import pc
+from pid_platform.sharding.compute import ascending, pc
 from pid_platform.sharding.errors import BuildError, PlannedFileChangedError, SourceNotFoundError
 
 if TYPE_CHECKING:  # boto3 and the HTTP stack: imported where S3 is used, not for a local listing
@@ -83,14 +83,9 @@ class FileColumns:
         self._flush()
         table = pa.Table.from_batches(self._batches, schema=FILES_SCHEMA)
         self._batches = []
-        if table.num_rows > 1 and not _sorted(table["name"]):
+        if not ascending(table["name"]):
             table = table.take(pc.sort_indices(table["name"]))
         return table.combine_chunks()
-
-
-def _sorted(names: pa.ChunkedArray) -> bool:
-    flat = names.combine_chunks()
-    return bool(pc.all(pc.less(flat[:-1], flat[1:])).as_py())
 
 
 @dataclass

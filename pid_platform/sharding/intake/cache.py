@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loader.formats.atomic import atomic_writer
-from pid_platform.sharding.compute import pc
+from pid_platform.sharding.compute import ascending, pc
 from pid_platform.sharding.storage import FileEntry
 
 CACHE_NAME = "intake_cache.parquet"
@@ -229,7 +229,7 @@ def _merged(parts: list[pa.Table]) -> pa.Table:
     parts = [p for p in parts if p.num_rows]
     if not parts:
         return CACHE_SCHEMA.empty_table()
-    if len(parts) == 1 and _names_ascending(parts[0]):
+    if len(parts) == 1 and ascending(parts[0]["name"]):
         return parts[0]  # as read, in its chunks: ten million rows are not copied to be one
     table = pa.concat_tables(parts).combine_chunks()
     del parts
@@ -241,14 +241,6 @@ def _merged(parts: list[pa.Table]) -> pa.Table:
     if table.num_rows > 1:
         first[1:] = ~pc.equal(name[1:], name[:-1]).to_numpy(zero_copy_only=False)
     return table.filter(pa.array(first)).drop_columns(["_order"]).combine_chunks()
-
-
-def _names_ascending(table: pa.Table) -> bool:
-    """Whether the rows are sorted by name with no file twice."""
-    if table.num_rows < 2:
-        return True
-    name = table["name"]
-    return bool(pc.all(pc.less(name.slice(0, len(name) - 1), name.slice(1))).as_py())
 
 
 def _usable(path: Path, level: str) -> bool:

@@ -13,10 +13,9 @@ import numpy as np
 import pyarrow as pa
 
 from loader.formats.twin_tar import MAX_KEY_LEN, disambiguate_key, nearest_bucket, sanitize_key
-from pid_platform.sharding.compute import pc
+from pid_platform.sharding.compute import ascending, pc
 from pid_platform.sharding.intake.listing import (
     BASENAME,
-    ascending,
     fingerprint_column,
     flat,
     name_column,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from pid_platform.sharding.compute import pc
+from pid_platform.sharding.compute import ascending, pc
 from pid_platform.sharding.errors import NoModalitiesError
 from pid_platform.sharding.intake.file_checks import IMAGE_EXTS, ext_of
 from pid_platform.sharding.intake.report import MAX_EXAMPLES, IntakeReport
@@ -101,11 +101,6 @@ def flat(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     if not isinstance(column, pa.ChunkedArray):
         return column
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-
-
-def ascending(values: pa.Array) -> bool:
-    """Whether ``values`` are strictly ascending (so each is there once)."""
-    return len(values) < 2 or bool(pc.all(pc.less(values[:-1], values[1:])).as_py())
 
 
 def note_codes(report: IntakeReport, codes: np.ndarray, labels: Sequence[str], what: pa.Array) -> None:
