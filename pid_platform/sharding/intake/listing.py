@@ -36,7 +36,7 @@ def fingerprint_column(modality: str) -> str:
 
 
 def stems(names: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """``file_checks.stem_of`` of each name: all before the last dot (the whole name without one)."""
+    """Each name's stem, its basename: all before the last dot (the whole name without one)."""
     return pc.replace_substring_regex(names, r"(?s)\.[^.]*\z", "")
 
 
