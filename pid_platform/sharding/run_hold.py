@@ -237,14 +237,15 @@ def renew_hold(output: S3Output | str | os.PathLike[str], run_id: str, *,
         return False  # not one this code wrote, or changed meanwhile by a step that renewed it
 
 
-def renew_hold_at(place: HoldPlace, run_id: str, now: float) -> tuple[RunHold, str | None] | None:
-    """The hold at ``place`` renewed at ``now`` if it is ``run_id``'s, with its new ETag; ``None``
-    when it is gone or another run's. Conditional on the ETag read: a writer meanwhile wins."""
+def renew_hold_at(place: HoldPlace, run_id: str, now: float) -> RunHold | None:
+    """The hold at ``place`` renewed at ``now`` if it is ``run_id``'s; ``None`` when it is gone
+    or another run's. Conditional on the ETag read: a writer meanwhile wins."""
     got = place.read()
     if got is None or got[0].run_id != run_id:
         return None
     hold = replace(got[0], renewed=now)
-    return hold, place.store.put_if_match(place.key, hold.to_bytes(), got[1], content_type="application/json")
+    place.store.put_if_match(place.key, hold.to_bytes(), got[1], content_type="application/json")
+    return hold
 
 
 class RunHoldForStep(HeldInBackground):
@@ -266,14 +267,15 @@ class RunHoldForStep(HeldInBackground):
         self.may_take_over = may_take_over
         self.now = now
         self.hold: RunHold | None = None
-        self.etag: str | None = None
         self.took_over: RunHold | None = None
 
     def _write(self, hold: RunHold, etag: str | None) -> None:
         body = hold.to_bytes()
         store, key = self.place.store, self.place.key
-        self.etag = (store.put_if_absent(key, body, content_type="application/json") if etag is None
-                     else store.put_if_match(key, body, etag, content_type="application/json"))
+        if etag is None:
+            store.put_if_absent(key, body, content_type="application/json")
+        else:
+            store.put_if_match(key, body, etag, content_type="application/json")
         self.hold = hold
 
     def _take(self) -> None:
@@ -311,7 +313,7 @@ class RunHoldForStep(HeldInBackground):
                 log.warning("%s: the hold of run %s was released or taken over; no longer renewing it",
                             self.place.where, self.run_id)
                 return False
-            self.hold, self.etag = renewed
+            self.hold = renewed
         except Exception as exc:  # noqa: BLE001 - retried next period; the hold outlasts a few misses
             log.warning("%s: renewing the run's hold failed (%s); trying again", self.place.where, exc)
         return True
