@@ -21,8 +21,8 @@ from pathlib import Path
 from loader.formats.layout import lock_name
 from loader.io.flock import flock_held, read_lock_holder
 from pid_platform.sharding.commit.held import OncePerProcess
-from pid_platform.sharding.errors import BuildError, OutputNotWritableError
-from pid_platform.sharding.layout import final_dir
+from pid_platform.sharding.errors import BuildError
+from pid_platform.sharding.layout import final_dir, not_writable
 from pid_platform.sharding.run_hold import refuse_if_held
 
 _held = OncePerProcess()  # lock file -> None
@@ -53,16 +53,12 @@ def _locked(out: str | os.PathLike[str], path: Path) -> Iterator[None]:
             f"is released when that process exits, so {path} never needs deleting by hand"
         )
 
-    # No waiting: a second build stops at once. The file exists only while a build step runs:
-    # deleted before the lock goes (a taker that opened it meanwhile sees the name gone and retries).
+    # No waiting: a second build stops at once.
     with ExitStack() as stack:
         try:
             stack.enter_context(flock_held(path, holder=str(os.getpid()), busy=in_progress, timeout_s=0, remove=True))
         except OSError as exc:
-            raise OutputNotWritableError(
-                f"output folder {out} is not writable ({exc.strerror or exc}); "
-                "choose another --output-dir or fix its permissions"
-            ) from None
+            raise not_writable(out, exc) from None
         # Checked holding the lock: a run's step takes its hold before the lock, so a step that
         # starts after this check finds the lock taken, and one that started before is seen here.
         refuse_if_held(out)  # a Dagster run holds the output between its steps too

@@ -25,7 +25,7 @@ length: a small record, the same for a folder output and an ``s3://`` one::
 * A hold is live until its last renewal plus its TTL (``PID_RUN_HOLD_TTL_S``, default an hour:
   a run lost without its end being seen blocks CLI builds of its output that long at most). A
   run waiting between two steps, for pool slots say, has no step renewing it: the sensor renews
-  the hold of each source's running build run (``renew_hold``). One whose deadline lies more than two TTLs ahead is not honoured.
+  the hold of each source's running build run (``renew_hold``); ``held.Renewed`` says when it is live.
 
 The record is written by another process, so it is read strictly: anything but the fields above,
 in range, is ``RunHoldError`` naming the file. Every read and write goes through the storage

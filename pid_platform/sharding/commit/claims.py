@@ -10,11 +10,9 @@ machines, the cleanup job) share nothing else. A claim is a small object,
 
 held for as long as its holder works on ``subject``: renewed by a background thread every third
 of its lifetime (``ttl_s``, bounded to ``[MIN_TTL_S, MAX_TTL_S]``), deleted when the work ends.
-A holder killed with ``kill -9`` leaves it behind; it stops counting at its last renewal plus
-its TTL (or ``expires``, if earlier), whatever ``expires`` says. A claim whose deadline lies
-more than two TTLs ahead of the reader's clock (forged, or a clock more than a TTL ahead), and
-one that is not a claim this version reads (not JSON, ``1e400``, a wrong type), protects
-nothing: it is skipped with a warning naming the object. Every wait for a claim is bounded
+A holder killed with ``kill -9`` leaves it behind; it stops counting as a lease does
+(``lease.py``). One that is not a claim this version reads (not JSON, ``1e400``, a wrong type)
+protects nothing: it is skipped with a warning naming the object. Every wait for a claim is bounded
 (``wait_until_unclaimed``'s ``max_wait_s``) and fails naming the claim. Two purposes exist today:
 
 * ``publish``: a build is uploading, checking or switching the pointer to that version;

@@ -21,9 +21,8 @@ S3 output therefore holds ``<output>/.pid-build/lease.json``::
   by another process start: ``holder_process.py``), else once the lease is stale.
 
 A lease is stale at its last renewal plus its TTL (or at ``expires`` if earlier), whatever
-``expires`` claims; one whose deadline lies more than two TTLs ahead of this clock (a forged
-record, or a holder's clock more than a TTL ahead) is not honoured. Numbers that are not finite,
-not JSON, or out of range (a TTL outside ``[MIN_TTL_S, MAX_TTL_S]``, a time before 1970 or past
+``expires`` claims, and not honoured further ahead than ``held.Renewed`` allows. Numbers that
+are not finite, not JSON, or out of range (a TTL outside ``[MIN_TTL_S, MAX_TTL_S]``, a time before 1970 or past
 the year 5000, a pid past 2**31) make the lease unreadable: ``BuildLeaseError`` naming the file.
 The TTL is bounded to ``[MIN_TTL_S, MAX_TTL_S]`` (2 s to a day) and the renewal period to
 ``[MIN_RENEW_S, TTL / 2]`` (at least a second: one conditional PUT a second at most).
