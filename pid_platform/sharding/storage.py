@@ -106,13 +106,6 @@ class Listing:
     def __len__(self) -> int:
         return self.files.num_rows
 
-    @property
-    def entries(self) -> list[FileEntry]:
-        """The files as objects: for a listing small enough to hold so (a test, a few files)."""
-        d = self.files.to_pydict()
-        return [FileEntry(self.modality, n, s, fp, self.folder)
-                for n, s, fp in zip(d["name"], d["size"], d["fingerprint"], strict=True)]
-
 
 class SourceStore(ABC):
     """Read-only access to a raw root."""
