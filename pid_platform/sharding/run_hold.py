@@ -264,6 +264,7 @@ class RunHoldForStep(HeldInBackground):
         self.place = hold_place(output)
         self.run_id, self.job, self.source = run_id, job, source
         self.ttl_s = ttl_from_env() if ttl_s is None else ttl_s
+        self.renew_every_s = min(self.ttl_s / 3, MAX_RENEW_S)
         self.may_take_over = may_take_over
         self.now = now
         self.hold: RunHold | None = None
@@ -300,9 +301,6 @@ class RunHoldForStep(HeldInBackground):
                 continue
         raise RunHoldError(f"{self.place.where}: could not take the run's hold (others kept changing it); "
                            "re-execute the run")
-
-    def _renew_every_s(self) -> float:
-        return min(self.ttl_s / 3, MAX_RENEW_S)
 
     def _renew_once(self) -> bool:
         # Read first: the run's other steps (write tasks side by side) and run_holds_sensor renew

@@ -155,11 +155,12 @@ class HeldClaim(HeldInBackground):
             raise BuildError(f"a {purpose} claim's ttl_s = {short_repr(ttl_s)}: give {MIN_TTL_S:g} to "
                              f"{MAX_TTL_S:g} seconds")
         self.ttl_s, self.now = float(ttl_s), now
+        self.renew_every_s = self.ttl_s / 3
         self.rel = _rel(subject, purpose, uuid.uuid4().hex[:16])
         self.expires = 0.0
         self._thread_name = f"claim-{purpose}"
 
-    def _put(self) -> None:
+    def _take(self) -> None:
         t = self.now()
         expires = t + self.ttl_s
         doc = {"claim_version": CLAIM_FORMAT_VERSION, "subject": self.subject, "purpose": self.purpose,
@@ -167,16 +168,10 @@ class HeldClaim(HeldInBackground):
         self.output.store().put(self.output.key(self.rel), json.dumps(doc).encode(), content_type="application/json")
         self.expires = expires
 
-    def _take(self) -> None:
-        self._put()
-
-    def _renew_every_s(self) -> float:
-        return self.ttl_s / 3
-
     def _renew_once(self) -> bool:
         # A missed renewal is retried next time; check() stops the holder before it matters.
         with contextlib.suppress(Exception):
-            self._put()
+            self._take()
         return True
 
     def _let_go(self) -> None:

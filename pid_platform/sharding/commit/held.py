@@ -68,8 +68,9 @@ class OncePerProcess:
 
 class HeldInBackground:
     """Subclasses say how to take it (``_take``), renew it once (``_renew_once``; False stops the
-    renewals), how often (``_renew_every_s``) and how to let it go (``_let_go``)."""
+    renewals), how often (``renew_every_s``, set when made) and how to let it go (``_let_go``)."""
 
+    renew_every_s: float
     _thread_name = "renewal"
     _stop: threading.Event | None = None
     _thread: threading.Thread | None = None
@@ -80,14 +81,11 @@ class HeldInBackground:
     def _renew_once(self) -> bool:
         raise NotImplementedError
 
-    def _renew_every_s(self) -> float:
-        raise NotImplementedError
-
     def _let_go(self) -> None:
         raise NotImplementedError
 
     def _renewals(self, stop: threading.Event) -> None:
-        while not stop.wait(self._renew_every_s()):
+        while not stop.wait(self.renew_every_s):
             if not self._renew_once():
                 return
 

@@ -245,6 +245,7 @@ class BuildLease(HeldInBackground):
                  now: Callable[[], float] = time.time) -> None:
         self.output = output
         self.settings = settings or LeaseSettings.from_env()
+        self.renew_every_s = self.settings.renew_every_s
         self.now = now
         self.key = output.key(LEASE_REL)
         self.where = f"{output}/{LEASE_REL}"
@@ -391,9 +392,6 @@ class BuildLease(HeldInBackground):
 
     _thread_name = "build-lease"
 
-    def _renew_every_s(self) -> float:
-        return self.settings.renew_every_s
-
     def _renew_once(self) -> bool:
         try:
             self.renew()
@@ -402,7 +400,7 @@ class BuildLease(HeldInBackground):
             return False
         except Exception as exc:  # noqa: BLE001 - a failed renewal is retried; check() stops the build in time
             log.warning("%s: renewing the build lease failed (%s); trying again in %.0f s", self.output,
-                        exc, self.settings.renew_every_s)
+                        exc, self.renew_every_s)
         return True
 
     # Letting it go.
