@@ -41,7 +41,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from loader.formats.errors import short_repr
@@ -102,9 +102,7 @@ class RunHold(Renewed):
     ttl_s: float
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"run_hold_version": HOLD_FORMAT_VERSION, "run_id": self.run_id, "job": self.job,
-                           "source": self.source, "taken": self.taken, "renewed": self.renewed,
-                           "ttl_s": self.ttl_s}).encode()
+        return json.dumps({"run_hold_version": HOLD_FORMAT_VERSION, **asdict(self)}).encode()
 
     @property
     def deadline(self) -> float:

@@ -43,7 +43,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from loader.formats.errors import short_repr
@@ -179,10 +179,7 @@ class LeaseRecord(Renewed):
     pid_start: int | None = None
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"lease_version": LEASE_FORMAT_VERSION, "host": self.host, "pid": self.pid,
-                           "token": self.token, "started": self.started, "renewed": self.renewed,
-                           "expires": self.expires, "ttl_s": self.ttl_s, "version": self.version,
-                           "boot": self.boot, "pidns": self.pidns, "pid_start": self.pid_start}).encode()
+        return json.dumps({"lease_version": LEASE_FORMAT_VERSION, **asdict(self)}).encode()
 
     def holder(self) -> str:
         return f"{self.host} pid {self.pid}"
