@@ -94,8 +94,8 @@ class IntakeCache:
 
     Held as tables and files of ``CACHE_SCHEMA`` rows, read one modality at a time: the intake
     looks a whole column of a modality's names up at once (``lookup``), and ten million outcomes
-    are never all in memory as objects, nor all modalities' rows at once. ``get`` and ``put``
-    serve callers with a few files in hand. Later sources win for the same file."""
+    are never all in memory as objects, nor all modalities' rows at once. ``put`` serves callers
+    with a few files in hand. Later sources win for the same file."""
 
     def __init__(self, level: str, table: pa.Table | None = None) -> None:
         self.level = level
@@ -151,12 +151,6 @@ class IntakeCache:
         if sub.num_rows == len(names) and (not len(names) or bool(pc.all(pc.equal(sub["name"], names)).as_py())):
             return sub.select(columns)  # the same files in the same order (a first build's plan step)
         return sub.select(columns).take(pc.index_in(names, value_set=sub["name"].combine_chunks()))
-
-    def get(self, entry: FileEntry, kind: str) -> FileOutcome | None:
-        row = self.lookup(entry.modality, pa.array([entry.name], pa.string())).to_pylist()[0]
-        if row["fingerprint"] != entry.fingerprint or row["kind"] != kind:
-            return None
-        return FileOutcome(row["kind"], row["reason"], row["width"], row["height"], row["sha256"])
 
     @classmethod
     def load(cls, paths: Iterable[Path], level: str) -> IntakeCache:
