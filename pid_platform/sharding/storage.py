@@ -339,10 +339,6 @@ class S3SourceStore(SourceStore):
         self._frozen: S3Settings | None = None
         self._objects: S3Objects | None = None
 
-    @property
-    def endpoint_url(self) -> str | None:
-        return self.settings.endpoint()
-
     def __getstate__(self) -> dict[str, Any]:  # boto3 clients do not pickle; credentials travel resolved
         # Resolved once per store: every task of a worker pool pickles the store again.
         if self._frozen is None:
@@ -350,7 +346,7 @@ class S3SourceStore(SourceStore):
         return {**self.__dict__, "settings": self._frozen, "_objects": None}
 
     def __repr__(self) -> str:  # never the credentials
-        return f"S3SourceStore({self.uri!r}, endpoint_url={self.endpoint_url!r})"
+        return f"S3SourceStore({self.uri!r}, endpoint_url={self.settings.endpoint()!r})"
 
     @property
     def objects(self) -> S3Objects:
