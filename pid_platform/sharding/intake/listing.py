@@ -23,18 +23,6 @@ from pid_platform.sharding.storage import FileEntry, Listing, SourceStore
 BASENAME = "basename"
 
 
-def name_column(modality: str) -> str:
-    return f"name.{modality}"
-
-
-def size_column(modality: str) -> str:
-    return f"size.{modality}"
-
-
-def fingerprint_column(modality: str) -> str:
-    return f"fingerprint.{modality}"
-
-
 def stems(names: pa.Array | pa.ChunkedArray) -> pa.Array:
     """Each name's stem, its basename: all before the last dot (the whole name without one)."""
     return pc.replace_substring_regex(names, r"(?s)\.[^.]*\z", "")
@@ -71,8 +59,8 @@ class SourceListing:
         d = table.to_pydict()
         out = []
         for i, stem in enumerate(d[BASENAME]):
-            out.append((stem, {m: FileEntry(m, d[name_column(m)][i], d[size_column(m)][i],
-                                            d[fingerprint_column(m)][i], self.folders[m])
+            out.append((stem, {m: FileEntry(m, d[f"name.{m}"][i], d[f"size.{m}"][i],
+                                            d[f"fingerprint.{m}"][i], self.folders[m])
                                for m in self.modalities}))
         return out
 
@@ -82,7 +70,7 @@ class SourceListing:
         about linear in its file size, far more than in its count), and are known before any read."""
         total = np.full(len(self), file_cost * len(self.modalities), dtype=np.int64)
         for m in self.modalities:
-            total += self.complete[size_column(m)].to_numpy()
+            total += self.complete[f"size.{m}"].to_numpy()
         return total
 
 
@@ -169,8 +157,8 @@ def _join(report: IntakeReport, files: dict[str, pa.Table]) -> pa.Table:
             report.orphans[m] = 0
         columns = {BASENAME: first}
         for m in active:
-            columns.update({name_column(m): flat(files[m]["name"]), size_column(m): flat(files[m]["size"]),
-                            fingerprint_column(m): flat(files[m]["fingerprint"])})
+            columns.update({f"name.{m}": flat(files[m]["name"]), f"size.{m}": flat(files[m]["size"]),
+                            f"fingerprint.{m}": flat(files[m]["fingerprint"])})
         return pa.table(columns)
     per_file = {m: flat(stems(files[m]["name"])) for m in active}  # modality -> each file's stem
     unique: dict[str, pa.Array] = {}  # modality -> its stems, once each
@@ -206,7 +194,7 @@ def _join(report: IntakeReport, files: dict[str, pa.Table]) -> pa.Table:
         order = pc.array_sort_indices(stem)
         rows = files[m].filter(keep).take(order)
         columns.setdefault(BASENAME, stem.take(order))
-        columns[name_column(m)] = flat(rows["name"])
-        columns[size_column(m)] = flat(rows["size"])
-        columns[fingerprint_column(m)] = flat(rows["fingerprint"])
+        columns[f"name.{m}"] = flat(rows["name"])
+        columns[f"size.{m}"] = flat(rows["size"])
+        columns[f"fingerprint.{m}"] = flat(rows["fingerprint"])
     return pa.table(columns)
