@@ -10,11 +10,6 @@ from loader.formats.atomic import atomic_writer
 from loader.formats.layout import STATE_DIR
 from pid_platform.sharding.errors import OutputNotWritableError
 
-__all__ = [
-    "PROBE_PREFIX", "STATE_DIR", "bucket_dir", "ensure_writable", "final_dir", "not_writable", "sha_cache_path",
-    "stamp_path", "state_dir", "write_staged_state",
-]
-
 PROBE_PREFIX = ".write-probe-"
 
 

@@ -19,19 +19,10 @@ from pid_platform.sharding.errors import NoSamplesError
 from pid_platform.sharding.intake.cache import IntakeCache
 from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, check_validate_level
 from pid_platform.sharding.intake.keys import keyed_samples
-from pid_platform.sharding.intake.listing import (
-    BASENAME,
-    SourceListing,
-    flat,
-    list_source,
-    note_codes,
-)
+from pid_platform.sharding.intake.listing import BASENAME, flat, list_source, note_codes
 from pid_platform.sharding.intake.outcomes import decide
-from pid_platform.sharding.intake.report import MAX_EXAMPLES, IntakeReport
+from pid_platform.sharding.intake.report import IntakeReport
 from pid_platform.sharding.storage import FileEntry, SourceStore
-
-__all__ = ["MAX_EXAMPLES", "IntakeReport", "IntakeSlice", "Sample", "SourceListing", "balanced_slices", "intake",
-           "intake_slice", "list_source", "slice_bounds"]
 
 
 @dataclass(frozen=True)
