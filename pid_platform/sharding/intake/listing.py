@@ -21,6 +21,7 @@ from pid_platform.sharding.intake.report import MAX_EXAMPLES, IntakeReport
 from pid_platform.sharding.storage import FileEntry, Listing, SourceStore
 
 BASENAME = "basename"
+FILE_COLUMNS = ("name", "size", "fingerprint")  # of a listed file; ``<column>.<modality>`` in a sample's row
 
 
 def stems(names: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -157,8 +158,7 @@ def _join(report: IntakeReport, files: dict[str, pa.Table]) -> pa.Table:
             report.orphans[m] = 0
         columns = {BASENAME: first}
         for m in active:
-            columns.update({f"name.{m}": flat(files[m]["name"]), f"size.{m}": flat(files[m]["size"]),
-                            f"fingerprint.{m}": flat(files[m]["fingerprint"])})
+            columns.update({f"{c}.{m}": flat(files[m][c]) for c in FILE_COLUMNS})
         return pa.table(columns)
     per_file = {m: flat(stems(files[m]["name"])) for m in active}  # modality -> each file's stem
     unique: dict[str, pa.Array] = {}  # modality -> its stems, once each
@@ -194,7 +194,5 @@ def _join(report: IntakeReport, files: dict[str, pa.Table]) -> pa.Table:
         order = pc.array_sort_indices(stem)
         rows = files[m].filter(keep).take(order)
         columns.setdefault(BASENAME, stem.take(order))
-        columns[f"name.{m}"] = flat(rows["name"])
-        columns[f"size.{m}"] = flat(rows["size"])
-        columns[f"fingerprint.{m}"] = flat(rows["fingerprint"])
+        columns.update({f"{c}.{m}": flat(rows[c]) for c in FILE_COLUMNS})
     return pa.table(columns)
