@@ -16,7 +16,6 @@ import pytest
 
 from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.intake.cache import CACHE_NAME, IntakeCache
-from pid_platform.sharding.intake.file_checks import stem_of
 from pid_platform.sharding.layout import STATE_DIR
 from pid_platform.sharding.pipeline import build_source
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
@@ -32,6 +31,7 @@ from tests.support.build_data import (
     rewrite_same_size,
     snapshot,
     source_file,
+    stem_of,
 )
 from tests.support.seaweedfs import SeaweedS3, upload_tree
 

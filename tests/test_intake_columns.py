@@ -18,12 +18,12 @@ from loader.formats.twin_tar import nearest_bucket, sanitize_key
 from pid_platform.sharding.intake import cache as cache_mod
 from pid_platform.sharding.intake import listing as listing_mod
 from pid_platform.sharding.intake.cache import CACHE_SCHEMA, IntakeCache
-from pid_platform.sharding.intake.file_checks import ext_of, stem_of
+from pid_platform.sharding.intake.file_checks import ext_of
 from pid_platform.sharding.intake.keys import buckets, sanitized_keys
 from pid_platform.sharding.intake.listing import list_source, raw_extensions, stems
 from pid_platform.sharding.intake.task import intake
 from pid_platform.sharding.storage import LocalSourceStore
-from tests.support.build_data import SOURCE
+from tests.support.build_data import SOURCE, stem_of
 
 # Characters that make names hard: dots, a newline, non-ASCII letters (one whose lower case is
 # ASCII, one whose lower case is two characters), a character outside the BMP, a slash-like one.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from pid_platform.sharding.intake.outcomes import kind_of
@@ -15,7 +16,6 @@ from pid_platform.sharding.intake.task import (
     balanced_slices,
     intake_slice,
     list_source,
-    sample_weight,
     slice_bounds,
 )
 from pid_platform.sharding.storage import LocalSourceStore
@@ -62,9 +62,6 @@ def test_more_tasks_than_items_leaves_the_extra_tasks_empty() -> None:
 
 def test_equal_weights_are_a_stride() -> None:
     assert balanced_slices([7] * 10, 3) == [i % 3 for i in range(10)]
-    # Zero-byte files still cost an open each: a listing of them is split by count.
-    zero = {"caption": _entry("a.json", 0), "image": _entry("a.jpg", 0)}
-    assert sample_weight(zero) == 2 * FILE_COST_BYTES
 
 
 def test_a_listing_cheap_at_its_start_and_costly_at_its_end_is_balanced() -> None:
@@ -83,12 +80,6 @@ def test_bad_task_counts_are_refused() -> None:
         balanced_slices([1, 2], 0)
 
 
-def _entry(name: str, size: int):
-    from pid_platform.sharding.storage import FileEntry
-
-    return FileEntry(name.rsplit(".", 1)[-1], name, size, f"{size}:0", None)
-
-
 @pytest.mark.parametrize("of", [1, 2, 3, 40])  # 40: more tasks than the drop's 32 samples
 def test_intake_slices_of_a_real_source_cover_every_file_once(raw_root: Path, of: int) -> None:
     store = LocalSourceStore(raw_root)
@@ -102,12 +93,13 @@ def test_intake_slices_of_a_real_source_cover_every_file_once(raw_root: Path, of
     assert sum(p.nbytes for p in parts) == sum(e.size for _, e in files)
     for m, e in files:
         kind = kind_of(m, e.name, listing.report.image_modality)
-        holders = [i for i, p in enumerate(parts) if p.outcomes.get(e, kind) is not None]
+        found = [p.outcomes.lookup(m, pa.array([e.name])).to_pylist()[0] for p in parts]
+        holders = [i for i, row in enumerate(found) if (row["fingerprint"], row["kind"]) == (e.fingerprint, kind)]
         assert len(holders) == 1, (m, e.name, holders)
     assert sum(len(p.outcomes) for p in parts) == len(files)
     # Balanced by weight (bytes + a cost per file): any two slices' bytes differ by at most the
     # heaviest sample plus the per-file cost of the samples one holds more than the other.
-    heaviest = max(sample_weight(fs) for _, fs in complete)
+    heaviest = max(sum(e.size for e in fs.values()) + FILE_COST_BYTES * len(fs) for _, fs in complete)
     assert heaviest == int(listing.weights(FILE_COST_BYTES).max())
     for a in parts:
         for b in parts:

@@ -38,7 +38,7 @@ from pid_platform.sharding.plan.columnar import (
     write_plan_table,
 )
 from pid_platform.sharding.plan.shard_plan import FLAT, ShardingConfig, ShardPlan, plan_shards
-from pid_platform.sharding.plan.tables import read_plans, samples_table, write_plans, write_samples
+from pid_platform.sharding.plan.tables import read_plans, samples_table, write_plans, write_table
 from pid_platform.sharding.storage import FileEntry
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -168,12 +168,12 @@ def test_plan_parquet_from_columns_has_the_bytes_of_the_object_plan(tmp_path: Pa
     write_plans(tmp_path / "objects.parquet", want, MODS)
     table, _ = plan_table(samples_table(samples, MODS), config)
     write_plan_table(tmp_path / "table.parquet", table)
-    write_samples(tmp_path / "samples.parquet", samples, MODS)
+    write_table(tmp_path / "samples.parquet", samples_table(samples, MODS))
     layout = write_plan_file(tmp_path / "samples.parquet", tmp_path / "file.parquet", config)
     ref = (tmp_path / "objects.parquet").read_bytes()
     assert (tmp_path / "table.parquet").read_bytes() == ref
     assert (tmp_path / "file.parquet").read_bytes() == ref
-    assert layout.num_shards == len(want)
+    assert len(layout.counts) == len(want)
     # Scattered through row groups of 64 rows (what a source of millions of samples takes):
     # other row groups, the same rows.
     write_plan_file(tmp_path / "samples.parquet", tmp_path / "small.parquet", config, row_group_rows=64,
@@ -189,7 +189,7 @@ def test_plan_parquet_from_columns_has_the_bytes_of_the_object_plan(tmp_path: Pa
 def test_samples_out_of_key_order_are_planned_in_key_order(tmp_path: Path) -> None:
     config = CONFIGS[0]
     samples = make_samples(300, 8, sort=False)
-    write_samples(tmp_path / "samples.parquet", samples, MODS)
+    write_table(tmp_path / "samples.parquet", samples_table(samples, MODS))
     write_plan_file(tmp_path / "samples.parquet", tmp_path / "plan.parquet", config, row_group_rows=100,
                     batch_rows=64)
     write_plans(tmp_path / "objects.parquet", reference_plan(samples, MODS, config), MODS)
@@ -273,7 +273,7 @@ def test_shards_file_written_with_the_plan_holds_the_object_plans_shards(
         tmp_path: Path, config: ShardingConfig, row_group_rows: int) -> None:
     samples = make_samples(600, 10)
     plans = reference_plan(samples, MODS, config)
-    write_samples(tmp_path / "samples.parquet", samples, MODS)
+    write_table(tmp_path / "samples.parquet", samples_table(samples, MODS))
     write_plan_file(tmp_path / "samples.parquet", tmp_path / "plan.parquet", config, row_group_rows=row_group_rows,
                     batch_rows=50, shards_path=tmp_path / "shards.parquet")
     refs = read_shards_file(tmp_path / "shards.parquet", tmp_path / "plan.parquet", config.part_size)

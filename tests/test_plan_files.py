@@ -20,14 +20,14 @@ from pid_platform.sharding.plan.columnar import write_plan_file
 from pid_platform.sharding.plan.plan_files import (
     PLAN,
     SHARDS,
-    load_shard_range,
+    iter_shard_range,
     load_shards,
     shard_ref,
     write_cut,
     write_planned,
 )
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, plan_shards
-from pid_platform.sharding.plan.tables import read_plans, write_samples
+from pid_platform.sharding.plan.tables import read_plans, samples_table, write_table
 from pid_platform.sharding.storage import LocalSourceStore
 from tests.support.build_data import SMALL_BOUND_MB, SOURCE, build, output_files
 from tests.test_plan_columnar import MODS, make_samples
@@ -43,7 +43,7 @@ def _state(folder: Path) -> Path:
 def test_both_plan_writers_give_the_same_two_files(tmp_path: Path) -> None:
     samples = make_samples(700, 3)
     objects, columns = tmp_path / "objects", tmp_path / "columns"
-    write_samples(_state(columns) / "samples.parquet", samples, MODS)
+    write_table(_state(columns) / "samples.parquet", samples_table(samples, MODS))
     plans = plan_shards(samples, MODS, CONFIG)
     refs_objects = write_planned(objects, plans, MODS, CONFIG)
     refs_columns = write_cut(columns, _state(columns) / "samples.parquet", CONFIG)
@@ -57,7 +57,7 @@ def _small_row_groups(folder: Path, n: int, rows: int) -> list:
     """A plan of ``n`` samples in row groups of ``rows`` (a big source's layout, small)."""
     samples = make_samples(n, 11)
     state = _state(folder)
-    write_samples(state / "samples.parquet", samples, MODS)
+    write_table(state / "samples.parquet", samples_table(samples, MODS))
     write_plan_file(state / "samples.parquet", state / PLAN, CONFIG, row_group_rows=rows, batch_rows=37,
                     shards_path=state / SHARDS)
     return read_plans(state / PLAN, CONFIG.part_size)
@@ -79,7 +79,7 @@ def test_a_write_task_reads_only_the_row_groups_of_its_own_shards(tmp_path: Path
         for index in range(of):
             read.clear()
             first, stop = slice_bounds(len(shards), index, of)
-            mine = load_shard_range(tmp_path, CONFIG, shards, first, stop)
+            mine = [p for batch in iter_shard_range(tmp_path, CONFIG, shards, first, stop) for p in batch]
             assert mine == everything[first:stop]
             # Exactly the row groups holding rows starts[first]:starts[stop], each once.
             want = list(range(starts[first] // 50, (starts[stop] - 1) // 50 + 1)) if stop > first else []
@@ -104,7 +104,7 @@ def test_stale_or_missing_shards_file_falls_back_to_the_plan_and_mixed_files_are
     assert "written for another plan" in caplog.text and str(state / SHARDS) in caplog.text
     # A task handed the shards of another plan refuses rather than write the wrong samples.
     with pytest.raises(ValueError, match="two plans"):
-        load_shard_range(tmp_path, CONFIG, load_shards(other, CONFIG), 0, 3)
+        list(iter_shard_range(tmp_path, CONFIG, load_shards(other, CONFIG), 0, 3))
 
 
 def test_a_tasked_build_makes_sample_objects_only_in_its_write_tasks(raw_root: Path, tmp_path: Path,
@@ -280,8 +280,6 @@ def test_shard_plans_stream_a_row_group_at_a_time_with_no_shard_cut_in_two(tmp_p
 
 
 def test_a_write_task_holds_one_row_groups_shards_at_a_time(tmp_path: Path, monkeypatch) -> None:
-    from pid_platform.sharding.plan.plan_files import iter_shard_range
-
     everything = _small_row_groups(tmp_path, 900, 50)
     shards = load_shards(tmp_path, CONFIG)
     biggest = max(p.count for p in everything)

@@ -12,7 +12,13 @@ from pid_platform.sharding.errors import BuildError, SourceNotFoundError
 from pid_platform.sharding.layout import STATE_DIR
 from pid_platform.sharding.pipeline import build_source
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
-from pid_platform.sharding.storage import LocalSourceStore, S3SourceStore, open_source_store
+from pid_platform.sharding.storage import (
+    FileEntry,
+    Listing,
+    LocalSourceStore,
+    S3SourceStore,
+    open_source_store,
+)
 from tests.conftest import SOURCE
 from tests.support.seaweedfs import SeaweedS3, upload_tree
 
@@ -42,6 +48,13 @@ def output_files(out: Path) -> dict[str, bytes]:
     }
 
 
+def _entries(listing: Listing) -> list[FileEntry]:
+    """A listing's files as objects, to read them."""
+    d = listing.files.to_pydict()
+    return [FileEntry(listing.modality, n, s, fp, listing.folder)
+            for n, s, fp in zip(d["name"], d["size"], d["fingerprint"], strict=True)]
+
+
 def test_listings_match_local(s3_env: SeaweedS3, s3_raw_root: str, photo_drop_template: Path) -> None:
     store = open_source_store(s3_raw_root)
     local = LocalSourceStore(photo_drop_template)
@@ -52,9 +65,9 @@ def test_listings_match_local(s3_env: SeaweedS3, s3_raw_root: str, photo_drop_te
         s3_listing = store.list_files(SOURCE, modality)
         local_listing = local.list_files(SOURCE, modality)
         assert s3_listing.skipped == []
-        names = [e.name for e in s3_listing.entries]
-        assert names == sorted(names) == [e.name for e in local_listing.entries]
-        for s3_entry, local_entry in zip(s3_listing.entries, local_listing.entries, strict=True):
+        names = [e.name for e in _entries(s3_listing)]
+        assert names == sorted(names) == [e.name for e in _entries(local_listing)]
+        for s3_entry, local_entry in zip(_entries(s3_listing), _entries(local_listing), strict=True):
             data = store.read(SOURCE, s3_entry)
             assert data == Path(local_entry.local_path).read_bytes()
             assert s3_entry.size == local_entry.size == len(data)
@@ -72,7 +85,7 @@ def test_listing_skips_hidden_and_nested(s3_env: SeaweedS3) -> None:
     assert store.list_sources() == ["src"]
     assert store.list_modalities("src") == ["image"]
     listing = store.list_files("src", "image")
-    assert [e.name for e in listing.entries] == ["a.jpg"]
+    assert [e.name for e in _entries(listing)] == ["a.jpg"]
     assert listing.skipped == [("image/.DS_Store", "hidden_file"), ("image/sub/b.jpg", "nested_object")]
 
 
@@ -99,7 +112,7 @@ def test_pickled_store_works_without_the_environment(
     # A forkserver worker sees the environment of when the forkserver started, which may lack the
     # credentials: the pickled store must carry what the parent resolved, and no client.
     store = S3SourceStore(s3_raw_root)
-    entry = store.list_files(SOURCE, "caption").entries[0]
+    entry = _entries(store.list_files(SOURCE, "caption"))[0]
     blob = pickle.dumps(store)
     for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
         monkeypatch.delenv(name)
@@ -151,7 +164,7 @@ def test_object_changed_after_listing(s3_env: SeaweedS3) -> None:
     s3_env.make_bucket("changing")
     client.put_object(Bucket="changing", Key="src/caption/a.json", Body=b'{"prompt": "one"}')
     store = S3SourceStore("s3://changing")
-    [entry] = store.list_files("src", "caption").entries
+    [entry] = _entries(store.list_files("src", "caption"))
     client.put_object(Bucket="changing", Key="src/caption/a.json", Body=b'{"prompt": "two"}')
     with pytest.raises(BuildError, match=r"s3://changing/src/caption/a.json: the object changed since it was listed"):
         store.read("src", entry)

@@ -15,7 +15,7 @@ from loader.formats.catalog import (
     write_catalog,
 )
 from loader.formats.errors import FormatError
-from loader.formats.wdinfo import WDINFO_NAME, parse_wdinfo, read_wdinfo
+from loader.formats.wdinfo import WDINFO_NAME, WdinfoManifest, parse_wdinfo, read_wdinfo
 from loader.mixture.definition import MixtureError
 from pid_platform.sharding.commit.s3_output import S3Output, get_bytes, published_sources
 from pid_platform.sharding.errors import BuildError
@@ -35,14 +35,8 @@ def scan_sources(output_root: Path) -> dict[str, SourceEntry]:
         )
         if not manifests:
             continue
-        parsed = [read_wdinfo(m) for m in manifests]
-        sources[src.name] = SourceEntry(
-            name=src.name,
-            manifests=[str(m.relative_to(output_root)) for m in manifests],
-            buckets=sorted(w.bucket or "" for w in parsed),
-            total_key_count=sum(w.total_key_count for w in parsed),
-            data_keys=sorted({k for w in parsed for k in w.data_keys}),
-        )
+        sources[src.name] = _entry(src.name, [str(m.relative_to(output_root)) for m in manifests],
+                                   [read_wdinfo(m) for m in manifests])
     return sources
 
 
@@ -62,14 +56,19 @@ def scan_s3_sources(output_root: S3Output) -> dict[str, SourceEntry]:
                 parsed.append(parse_wdinfo(load_state_doc(data, f"{out}/{rel}"), None, f"{out}/{rel}"))
             except (FormatError, ValueError) as exc:
                 raise BuildError(f"{out}/{rel}: {exc}; rebuild source {name!r}") from None
-        sources[name] = SourceEntry(
-            name=name,
-            manifests=[f"{name}/{rel}" for rel in pointer.manifest_paths()],
-            buckets=sorted(w.bucket or "" for w in parsed),
-            total_key_count=sum(w.total_key_count for w in parsed),
-            data_keys=sorted({k for w in parsed for k in w.data_keys}),
-        )
+        sources[name] = _entry(name, [f"{name}/{rel}" for rel in pointer.manifest_paths()], parsed)
     return sources
+
+
+def _entry(name: str, manifests: list[str], parsed: list[WdinfoManifest]) -> SourceEntry:
+    """A built source's catalog entry: its manifests (relative to the output root), parsed."""
+    return SourceEntry(
+        name=name,
+        manifests=manifests,
+        buckets=sorted(w.bucket or "" for w in parsed),
+        total_key_count=sum(w.total_key_count for w in parsed),
+        data_keys=sorted({k for w in parsed for k in w.data_keys}),
+    )
 
 
 def build_s3_catalog(output_root: S3Output, datasets: dict[str, Any] | None = None) -> tuple[str, Catalog]:

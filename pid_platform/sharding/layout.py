@@ -10,11 +10,6 @@ from loader.formats.atomic import atomic_writer
 from loader.formats.layout import STATE_DIR
 from pid_platform.sharding.errors import OutputNotWritableError
 
-__all__ = [
-    "PROBE_PREFIX", "STATE_DIR", "bucket_dir", "ensure_writable", "final_dir", "sha_cache_path", "stamp_path",
-    "state_dir", "write_staged_state",
-]
-
 PROBE_PREFIX = ".write-probe-"
 
 
@@ -73,8 +68,10 @@ def ensure_writable(out: str | os.PathLike[str], *, shown_as: Path | None = None
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise OutputNotWritableError(
-            f"output folder {shown_as or out} is not writable ({exc.strerror or exc}); "
-            "choose another --output-dir or fix its permissions"
-        ) from None
+        raise not_writable(shown_as or out, exc) from None
     return out
+
+
+def not_writable(out: str | os.PathLike[str], exc: OSError) -> OutputNotWritableError:
+    return OutputNotWritableError(f"output folder {out} is not writable ({exc.strerror or exc}); "
+                                  "choose another --output-dir or fix its permissions")

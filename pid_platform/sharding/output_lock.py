@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 
 from loader.formats.layout import lock_name
 from loader.io.flock import flock_held, read_lock_holder
-from pid_platform.sharding.errors import BuildError, OutputNotWritableError
-from pid_platform.sharding.layout import final_dir
+from pid_platform.sharding.commit.held import OncePerProcess
+from pid_platform.sharding.errors import BuildError
+from pid_platform.sharding.layout import final_dir, not_writable
 from pid_platform.sharding.run_hold import refuse_if_held
 
-# Steps nest (the one-process build, `tasks.run.run_build`, calls each stage): the process keeps one lock per folder.
-_held: dict[Path, int] = {}
+_held = OncePerProcess()  # lock file -> None
 
 
 class BuildInProgressError(BuildError):
@@ -38,17 +38,14 @@ def lock_path(out: str | os.PathLike[str]) -> Path:
     return final.parent / lock_name(final.name)
 
 
-@contextmanager
-def build_lock(out: str | os.PathLike[str]) -> Iterator[None]:
+def build_lock(out: str | os.PathLike[str]) -> AbstractContextManager[None]:
+    """Hold the build lock of ``out`` for the block (nested holds in one process share it)."""
     path = lock_path(out)
-    if path in _held:
-        _held[path] += 1
-        try:
-            yield
-        finally:
-            _held[path] -= 1
-        return
+    return _held.hold(path, lambda: _locked(out, path))
 
+
+@contextmanager
+def _locked(out: str | os.PathLike[str], path: Path) -> Iterator[None]:
     def in_progress() -> BuildInProgressError:
         holder = read_lock_holder(path)[:64] or "unknown"
         return BuildInProgressError(
@@ -56,21 +53,13 @@ def build_lock(out: str | os.PathLike[str]) -> Iterator[None]:
             f"is released when that process exits, so {path} never needs deleting by hand"
         )
 
-    # No waiting: a second build stops at once. The file exists only while a build step runs:
-    # deleted before the lock goes (a taker that opened it meanwhile sees the name gone and retries).
+    # No waiting: a second build stops at once.
     with ExitStack() as stack:
         try:
             stack.enter_context(flock_held(path, holder=str(os.getpid()), busy=in_progress, timeout_s=0, remove=True))
         except OSError as exc:
-            raise OutputNotWritableError(
-                f"output folder {out} is not writable ({exc.strerror or exc}); "
-                "choose another --output-dir or fix its permissions"
-            ) from None
+            raise not_writable(out, exc) from None
         # Checked holding the lock: a run's step takes its hold before the lock, so a step that
         # starts after this check finds the lock taken, and one that started before is seen here.
         refuse_if_held(out)  # a Dagster run holds the output between its steps too
-        _held[path] = 1
-        try:
-            yield
-        finally:
-            del _held[path]
+        yield

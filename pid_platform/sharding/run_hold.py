@@ -25,7 +25,7 @@ length: a small record, the same for a folder output and an ``s3://`` one::
 * A hold is live until its last renewal plus its TTL (``PID_RUN_HOLD_TTL_S``, default an hour:
   a run lost without its end being seen blocks CLI builds of its output that long at most). A
   run waiting between two steps, for pool slots say, has no step renewing it: the sensor renews
-  the hold of each source's running build run (``renew_hold``). One whose deadline lies more than two TTLs ahead is not honoured.
+  the hold of each source's running build run (``renew_hold``); ``held.Renewed`` says when it is live.
 
 The record is written by another process, so it is read strictly: anything but the fields above,
 in range, is ``RunHoldError`` naming the file. Every read and write goes through the storage
@@ -41,7 +41,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from loader.formats.errors import short_repr
@@ -49,7 +49,7 @@ from loader.formats.layout import STATE_DIR, run_hold_name
 from loader.formats.strict_doc import load_json_doc
 from loader.io.errors import ObjectNotFoundError, PreconditionFailedError
 from loader.io.objects import ObjectStore, open_store
-from pid_platform.sharding.commit.held import HeldInBackground
+from pid_platform.sharding.commit.held import MAX_TIME_S, HeldInBackground, Renewed, ago, utc
 from pid_platform.sharding.commit.s3_output import S3Output
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.layout import final_dir
@@ -63,7 +63,6 @@ DEFAULT_TTL_S = 3600.0
 MIN_TTL_S = 10.0  # renewed every third of it: a shorter one expires between two renewals of a busy machine
 MAX_TTL_S = 7 * 86400.0  # a lost run blocks CLI builds of its output a week at most
 MAX_RENEW_S = 300.0  # renewed at least every five minutes while a step runs, whatever the TTL
-MAX_TIME_S = 1e11  # the year 5138: a time past it is not one this code wrote
 MAX_HOLD_BYTES = 4096  # one short JSON line; anything larger is not a hold
 _FIX = ("if no Dagster run is building this output (the Dagster UI's Runs page shows none in progress), "
         "delete the file and build again")
@@ -94,7 +93,7 @@ def ttl_from_env(environ: Mapping[str, str] | None = None) -> float:
 
 
 @dataclass(frozen=True)
-class RunHold:
+class RunHold(Renewed):
     run_id: str
     job: str
     source: str
@@ -103,18 +102,11 @@ class RunHold:
     ttl_s: float
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"run_hold_version": HOLD_FORMAT_VERSION, "run_id": self.run_id, "job": self.job,
-                           "source": self.source, "taken": self.taken, "renewed": self.renewed,
-                           "ttl_s": self.ttl_s}).encode()
+        return json.dumps({"run_hold_version": HOLD_FORMAT_VERSION, **asdict(self)}).encode()
 
     @property
     def deadline(self) -> float:
         return self.renewed + self.ttl_s
-
-    def live(self, now: float) -> bool:
-        """Renewed within its TTL, and not further ahead than a hold can be (a forged record, or
-        a writer's clock more than a TTL ahead, is not honoured)."""
-        return now < self.deadline <= now + 2 * self.ttl_s
 
 
 def parse_hold(data: bytes, where: str) -> RunHold:
@@ -193,21 +185,12 @@ def acting_for(run_id: str) -> Iterator[None]:
         _acting_for = before
 
 
-def _ago(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
-
-
-def _utc(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
-
-
 def held_by_run(place: HoldPlace, hold: RunHold, now: float) -> HeldByRunError:
     return HeldByRunError(
         f"{place.output} is being built by Dagster run {hold.run_id} ({hold.job}, source {hold.source}), which "
-        f"took it {_ago(now - hold.taken)} ago (renewed {_ago(now - hold.renewed)} ago); this build stopped before "
+        f"took it {ago(now - hold.taken)} ago (renewed {ago(now - hold.renewed)} ago); this build stopped before "
         "touching it. Wait for that run to end (the Dagster UI's Runs page shows it). If that run is not on the "
-        f"Runs page or has ended, delete {place.where}, or wait until the hold expires at {_utc(hold.deadline)}")
+        f"Runs page or has ended, delete {place.where}, or wait until the hold expires at {utc(hold.deadline)}")
 
 
 def refuse_if_held(output: S3Output | str | os.PathLike[str], *, now: Callable[[], float] = time.time) -> None:
@@ -252,14 +235,15 @@ def renew_hold(output: S3Output | str | os.PathLike[str], run_id: str, *,
         return False  # not one this code wrote, or changed meanwhile by a step that renewed it
 
 
-def renew_hold_at(place: HoldPlace, run_id: str, now: float) -> tuple[RunHold, str | None] | None:
-    """The hold at ``place`` renewed at ``now`` if it is ``run_id``'s, with its new ETag; ``None``
-    when it is gone or another run's. Conditional on the ETag read: a writer meanwhile wins."""
+def renew_hold_at(place: HoldPlace, run_id: str, now: float) -> RunHold | None:
+    """The hold at ``place`` renewed at ``now`` if it is ``run_id``'s; ``None`` when it is gone
+    or another run's. Conditional on the ETag read: a writer meanwhile wins."""
     got = place.read()
     if got is None or got[0].run_id != run_id:
         return None
     hold = replace(got[0], renewed=now)
-    return hold, place.store.put_if_match(place.key, hold.to_bytes(), got[1], content_type="application/json")
+    place.store.put_if_match(place.key, hold.to_bytes(), got[1], content_type="application/json")
+    return hold
 
 
 class RunHoldForStep(HeldInBackground):
@@ -278,17 +262,19 @@ class RunHoldForStep(HeldInBackground):
         self.place = hold_place(output)
         self.run_id, self.job, self.source = run_id, job, source
         self.ttl_s = ttl_from_env() if ttl_s is None else ttl_s
+        self.renew_every_s = min(self.ttl_s / 3, MAX_RENEW_S)
         self.may_take_over = may_take_over
         self.now = now
         self.hold: RunHold | None = None
-        self.etag: str | None = None
         self.took_over: RunHold | None = None
 
     def _write(self, hold: RunHold, etag: str | None) -> None:
         body = hold.to_bytes()
         store, key = self.place.store, self.place.key
-        self.etag = (store.put_if_absent(key, body, content_type="application/json") if etag is None
-                     else store.put_if_match(key, body, etag, content_type="application/json"))
+        if etag is None:
+            store.put_if_absent(key, body, content_type="application/json")
+        else:
+            store.put_if_match(key, body, etag, content_type="application/json")
         self.hold = hold
 
     def _take(self) -> None:
@@ -314,9 +300,6 @@ class RunHoldForStep(HeldInBackground):
         raise RunHoldError(f"{self.place.where}: could not take the run's hold (others kept changing it); "
                            "re-execute the run")
 
-    def _renew_every_s(self) -> float:
-        return min(self.ttl_s / 3, MAX_RENEW_S)
-
     def _renew_once(self) -> bool:
         # Read first: the run's other steps (write tasks side by side) and run_holds_sensor renew
         # it too, each changing its ETag; only a hold that is gone or another run's ends the renewals.
@@ -326,7 +309,7 @@ class RunHoldForStep(HeldInBackground):
                 log.warning("%s: the hold of run %s was released or taken over; no longer renewing it",
                             self.place.where, self.run_id)
                 return False
-            self.hold, self.etag = renewed
+            self.hold = renewed
         except Exception as exc:  # noqa: BLE001 - retried next period; the hold outlasts a few misses
             log.warning("%s: renewing the run's hold failed (%s); trying again", self.place.where, exc)
         return True

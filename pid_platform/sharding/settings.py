@@ -50,10 +50,6 @@ MAX_SETTINGS_BYTES = 64 * 1024
 _FIX = "fix or delete the file"
 
 
-def _error(message: str) -> ShardingConfigError:
-    return ShardingConfigError(message)
-
-
 def parse_settings(data: bytes, location: str) -> dict[str, Any]:
     """The settings a ``sharding.yaml`` sets: a flat mapping of setting names to single values.
 
@@ -73,7 +69,7 @@ def parse_settings(data: bytes, location: str) -> dict[str, Any]:
                                       f"settings are {', '.join(SETTING_KEYS)}")
         lines.setdefault(name, line)
 
-    doc = load_yaml_doc(data, location, max_bytes=MAX_SETTINGS_BYTES, fix=_FIX, error=_error,
+    doc = load_yaml_doc(data, location, max_bytes=MAX_SETTINGS_BYTES, fix=_FIX, error=ShardingConfigError,
                         max_depth=1, on_key=known)
     if doc is None:
         return {}  # empty, comments only, or "---" alone

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from loader.formats.atomic import atomic_write_bytes
 from loader.io import urls
-from pid_platform.sharding.compute import pc
+from pid_platform.sharding.compute import ascending, pc
 from pid_platform.sharding.errors import BuildError, PlannedFileChangedError, SourceNotFoundError
 
 if TYPE_CHECKING:  # boto3 and the HTTP stack: imported where S3 is used, not for a local listing
@@ -83,14 +83,9 @@ class FileColumns:
         self._flush()
         table = pa.Table.from_batches(self._batches, schema=FILES_SCHEMA)
         self._batches = []
-        if table.num_rows > 1 and not _sorted(table["name"]):
+        if not ascending(table["name"]):
             table = table.take(pc.sort_indices(table["name"]))
         return table.combine_chunks()
-
-
-def _sorted(names: pa.ChunkedArray) -> bool:
-    flat = names.combine_chunks()
-    return bool(pc.all(pc.less(flat[:-1], flat[1:])).as_py())
 
 
 @dataclass
@@ -110,13 +105,6 @@ class Listing:
 
     def __len__(self) -> int:
         return self.files.num_rows
-
-    @property
-    def entries(self) -> list[FileEntry]:
-        """The files as objects: for a listing small enough to hold so (a test, a few files)."""
-        d = self.files.to_pydict()
-        return [FileEntry(self.modality, n, s, fp, self.folder)
-                for n, s, fp in zip(d["name"], d["size"], d["fingerprint"], strict=True)]
 
 
 class SourceStore(ABC):
@@ -351,10 +339,6 @@ class S3SourceStore(SourceStore):
         self._frozen: S3Settings | None = None
         self._objects: S3Objects | None = None
 
-    @property
-    def endpoint_url(self) -> str | None:
-        return self.settings.endpoint()
-
     def __getstate__(self) -> dict[str, Any]:  # boto3 clients do not pickle; credentials travel resolved
         # Resolved once per store: every task of a worker pool pickles the store again.
         if self._frozen is None:
@@ -362,7 +346,7 @@ class S3SourceStore(SourceStore):
         return {**self.__dict__, "settings": self._frozen, "_objects": None}
 
     def __repr__(self) -> str:  # never the credentials
-        return f"S3SourceStore({self.uri!r}, endpoint_url={self.endpoint_url!r})"
+        return f"S3SourceStore({self.uri!r}, endpoint_url={self.settings.endpoint()!r})"
 
     @property
     def objects(self) -> S3Objects:

@@ -25,7 +25,6 @@ from pid_platform.sharding.commit.verify_output import (
     size_bound_violations,
     twin_key_mismatches,
 )
-from pid_platform.sharding.intake.file_checks import stem_of
 from pid_platform.sharding.layout import STATE_DIR
 from pid_platform.sharding.pipeline import BuildSummary, build_source, load_plans
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
@@ -36,6 +35,11 @@ MODALITIES = ["caption", "image", "umt5"]
 CLEAN_SAMPLES = 32
 # Small enough that the 32 photographs (2.6 MB) make several shards per bucket.
 SMALL_BOUND_MB = 0.25
+
+
+def stem_of(name: str) -> str:
+    """A raw file's basename, as ``listing.stems`` computes it for a column of names."""
+    return name.rsplit(".", 1)[0] if "." in name else name
 
 
 def build(raw_root: Path, out: Path, *, num_workers: int = 1, trust_pickle: bool = False,

@@ -10,11 +10,9 @@ machines, the cleanup job) share nothing else. A claim is a small object,
 
 held for as long as its holder works on ``subject``: renewed by a background thread every third
 of its lifetime (``ttl_s``, bounded to ``[MIN_TTL_S, MAX_TTL_S]``), deleted when the work ends.
-A holder killed with ``kill -9`` leaves it behind; it stops counting at its last renewal plus
-its TTL (or ``expires``, if earlier), whatever ``expires`` says. A claim whose deadline lies
-more than two TTLs ahead of the reader's clock (forged, or a clock more than a TTL ahead), and
-one that is not a claim this version reads (not JSON, ``1e400``, a wrong type), protects
-nothing: it is skipped with a warning naming the object. Every wait for a claim is bounded
+A holder killed with ``kill -9`` leaves it behind; it stops counting as a lease does
+(``lease.py``). One that is not a claim this version reads (not JSON, ``1e400``, a wrong type)
+protects nothing: it is skipped with a warning naming the object. Every wait for a claim is bounded
 (``wait_until_unclaimed``'s ``max_wait_s``) and fails naming the claim. Two purposes exist today:
 
 * ``publish``: a build is uploading, checking or switching the pointer to that version;
@@ -46,7 +44,7 @@ from typing import TYPE_CHECKING
 
 from loader.formats.errors import short_repr
 from loader.formats.strict_doc import load_json_doc
-from pid_platform.sharding.commit.held import HeldInBackground
+from pid_platform.sharding.commit.held import MAX_TIME_S, HeldInBackground, Renewed
 from pid_platform.sharding.errors import BuildError
 
 if TYPE_CHECKING:
@@ -63,7 +61,6 @@ MIN_TTL_S = 1.0  # renewed every third of it: three PUTs a second at most
 MAX_TTL_S = 86400.0  # a killed holder's claim counts for a day at most
 DEFAULT_MAX_WAIT_S = 3 * DEFAULT_TTL_S  # a cleanup deletes a version in minutes; past this, stop
 MAX_CLAIM_BYTES = 4096
-MAX_TIME_S = 1e11  # the year 5138: a time past it is not one this code wrote
 MAX_HOLDER_CHARS = 200
 
 
@@ -73,7 +70,7 @@ def this_process() -> str:
 
 
 @dataclass(frozen=True)
-class Claim:
+class Claim(Renewed):
     subject: str
     purpose: str
     holder: str
@@ -86,11 +83,6 @@ class Claim:
     def deadline(self) -> float:
         """When it stops counting: its last renewal plus its TTL, or ``expires`` if earlier."""
         return self.expires if self.renewed is None else min(self.expires, self.renewed + self.ttl_s)
-
-    def live(self, now: float) -> bool:
-        """Not stale, and not further ahead than a claim can be (two TTLs: the holder's clock may
-        run up to a TTL ahead; a claim "until 2036" is not one a process here wrote)."""
-        return now < self.deadline <= now + 2 * self.ttl_s
 
     def describe(self) -> str:
         return f"{self.purpose} claim of {self.holder} on {self.subject}"
@@ -163,11 +155,12 @@ class HeldClaim(HeldInBackground):
             raise BuildError(f"a {purpose} claim's ttl_s = {short_repr(ttl_s)}: give {MIN_TTL_S:g} to "
                              f"{MAX_TTL_S:g} seconds")
         self.ttl_s, self.now = float(ttl_s), now
+        self.renew_every_s = self.ttl_s / 3
         self.rel = _rel(subject, purpose, uuid.uuid4().hex[:16])
         self.expires = 0.0
         self._thread_name = f"claim-{purpose}"
 
-    def _put(self) -> None:
+    def _take(self) -> None:
         t = self.now()
         expires = t + self.ttl_s
         doc = {"claim_version": CLAIM_FORMAT_VERSION, "subject": self.subject, "purpose": self.purpose,
@@ -175,16 +168,10 @@ class HeldClaim(HeldInBackground):
         self.output.store().put(self.output.key(self.rel), json.dumps(doc).encode(), content_type="application/json")
         self.expires = expires
 
-    def _take(self) -> None:
-        self._put()
-
-    def _renew_every_s(self) -> float:
-        return self.ttl_s / 3
-
     def _renew_once(self) -> bool:
         # A missed renewal is retried next time; check() stops the holder before it matters.
         with contextlib.suppress(Exception):
-            self._put()
+            self._take()
         return True
 
     def _let_go(self) -> None:

@@ -1,5 +1,6 @@
-"""Something an S3 output holds for the length of a ``with`` block: taken on enter, renewed by a
-daemon thread, let go on exit (the publish and delete claims, the build lease).
+"""What the build lease, the claims and a Dagster run's hold share: a record its holder renews,
+held for the length of a ``with`` block (taken on enter, renewed by a daemon thread, let go on
+exit), once per process however deep the steps that take it nest.
 
 A let-go that fails is raised only when the block itself succeeded: what is left behind expires
 on its own, and the block's own error is the one worth reading.
@@ -8,13 +9,68 @@ on its own, and the block's own error is the one worth reading.
 from __future__ import annotations
 
 import threading
-from typing import Any, Self
+import time
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Self, TypeVar
+
+T = TypeVar("T")
+MAX_TIME_S = 1e11  # the year 5138: a time in a record past it is not one this code wrote
+
+
+def ago(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
+class Renewed:
+    """A record its holder renews: ``live`` until its ``deadline``, and never further ahead than
+    two TTLs (the holder's clock may run up to a TTL ahead of the reader's; a record "until
+    2036", forged or from a clock further ahead, is not honoured)."""
+
+    deadline: float
+    ttl_s: float
+
+    def live(self, now: float) -> bool:
+        return now < self.deadline <= now + 2 * self.ttl_s
+
+
+_NOT_HELD = object()
+
+
+class OncePerProcess:
+    """What this process holds, by key, taken once: steps nest (the one-process build runs every
+    stage, each of which takes the lock or lease), and a nested take shares the outer one."""
+
+    def __init__(self) -> None:
+        self._held: dict[Hashable, Any] = {}
+
+    def get(self, key: Hashable) -> Any | None:
+        return self._held.get(key)
+
+    @contextmanager
+    def hold(self, key: Hashable, take: Callable[[], AbstractContextManager[T]]) -> Iterator[T]:
+        outer = self._held.get(key, _NOT_HELD)
+        if outer is not _NOT_HELD:
+            yield outer
+            return
+        with take() as taken:
+            self._held[key] = taken
+            try:
+                yield taken
+            finally:
+                del self._held[key]
 
 
 class HeldInBackground:
     """Subclasses say how to take it (``_take``), renew it once (``_renew_once``; False stops the
-    renewals), how often (``_renew_every_s``) and how to let it go (``_let_go``)."""
+    renewals), how often (``renew_every_s``, set when made) and how to let it go (``_let_go``)."""
 
+    renew_every_s: float
     _thread_name = "renewal"
     _stop: threading.Event | None = None
     _thread: threading.Thread | None = None
@@ -25,14 +81,11 @@ class HeldInBackground:
     def _renew_once(self) -> bool:
         raise NotImplementedError
 
-    def _renew_every_s(self) -> float:
-        raise NotImplementedError
-
     def _let_go(self) -> None:
         raise NotImplementedError
 
     def _renewals(self, stop: threading.Event) -> None:
-        while not stop.wait(self._renew_every_s()):
+        while not stop.wait(self.renew_every_s):
             if not self._renew_once():
                 return
 

@@ -21,9 +21,8 @@ S3 output therefore holds ``<output>/.pid-build/lease.json``::
   by another process start: ``holder_process.py``), else once the lease is stale.
 
 A lease is stale at its last renewal plus its TTL (or at ``expires`` if earlier), whatever
-``expires`` claims; one whose deadline lies more than two TTLs ahead of this clock (a forged
-record, or a holder's clock more than a TTL ahead) is not honoured. Numbers that are not finite,
-not JSON, or out of range (a TTL outside ``[MIN_TTL_S, MAX_TTL_S]``, a time before 1970 or past
+``expires`` claims, and not honoured further ahead than ``held.Renewed`` allows. Numbers that
+are not finite, not JSON, or out of range (a TTL outside ``[MIN_TTL_S, MAX_TTL_S]``, a time before 1970 or past
 the year 5000, a pid past 2**31) make the lease unreadable: ``BuildLeaseError`` naming the file.
 The TTL is bounded to ``[MIN_TTL_S, MAX_TTL_S]`` (2 s to a day) and the renewal period to
 ``[MIN_RENEW_S, TTL / 2]`` (at least a second: one conditional PUT a second at most).
@@ -31,8 +30,6 @@ The TTL is bounded to ``[MIN_TTL_S, MAX_TTL_S]`` (2 s to a day) and the renewal 
 A server that does not implement ``If-None-Match`` on PUT (it answers 501) gets a weaker take:
 a read that finds no lease, an unconditional write, and a read-back of the token. Expiry is read
 on the reader's clock: machines whose clocks differ by more than the TTL defeat it.
-
-Every S3 request of this module is in the four private functions at the top.
 """
 
 from __future__ import annotations
@@ -45,8 +42,8 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from loader.formats.errors import short_repr
@@ -57,7 +54,14 @@ from loader.io.errors import (
     StorageError,
     UnsupportedRequestError,
 )
-from pid_platform.sharding.commit.held import HeldInBackground
+from pid_platform.sharding.commit.held import (
+    MAX_TIME_S,
+    HeldInBackground,
+    OncePerProcess,
+    Renewed,
+    ago,
+    utc,
+)
 from pid_platform.sharding.commit.holder_process import HolderProcess
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.run_hold import refuse_if_held
@@ -75,40 +79,9 @@ DEFAULT_TTL_S = 600.0
 MIN_TTL_S = 2.0  # a renewal every second at least, twice per TTL
 MAX_TTL_S = 86400.0  # a killed build on another machine blocks its output for a day at most
 MIN_RENEW_S = 1.0  # one conditional PUT a second at most
-MAX_TIME_S = 1e11  # the year 5138: a time past it is not one this code wrote
 MAX_PID = 2**31 - 1
 MAX_LEASE_BYTES = 4096  # a lease is one short JSON line; anything larger is not one
-
-
-# --- The S3 requests (the only ones in this module) -------------------------------------------
-
-def _put_if_absent(output: S3Output, key: str, body: bytes) -> str | None:
-    """Create ``key``; its ETag. ``PreconditionFailedError`` when it exists,
-    ``UnsupportedRequestError`` when the server does not implement ``If-None-Match``."""
-    return output.store().put_if_absent(key, body, content_type="application/json")
-
-
-def _put_if_match(output: S3Output, key: str, body: bytes, etag: str | None) -> str | None:
-    """Replace ``key`` only if its ETag is still ``etag`` (``None``: unconditionally, the
-    fallback take); the new ETag. ``PreconditionFailedError`` when it changed or is gone."""
-    store = output.store()
-    if etag is None:
-        return store.put(key, body, content_type="application/json")
-    return store.put_if_match(key, body, etag, content_type="application/json")
-
-
-def _get(output: S3Output, key: str) -> tuple[bytes, str | None] | None:
-    """The object's bytes (at most ``MAX_LEASE_BYTES + 1``) and ETag, or ``None`` if absent."""
-    try:
-        return output.store().get_tagged(key, max_bytes=MAX_LEASE_BYTES + 1)
-    except ObjectNotFoundError:
-        return None
-
-
-def _delete(output: S3Output, key: str, etag: str | None) -> None:
-    """Delete ``key`` if its ETag is still ``etag`` (``None``: unconditionally); ``PreconditionFailedError``
-    when it changed or is gone, ``UnsupportedRequestError`` when the server has no conditional delete."""
-    output.store().delete(key, if_match=etag)
+JSON = "application/json"
 
 
 # --- Settings -----------------------------------------------------------------------------------
@@ -192,7 +165,7 @@ class BuildLeaseLostError(BuildLeaseError):
 
 
 @dataclass(frozen=True)
-class LeaseRecord:
+class LeaseRecord(Renewed):
     host: str
     pid: int
     token: str
@@ -206,10 +179,7 @@ class LeaseRecord:
     pid_start: int | None = None
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"lease_version": LEASE_FORMAT_VERSION, "host": self.host, "pid": self.pid,
-                           "token": self.token, "started": self.started, "renewed": self.renewed,
-                           "expires": self.expires, "ttl_s": self.ttl_s, "version": self.version,
-                           "boot": self.boot, "pidns": self.pidns, "pid_start": self.pid_start}).encode()
+        return json.dumps({"lease_version": LEASE_FORMAT_VERSION, **asdict(self)}).encode()
 
     def holder(self) -> str:
         return f"{self.host} pid {self.pid}"
@@ -222,23 +192,14 @@ class LeaseRecord:
         """When it is stale: its last renewal plus its TTL, or ``expires`` if that is earlier."""
         return min(self.expires, self.renewed + self.ttl_s)
 
-    def live(self, now: float) -> bool:
-        """Not stale, and not further ahead than a lease can be (two TTLs: the holder's clock may
-        run ahead of this one by up to a TTL; past that, or forged, it is not honoured)."""
-        return now < self.deadline <= now + 2 * self.ttl_s
-
 
 _LEASE_FIX = "if no build of this output is running, delete it and build again"
-
-
-def _lease_error(message: str) -> BuildLeaseError:
-    return BuildLeaseError(message)
 
 
 def parse_lease(data: bytes, where: str) -> LeaseRecord:
     """The lease in ``data`` (read from ``where``), every field checked: a lease another program
     or person wrote, with ``1e400`` or a ten-digit pid, is a ``BuildLeaseError`` naming the file."""
-    doc = load_json_doc(data, where, max_bytes=MAX_LEASE_BYTES, fix=_LEASE_FIX, error=_lease_error)
+    doc = load_json_doc(data, where, max_bytes=MAX_LEASE_BYTES, fix=_LEASE_FIX, error=BuildLeaseError)
 
     def bad(what: str) -> BuildLeaseError:
         return BuildLeaseError(f"{where} is not a build lease this version of pid-platform reads ({what}); "
@@ -270,15 +231,6 @@ def parse_lease(data: bytes, where: str) -> LeaseRecord:
         field("pidns", (int,), 0, 2**64, optional=True), field("pid_start", (int,), 0, 2**63, optional=True))
 
 
-def _ago(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
-
-
-def _utc(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
-
-
 class BuildLease(HeldInBackground):
     """The lease on one S3 output: taken on enter, renewed in the background, released on exit.
 
@@ -290,6 +242,7 @@ class BuildLease(HeldInBackground):
                  now: Callable[[], float] = time.time) -> None:
         self.output = output
         self.settings = settings or LeaseSettings.from_env()
+        self.renew_every_s = self.settings.renew_every_s
         self.now = now
         self.key = output.key(LEASE_REL)
         self.where = f"{output}/{LEASE_REL}"
@@ -297,6 +250,21 @@ class BuildLease(HeldInBackground):
         self.etag: str | None = None
         self.lost: str | None = None
         self._lock = threading.Lock()  # one request at a time changes record/etag
+
+    # Its S3 requests: read it, replace it (create and delete are one call each, below).
+    def _get(self) -> tuple[bytes, str | None] | None:
+        """Its bytes (at most ``MAX_LEASE_BYTES + 1``) and ETag, or ``None`` if absent."""
+        try:
+            return self.output.store().get_tagged(self.key, max_bytes=MAX_LEASE_BYTES + 1)
+        except ObjectNotFoundError:
+            return None
+
+    def _put_if_match(self, rec: LeaseRecord, etag: str | None) -> str | None:
+        """Replace it only if its ETag is still ``etag`` (``None``: unconditionally, the fallback
+        take); the new ETag. ``PreconditionFailedError`` when it changed or is gone."""
+        if etag is None:
+            return self.output.store().put(self.key, rec.to_bytes(), content_type=JSON)
+        return self.output.store().put_if_match(self.key, rec.to_bytes(), etag, content_type=JSON)
 
     # Taking it.
     def _fresh(self, started: float | None = None, version: str | None = None) -> LeaseRecord:
@@ -308,24 +276,24 @@ class BuildLease(HeldInBackground):
 
     def _refuse(self, held: LeaseRecord) -> BuildLeaseHeldError:
         t = self.now()
-        expiry = f"expires at {_utc(held.deadline)} (in {_ago(held.deadline - t)})"
+        expiry = f"expires at {utc(held.deadline)} (in {ago(held.deadline - t)})"
         here = (f"that process is still running on this machine; if it hangs, stop it and build again (the "
                 f"lease of a gone process is taken over at once; this one {expiry})"
                 if held.process().on_this_machine() else
                 f"if that process is gone, its lease {expiry} and the next build takes it over (one on "
                 "its own machine at once)")
         return BuildLeaseHeldError(
-            f"another build of {self.output} is running: {held.holder()} took its lease {_ago(t - held.started)} ago "
-            f"(renewed {_ago(t - held.renewed)} ago{', version ' + held.version if held.version else ''}); wait for "
+            f"another build of {self.output} is running: {held.holder()} took its lease {ago(t - held.started)} ago "
+            f"(renewed {ago(t - held.renewed)} ago{', version ' + held.version if held.version else ''}); wait for "
             f"it to finish. {here[0].upper()}{here[1:]}; {self.where} never needs deleting by hand")
 
     def _takeable(self, held: LeaseRecord) -> str | None:
         """Why ``held`` may be taken over now (None: it may not; the build is refused)."""
         t = self.now()
         if t >= held.deadline:
-            return f"which went stale at {_utc(held.deadline)} (that build stopped without releasing it)"
+            return f"which went stale at {utc(held.deadline)} (that build stopped without releasing it)"
         if held.deadline > t + 2 * held.ttl_s:
-            return (f"whose deadline {_utc(held.deadline)} lies further ahead than a lease of {held.ttl_s:g} s "
+            return (f"whose deadline {utc(held.deadline)} lies further ahead than a lease of {held.ttl_s:g} s "
                     "can (a forged record, or that machine's clock is more than a TTL ahead)")
         if held.process().gone():
             return "whose process is gone (this machine, same boot: killed, or its pid reused by another process)"
@@ -335,7 +303,8 @@ class BuildLease(HeldInBackground):
         for _ in range(5):  # each turn loses one race to another build taking or releasing it
             rec = self._fresh()
             try:
-                self.etag, self.record = _put_if_absent(self.output, self.key, rec.to_bytes()), rec
+                self.etag = self.output.store().put_if_absent(self.key, rec.to_bytes(), content_type=JSON)
+                self.record = rec
                 return
             except UnsupportedRequestError:
                 if self._take_without_if_none_match(rec):
@@ -343,7 +312,7 @@ class BuildLease(HeldInBackground):
                 continue
             except PreconditionFailedError:
                 pass
-            got = _get(self.output, self.key)
+            got = self._get()
             if got is None:
                 continue  # released meanwhile: try the create again
             held = parse_lease(got[0], self.where)
@@ -351,7 +320,7 @@ class BuildLease(HeldInBackground):
             if why is None:
                 raise self._refuse(held)
             try:
-                self.etag, self.record = _put_if_match(self.output, self.key, rec.to_bytes(), got[1]), rec
+                self.etag, self.record = self._put_if_match(rec, got[1]), rec
             except PreconditionFailedError:
                 continue  # another build took the stale lease first: read whose it is now
             log.warning("%s: took over the lease of %s, %s", self.output, held.holder(), why)
@@ -362,7 +331,7 @@ class BuildLease(HeldInBackground):
     def _take_without_if_none_match(self, rec: LeaseRecord) -> bool:
         # A server without If-None-Match: read, write if absent, read back the token. Two builds
         # starting within one round trip can both pass the read; the read-back catches most of those.
-        got = _get(self.output, self.key)
+        got = self._get()
         if got is not None:
             held = parse_lease(got[0], self.where)
             if self._takeable(held) is None:
@@ -371,10 +340,10 @@ class BuildLease(HeldInBackground):
         else:
             etag = None
         try:
-            _put_if_match(self.output, self.key, rec.to_bytes(), etag)
+            self._put_if_match(rec, etag)
         except PreconditionFailedError:
             return False
-        back = _get(self.output, self.key)
+        back = self._get()
         if back is None or parse_lease(back[0], self.where).token != rec.token:
             return False
         self.etag, self.record = back[1], rec
@@ -389,19 +358,19 @@ class BuildLease(HeldInBackground):
             assert self.record is not None
             rec = self._fresh(self.record.started, version or self.record.version)
             try:
-                self.etag = _put_if_match(self.output, self.key, rec.to_bytes(), self.etag)
+                self.etag = self._put_if_match(rec, self.etag)
             except PreconditionFailedError:
                 self.lost = self._lost_message("another build took it over or it was deleted")
                 raise BuildLeaseLostError(self.lost) from None
             self.record = rec
 
     def _lost_message(self, why: str) -> str:
-        now_there = _get(self.output, self.key)
+        now_there = self._get()
         holder = ""
         if now_there is not None:
             try:
                 other = parse_lease(now_there[0], self.where)
-                holder = f" (now held by {other.holder()}, since {_ago(self.now() - other.started)})"
+                holder = f" (now held by {other.holder()}, since {ago(self.now() - other.started)})"
             except BuildLeaseError:
                 holder = ""
         return (f"{self.output}: this build lost its lease {self.where}{holder}: {why}. It stops without switching "
@@ -411,7 +380,7 @@ class BuildLease(HeldInBackground):
         """Raise ``BuildLeaseLostError`` unless the lease is still this build's: one conditional
         renewal, so a lease taken meanwhile is seen even between two background renewals."""
         if self.record is not None and self.now() >= self.record.expires and self.lost is None:
-            self.lost = self._lost_message(f"it could not be renewed before it expired at {_utc(self.record.expires)} "
+            self.lost = self._lost_message(f"it could not be renewed before it expired at {utc(self.record.expires)} "
                                            "(S3 unreachable, or the process stalled)")
         try:
             self.renew(version)
@@ -419,9 +388,6 @@ class BuildLease(HeldInBackground):
             raise BuildLeaseError(f"{exc} (renewing the build lease {self.where}; the pointer was not changed)") from None
 
     _thread_name = "build-lease"
-
-    def _renew_every_s(self) -> float:
-        return self.settings.renew_every_s
 
     def _renew_once(self) -> bool:
         try:
@@ -431,7 +397,7 @@ class BuildLease(HeldInBackground):
             return False
         except Exception as exc:  # noqa: BLE001 - a failed renewal is retried; check() stops the build in time
             log.warning("%s: renewing the build lease failed (%s); trying again in %.0f s", self.output,
-                        exc, self.settings.renew_every_s)
+                        exc, self.renew_every_s)
         return True
 
     # Letting it go.
@@ -440,13 +406,13 @@ class BuildLease(HeldInBackground):
             if self.lost is not None or self.etag is None:
                 return  # not ours any more: someone else's lease stays
             try:
-                _delete(self.output, self.key, self.etag)
+                self.output.store().delete(self.key, if_match=self.etag)
             except PreconditionFailedError:
                 return  # taken over meanwhile
             except UnsupportedRequestError:
-                got = _get(self.output, self.key)
+                got = self._get()
                 if got is not None and got[1] == self.etag:
-                    _delete(self.output, self.key, None)
+                    self.output.store().delete(self.key)
             finally:
                 self.etag = None
 
@@ -460,40 +426,24 @@ class BuildLease(HeldInBackground):
         self.release()
 
 
-# Steps nest (build_source calls every run_* step): the process holds one lease per output.
-_held: dict[str, tuple[BuildLease, int]] = {}
-_held_lock = threading.Lock()
+_held = OncePerProcess()  # output URL -> its lease
 
 
 @contextmanager
-def build_lease(output: S3Output, settings: LeaseSettings | None = None) -> Iterator[BuildLease]:
-    """Hold the build lease of ``output`` for the block (nested holds in one process share it)."""
-    with _held_lock:
-        entry = _held.get(output.url)
-        if entry is not None:
-            _held[output.url] = (entry[0], entry[1] + 1)
-    if entry is not None:
-        try:
-            yield entry[0]
-        finally:
-            with _held_lock:
-                lease, n = _held[output.url]
-                _held[output.url] = (lease, n - 1)
-        return
+def _taken(output: S3Output, settings: LeaseSettings | None) -> Iterator[BuildLease]:
     with BuildLease(output, settings) as lease:
         refuse_if_held(output)  # holding the lease, as build_lock checks holding the lock (run_hold.py)
-        with _held_lock:
-            _held[output.url] = (lease, 1)
-        try:
-            yield lease
-        finally:
-            with _held_lock:
-                del _held[output.url]
+        yield lease
+
+
+def build_lease(output: S3Output, settings: LeaseSettings | None = None) -> AbstractContextManager[BuildLease]:
+    """Hold the build lease of ``output`` for the block (nested holds in one process share it)."""
+    return _held.hold(output.url, lambda: _taken(output, settings))
 
 
 def check_held(output: S3Output, version: str | None = None) -> None:
     """Before a commit: raise ``BuildLeaseLostError`` if this process held the lease of ``output``
     and lost it (a no-op for a publish outside a leased build)."""
-    entry = _held.get(output.url)
-    if entry is not None:
-        entry[0].check(version)
+    lease = _held.get(output.url)
+    if lease is not None:
+        lease.check(version)

@@ -7,7 +7,6 @@ committed version, and that version's files intact, has nothing to write: it sto
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -17,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loader.formats.atomic import atomic_write_bytes
-from loader.formats.twin_tar import key_index_relpath
+from loader.formats.twin_tar import file_sha256, key_index_relpath
 from loader.formats.wdinfo import WDINFO_NAME
 from pid_platform.sharding.errors import ShardingConfigError
 from pid_platform.sharding.intake.cache import RULES_VERSION
@@ -52,11 +51,6 @@ def load_intake_settings(folder: Path) -> dict | None:
     return read_state_doc(state_dir(folder) / INTAKE_SETTINGS)
 
 
-def _file_sha256(path: str | Path) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.sha256(fh.read()).hexdigest()
-
-
 def _outputs_of(plans: Sequence[ShardPlan | ShardRef]) -> list[str]:
     """Key indexes and manifests of ``plans``, relative to the output folder (tars have stamps)."""
     # Strings joined as bucket_dir joins them (no Path per shard: a big source has ~100,000 shards).
@@ -71,7 +65,7 @@ def _outputs_of(plans: Sequence[ShardPlan | ShardRef]) -> list[str]:
 def save_outputs(folder: Path, plans: Sequence[ShardPlan | ShardRef]) -> Path:
     """Record the checksums of the key indexes and manifests in ``folder`` (just before its commit)."""
     root = os.fspath(folder)
-    doc = {rel: _file_sha256(os.path.join(root, rel)) for rel in _outputs_of(plans)}
+    doc = {rel: file_sha256(os.path.join(root, rel)) for rel in _outputs_of(plans)}
     path = state_dir(folder) / OUTPUTS
     atomic_write_bytes(path, json.dumps(doc, sort_keys=True, indent=0).encode())
     return path
@@ -84,7 +78,7 @@ def refresh_outputs(folder: Path, rels: list[str]) -> None:
     recorded = read_state_doc(path)
     if not isinstance(recorded, dict):
         return  # no record (not a build's output, or an older one): nothing to keep in step
-    fresh = {**recorded, **{rel: _file_sha256(folder / rel) for rel in rels if rel in recorded}}
+    fresh = {**recorded, **{rel: file_sha256(folder / rel) for rel in rels if rel in recorded}}
     if fresh != recorded:
         atomic_write_bytes(path, json.dumps(fresh, sort_keys=True, indent=0).encode())
 
@@ -94,7 +88,7 @@ def _outputs_intact(folder: Path, plans: Sequence[ShardPlan | ShardRef]) -> bool
         recorded = read_state_doc(state_dir(folder) / OUTPUTS)
         if not isinstance(recorded, dict) or sorted(recorded) != _outputs_of(plans):
             return False
-        return all(_file_sha256(folder / rel) == sha for rel, sha in recorded.items())
+        return all(file_sha256(folder / rel) == sha for rel, sha in recorded.items())
     except (OSError, ValueError, AttributeError):
         return False
 

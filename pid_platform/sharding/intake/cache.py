@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loader.formats.atomic import atomic_writer
-from pid_platform.sharding.compute import pc
+from pid_platform.sharding.compute import ascending, pc
 from pid_platform.sharding.storage import FileEntry
 
 CACHE_NAME = "intake_cache.parquet"
@@ -94,8 +94,8 @@ class IntakeCache:
 
     Held as tables and files of ``CACHE_SCHEMA`` rows, read one modality at a time: the intake
     looks a whole column of a modality's names up at once (``lookup``), and ten million outcomes
-    are never all in memory as objects, nor all modalities' rows at once. ``get`` and ``put``
-    serve callers with a few files in hand. Later sources win for the same file."""
+    are never all in memory as objects, nor all modalities' rows at once. ``put`` serves callers
+    with a few files in hand. Later sources win for the same file."""
 
     def __init__(self, level: str, table: pa.Table | None = None) -> None:
         self.level = level
@@ -115,12 +115,6 @@ class IntakeCache:
         """Outcomes as rows of ``CACHE_SCHEMA``; they win over those held for the same files."""
         self._flush()
         self._sources.append(outcomes.select(CACHE_SCHEMA.names).cast(CACHE_SCHEMA))
-        self._held = None
-
-    def update(self, other: IntakeCache) -> None:
-        other._flush()
-        self._flush()
-        self._sources.extend(other._sources)
         self._held = None
 
     def _flush(self) -> None:
@@ -149,11 +143,6 @@ class IntakeCache:
         """Let go of the rows read for the last modality looked up (read again when needed)."""
         self._held = None
 
-    def table(self) -> pa.Table:
-        """Every outcome once, sorted by modality and name (for a cache small enough to hold)."""
-        parts = [self.of_modality(m) for m in self.modalities()]
-        return pa.concat_tables(parts).combine_chunks() if parts else CACHE_SCHEMA.empty_table()
-
     def lookup(self, modality: str, names: pa.Array) -> pa.Table:
         """The outcome held for each of ``names`` (files of ``modality``), aligned with them: a
         row of nulls where none is held. Whether it applies (fingerprint, kind) is the caller's."""
@@ -162,12 +151,6 @@ class IntakeCache:
         if sub.num_rows == len(names) and (not len(names) or bool(pc.all(pc.equal(sub["name"], names)).as_py())):
             return sub.select(columns)  # the same files in the same order (a first build's plan step)
         return sub.select(columns).take(pc.index_in(names, value_set=sub["name"].combine_chunks()))
-
-    def get(self, entry: FileEntry, kind: str) -> FileOutcome | None:
-        row = self.lookup(entry.modality, pa.array([entry.name], pa.string())).to_pylist()[0]
-        if row["fingerprint"] != entry.fingerprint or row["kind"] != kind:
-            return None
-        return FileOutcome(row["kind"], row["reason"], row["width"], row["height"], row["sha256"])
 
     @classmethod
     def load(cls, paths: Iterable[Path], level: str) -> IntakeCache:
@@ -240,7 +223,7 @@ def _merged(parts: list[pa.Table]) -> pa.Table:
     parts = [p for p in parts if p.num_rows]
     if not parts:
         return CACHE_SCHEMA.empty_table()
-    if len(parts) == 1 and _names_ascending(parts[0]):
+    if len(parts) == 1 and ascending(parts[0]["name"]):
         return parts[0]  # as read, in its chunks: ten million rows are not copied to be one
     table = pa.concat_tables(parts).combine_chunks()
     del parts
@@ -252,14 +235,6 @@ def _merged(parts: list[pa.Table]) -> pa.Table:
     if table.num_rows > 1:
         first[1:] = ~pc.equal(name[1:], name[:-1]).to_numpy(zero_copy_only=False)
     return table.filter(pa.array(first)).drop_columns(["_order"]).combine_chunks()
-
-
-def _names_ascending(table: pa.Table) -> bool:
-    """Whether the rows are sorted by name with no file twice."""
-    if table.num_rows < 2:
-        return True
-    name = table["name"]
-    return bool(pc.all(pc.less(name.slice(0, len(name) - 1), name.slice(1))).as_py())
 
 
 def _usable(path: Path, level: str) -> bool:

@@ -30,10 +30,6 @@ def ext_of(name: str) -> str:
     return name.rsplit(".", 1)[1].lower() if "." in name else ""
 
 
-def stem_of(name: str) -> str:
-    return name.rsplit(".", 1)[0] if "." in name else name
-
-
 @dataclass(frozen=True)
 class ImageInfo:
     width: int

@@ -13,15 +13,8 @@ import numpy as np
 import pyarrow as pa
 
 from loader.formats.twin_tar import MAX_KEY_LEN, disambiguate_key, nearest_bucket, sanitize_key
-from pid_platform.sharding.compute import pc
-from pid_platform.sharding.intake.listing import (
-    BASENAME,
-    ascending,
-    fingerprint_column,
-    flat,
-    name_column,
-    size_column,
-)
+from pid_platform.sharding.compute import ascending, pc
+from pid_platform.sharding.intake.listing import BASENAME, FILE_COLUMNS, flat
 from pid_platform.sharding.intake.report import MAX_EXAMPLES, IntakeReport
 
 
@@ -88,10 +81,8 @@ def keyed_samples(report: IntakeReport, kept: pa.Table, modalities: Sequence[str
         "height": flat(height).cast(pa.int32()), "bucket": bucket,
     }
     for m in modalities:
-        names = flat(kept[name_column(m)])
-        columns[f"name.{m}"] = names
-        columns[f"size.{m}"] = flat(kept[size_column(m)])
-        columns[f"fingerprint.{m}"] = flat(kept[fingerprint_column(m)])
+        columns.update({f"{c}.{m}": flat(kept[f"{c}.{m}"]) for c in FILE_COLUMNS})
+        names = columns[f"name.{m}"]
         folder = folders[m]
         columns[f"path.{m}"] = (pa.nulls(len(names), pa.string()) if folder is None
                                 else flat(pc.binary_join_element_wise(folder, names, "/")))

@@ -14,29 +14,18 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from pid_platform.sharding.compute import pc
+from pid_platform.sharding.compute import ascending, pc
 from pid_platform.sharding.errors import NoModalitiesError
 from pid_platform.sharding.intake.file_checks import IMAGE_EXTS, ext_of
 from pid_platform.sharding.intake.report import MAX_EXAMPLES, IntakeReport
 from pid_platform.sharding.storage import FileEntry, Listing, SourceStore
 
 BASENAME = "basename"
-
-
-def name_column(modality: str) -> str:
-    return f"name.{modality}"
-
-
-def size_column(modality: str) -> str:
-    return f"size.{modality}"
-
-
-def fingerprint_column(modality: str) -> str:
-    return f"fingerprint.{modality}"
+FILE_COLUMNS = ("name", "size", "fingerprint")  # of a listed file; ``<column>.<modality>`` in a sample's row
 
 
 def stems(names: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """``file_checks.stem_of`` of each name: all before the last dot (the whole name without one)."""
+    """Each name's stem, its basename: all before the last dot (the whole name without one)."""
     return pc.replace_substring_regex(names, r"(?s)\.[^.]*\z", "")
 
 
@@ -71,16 +60,18 @@ class SourceListing:
         d = table.to_pydict()
         out = []
         for i, stem in enumerate(d[BASENAME]):
-            out.append((stem, {m: FileEntry(m, d[name_column(m)][i], d[size_column(m)][i],
-                                            d[fingerprint_column(m)][i], self.folders[m])
+            out.append((stem, {m: FileEntry(m, d[f"name.{m}"][i], d[f"size.{m}"][i],
+                                            d[f"fingerprint.{m}"][i], self.folders[m])
                                for m in self.modalities}))
         return out
 
     def weights(self, file_cost: int) -> np.ndarray:
-        """Each complete sample's bytes plus ``file_cost`` per file (what validating it costs)."""
+        """What validating each complete sample costs, in bytes read: its files' sizes plus
+        ``file_cost`` per file. Bytes stand for the decode cost (a full decode of a photograph is
+        about linear in its file size, far more than in its count), and are known before any read."""
         total = np.full(len(self), file_cost * len(self.modalities), dtype=np.int64)
         for m in self.modalities:
-            total += self.complete[size_column(m)].to_numpy()
+            total += self.complete[f"size.{m}"].to_numpy()
         return total
 
 
@@ -99,11 +90,6 @@ def flat(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     if not isinstance(column, pa.ChunkedArray):
         return column
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-
-
-def ascending(values: pa.Array) -> bool:
-    """Whether ``values`` are strictly ascending (so each is there once)."""
-    return len(values) < 2 or bool(pc.all(pc.less(values[:-1], values[1:])).as_py())
 
 
 def note_codes(report: IntakeReport, codes: np.ndarray, labels: Sequence[str], what: pa.Array) -> None:
@@ -172,8 +158,7 @@ def _join(report: IntakeReport, files: dict[str, pa.Table]) -> pa.Table:
             report.orphans[m] = 0
         columns = {BASENAME: first}
         for m in active:
-            columns.update({name_column(m): flat(files[m]["name"]), size_column(m): flat(files[m]["size"]),
-                            fingerprint_column(m): flat(files[m]["fingerprint"])})
+            columns.update({f"{c}.{m}": flat(files[m][c]) for c in FILE_COLUMNS})
         return pa.table(columns)
     per_file = {m: flat(stems(files[m]["name"])) for m in active}  # modality -> each file's stem
     unique: dict[str, pa.Array] = {}  # modality -> its stems, once each
@@ -209,7 +194,5 @@ def _join(report: IntakeReport, files: dict[str, pa.Table]) -> pa.Table:
         order = pc.array_sort_indices(stem)
         rows = files[m].filter(keep).take(order)
         columns.setdefault(BASENAME, stem.take(order))
-        columns[name_column(m)] = flat(rows["name"])
-        columns[size_column(m)] = flat(rows["size"])
-        columns[fingerprint_column(m)] = flat(rows["fingerprint"])
+        columns.update({f"{c}.{m}": flat(rows[c]) for c in FILE_COLUMNS})
     return pa.table(columns)

@@ -36,14 +36,7 @@ from pid_platform.sharding.intake.file_checks import (
     ext_of,
     sniff_size,
 )
-from pid_platform.sharding.intake.listing import (
-    SourceListing,
-    fingerprint_column,
-    flat,
-    name_column,
-    raw_extensions,
-    size_column,
-)
+from pid_platform.sharding.intake.listing import SourceListing, flat, raw_extensions
 from pid_platform.sharding.parallel import chunked, ordered_map
 from pid_platform.sharding.storage import FileEntry, SourceStore
 
@@ -168,11 +161,11 @@ def _hits(cache: IntakeCache, modality: str, rows: pa.Table, kinds: np.ndarray,
     identity, checked as the same kind), and whether it is in doubt: checked as the same kind,
     the same size and mtime, but another ctime or inode (a chmod, chown, hard link or restore),
     with a hash of the bytes to settle it."""
-    held = cache.lookup(modality, flat(rows[name_column(modality)]))
+    held = cache.lookup(modality, flat(rows[f"name.{modality}"]))
     kind_names = pa.array([KINDS[k] if k >= 0 else None for k in range(-1, len(KINDS))], pa.string())
     wanted = kind_names.take(pa.array(kinds.astype(np.int64) + 1))
     same_kind = pc.equal(held["kind"], wanted)
-    listed = rows[fingerprint_column(modality)]
+    listed = rows[f"fingerprint.{modality}"]
     applies = pc.fill_null(pc.and_(pc.equal(held["fingerprint"], listed), same_kind), False)
     doubt = pc.and_(pc.and_(pc.invert(applies), same_kind), pc.is_valid(held["sha256"]))
     doubt = pc.and_(doubt, pc.equal(content_identities(held["fingerprint"]), content_identities(listed)))
@@ -217,7 +210,7 @@ def _still_valid(modality: str, rows: pa.Table, outcomes: pa.Table, applies: np.
 
     return pa.table({
         "modality": pa.repeat(pa.scalar(modality, pa.string()), int(applies.sum())),
-        "name": pick(rows[name_column(modality)]), "fingerprint": pick(rows[fingerprint_column(modality)]),
+        "name": pick(rows[f"name.{modality}"]), "fingerprint": pick(rows[f"fingerprint.{modality}"]),
         **{c: pick(outcomes[c]) for c in ("kind", "reason", "width", "height", "sha256")},
     })
 
@@ -241,7 +234,7 @@ def decide(
     held: dict[str, tuple[pa.Table, np.ndarray]] = {}
     reused = 0
     for m in listing.modalities:
-        kinds = kind_codes(m, flat(rows[name_column(m)]), image_modality)
+        kinds = kind_codes(m, flat(rows[f"name.{m}"]), image_modality)
         outcomes, applies, doubt = _hits(cache, m, rows, kinds)
         # A chmod, chown, hard link or restore moves only ctime or inode: a read settles it, not a decode.
         applies |= _same_bytes(store, source, listing, m, rows, outcomes, doubt, num_workers)
@@ -249,7 +242,7 @@ def decide(
         held[m] = (outcomes.select(["kind", "reason", "width", "height", "sha256"]), applies)
         reused += int(applies.sum())
         used.add(_still_valid(m, rows, outcomes, applies))  # it goes on to the next build, used or not
-        sizes = rows[size_column(m)].to_numpy()
+        sizes = rows[f"size.{m}"].to_numpy()
         open_ = ~decided & ~pending
         for cond, label in ((sizes == 0, f"zero_byte: {m}"), (kinds < 0, f"not_an_image: {m}")):
             hit = open_ & cond

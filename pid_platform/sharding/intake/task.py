@@ -19,19 +19,10 @@ from pid_platform.sharding.errors import NoSamplesError
 from pid_platform.sharding.intake.cache import IntakeCache
 from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, check_validate_level
 from pid_platform.sharding.intake.keys import keyed_samples
-from pid_platform.sharding.intake.listing import (
-    BASENAME,
-    SourceListing,
-    flat,
-    list_source,
-    note_codes,
-)
+from pid_platform.sharding.intake.listing import BASENAME, flat, list_source, note_codes
 from pid_platform.sharding.intake.outcomes import decide
-from pid_platform.sharding.intake.report import MAX_EXAMPLES, IntakeReport
+from pid_platform.sharding.intake.report import IntakeReport
 from pid_platform.sharding.storage import FileEntry, SourceStore
-
-__all__ = ["MAX_EXAMPLES", "IntakeReport", "IntakeSlice", "Sample", "SourceListing", "balanced_slices", "intake",
-           "intake_slice", "list_source", "sample_weight", "slice_bounds"]
 
 
 @dataclass(frozen=True)
@@ -46,10 +37,6 @@ class Sample:
     height: int | None = None
     bucket: str | None = None
 
-    @property
-    def nbytes(self) -> int:
-        return sum(f.size for f in self.files.values())
-
 
 def slice_bounds(total: int, index: int, of: int) -> tuple[int, int]:
     """Items ``[start, stop)`` of ``total`` that task ``index`` of ``of`` takes: contiguous,
@@ -63,15 +50,6 @@ def slice_bounds(total: int, index: int, of: int) -> tuple[int, int]:
 # reading: it keeps a slicing of many small files (or zero-byte ones) balanced by count.
 FILE_COST_BYTES = 16 * 1024
 SLICING = "bytes-greedy-v1"  # in each intake record: a record of another slicing is not this task's
-
-
-def sample_weight(files: dict[str, FileEntry]) -> int:
-    """What validating a sample costs, in bytes read: its files' sizes plus a fixed cost per file.
-
-    Bytes stand for the decode cost (a full decode of a photograph is about linear in its file
-    size, far more than in its count), and are known from the listing before anything is read.
-    """
-    return sum(e.size for e in files.values()) + FILE_COST_BYTES * len(files)
 
 
 def balanced_slices(weights: Sequence[int], of: int) -> list[int]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -55,10 +55,6 @@ class PlanCut:
     reused_modalities: tuple[str, ...]  # this build's: whose tars the committed version already holds
     keys_without: int = 0  # keys kept without a file of an added modality (``keep``)
 
-    def to_json(self) -> dict:
-        return {"plan_modalities": list(self.plan_modalities), "added_modalities": list(self.added_modalities),
-                "reused_modalities": list(self.reused_modalities), "keys_without": self.keys_without}
-
 
 def load_plan_cut(folder: Path) -> PlanCut | None:
     """The plan cut recorded in ``folder``'s state (None: its plan was cut with every modality)."""
@@ -79,7 +75,7 @@ def save_plan_cut(folder: Path, cut: PlanCut | None) -> None:
     if cut is None:
         path.unlink(missing_ok=True)  # an earlier, unfinished build of this staging folder may have left one
     else:
-        atomic_write_bytes(path, json.dumps(cut.to_json(), sort_keys=True, indent=1).encode())
+        atomic_write_bytes(path, json.dumps(asdict(cut), sort_keys=True, indent=1).encode())
 
 
 def _same_file(a: FileEntry, b: FileEntry) -> bool:

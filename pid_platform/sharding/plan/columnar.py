@@ -55,8 +55,6 @@ _POS = "__plan_row"  # column of the scatter files: the row's place in the plan
 SHARDS_VERSION = 1  # of shards.parquet's columns
 
 
-
-
 def spans(sizes: Sequence[np.ndarray]) -> np.ndarray:
     """Bytes each sample takes in its shard's tars, all modalities together (headers and
     padding): what the size bound counts, as in ``shard_plan._sample_span``."""
@@ -70,17 +68,6 @@ def spans(sizes: Sequence[np.ndarray]) -> np.ndarray:
     return total
 
 
-def tar_sizes(sizes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Exact size of each shard's tar of one modality (``twin_tar.tar_size`` per shard):
-    member spans summed per shard from one prefix sum, plus end-of-archive, rounded up to a record."""
-    s = np.asarray(sizes, dtype=np.int64)
-    member = BLOCK + (s + (BLOCK - 1)) // BLOCK * BLOCK
-    cum = np.zeros(len(member) + 1, dtype=np.int64)
-    np.cumsum(member, out=cum[1:])
-    body = cum[offsets[1:]] - cum[offsets[:-1]] + END_OF_ARCHIVE
-    return (body + (RECORD - 1)) // RECORD * RECORD
-
-
 @dataclass(frozen=True)
 class ShardLayout:
     """The plan as arrays. Plan row ``r`` is sample ``order[r]`` of the input; shard ``s`` is
@@ -92,10 +79,6 @@ class ShardLayout:
     bucket_names: list[str]  # sorted; FLAT ("") in flat mode
     shard_bucket: np.ndarray  # int32, one per shard
     shard_index: np.ndarray  # int32, one per shard
-
-    @property
-    def num_shards(self) -> int:
-        return len(self.offsets) - 1
 
     @property
     def counts(self) -> np.ndarray:
@@ -228,8 +211,10 @@ def _in_order(keys: pa.Array | pa.ChunkedArray) -> bool:
 
 # ---------------------------------------------------------------- plan.parquet
 
-def _modalities(schema: pa.Schema) -> list[str]:
-    return [c.split(".", 1)[1] for c in schema.names if c.startswith("name.")]
+def table_modalities(table: pa.Table | pa.Schema) -> list[str]:
+    """The modalities of a samples or plan table (or its schema), in column order."""
+    names = table.names if isinstance(table, pa.Schema) else table.column_names
+    return [c.split(".", 1)[1] for c in names if c.startswith("name.")]
 
 
 def plan_schema(samples_schema: pa.Schema) -> pa.Schema:
@@ -261,7 +246,7 @@ def _table_sizes(table: pa.Table, modalities: Sequence[str]) -> list[np.ndarray]
 def plan_table(samples: pa.Table, config: ShardingConfig, *,
                keys_in_order: bool = False) -> tuple[pa.Table, ShardLayout]:
     """plan.parquet's table for a samples table (``tables.samples_table``), held in memory."""
-    mods = _modalities(samples.schema)
+    mods = table_modalities(samples)
     layout = plan_layout(samples.column("bucket"), _table_sizes(samples, mods), config,
                          None if keys_in_order else samples.column("key"))
     schema = plan_schema(samples.schema.remove_metadata())
@@ -335,7 +320,7 @@ def write_plan_file(samples_path: str | os.PathLike[str], plan_path: str | os.Pa
     row_group_rows = row_group_rows or ROW_GROUP_ROWS
     pf = pq.ParquetFile(samples_path)
     schema_in = pf.schema_arrow.remove_metadata()
-    mods = _modalities(schema_in)
+    mods = table_modalities(schema_in)
     buckets, sample_spans, in_order = _read_plan_inputs(pf, mods, batch_rows)
     keys = None if in_order else pq.read_table(samples_path, columns=["key"]).column("key")
     layout = layout_shards(buckets, sample_spans, config, modalities=len(mods), keys=keys)
@@ -502,8 +487,7 @@ class _ShardDigests:
         data = memoryview(recs.buffers()[2])
         seg_spans = []
         for m in mods:
-            s = batch.column(f"size.{m}").to_numpy()
-            member = BLOCK + (s + (BLOCK - 1)) // BLOCK * BLOCK
+            member = spans([batch.column(f"size.{m}").to_numpy()])
             seg_spans.append(np.add.reduceat(member, starts).tolist())
         finished = []
         cur = self.cur
@@ -525,23 +509,17 @@ class _ShardDigests:
         return [] if cur is None else [self._done(cur)]
 
 
-def iter_shard_refs(plan_path: str | os.PathLike[str] | BinaryIO, part_size: int, *,
-                    batch_rows: int = BATCH_ROWS) -> Iterator[ShardRef]:
+def read_shard_refs(plan_path: str | os.PathLike[str] | BinaryIO, part_size: int, *,
+                    batch_rows: int = BATCH_ROWS) -> list[ShardRef]:
     """Every shard of plan.parquet, in plan order, from one pass in batches (memory: one batch)."""
     pf = pq.ParquetFile(plan_path)
-    mods = tuple(sorted(_modalities(pf.schema_arrow)))
+    mods = tuple(sorted(table_modalities(pf.schema_arrow)))
     columns = [SHARD_BUCKET, SHARD_INDEX, "key"]
     for m in mods:
         columns += [f"name.{m}", f"size.{m}", f"fingerprint.{m}"]
     digests = _ShardDigests(mods, part_size)
-    for batch in _batches(pf, batch_rows, columns):
-        yield from digests.feed(batch)
-    yield from digests.finish()
-
-
-def read_shard_refs(plan_path: str | os.PathLike[str] | BinaryIO, part_size: int, *,
-                    batch_rows: int = BATCH_ROWS) -> list[ShardRef]:
-    return list(iter_shard_refs(plan_path, part_size, batch_rows=batch_rows))
+    refs = [ref for batch in _batches(pf, batch_rows, columns) for ref in digests.feed(batch)]
+    return refs + digests.finish()
 
 
 # ---------------------------------------------------------------- shards.parquet

@@ -99,12 +99,6 @@ def shards_identity(shards: list[ShardRef]) -> str:
     return h.hexdigest()
 
 
-def load_shard_range(folder: Path, config: ShardingConfig, shards: list[ShardRef], first: int, stop: int,
-                     plan: PlanSource | None = None) -> list[ShardPlan]:
-    """Shards ``first:stop`` of the plan with their samples, all at once (``iter_shard_range``)."""
-    return [p for batch in iter_shard_range(folder, config, shards, first, stop, plan) for p in batch]
-
-
 def iter_shard_range(folder: Path, config: ShardingConfig, shards: list[ShardRef], first: int, stop: int,
                      plan: PlanSource | None = None) -> Iterator[list[ShardPlan]]:
     """Shards ``first:stop`` of the plan (``shards``: :func:`load_shards`) with their samples, a

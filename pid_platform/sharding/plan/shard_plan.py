@@ -21,6 +21,7 @@ from loader.formats.twin_tar import (
     tar_size,
 )
 from pid_platform.sharding.errors import ShardingConfigError
+from pid_platform.sharding.intake.file_checks import ext_of
 from pid_platform.sharding.intake.task import Sample
 
 FLAT = ""  # bucket name used in flat mode (no aspect-ratio folders)
@@ -104,7 +105,7 @@ class ShardPlan:
     def members(self, modality: str) -> list[tuple[str, Sample]]:
         """The tar's members in plan order; a sample without a file of ``modality`` (a key kept
         when that modality was added, ``new_modality_missing_keys: keep``) has none."""
-        return [(member_name(s.key, sanitize_ext(_ext(s.files[modality].name))), s) for s in self.samples
+        return [(member_name(s.key, sanitize_ext(ext_of(s.files[modality].name))), s) for s in self.samples
                 if modality in s.files]
 
     def tar_bytes(self, modality: str) -> int:
@@ -135,10 +136,6 @@ class ShardPlan:
                     continue
                 h.update(f"|{m}|{f.name}|{f.size}|{f.fingerprint}".encode())
         return h.hexdigest()
-
-
-def _ext(name: str) -> str:
-    return name.rsplit(".", 1)[1] if "." in name else ""
 
 
 def plan_shards(samples: list[Sample], modalities: list[str], config: ShardingConfig) -> list[ShardPlan]:

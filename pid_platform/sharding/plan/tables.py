@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 from loader.formats.atomic import atomic_writer
 from loader.formats.twin_tar import shard_relpath
 from pid_platform.sharding.intake.task import Sample
-from pid_platform.sharding.plan.columnar import write_plan_table
+from pid_platform.sharding.plan.columnar import table_modalities, write_plan_table
 from pid_platform.sharding.plan.shard_plan import ShardPlan
 from pid_platform.sharding.storage import FileEntry
 
@@ -36,12 +36,6 @@ def samples_table(samples: list[Sample], modalities: list[str], shard_of: list[t
         cols[f"fingerprint.{m}"] = pa.array([f and f.fingerprint for f in files], pa.string())
         cols[f"path.{m}"] = pa.array([f and f.local_path for f in files], pa.string())
     return pa.table(cols)
-
-
-def table_modalities(table: pa.Table | pa.Schema) -> list[str]:
-    """The modalities of a samples or plan table (or its schema), in column order."""
-    names = table.names if isinstance(table, pa.Schema) else table.column_names
-    return [c.split(".", 1)[1] for c in names if c.startswith("name.")]
 
 
 def _folder_of(path: str | None, name: str, folders: dict[str, str]) -> str | None:
@@ -74,10 +68,6 @@ def write_table(path: str | os.PathLike[str], table: pa.Table) -> Path:
     with atomic_writer(path) as fh:
         pq.write_table(table, fh, compression="zstd")
     return Path(path)
-
-
-def write_samples(path: Path, samples: list[Sample], modalities: list[str]) -> Path:
-    return write_table(path, samples_table(samples, modalities))
 
 
 def samples_modalities(path: Path) -> list[str]:
