@@ -9,8 +9,7 @@ depend on ``N``.
 * ``plan``: the run's sharding settings, then ``plan.parquet`` and ``sharding.json`` cut from the
   samples ``sample_set`` staged (or the committed ones, re-sharded); it emits one write task per
   ``ShardingResource.write_tasks_for(shards)`` (``write_tasks`` / ``shards_per_write_task``).
-* ``write_task[I_of_N]``: task ``I`` of ``N`` (its tars, stamps and digests; the key indexes
-  stay ``key_indexes``' step, after the blocking checks on the tars), in the ``pid_build`` pool
+* ``write_task[I_of_N]``: task ``I`` of ``N`` (its tars, key indexes, stamps and digests), in the ``pid_build`` pool
   (its limit caps how many run at once, across runs), retried by ``TASK_RETRY`` on a transient
   error. It logs its shards as they are written and ends with its completion record; a task
   step that finds its record does nothing, so "re-execute from failure" redoes only unfinished
@@ -225,7 +224,7 @@ def plan_write_tasks(
 def write_task(
     context: dg.OpExecutionContext, source_store: SourceStoreResource, sharding: ShardingResource
 ) -> Iterator[dg.Output]:
-    """Write task ``I`` of ``N``: its range of the plan's shards (tars, stamps, digests), then
+    """Write task ``I`` of ``N``: its range of the plan's shards (tars, key indexes, stamps, digests), then
     its completion record; nothing at all when the record is already there."""
     index, of = parse_task_key(context.get_mapping_key() or "")
     source = context.partition_key
@@ -239,16 +238,11 @@ def write_task(
 
         target = source_store.source_target(source)
         with retry_only_transient(), ui_advice():
-            if target is not None:
-                # Into the bucket, shard by shard; each shard's checks and key index are done here,
-                # where its bytes are (the later steps read what this task recorded).
-                outcome = run_write_task(source_store.open(), source, target, index, of,
-                                         work_root=source_store.work_root or None, num_workers=sharding.num_workers,
-                                         progress=progress)
-            else:
-                # Key indexes stay key_indexes' job, after the blocking checks on these tars.
-                outcome = run_write_task(source_store.open(), source, out, index, of, num_workers=sharding.num_workers,
-                                         progress=progress, key_indexes=False)
+            # Into the staging folder or the bucket, shard by shard, key indexes too; the later steps
+            # read what this task recorded (a bucket's task also checks each shard where its bytes are).
+            outcome = run_write_task(source_store.open(), source, out if target is None else target, index, of,
+                                     work_root=source_store.work_root or None, num_workers=sharding.num_workers,
+                                     progress=progress)
         if outcome.nothing_staged:
             context.log.info(f"{name}: {nothing_to_finish(context, source)}")
         elif outcome.already_done:
@@ -331,7 +325,7 @@ def collect_write_tasks(
             if target is not None:
                 problem = "no plan is staged in the bucket" if shards is None else shards.unfinished(target)
             else:
-                problem = unfinished_write_tasks(out, key_indexes=False)
+                problem = unfinished_write_tasks(out)
             if problem is not None:
                 raise unfinished_failure(f"twin_tar_shards of {source}", problem)
             if target is not None:

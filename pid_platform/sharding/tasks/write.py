@@ -104,15 +104,31 @@ def staged_results(staging: Path, *, plans: list[ShardRef] | None = None,
     return config, plans, pipeline.planned_results(plans, written.__contains__)
 
 
+def shard_record(folder: Path, plan: ShardPlan) -> dict:
+    """What a write task's record says of one shard whose tars are in ``folder``: their sha256
+    and sizes, and the size of its key index, written here from their headers."""
+    tars = tar_digests(folder, plan)
+    write_key_index_of(folder, plan)
+    return {"digest": plan.digest(), "tars": tars, "key_index_bytes": (folder / key_index_rel(plan)).stat().st_size,
+            "bytes": {m: (folder / tar_rel(plan, m)).stat().st_size for m in plan.modalities}}
+
+
+def record_fields(found: dict[int, dict]) -> dict:
+    """A write record's per-shard fields (``staging.coverage`` reads them), by shard position."""
+    return {"digests": {str(i): m["tars"] for i, m in sorted(found.items())},
+            "key_index_bytes": {str(i): m["key_index_bytes"] for i, m in sorted(found.items())},
+            "tar_sizes": {str(i): m["bytes"] for i, m in sorted(found.items())}}
+
+
 def run_write_task(
     store: SourceStore, source: str, out: Path | S3Output, index: int, of: int, *, num_workers: int = 1,
-    progress: Callable[[int, int], None] | None = None, key_indexes: bool = True,
+    progress: Callable[[int, int], None] | None = None,
     work_root: str | Path | None = None, repair: bool = False,
 ) -> TaskOutcome:
-    """Write task ``index`` of ``of``: its range of the staged plan's shards, then its record.
-    ``progress(done, total)`` after each of its shards is in place. ``key_indexes``: also each
-    shard's key index (the Dagster assets leave a folder's to ``key_indexes``, after the blocking
-    checks on the tars; a bucket's task checks and sends each shard's, where its bytes are).
+    """Write task ``index`` of ``of``: its range of the staged plan's shards (tars and key
+    indexes), then its record, naming each shard's tar digests and sizes and key index size
+    (``shard_record``), for a folder as for a bucket: the commit takes its checksums from them.
+    ``progress(done, total)`` after each of its shards is in place.
     For a bucket: ``write_into_bucket`` (``work_root``, ``repair``).
 
     Takes no build lock: the write tasks of one plan run side by side, each writing only its own
@@ -133,15 +149,19 @@ def run_write_task(
     shards = load_shards(staged, config)
     plan_id = shards_identity(shards)
     rec = read_record(staged, WRITE, index, of)
-    if rec is not None and rec.get(PLAN_ID) == plan_id:
+    # A record of an older pid-shard (no digests) is not taken for done: its task runs again.
+    if rec is not None and rec.get(PLAN_ID) == plan_id and "digests" in rec:
         first, stop = rec["shards"]
         return TaskOutcome(WRITE, index, of, rec["path"], True, stop - first, first)
     staging = versions.begin(out)
     first, stop = slice_bounds(len(shards), index, of)
-    after = pipeline.after_shard(staging, key_indexes=key_indexes)
+    after = pipeline.after_shard(staging, key_indexes=False)
+    position = {(p.bucket, p.index): i for i, p in enumerate(shards)}
+    found: dict[int, dict] = {}  # shard position -> what its record says of it
 
     def then(plan: ShardPlan, result: ShardResult) -> None:
         after(plan, result)
+        found[position[(plan.bucket, plan.index)]] = shard_record(staging, plan)
         pause_point(SHARD_DONE_POINT)
         pause_point(shard_done_point(index, of))
 
@@ -151,7 +171,7 @@ def run_write_task(
     written = [first + i for i, r in enumerate(results) if r.written]
     # Last: the record says every output of these shards is in place.
     path = write_record(staging, WRITE, index, of, {
-        PLAN_ID: plan_id, "shards": [first, stop], "written": written,
+        PLAN_ID: plan_id, "shards": [first, stop], "written": written, **record_fields(found),
     })
     return TaskOutcome(WRITE, index, of, path, False, len(results), first, len(written), len(results) - len(written))
 
@@ -275,12 +295,9 @@ def write_into_bucket(
 
         def send(plan: ShardPlan, _result: ShardResult) -> None:
             i = position[id(plan)]
-            shas = tar_digests(scratch, plan)
-            write_key_index_of(scratch, plan)
-            index_rel = key_index_rel(plan)
-            marker = {"digest": plan.digest(), "tars": shas, "key_index_bytes": (scratch / index_rel).stat().st_size,
-                      "problems": _shard_problems(scratch, plan, config, cut.plan_modalities if cut else None),
-                      "bytes": {m: (scratch / tar_rel(plan, m)).stat().st_size for m in plan.modalities}, "etags": {}}
+            marker = {**shard_record(scratch, plan), "etags": {},
+                      "problems": _shard_problems(scratch, plan, config, cut.plan_modalities if cut else None)}
+            shas, index_rel = marker["tars"], key_index_rel(plan)
             try:
                 for m in plan.modalities:
                     rel_m, home = tar_rel(plan, m), staged.home(True)
@@ -355,10 +372,7 @@ def write_into_bucket(
         # Last: the record says every shard of the range is in the bucket, with each tar's sha256.
         path = write_record(kept, WRITE, index, of, {
             "plan_sha256": staged.plan_sha256, "version": staged.version, "shards": [first, stop], "written": sorted(sent),
-            "digests": {str(i): m["tars"] for i, m in sorted(found.items())},
-            "key_index_bytes": {str(i): m["key_index_bytes"] for i, m in sorted(found.items())},
-            "tar_sizes": {str(i): m["bytes"] for i, m in sorted(found.items())},
-            "etags": {str(i): m.get("etags", {}) for i, m in sorted(found.items())},
+            **record_fields(found), "etags": {str(i): m.get("etags", {}) for i, m in sorted(found.items())},
             "problems": {str(i): m.get("problems", {}) for i, m in sorted(found.items())},
         })
         shutil.rmtree(scratch, ignore_errors=True)
