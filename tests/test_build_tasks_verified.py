@@ -10,7 +10,7 @@ before the fix.
   ``path.<m>`` names a file outside the source never makes a task read it;
 * a source file rewritten in place at the same size after the plan is refused;
 * a write record whose tar checksum or size was altered is refused by the commit naming the
-  record and the tar, before anything is switched;
+  record and the tar, before anything is switched (a bucket's and a folder's);
 * a tar deleted from the served version is sent again by the tasked build, never copied onto itself.
 """
 
@@ -267,6 +267,34 @@ def test_an_altered_write_record_is_refused_by_the_commit_naming_it(
     client.put_object(Bucket=bucket, Key=key, Body=json.dumps(record).encode())
     pid_shard(tmp_path, "commit", "commit", *_io(raw_root, url, source=False))
     assert len(read_keys(url)) > 0
+
+
+def test_an_altered_write_record_of_a_folder_is_refused_by_the_commit_naming_it(raw_root: Path, tmp_path: Path) -> None:
+    """The folder's commit, the bucket's body: its manifests take the records' checksums, so a
+    record naming a checksum or size no tar has is refused, naming the record and the tar."""
+    out = tmp_path / "out"
+    pid_shard(tmp_path, "planner", "plan", *_io(raw_root, str(out)), *SETTINGS)
+    pid_shard(tmp_path, "task", "task", "--index", "0", "--of", "1", *_io(raw_root, str(out)))
+    path = staging_dir(out) / STATE_DIR / "tasks" / "write-000000-of-000001.json"
+    record = json.loads(path.read_bytes())
+    tar = sorted(record["digests"]["0"])[0]
+
+    def altered(doc: dict) -> None:
+        path.write_text(json.dumps(doc))
+        res = pid_shard(tmp_path, "commit", "commit", *_io(raw_root, str(out), source=False), check=False)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert f"{path}: names {staging_dir(out)}/" in res.stderr and f"/{tar}/" in res.stderr, res.stderr
+        assert "nothing was published" in res.stderr and not out.exists()
+
+    forged = json.loads(json.dumps(record))
+    forged["digests"]["0"][tar] = "0" * 64  # a checksum no tar has
+    altered(forged)
+    forged = json.loads(json.dumps(record))
+    forged["tar_sizes"]["0"][tar] += 512  # a size no tar has
+    altered(forged)
+    path.write_text(json.dumps(record))
+    pid_shard(tmp_path, "commit", "commit", *_io(raw_root, str(out), source=False))
+    assert out.is_dir()
 
 
 def test_a_plan_naming_files_outside_the_source_is_read_by_name_under_it(raw_root: Path, tmp_path: Path) -> None:

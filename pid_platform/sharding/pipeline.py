@@ -1,7 +1,7 @@
 """The whole build of one source, step by step; the Dagster assets call the same steps.
 
 Every step takes the source's output folder ``out`` and works in its staging folder beside it
-(``versions.staging_dir``); ``run_manifests`` ends with the commit that publishes it as ``out``.
+(``versions.staging_dir``); the commit that publishes it as ``out`` is ``tasks.commit``'s.
 """
 
 from __future__ import annotations
@@ -11,23 +11,20 @@ import inspect
 import json
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 import pyarrow as pa
 
-from loader.formats.atomic import atomic_write_bytes, remove_stale_temp_files
+from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError
 from loader.formats.twin_tar import tar_path
-from loader.formats.wdinfo import WDINFO_NAME, root_base
+from loader.formats.wdinfo import WDINFO_NAME
 from pid_platform.sharding.commit import versions
 from pid_platform.sharding.commit.manifests import (
-    BucketManifest,
-    remove_unplanned,
     write_key_index_of,
     write_key_indexes,
-    write_manifests,
 )
 from pid_platform.sharding.commit.s3_output import S3Output
 from pid_platform.sharding.commit.state import (
@@ -35,7 +32,6 @@ from pid_platform.sharding.commit.state import (
     SAMPLES,
     committed_up_to_date,
     save_intake_settings,
-    save_outputs,
     state_dir,
 )
 from pid_platform.sharding.intake.cache import CACHE_NAME, IntakeCache
@@ -47,7 +43,6 @@ from pid_platform.sharding.plan.add_modality import (
     load_plan_cut,
     may_extend,
     plan_build,
-    refuse_keep_for_positional_readers,
     save_plan_cut,
 )
 from pid_platform.sharding.plan.columnar import Shard, ShardRef
@@ -323,37 +318,6 @@ def refuse_roots_on_s3(manifest_root: str, publish_to: S3Output | None) -> None:
             f"manifest root {manifest_root!r}: the manifests of an s3:// output keep relative roots (each version "
             f"lives under {publish_to}/versions/<id>/, named after them); read it through its pointer or catalog"
         )
-
-
-@build_step
-def run_manifests(
-    out: Path, source: str, *, num_workers: int, manifest_root: str = "relative",
-    plans: Sequence[Shard] | None = None,
-) -> tuple[ShardingConfig, list[BucketManifest], list[Path]]:
-    """wdinfo.json per bucket into the staging folder, then the commit that publishes it as ``out``.
-
-    ``manifest_root``: ``"relative"`` roots (``"."``), ``"absolute"`` (the published folder's
-    absolute path, which PiD's reader needs) or the URL the output is published at (``s3://...``).
-
-    Returns the manifests (at their published paths) and the files of the previous version the
-    new one dropped. ``plans``: the staged plan, when the caller has read it already (read
-    under the same lock).
-    """
-    base = root_base(manifest_root, final_dir(out))  # refused before anything is written
-    staging = versions.begin(out)
-    config = load_sharding_config(staging)
-    if plans is None:
-        plans = load_shards(staging, config)
-    remove_unplanned(staging, plans)  # an earlier, unfinished build may have left other shards
-    remove_stale_temp_files(staging)  # and temporary files (every write task is done: none is being written)
-    cut = load_plan_cut(staging)
-    refuse_keep_for_positional_readers(manifest_root, str(final_dir(out)), cut=cut)
-    manifests = write_manifests(staging, source, plans, num_workers=num_workers, root_base=base,
-                                plan_modalities=cut.plan_modalities if cut else None)
-    save_outputs(staging, plans)  # what a later no-op rebuild checks the published files against
-    removed = versions.commit(out)
-    published = [replace(m, path=Path(out) / m.path.relative_to(staging)) for m in manifests]
-    return config, published, removed
 
 
 def planned_results(plans: Sequence[Shard], written: Callable[[int], bool] = lambda _i: False) -> list[ShardResult]:

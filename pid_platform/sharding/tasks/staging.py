@@ -446,12 +446,13 @@ def shard_objects(plan: Shard, key_index_bytes: object) -> dict[str, int]:
     return found
 
 
-def shard_homes(staged: Staged, plan: Shard, key_index_bytes: object) -> dict[str, dict[str, int]]:
-    """``shard_objects`` by the version whose folder holds them (``Staged.home``)."""
+def shard_homes(staged: Staged | None, plan: Shard, key_index_bytes: object) -> dict[str, dict[str, int]]:
+    """``shard_objects`` by the version whose folder holds them (``Staged.home``; a folder
+    output's, ``staged`` None: its one staging folder, "")."""
     found: dict[str, dict[str, int]] = {}
     index = key_index_rel(plan)
     for r, n in shard_objects(plan, key_index_bytes).items():
-        found.setdefault(staged.home(r != index), {})[r] = n
+        found.setdefault(staged.home(r != index) if staged is not None else "", {})[r] = n
     return found
 
 

@@ -22,7 +22,6 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from loader.formats.twin_tar import key_index_relpath
 from loader.formats.version_pointer import version_dir
 from loader.io.errors import ObjectNotFoundError
 from loader.io.s3_client import S3AccessError
@@ -38,10 +37,8 @@ from pid_platform.sharding.commit.verify_output import (
 )
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.intake.task import slice_bounds
-from pid_platform.sharding.layout import bucket_dir
 from pid_platform.sharding.pause_points import pause_point
 from pid_platform.sharding.plan.add_modality import load_plan_cut
-from pid_platform.sharding.plan.columnar import ShardRef
 from pid_platform.sharding.plan.plan_files import (
     iter_shard_range,
     load_shards,
@@ -54,10 +51,8 @@ from pid_platform.sharding.tasks.outcomes import (
     PLAN_ID,
     SHARD_DONE_POINT,
     TaskOutcome,
-    Unfinished,
     check_task,
     shard_done_point,
-    unfinished_write,
 )
 from pid_platform.sharding.tasks.published import current_manifests
 from pid_platform.sharding.tasks.records import (
@@ -67,8 +62,6 @@ from pid_platform.sharding.tasks.records import (
     read_record,
     record_name,
     record_path,
-    records,
-    tasks_dir,
     write_record,
 )
 from pid_platform.sharding.tasks.staging import (
@@ -86,22 +79,8 @@ from pid_platform.sharding.write.tar_digests import tar_digests
 from pid_platform.sharding.write.tars import (
     ShardResult,
     shard_files,
-    shard_up_to_date,
     write_shards,
 )
-
-
-def staged_results(staging: Path, *, plans: list[ShardRef] | None = None,
-                   ) -> tuple[ShardingConfig, list[ShardRef], list[ShardResult]]:
-    """The staged plan's shards as the write tasks left them: each shard's planned sizes, and
-    ``written`` where a write task's record for this plan says it wrote the shard (rather than
-    kept or hard-linked it). ``plans``: the staged plan's shards, when the caller has read them."""
-    config = pipeline.load_sharding_config(staging)
-    if plans is None:
-        plans = load_shards(staging, config)
-    plan_id = shards_identity(plans)
-    written = {i for r in records(staging, WRITE) if r.get(PLAN_ID) == plan_id for i in r.get("written", [])}
-    return config, plans, pipeline.planned_results(plans, written.__contains__)
 
 
 def shard_record(folder: Path, plan: ShardPlan) -> dict:
@@ -174,44 +153,6 @@ def run_write_task(
         PLAN_ID: plan_id, "shards": [first, stop], "written": written, **record_fields(found),
     })
     return TaskOutcome(WRITE, index, of, path, False, len(results), first, len(written), len(results) - len(written))
-
-
-def _shard_complete(staging: Path, plan: ShardRef, key_indexes: bool) -> bool:
-    key_index = bucket_dir(staging, plan.bucket) / key_index_relpath(plan.relpath)
-    return shard_up_to_date(staging, plan) and (not key_indexes or key_index.is_file())
-
-
-def unfinished_write_tasks(out: Path, *, key_indexes: bool = True, plans: list[ShardRef] | None = None,
-                           ) -> Unfinished | None:
-    """Why the staged plan of ``out`` cannot be committed yet (None: every write task is done).
-
-    Done means: every shard of the plan lies in the range of a write task's record for this plan,
-    and its tars match their stamps and (``key_indexes``) its key index exists. A record whose shards are not all
-    complete (a tar deleted since, or lost in a power cut after the record) is removed, so the
-    task runs again when started. ``plans``: the staged plan, when the caller has read it already.
-    """
-    staging = versions.staging_dir(out)
-    if plans is None:
-        plans = load_shards(staging, pipeline.load_sharding_config(staging))
-    plan_id = shards_identity(plans)
-    recs = [r for r in records(staging, WRITE) if r.get(PLAN_ID) == plan_id]
-    covered = [False] * len(plans)
-    damaged: list[dict] = []
-    for r in recs:
-        try:
-            start, stop = slice_bounds(len(plans), r["index"], r["of"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        if r.get("shards") != [start, stop]:
-            continue
-        if all(_shard_complete(staging, p, key_indexes) for p in plans[start:stop]):
-            covered[start:stop] = [True] * (stop - start)
-        else:
-            damaged.append(r)
-            Path(r["path"]).unlink(missing_ok=True)
-    missing = [i for i, c in enumerate(covered) if not c]
-    return unfinished_write(len(plans), {r["of"] for r in recs + damaged}, missing, str(tasks_dir(staging)),
-                            damaged=bool(damaged))
 
 
 # The checks a write task runs on each shard's tars before it sends them (``verify_output``).
