@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -235,6 +236,14 @@ def test_a_changed_staged_plan_is_refused_and_never_reads_outside_the_source(
     assert sent == []  # not one tar of that plan was written
 
 
+def _each_forgery(record: dict, tar: str, refused: Callable[[dict], None]) -> None:
+    """``record`` naming a checksum, then a size, that no tar has: each must be ``refused``."""
+    for field, forge in (("digests", lambda _sha: "0" * 64), ("tar_sizes", lambda size: size + 512)):
+        forged = json.loads(json.dumps(record))
+        forged[field]["0"][tar] = forge(forged[field]["0"][tar])
+        refused(forged)
+
+
 def test_an_altered_write_record_is_refused_by_the_commit_naming_it(
     s3_env: SeaweedS3, raw_root: Path, tmp_path: Path
 ) -> None:
@@ -253,12 +262,7 @@ def test_an_altered_write_record_is_refused_by_the_commit_naming_it(
         assert f"/{tar}/" in res.stderr and "nothing was published" in res.stderr
         assert POINTER_NAME not in keys(client, bucket, "photos")  # nothing was switched
 
-    forged = json.loads(json.dumps(record))
-    forged["digests"]["0"][tar] = "0" * 64  # a checksum no tar has
-    altered(forged)
-    forged = json.loads(json.dumps(record))
-    forged["tar_sizes"]["0"][tar] += 512  # a size no tar has
-    altered(forged)
+    _each_forgery(record, tar, altered)
     # A damaged record (strict reader): one line naming it, not "no finished write task".
     client.put_object(Bucket=bucket, Key=key, Body=json.dumps(record).encode()[:-40])
     res = pid_shard(tmp_path, "commit", "commit", *_io(raw_root, url, source=False), check=False)
@@ -286,12 +290,7 @@ def test_an_altered_write_record_of_a_folder_is_refused_by_the_commit_naming_it(
         assert f"{path}: names {staging_dir(out)}/" in res.stderr and f"/{tar}/" in res.stderr, res.stderr
         assert "nothing was published" in res.stderr and not out.exists()
 
-    forged = json.loads(json.dumps(record))
-    forged["digests"]["0"][tar] = "0" * 64  # a checksum no tar has
-    altered(forged)
-    forged = json.loads(json.dumps(record))
-    forged["tar_sizes"]["0"][tar] += 512  # a size no tar has
-    altered(forged)
+    _each_forgery(record, tar, altered)
     path.write_text(json.dumps(record))
     pid_shard(tmp_path, "commit", "commit", *_io(raw_root, str(out), source=False))
     assert out.is_dir()

@@ -20,10 +20,8 @@ import pyarrow as pa
 from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError
 from loader.formats.twin_tar import tar_path
-from loader.formats.wdinfo import WDINFO_NAME
 from pid_platform.sharding.commit import versions
 from pid_platform.sharding.commit.manifests import (
-    write_key_index_of,
     write_key_indexes,
 )
 from pid_platform.sharding.commit.s3_output import S3Output
@@ -37,7 +35,7 @@ from pid_platform.sharding.commit.state import (
 from pid_platform.sharding.intake.cache import CACHE_NAME, IntakeCache
 from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, check_validate_level
 from pid_platform.sharding.intake.task import IntakeReport, intake
-from pid_platform.sharding.layout import bucket_dir, final_dir
+from pid_platform.sharding.layout import final_dir
 from pid_platform.sharding.output_lock import build_lock
 from pid_platform.sharding.plan.add_modality import (
     load_plan_cut,
@@ -224,16 +222,13 @@ def stage_plan_files(store: SourceStore, source: str, out: Path, config: Shardin
 
 @build_step
 def run_sharding(store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int,
-                 progress: Callable[[int, int], None] | None = None,
-                 key_indexes: bool = False) -> tuple[list[ShardRef], list[ShardResult]]:
-    """Plan the staged samples (``stage_plan_files``), then write every planned shard as write
-    task 0 of 1 does (``write_range``), without its record: for timing the two apart.
-    ``key_indexes``: also each shard's key index as soon as its tars are in place (what
-    ``run_key_indexes`` does afterwards, for all of them at once)."""
+                 progress: Callable[[int, int], None] | None = None) -> tuple[list[ShardRef], list[ShardResult]]:
+    """Plan the staged samples (``stage_plan_files``), then write every planned shard's tars as
+    write task 0 of 1 does (``write_range``), without key indexes (``run_key_indexes``) or record."""
     staging = versions.begin(out)
     shards = stage_plan_files(store, source, out, config)
     return shards, write_range(store, source, out, config, shards, 0, len(shards), num_workers=num_workers,
-                               progress=progress, then=after_shard(staging, key_indexes))
+                               progress=progress, then=after_shard(staging))
 
 
 def write_range(store: SourceStore, source: str, out: Path, config: ShardingConfig, shards: Sequence[ShardRef],
@@ -254,7 +249,7 @@ def write_range(store: SourceStore, source: str, out: Path, config: ShardingConf
     return results
 
 
-def after_shard(staging: Path, key_indexes: bool) -> AfterShard:
+def after_shard(staging: Path) -> AfterShard:
     """What each writer worker does with a shard once its tars are in place."""
 
     def then(plan: ShardPlan, result: ShardResult) -> None:
@@ -266,8 +261,6 @@ def after_shard(staging: Path, key_indexes: bool) -> AfterShard:
         # Hashed while the bytes are in the page cache and the other workers copy: the manifests
         # step finds every digest cached instead of reading all tars once more at the end.
         tar_digests(staging, plan)
-        if key_indexes:
-            write_key_index_of(staging, plan)
 
     return then
 
@@ -324,14 +317,6 @@ def planned_results(plans: Sequence[Shard], written: Callable[[int], bool] = lam
     """Each planned shard as a result: its count and planned tar sizes; ``written(position)``."""
     return [ShardResult(p.bucket, p.index, p.relpath, p.count, {m: p.tar_bytes(m) for m in p.modalities}, written(i))
             for i, p in enumerate(plans)]
-
-
-def committed_results(out: Path) -> tuple[list[ShardResult], list[Path]]:
-    """The committed build's shards (none written) and its manifests, from one row per shard."""
-    final = final_dir(out)
-    plans = load_shards(final, load_sharding_config(final))
-    manifests = [Path(out) / bucket_dir(Path(), b) / WDINFO_NAME for b in sorted({p.bucket for p in plans})]
-    return planned_results(plans), manifests
 
 
 def build_source(store: SourceStore, source: str, out: Path, config: ShardingConfig, **settings) -> BuildSummary:

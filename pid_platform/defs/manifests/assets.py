@@ -37,6 +37,7 @@ from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.layout import bucket_dir
 from pid_platform.sharding.pipeline import (
     refuse_roots_on_s3,
+    run_key_indexes,
     state_dir,
 )
 from pid_platform.sharding.plan.columnar import ShardRef
@@ -102,8 +103,7 @@ def key_indexes(
 ) -> dg.MaterializeResult:
     """One parquet key index per twin-tar shard: the sample keys in member order, the original
     basenames, and each member's offset and size per modality (the loader's index mode reads
-    these instead of scanning tars). Each write task writes its shards' beside their tars (a
-    bucket's sends them with the shard); this step confirms every task is done.
+    these instead of scanning tars). Written into the staging folder beside the staged tars.
 
     Materialized alone when no build is staged, it verifies the committed key indexes against
     the committed tars and records them (`state: committed`).
@@ -113,12 +113,15 @@ def key_indexes(
         out = source_store.source_out(source)
         target = source_store.source_target(source)
         with retry_only_transient(), ui_advice():
-            if target is None:
-                nothing_to_finish(out, source, "key_indexes")
-                if committed_only(out):
-                    config, plans = _committed_key_indexes(out, source)
-                    return _key_indexes_result(plans, "committed", config)
-            return _staged_key_indexes(source_store, source, out if target is None else target)
+            if target is not None:
+                return _s3_key_indexes(source_store, source, target)
+            nothing_to_finish(out, source, "key_indexes")
+            if committed_only(out):
+                config, plans = _committed_key_indexes(out, source)
+                return _key_indexes_result(plans, "committed", config)
+            # The staged tars were cut with the config recorded beside them, whatever a later run asks for.
+            config, plans, _written = run_key_indexes(out, num_workers=sharding.num_workers)
+            return _key_indexes_result(plans, "staged", config)
 
 
 def _key_indexes_result(plans: list[ShardRef] | None, state: str, config: ShardingConfig,
@@ -141,27 +144,22 @@ def _key_indexes_result(plans: list[ShardRef] | None, state: str, config: Shardi
     )
 
 
-def _staged_key_indexes(source_store: SourceStoreResource, source: str, where: Path | S3Output
-                        ) -> dg.MaterializeResult:
-    """The staged build's key indexes, for a folder as for a bucket: the write tasks wrote each
-    with its shard (after its header check), so this step confirms they are all done; with
-    nothing staged in the bucket, it verifies the published version (its objects against its
-    manifests)."""
-    shards = staged_shards(where, source_store.work_root or None, "key indexes")
-    if shards is None and isinstance(where, S3Output):
-        _verified_or_fail(published_problems(where), "key indexes", source)
-        manifests = published_manifests(where)
-        return _key_indexes_result(None, "committed", published_config(where),
+def _s3_key_indexes(source_store: SourceStoreResource, source: str, target: S3Output) -> dg.MaterializeResult:
+    """An s3 output's key indexes: the write tasks sent each with its shard (after its header
+    check), so this step confirms they are all done; with nothing staged, it verifies the
+    published version (its objects against its manifests)."""
+    shards = staged_shards(target, source_store.work_root or None, "key indexes")
+    if shards is None:
+        _verified_or_fail(published_problems(target), "key indexes", source)
+        manifests = published_manifests(target)
+        return _key_indexes_result(None, "committed", published_config(target),
                                    {m.bucket or "": len(m.tars) for _, m in manifests},
                                    sum(m.total_key_count for _, m in manifests))
-    if shards is None:  # committed by another run since this step began
-        config, plans = _committed_key_indexes(Path(where), source)
-        return _key_indexes_result(plans, "committed", config)
     shards.discard()
     problem = shards.unfinished()
     if problem is not None:
         raise unfinished_failure(f"key_indexes of {source}", problem)
-    return _key_indexes_result(shards.plans, "staged (written by the write tasks)", shards.config)
+    return _key_indexes_result(shards.plans, "staged (sent by the write tasks)", shards.config)
 
 
 @dg.asset(

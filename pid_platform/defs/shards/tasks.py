@@ -9,7 +9,8 @@ depend on ``N``.
 * ``plan``: the run's sharding settings, then ``plan.parquet`` and ``sharding.json`` cut from the
   samples ``sample_set`` staged (or the committed ones, re-sharded); it emits one write task per
   ``ShardingResource.write_tasks_for(shards)`` (``write_tasks`` / ``shards_per_write_task``).
-* ``write_task[I_of_N]``: task ``I`` of ``N`` (its tars, key indexes, stamps and digests), in the ``pid_build`` pool
+* ``write_task[I_of_N]``: task ``I`` of ``N`` (its tars, stamps and digests; a folder's key indexes
+  stay ``key_indexes``' step, after the blocking checks on the tars), in the ``pid_build`` pool
   (its limit caps how many run at once, across runs), retried by ``TASK_RETRY`` on a transient
   error. It logs its shards as they are written and ends with its completion record; a task
   step that finds its record does nothing, so "re-execute from failure" redoes only unfinished
@@ -219,7 +220,7 @@ def plan_write_tasks(
 def write_task(
     context: dg.OpExecutionContext, source_store: SourceStoreResource, sharding: ShardingResource
 ) -> Iterator[dg.Output]:
-    """Write task ``I`` of ``N``: its range of the plan's shards (tars, key indexes, stamps, digests), then
+    """Write task ``I`` of ``N``: its range of the plan's shards (tars, stamps, digests), then
     its completion record; nothing at all when the record is already there."""
     index, of = parse_task_key(context.get_mapping_key() or "")
     source = context.partition_key
@@ -233,11 +234,13 @@ def write_task(
 
         target = source_store.source_target(source)
         with retry_only_transient(), ui_advice():
-            # Into the staging folder or the bucket, shard by shard, key indexes too; the later steps
-            # read what this task recorded (a bucket's task also checks each shard where its bytes are).
+            # Shard by shard into the staging folder or the bucket; the later steps read what this
+            # task recorded. A bucket's task checks each shard and sends its key index, where its
+            # bytes are; a folder's key indexes stay key_indexes' job, after the blocking checks on
+            # these tars (a kept tar damaged in place fails its check, not this task).
             outcome = run_write_task(source_store.open(), source, out if target is None else target, index, of,
                                      work_root=source_store.work_root or None, num_workers=sharding.num_workers,
-                                     progress=progress)
+                                     progress=progress, key_indexes=target is not None)
         if outcome.nothing_staged:
             context.log.info(f"{name}: {nothing_to_finish(context, source)}")
         elif outcome.already_done:

@@ -23,7 +23,7 @@ from loader.formats.version_pointer import (
     VersionPointer,
     version_dir,
 )
-from loader.formats.wdinfo import root_base
+from loader.formats.wdinfo import WDINFO_NAME, root_base
 from loader.io.errors import ObjectNotFoundError
 from loader.io.objects import LocalObjects, ObjectInfo, ObjectStore
 from loader.io.s3_client import S3AccessError
@@ -47,7 +47,7 @@ from pid_platform.sharding.commit.s3_output import (
 from pid_platform.sharding.commit.state import save_outputs
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.intake.task import IntakeReport
-from pid_platform.sharding.layout import STATE_DIR, final_dir
+from pid_platform.sharding.layout import STATE_DIR, bucket_dir, final_dir
 from pid_platform.sharding.output_lock import build_lock
 from pid_platform.sharding.pause_points import pause_point
 from pid_platform.sharding.plan.add_modality import (
@@ -79,6 +79,7 @@ from pid_platform.sharding.tasks.staging import (
     STAGED_NAME,
     Staged,
     delete_staged,
+    key_index_rel,
     scratch_dir,
     shard_homes,
     staged_folder_plan,
@@ -96,26 +97,23 @@ def run_commit(out: Path | S3Output, *, num_workers: int = 1, manifest_root: str
     committed build (the plan found it up to date), a folder's manifests only get their roots
     rewritten if asked otherwise and the committed build is reported; a bucket's: None."""
     done = commit_staged(out, work_root=work_root, num_workers=num_workers, manifest_root=manifest_root)
+    if done is None and isinstance(out, S3Output):
+        return None
     if done is None:
-        return None if isinstance(out, S3Output) else _committed(Path(out), manifest_root)
-    shards = done.shards
-    where = shards.folder if done.published is not None else Path(out)
+        with build_lock(out):
+            final = final_dir(out)
+            rewrite_manifest_roots(out, manifest_root)
+            report, plans = report_of(final), load_shards(final, pipeline.load_sharding_config(final))
+            manifests = [Path(out) / bucket_dir(Path(), b) / WDINFO_NAME for b in sorted({p.bucket for p in plans})]
+            return pipeline.BuildSummary(report.source, Path(out), report, pipeline.summarize(pipeline.planned_results(
+                plans)), manifests, [], validate_of(final), up_to_date=True)
+    shards, published = done.shards, done.published
     summary = pipeline.BuildSummary(
-        shards.source, where, done.report, pipeline.summarize(shards.results()), [m.path for m in done.manifests],
-        done.removed, done.validate, up_to_date=done.published is not None and done.published.unchanged,
-        published=done.published.url if done.published is not None else None)
+        shards.source, shards.folder if published else Path(out), done.report, pipeline.summarize(shards.results()),
+        [m.path for m in done.manifests], done.removed, done.validate, up_to_date=bool(published and published.unchanged),
+        published=published.url if published else None)
     shards.discard()
     return summary
-
-
-def _committed(out: Path, manifest_root: str) -> pipeline.BuildSummary:
-    with build_lock(out):
-        final = final_dir(out)
-        rewrite_manifest_roots(out, manifest_root)
-        report = report_of(final)
-        results, manifests = pipeline.committed_results(out)
-        return pipeline.BuildSummary(report.source, out, report, pipeline.summarize(results), manifests, [],
-                                     validate_of(final), up_to_date=True)
 
 
 @dataclass
@@ -147,11 +145,6 @@ class StagedShards:
         if self.staged is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
 
-    @property
-    def tars_home(self) -> str:
-        """The version whose folder holds the tars (a folder output: its one folder, "")."""
-        return self.staged.home(True) if self.staged is not None else ""
-
     def objects(self, out: Path | S3Output, version: str) -> tuple[ObjectStore, str]:
         """The store and key prefix of ``version``'s objects: the staging folder's own files, or
         the bucket's ``versions/<version>/``."""
@@ -160,23 +153,19 @@ class StagedShards:
         assert isinstance(out, S3Output)
         return out.store(), out.key(version_dir(version)) + "/"
 
-    def listed(self, out: Path | S3Output, version: str) -> dict[str, int]:
-        """The size of each object under ``version``'s folder, by its path there (one listing)."""
-        store, prefix = self.objects(out, version)
-        return {o.key[len(prefix):]: o.size for o in store.list(prefix)}
-
-    def tar_info(self, out: Path | S3Output, plan: Shard, modality: str) -> ObjectInfo | None:
-        """The tar as it is now, with its sha256 where it is kept: a bucket's server keeps one
-        of an object put in one request; a folder, its tar digest cache (``tar_digests``:
-        the file is hashed again only if it changed since it was hashed)."""
-        store, prefix = self.objects(out, self.tars_home)
+    def tar(self, out: Path | S3Output, plan: Shard, modality: str) -> tuple[str, ObjectInfo | None]:
+        """Where a tar is, and what is there now with its sha256 where one is kept: a bucket's
+        server keeps one of an object put in one request; a folder, its tar digest cache
+        (``tar_digests``: a file changed since it was hashed is hashed again)."""
+        store, prefix = self.objects(out, self.staged.home(True) if self.staged is not None else "")
+        key = prefix + tar_rel(plan, modality)
         try:
-            info = store.head(prefix + tar_rel(plan, modality))
+            info = store.head(key)
             if self.staged is None:
                 info = replace(info, sha256=tar_digests(self.folder, plan)[modality])
         except (ObjectNotFoundError, OSError):
-            return None
-        return info
+            info = None
+        return store.url(key), info
 
     def unlike_listed(self, out: Path | S3Output) -> Iterator[tuple[int, str, str, int | None, int]]:
         """Each object of a recorded shard that the listing of its folder (one per folder) does
@@ -186,9 +175,15 @@ class StagedShards:
         for i, plan in enumerate(self.plans):
             if i in self.cov.missing:
                 continue
-            for v, objs in shard_homes(self.staged, plan, self.cov.key_index_bytes[i]).items():
-                there = listings[v] if v in listings else listings.setdefault(v, self.listed(out, v))
-                yield from ((i, v, r, there.get(r), n) for r, n in objs.items() if there.get(r) != n)
+            kib = self.cov.key_index_bytes[i]
+            any_size = key_index_rel(plan) if kib is None else None  # only there (``shard_record``)
+            for v, objs in shard_homes(self.staged, plan, kib).items():
+                if v not in listings:
+                    store, prefix = self.objects(out, v)
+                    listings[v] = {o.key[len(prefix):]: o.size for o in store.list(prefix)}
+                there = listings[v]
+                yield from ((i, v, r, there.get(r), n) for r, n in objs.items()
+                            if there.get(r) != n and not (r == any_size and r in there))
 
     def problems(self, output: S3Output, check: str) -> list[str]:
         """What the write tasks' ``check`` found in their shards, and every shard object the
@@ -342,7 +337,7 @@ def refuse_altered_records(out: Path | S3Output, shards: StagedShards, threads: 
         i, plan, m = item
         said_bytes, said_sha = cov.tar_bytes[i].get(m), cov.digests[i].get(m)
         said_etag = cov.etags[i].get(m)
-        info = shards.tar_info(out, plan, m)
+        url, info = shards.tar(out, plan, m)
         if info is None:
             there = "no object"
         elif said_bytes != plan.tar_bytes(m) or info.size != said_bytes:
@@ -353,8 +348,7 @@ def refuse_altered_records(out: Path | S3Output, shards: StagedShards, threads: 
             there = f"ETag {info.etag} there, {said_etag} at its put"
         else:
             return None
-        store, prefix = shards.objects(out, shards.tars_home)
-        return (f"{cov.record[i]}: names {store.url(prefix + tar_rel(plan, m))} with {said_bytes} bytes and sha256 "
+        return (f"{cov.record[i]}: names {url} with {said_bytes} bytes and sha256 "
                 f"{said_sha}; {there}: the record was altered, or the tar replaced, after its task; nothing was "
                 "published. Run `pid-shard plan` again (then the tasks and the commit)")
 

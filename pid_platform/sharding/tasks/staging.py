@@ -360,7 +360,7 @@ class Coverage:
     """Per shard position, from the write records whose range is theirs."""
 
     digests: dict[int, dict[str, str]]  # tar sha256 per modality
-    key_index_bytes: dict[int, int]
+    key_index_bytes: dict[int, int | None]
     tar_bytes: dict[int, dict[str, int]]  # tar size per modality
     etags: dict[int, dict[str, str]]  # the ETag each tar the task sent got at its put
     record: dict[int, str]  # the record that covers the shard (where it was read)
@@ -379,7 +379,8 @@ def coverage(plans: Sequence[Shard], recs: list[dict]) -> Coverage:
                 continue
             for i in range(start, stop):
                 cov.digests[i] = dict(r["digests"][str(i)])
-                cov.key_index_bytes[i] = int(r["key_index_bytes"][str(i)])
+                kib = r["key_index_bytes"][str(i)]  # None: left to a later step (any size)
+                cov.key_index_bytes[i] = None if kib is None else int(kib)
                 cov.tar_bytes[i] = dict(r["tar_sizes"][str(i)])
                 cov.etags[i] = dict(r.get("etags", {}).get(str(i)) or {})
                 cov.record[i] = str(r.get("path"))

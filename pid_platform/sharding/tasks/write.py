@@ -83,12 +83,15 @@ from pid_platform.sharding.write.tars import (
 )
 
 
-def shard_record(folder: Path, plan: ShardPlan) -> dict:
+def shard_record(folder: Path, plan: ShardPlan, key_index: bool = True) -> dict:
     """What a write task's record says of one shard whose tars are in ``folder``: their sha256
-    and sizes, and the size of its key index, written here from their headers."""
+    and sizes, and the size of its key index, written here from their headers (``key_index``;
+    else None: any size)."""
     tars = tar_digests(folder, plan)
-    write_key_index_of(folder, plan)
-    return {"digest": plan.digest(), "tars": tars, "key_index_bytes": (folder / key_index_rel(plan)).stat().st_size,
+    if key_index:
+        write_key_index_of(folder, plan)
+    return {"digest": plan.digest(), "tars": tars,
+            "key_index_bytes": (folder / key_index_rel(plan)).stat().st_size if key_index else None,
             "bytes": {m: (folder / tar_rel(plan, m)).stat().st_size for m in plan.modalities}}
 
 
@@ -101,13 +104,15 @@ def record_fields(found: dict[int, dict]) -> dict:
 
 def run_write_task(
     store: SourceStore, source: str, out: Path | S3Output, index: int, of: int, *, num_workers: int = 1,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int, int], None] | None = None, key_indexes: bool = True,
     work_root: str | Path | None = None, repair: bool = False,
 ) -> TaskOutcome:
     """Write task ``index`` of ``of``: its range of the staged plan's shards (tars and key
     indexes), then its record, naming each shard's tar digests and sizes and key index size
     (``shard_record``), for a folder as for a bucket: the commit takes its checksums from them.
-    ``progress(done, total)`` after each of its shards is in place.
+    ``progress(done, total)`` after each of its shards is in place. ``key_indexes`` False (a
+    folder's Dagster steps): the key indexes are left to the ``key_indexes`` step, after the
+    blocking checks on the tars (a kept tar damaged in place fails its check, not this task).
     For a bucket: ``write_into_bucket`` (``work_root``, ``repair``).
 
     Takes no build lock: the write tasks of one plan run side by side, each writing only its own
@@ -134,13 +139,13 @@ def run_write_task(
         return TaskOutcome(WRITE, index, of, rec["path"], True, stop - first, first)
     staging = versions.begin(out)
     first, stop = slice_bounds(len(shards), index, of)
-    after = pipeline.after_shard(staging, key_indexes=False)
+    after = pipeline.after_shard(staging)
     position = {(p.bucket, p.index): i for i, p in enumerate(shards)}
     found: dict[int, dict] = {}  # shard position -> what its record says of it
 
     def then(plan: ShardPlan, result: ShardResult) -> None:
         after(plan, result)
-        found[position[(plan.bucket, plan.index)]] = shard_record(staging, plan)
+        found[position[(plan.bucket, plan.index)]] = shard_record(staging, plan, key_indexes)
         pause_point(SHARD_DONE_POINT)
         pause_point(shard_done_point(index, of))
 
