@@ -150,8 +150,7 @@ class StagedShards:
         the bucket's ``versions/<version>/``."""
         if self.staged is None:
             return LocalObjects(self.folder), ""
-        assert isinstance(out, S3Output)
-        return out.store(), out.key(version_dir(version)) + "/"
+        return out.store(), out.key(version_dir(version)) + "/"  # type: ignore[union-attr]
 
     def tar(self, out: Path | S3Output, plan: Shard, modality: str) -> tuple[str, ObjectInfo | None]:
         """Where a tar is, and what is there now with its sha256 where one is kept: a bucket's
@@ -203,10 +202,8 @@ def staged_shards(out: Path | S3Output, work_root: str | Path | None, what: str,
         found = staged_folder_plan(Path(out), what)
         if found is None:
             return None
-        folder = found[0]
-        config = pipeline.load_sharding_config(folder)
-        plans = load_shards(folder, config)
-        plan_id = shards_identity(plans)
+        folder, config = found[0], pipeline.load_sharding_config(found[0])
+        plan_id = shards_identity(plans := load_shards(folder, config))
         recs = [r for r in records(folder, WRITE) if r.get(PLAN_ID) == plan_id]
         return StagedShards(None, folder, config, plans, recs, folder_staging(folder), staging.coverage(plans, recs))
     staged = staged_or_refuse(out, what)

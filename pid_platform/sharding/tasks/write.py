@@ -7,8 +7,8 @@ lock; each touches only its own shards' files). For a bucket, each shard's tars 
 a scratch folder of the machine, hashed, checked (twin keys, size bound, key index: the checks
 run where the bytes are), sent to ``versions/<id>/`` (copied inside the bucket when the current
 version holds the same bytes) with the key index, then a per-shard marker; a killed task run
-again keeps every shard whose marker and objects are there. The record (for a bucket, with
-every shard's digests, sizes and check findings) comes last.
+again keeps every shard whose marker and objects are there. The record, with every shard's
+digests and sizes (a bucket's, also its check findings), comes last.
 
 A task that finds its own record for the same plan does nothing; one killed half way leaves only
 files under temporary names or complete files, and run again writes the same bytes.
@@ -141,11 +141,11 @@ def run_write_task(
     first, stop = slice_bounds(len(shards), index, of)
     after = pipeline.after_shard(staging)
     position = {(p.bucket, p.index): i for i, p in enumerate(shards)}
-    found: dict[int, dict] = {}  # shard position -> what its record says of it
+    recorded: dict[int, dict] = {}  # shard position -> what its record says of it
 
     def then(plan: ShardPlan, result: ShardResult) -> None:
         after(plan, result)
-        found[position[(plan.bucket, plan.index)]] = shard_record(staging, plan, key_indexes)
+        recorded[position[(plan.bucket, plan.index)]] = shard_record(staging, plan, key_indexes)
         pause_point(SHARD_DONE_POINT)
         pause_point(shard_done_point(index, of))
 
@@ -155,16 +155,13 @@ def run_write_task(
     written = [first + i for i, r in enumerate(results) if r.written]
     # Last: the record says every output of these shards is in place.
     path = write_record(staging, WRITE, index, of, {
-        PLAN_ID: plan_id, "shards": [first, stop], "written": written, **record_fields(found),
+        PLAN_ID: plan_id, "shards": [first, stop], "written": written, **record_fields(recorded),
     })
     return TaskOutcome(WRITE, index, of, path, False, len(results), first, len(written), len(results) - len(written))
 
 
 # The checks a write task runs on each shard's tars before it sends them (``verify_output``).
 TWIN_KEYS, SIZE_BOUND, KEY_INDEX = "twin_keys", "size_bound", "key_index"
-
-
-SHARD_CHECKS = (TWIN_KEYS, SIZE_BOUND, KEY_INDEX)
 
 
 class _CurrentTars:
