@@ -10,7 +10,8 @@ before the fix.
   ``path.<m>`` names a file outside the source never makes a task read it;
 * a source file rewritten in place at the same size after the plan is refused;
 * a write record whose tar checksum or size was altered is refused by the commit naming the
-  record and the tar, before anything is switched (a bucket's and a folder's);
+  record and the tar, before anything is switched (a bucket's and a folder's); one whose shard
+  lost a tar since is deleted, its task named to run again, as for a folder;
 * a tar deleted from the served version is sent again by the tasked build, never copied onto itself.
 """
 
@@ -269,6 +270,27 @@ def test_an_altered_write_record_is_refused_by_the_commit_naming_it(
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     assert f"{url}/{key.removeprefix('photos/')}: not valid JSON" in res.stderr, res.stderr
     client.put_object(Bucket=bucket, Key=key, Body=json.dumps(record).encode())
+    pid_shard(tmp_path, "commit", "commit", *_io(raw_root, url, source=False))
+    assert len(read_keys(url)) > 0
+
+
+def test_a_tar_deleted_from_the_bucket_after_its_record_sends_its_task_back(
+    s3_env: SeaweedS3, raw_root: Path, tmp_path: Path
+) -> None:
+    """As for a folder (the one commit body): a shard that lost an object since its task's record
+    makes the commit delete the record and name the task to run again, which sends it again."""
+    client, bucket, url = _bucket(s3_env, "lost")
+    pid_shard(tmp_path, "planner", "plan", *_io(raw_root, url), *SETTINGS)
+    pid_shard(tmp_path, "task", "task", "--index", "0", "--of", "1", *_io(raw_root, url))
+    tar = next(k for k in keys(client, bucket, "photos") if k.startswith("versions/") and k.endswith(".tar"))
+    client.delete_object(Bucket=bucket, Key=f"photos/{tar}")
+    res = pid_shard(tmp_path, "commit", "commit", *_io(raw_root, url, source=False), check=False)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "write task 0 of 1 has not finished" in res.stderr and "must run again" in res.stderr, res.stderr
+    assert f"{STAGED}/tasks/write-000000-of-000001.json" not in keys(client, bucket, "photos")
+    assert POINTER_NAME not in keys(client, bucket, "photos")  # nothing was switched
+    pid_shard(tmp_path, "again", "task", "--index", "0", "--of", "1", *_io(raw_root, url))
+    assert tar in keys(client, bucket, "photos")  # sent again
     pid_shard(tmp_path, "commit", "commit", *_io(raw_root, url, source=False))
     assert len(read_keys(url)) > 0
 
