@@ -71,14 +71,12 @@ from collections import defaultdict
 from pathlib import Path
 
 from loader.formats.twin_tar import nearest_bucket
-from pid_platform.sharding.pipeline import (
-    build_source,
-    run_intake,
-    run_manifests,
-    run_sharding,
-)
+from pid_platform.sharding.pipeline import build_source, run_intake
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.storage import LocalSourceStore
+from pid_platform.sharding.tasks.commit import run_commit
+from pid_platform.sharding.tasks.plan import stage_plan
+from pid_platform.sharding.tasks.write import run_write_task
 
 SOURCE = "e2e"
 DROP_VERSION = 1
@@ -347,10 +345,11 @@ def stages(raw: Path, out: Path, shard_mb: float, workers: int, validate: str) -
     run_intake(store, SOURCE, out, config, trust_pickle=False, num_workers=workers, validate=validate)
     times.append(("intake", time.perf_counter() - t))
     t = time.perf_counter()
-    run_sharding(store, SOURCE, out, config, num_workers=workers, key_indexes=True)
-    times.append(("tars (hashed) + key indexes", time.perf_counter() - t))
+    stage_plan(store, SOURCE, out, config)
+    run_write_task(store, SOURCE, out, 0, 1, num_workers=workers)
+    times.append(("plan + tars (hashed) + key indexes", time.perf_counter() - t))
     t = time.perf_counter()
-    run_manifests(out, SOURCE, num_workers=workers)
+    run_commit(out, num_workers=workers)
     times.append(("manifests + commit", time.perf_counter() - t))
     return times
 

@@ -19,7 +19,7 @@ Sections (``--sections``, default all); each prints its table and its ``PASS``/`
   intake; the table is linked in as the intake staged it): samples.parquet -> plan.parquet (the
   shard plan and every sample in plan order, row groups of 128 Ki rows) and shards.parquet (one
   row per shard: count, tar sizes, plan digest, computed from each row group as it is written),
-  through ``plan_files.write_cut``; *commit* - what ``run_commit`` and ``run_manifests`` do after
+  through ``plan_files.write_cut``; *commit* - what ``run_commit`` does after
   the write tasks: the shards read back (``plan_files.load_shards``), ``remove_unplanned``,
   ``write_manifests`` (one wdinfo.json per bucket) and ``save_outputs``.
   No tar exists: the commit takes each tar's sha256 from the plan (a stand-in, the shard's plan

@@ -10,7 +10,8 @@ before the fix.
   ``path.<m>`` names a file outside the source never makes a task read it;
 * a source file rewritten in place at the same size after the plan is refused;
 * a write record whose tar checksum or size was altered is refused by the commit naming the
-  record and the tar, before anything is switched;
+  record and the tar, before anything is switched (a bucket's and a folder's); one whose shard
+  lost a tar since is deleted, its task named to run again, as for a folder;
 * a tar deleted from the served version is sent again by the tasked build, never copied onto itself.
 """
 
@@ -24,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -235,6 +237,14 @@ def test_a_changed_staged_plan_is_refused_and_never_reads_outside_the_source(
     assert sent == []  # not one tar of that plan was written
 
 
+def _each_forgery(record: dict, tar: str, refused: Callable[[dict], None]) -> None:
+    """``record`` naming a checksum, then a size, that no tar has: each must be ``refused``."""
+    for field, forge in (("digests", lambda _sha: "0" * 64), ("tar_sizes", lambda size: size + 512)):
+        forged = json.loads(json.dumps(record))
+        forged[field]["0"][tar] = forge(forged[field]["0"][tar])
+        refused(forged)
+
+
 def test_an_altered_write_record_is_refused_by_the_commit_naming_it(
     s3_env: SeaweedS3, raw_root: Path, tmp_path: Path
 ) -> None:
@@ -253,12 +263,7 @@ def test_an_altered_write_record_is_refused_by_the_commit_naming_it(
         assert f"/{tar}/" in res.stderr and "nothing was published" in res.stderr
         assert POINTER_NAME not in keys(client, bucket, "photos")  # nothing was switched
 
-    forged = json.loads(json.dumps(record))
-    forged["digests"]["0"][tar] = "0" * 64  # a checksum no tar has
-    altered(forged)
-    forged = json.loads(json.dumps(record))
-    forged["tar_sizes"]["0"][tar] += 512  # a size no tar has
-    altered(forged)
+    _each_forgery(record, tar, altered)
     # A damaged record (strict reader): one line naming it, not "no finished write task".
     client.put_object(Bucket=bucket, Key=key, Body=json.dumps(record).encode()[:-40])
     res = pid_shard(tmp_path, "commit", "commit", *_io(raw_root, url, source=False), check=False)
@@ -267,6 +272,50 @@ def test_an_altered_write_record_is_refused_by_the_commit_naming_it(
     client.put_object(Bucket=bucket, Key=key, Body=json.dumps(record).encode())
     pid_shard(tmp_path, "commit", "commit", *_io(raw_root, url, source=False))
     assert len(read_keys(url)) > 0
+
+
+def test_a_tar_deleted_from_the_bucket_after_its_record_sends_its_task_back(
+    s3_env: SeaweedS3, raw_root: Path, tmp_path: Path
+) -> None:
+    """As for a folder (the one commit body): a shard that lost an object since its task's record
+    makes the commit delete the record and name the task to run again, which sends it again."""
+    client, bucket, url = _bucket(s3_env, "lost")
+    pid_shard(tmp_path, "planner", "plan", *_io(raw_root, url), *SETTINGS)
+    pid_shard(tmp_path, "task", "task", "--index", "0", "--of", "1", *_io(raw_root, url))
+    tar = next(k for k in keys(client, bucket, "photos") if k.startswith("versions/") and k.endswith(".tar"))
+    client.delete_object(Bucket=bucket, Key=f"photos/{tar}")
+    res = pid_shard(tmp_path, "commit", "commit", *_io(raw_root, url, source=False), check=False)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "write task 0 of 1 has not finished" in res.stderr and "must run again" in res.stderr, res.stderr
+    assert f"{STAGED}/tasks/write-000000-of-000001.json" not in keys(client, bucket, "photos")
+    assert POINTER_NAME not in keys(client, bucket, "photos")  # nothing was switched
+    pid_shard(tmp_path, "again", "task", "--index", "0", "--of", "1", *_io(raw_root, url))
+    assert tar in keys(client, bucket, "photos")  # sent again
+    pid_shard(tmp_path, "commit", "commit", *_io(raw_root, url, source=False))
+    assert len(read_keys(url)) > 0
+
+
+def test_an_altered_write_record_of_a_folder_is_refused_by_the_commit_naming_it(raw_root: Path, tmp_path: Path) -> None:
+    """The folder's commit, the bucket's body: its manifests take the records' checksums, so a
+    record naming a checksum or size no tar has is refused, naming the record and the tar."""
+    out = tmp_path / "out"
+    pid_shard(tmp_path, "planner", "plan", *_io(raw_root, str(out)), *SETTINGS)
+    pid_shard(tmp_path, "task", "task", "--index", "0", "--of", "1", *_io(raw_root, str(out)))
+    path = staging_dir(out) / STATE_DIR / "tasks" / "write-000000-of-000001.json"
+    record = json.loads(path.read_bytes())
+    tar = sorted(record["digests"]["0"])[0]
+
+    def altered(doc: dict) -> None:
+        path.write_text(json.dumps(doc))
+        res = pid_shard(tmp_path, "commit", "commit", *_io(raw_root, str(out), source=False), check=False)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert f"{path}: names {staging_dir(out)}/" in res.stderr and f"/{tar}/" in res.stderr, res.stderr
+        assert "nothing was published" in res.stderr and not out.exists()
+
+    _each_forgery(record, tar, altered)
+    path.write_text(json.dumps(record))
+    pid_shard(tmp_path, "commit", "commit", *_io(raw_root, str(out), source=False))
+    assert out.is_dir()
 
 
 def test_a_plan_naming_files_outside_the_source_is_read_by_name_under_it(raw_root: Path, tmp_path: Path) -> None:

@@ -26,9 +26,9 @@ from pid_platform.demo import pid_demo as demo
 from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.pause_points import PAUSE_AT_ENV, PAUSE_DIR_ENV, PAUSE_TIMEOUT_ENV
 from pid_platform.sharding.settings import SETTINGS_NAME
+from pid_platform.sharding.tasks.commit import staged_shards
 from pid_platform.sharding.tasks.outcomes import shard_done_point
 from pid_platform.sharding.tasks.records import WRITE, record_path
-from pid_platform.sharding.tasks.write import unfinished_write_tasks
 from tests.support.procs import descendants, kill_all, parent_map, wait_gone
 from tests.support.ui_launch import (
     REPO,
@@ -311,7 +311,7 @@ def test_a_step_error_gives_the_ui_advice_not_a_pid_shard_command(
         assert len(failures) == 1 and "write task 0 of 2 has not finished" in failures[0], failures
         assert "pid-shard" not in failures[0] and "Re-execute -> All steps" in failures[0], failures
     # The CLI's commit of the same staged build still names the command its user runs.
-    assert "run `pid-shard task --index I --of 2` for each" in str(unfinished_write_tasks(out_root / SOURCE))
+    assert "run `pid-shard task --index I --of 2` for each" in str(staged_shards(out_root / SOURCE, None, "commit").unfinished())
 
 
 TERMINATE_RUN = """mutation($runId: String!) { terminateRun(runId: $runId, terminatePolicy: SAFE_TERMINATE) {

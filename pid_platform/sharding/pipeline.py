@@ -1,7 +1,7 @@
 """The whole build of one source, step by step; the Dagster assets call the same steps.
 
 Every step takes the source's output folder ``out`` and works in its staging folder beside it
-(``versions.staging_dir``); ``run_manifests`` ends with the commit that publishes it as ``out``.
+(``versions.staging_dir``); the commit that publishes it as ``out`` is ``tasks.commit``'s.
 """
 
 from __future__ import annotations
@@ -11,23 +11,18 @@ import inspect
 import json
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 import pyarrow as pa
 
-from loader.formats.atomic import atomic_write_bytes, remove_stale_temp_files
+from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError
 from loader.formats.twin_tar import tar_path
-from loader.formats.wdinfo import WDINFO_NAME, root_base
 from pid_platform.sharding.commit import versions
 from pid_platform.sharding.commit.manifests import (
-    BucketManifest,
-    remove_unplanned,
-    write_key_index_of,
     write_key_indexes,
-    write_manifests,
 )
 from pid_platform.sharding.commit.s3_output import S3Output
 from pid_platform.sharding.commit.state import (
@@ -35,19 +30,17 @@ from pid_platform.sharding.commit.state import (
     SAMPLES,
     committed_up_to_date,
     save_intake_settings,
-    save_outputs,
     state_dir,
 )
 from pid_platform.sharding.intake.cache import CACHE_NAME, IntakeCache
 from pid_platform.sharding.intake.file_checks import VALIDATE_FULL, check_validate_level
 from pid_platform.sharding.intake.task import IntakeReport, intake
-from pid_platform.sharding.layout import bucket_dir, final_dir
+from pid_platform.sharding.layout import final_dir
 from pid_platform.sharding.output_lock import build_lock
 from pid_platform.sharding.plan.add_modality import (
     load_plan_cut,
     may_extend,
     plan_build,
-    refuse_keep_for_positional_readers,
     save_plan_cut,
 )
 from pid_platform.sharding.plan.columnar import Shard, ShardRef
@@ -229,16 +222,13 @@ def stage_plan_files(store: SourceStore, source: str, out: Path, config: Shardin
 
 @build_step
 def run_sharding(store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int,
-                 progress: Callable[[int, int], None] | None = None,
-                 key_indexes: bool = False) -> tuple[list[ShardRef], list[ShardResult]]:
-    """Plan the staged samples (``stage_plan_files``), then write every planned shard as write
-    task 0 of 1 does (``write_range``), without its record: for timing the two apart.
-    ``key_indexes``: also each shard's key index as soon as its tars are in place (what
-    ``run_key_indexes`` does afterwards, for all of them at once)."""
+                 progress: Callable[[int, int], None] | None = None) -> tuple[list[ShardRef], list[ShardResult]]:
+    """Plan the staged samples (``stage_plan_files``), then write every planned shard's tars as
+    write task 0 of 1 does (``write_range``), without key indexes (``run_key_indexes``) or record."""
     staging = versions.begin(out)
     shards = stage_plan_files(store, source, out, config)
     return shards, write_range(store, source, out, config, shards, 0, len(shards), num_workers=num_workers,
-                               progress=progress, then=after_shard(staging, key_indexes))
+                               progress=progress, then=after_shard(staging))
 
 
 def write_range(store: SourceStore, source: str, out: Path, config: ShardingConfig, shards: Sequence[ShardRef],
@@ -259,7 +249,7 @@ def write_range(store: SourceStore, source: str, out: Path, config: ShardingConf
     return results
 
 
-def after_shard(staging: Path, key_indexes: bool) -> AfterShard:
+def after_shard(staging: Path) -> AfterShard:
     """What each writer worker does with a shard once its tars are in place."""
 
     def then(plan: ShardPlan, result: ShardResult) -> None:
@@ -271,8 +261,6 @@ def after_shard(staging: Path, key_indexes: bool) -> AfterShard:
         # Hashed while the bytes are in the page cache and the other workers copy: the manifests
         # step finds every digest cached instead of reading all tars once more at the end.
         tar_digests(staging, plan)
-        if key_indexes:
-            write_key_index_of(staging, plan)
 
     return then
 
@@ -325,49 +313,10 @@ def refuse_roots_on_s3(manifest_root: str, publish_to: S3Output | None) -> None:
         )
 
 
-@build_step
-def run_manifests(
-    out: Path, source: str, *, num_workers: int, manifest_root: str = "relative",
-    plans: Sequence[Shard] | None = None,
-) -> tuple[ShardingConfig, list[BucketManifest], list[Path]]:
-    """wdinfo.json per bucket into the staging folder, then the commit that publishes it as ``out``.
-
-    ``manifest_root``: ``"relative"`` roots (``"."``), ``"absolute"`` (the published folder's
-    absolute path, which PiD's reader needs) or the URL the output is published at (``s3://...``).
-
-    Returns the manifests (at their published paths) and the files of the previous version the
-    new one dropped. ``plans``: the staged plan, when the caller has read it already (read
-    under the same lock).
-    """
-    base = root_base(manifest_root, final_dir(out))  # refused before anything is written
-    staging = versions.begin(out)
-    config = load_sharding_config(staging)
-    if plans is None:
-        plans = load_shards(staging, config)
-    remove_unplanned(staging, plans)  # an earlier, unfinished build may have left other shards
-    remove_stale_temp_files(staging)  # and temporary files (every write task is done: none is being written)
-    cut = load_plan_cut(staging)
-    refuse_keep_for_positional_readers(manifest_root, str(final_dir(out)), cut=cut)
-    manifests = write_manifests(staging, source, plans, num_workers=num_workers, root_base=base,
-                                plan_modalities=cut.plan_modalities if cut else None)
-    save_outputs(staging, plans)  # what a later no-op rebuild checks the published files against
-    removed = versions.commit(out)
-    published = [replace(m, path=Path(out) / m.path.relative_to(staging)) for m in manifests]
-    return config, published, removed
-
-
 def planned_results(plans: Sequence[Shard], written: Callable[[int], bool] = lambda _i: False) -> list[ShardResult]:
     """Each planned shard as a result: its count and planned tar sizes; ``written(position)``."""
     return [ShardResult(p.bucket, p.index, p.relpath, p.count, {m: p.tar_bytes(m) for m in p.modalities}, written(i))
             for i, p in enumerate(plans)]
-
-
-def committed_results(out: Path) -> tuple[list[ShardResult], list[Path]]:
-    """The committed build's shards (none written) and its manifests, from one row per shard."""
-    final = final_dir(out)
-    plans = load_shards(final, load_sharding_config(final))
-    manifests = [Path(out) / bucket_dir(Path(), b) / WDINFO_NAME for b in sorted({p.bucket for p in plans})]
-    return planned_results(plans), manifests
 
 
 def build_source(store: SourceStore, source: str, out: Path, config: ShardingConfig, **settings) -> BuildSummary:

@@ -2,7 +2,6 @@
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,6 @@ from pid_platform.sharding.layout import bucket_dir
 from pid_platform.sharding.pipeline import (
     refuse_roots_on_s3,
     run_key_indexes,
-    run_manifests,
     state_dir,
 )
 from pid_platform.sharding.plan.columnar import ShardRef
@@ -76,10 +74,10 @@ def _verified_or_fail(problems: list[str], what: str, source: str) -> None:
             metadata={"problems": dg.MetadataValue.json(first(problems))})
 
 
-def _committed_key_indexes(out: Path, source: str) -> tuple[ShardingConfig, list[ShardRef], list[str]]:
+def _committed_key_indexes(out: Path, source: str) -> tuple[ShardingConfig, list[ShardRef]]:
     config, plans = built_plans(out)
     _verified_or_fail(key_index_mismatches(out, sorted({p.bucket for p in plans})), "key indexes", source)
-    return config, plans, [p.relpath for p in plans]
+    return config, plans
 
 
 def _committed_manifests(out: Path, source: str) -> tuple[ShardingConfig, list[BucketManifest], list[Path]]:
@@ -119,20 +117,20 @@ def key_indexes(
                 return _s3_key_indexes(source_store, source, target)
             nothing_to_finish(out, source, "key_indexes")
             if committed_only(out):
-                config, plans, written = _committed_key_indexes(out, source)
-                state = "committed"
-            else:
-                # The staged tars were cut with the config recorded beside them, whatever a later run asks for.
-                config, plans, written = run_key_indexes(out, num_workers=sharding.num_workers)
-                state = "staged"
-        per_bucket: dict[str, int] = {}
+                config, plans = _committed_key_indexes(out, source)
+                return _key_indexes_result(plans, "committed", config)
+            # The staged tars were cut with the config recorded beside them, whatever a later run asks for.
+            config, plans, _written = run_key_indexes(out, num_workers=sharding.num_workers)
+            return _key_indexes_result(plans, "staged", config)
+
+
+def _key_indexes_result(plans: list[ShardRef] | None, state: str, config: ShardingConfig,
+                        per_bucket: dict[str, int] | None = None, rows: int = 0) -> dg.MaterializeResult:
+    if plans is not None:
+        per_bucket, rows = {}, sum(p.count for p in plans)
         for p in plans:
             per_bucket[p.bucket] = per_bucket.get(p.bucket, 0) + 1
-        return _key_indexes_result(len(written), sum(p.count for p in plans), state, config, per_bucket)
-
-
-def _key_indexes_result(count: int, rows: int, state: str, config: ShardingConfig,
-                        per_bucket: dict[str, int]) -> dg.MaterializeResult:
+    count = sum(per_bucket.values())
     return dg.MaterializeResult(
         metadata={
             "key_indexes": count,
@@ -154,18 +152,14 @@ def _s3_key_indexes(source_store: SourceStoreResource, source: str, target: S3Ou
     if shards is None:
         _verified_or_fail(published_problems(target), "key indexes", source)
         manifests = published_manifests(target)
-        per_bucket = {m.bucket or "": len(m.tars) for _, m in manifests}
-        return _key_indexes_result(sum(per_bucket.values()), sum(m.total_key_count for _, m in manifests),
-                                   "committed", published_config(target), per_bucket)
-    shutil.rmtree(shards.folder, ignore_errors=True)
-    problem = shards.unfinished(target)
+        return _key_indexes_result(None, "committed", published_config(target),
+                                   {m.bucket or "": len(m.tars) for _, m in manifests},
+                                   sum(m.total_key_count for _, m in manifests))
+    shards.discard()
+    problem = shards.unfinished()
     if problem is not None:
         raise unfinished_failure(f"key_indexes of {source}", problem)
-    per_bucket: dict[str, int] = {}
-    for p in shards.plans:
-        per_bucket[p.bucket] = per_bucket.get(p.bucket, 0) + 1
-    return _key_indexes_result(len(shards.plans), sum(p.count for p in shards.plans),
-                               "staged (sent by the write tasks)", shards.config, per_bucket)
+    return _key_indexes_result(shards.plans, "staged (sent by the write tasks)", shards.config)
 
 
 @dg.asset(
@@ -208,10 +202,15 @@ def wdinfo_manifests(
                 if committed_only(out):
                     config, manifests, removed = _committed_manifests(out, source)
                     state = "committed"
-                else:
-                    config, manifests, removed = run_manifests(out, source, num_workers=sharding.num_workers,
-                                                               manifest_root=sharding.manifest_root_of(source))
-                    state = "committed now"
+                else:  # the commit ``pid-shard commit`` runs, for a folder as for a bucket
+                    done = commit_staged(out, num_workers=sharding.num_workers,
+                                         manifest_root=sharding.manifest_root_of(source))
+                    if done is None:  # committed by another run since this check
+                        config, manifests, removed = _committed_manifests(out, source)
+                        state = "committed"
+                    else:
+                        config, manifests, removed = done.shards.config, done.manifests, done.removed
+                        state = "committed now"
                 # What the committed build was made from: the sensor and the schedule compare against it.
                 fingerprint = load_fingerprint(out)
             pointer = read_pointer(target) if target is not None else None
@@ -264,7 +263,7 @@ def _s3_manifests(source_store: SourceStoreResource, sharding: ShardingResource,
         return published_config(target), manifests, "committed", None, Path()
     folder = done.shards.folder
     fingerprint = load_fingerprint(folder)  # the listing the build was made from, as sample_set staged it
-    shutil.rmtree(folder, ignore_errors=True)
+    done.shards.discard()
     return done.shards.config, done.manifests, "committed now", fingerprint, folder
 
 

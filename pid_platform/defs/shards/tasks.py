@@ -9,7 +9,7 @@ depend on ``N``.
 * ``plan``: the run's sharding settings, then ``plan.parquet`` and ``sharding.json`` cut from the
   samples ``sample_set`` staged (or the committed ones, re-sharded); it emits one write task per
   ``ShardingResource.write_tasks_for(shards)`` (``write_tasks`` / ``shards_per_write_task``).
-* ``write_task[I_of_N]``: task ``I`` of ``N`` (its tars, stamps and digests; the key indexes
+* ``write_task[I_of_N]``: task ``I`` of ``N`` (its tars, stamps and digests; a folder's key indexes
   stay ``key_indexes``' step, after the blocking checks on the tars), in the ``pid_build`` pool
   (its limit caps how many run at once, across runs), retried by ``TASK_RETRY`` on a transient
   error. It logs its shards as they are written and ends with its completion record; a task
@@ -17,7 +17,7 @@ depend on ``N``.
   tasks. ``plan`` clears the records of an earlier run: a new run's tasks check every shard
   again (keeping those still up to date) and report what they wrote themselves.
 * ``collect``: once every task step is done, checks that every shard of the plan lies in a
-  finished task (``unfinished_write_tasks``) and records ``twin_tar_shards``' materialization,
+  finished task (``StagedShards.unfinished``) and records ``twin_tar_shards``' materialization,
   metadata and data version as the one-step asset did. The version is committed later, by
   ``wdinfo_manifests``.
 
@@ -52,24 +52,19 @@ from pid_platform.defs.retries import IO_RETRY, retry_only_transient
 from pid_platform.defs.settings import RunSettings, settings_for_run, settings_metadata
 from pid_platform.defs.step_errors import step_failure
 from pid_platform.sharding.commit import versions
-from pid_platform.sharding.commit.s3_output import S3Output, read_pointer
+from pid_platform.sharding.commit.s3_output import S3Output
 from pid_platform.sharding.commit.state import SAMPLES, state_dir
 from pid_platform.sharding.layout import final_dir
 from pid_platform.sharding.output_lock import build_lock
 from pid_platform.sharding.pipeline import summarize
 from pid_platform.sharding.plan.columnar import ShardRef
-from pid_platform.sharding.plan.plan_files import PLAN
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.tasks.commit import staged_shards
 from pid_platform.sharding.tasks.outcomes import TaskOrderError, TasksUnfinishedError, Unfinished
 from pid_platform.sharding.tasks.plan import stage_plan, stage_plan_in_bucket
 from pid_platform.sharding.tasks.published import pull_committed_intake
 from pid_platform.sharding.tasks.staging import INTAKE_STATE, pull_staged_intake
-from pid_platform.sharding.tasks.write import (
-    run_write_task,
-    staged_results,
-    unfinished_write_tasks,
-)
+from pid_platform.sharding.tasks.write import run_write_task
 from pid_platform.sharding.write.tars import ShardResult
 
 
@@ -239,16 +234,13 @@ def write_task(
 
         target = source_store.source_target(source)
         with retry_only_transient(), ui_advice():
-            if target is not None:
-                # Into the bucket, shard by shard; each shard's checks and key index are done here,
-                # where its bytes are (the later steps read what this task recorded).
-                outcome = run_write_task(source_store.open(), source, target, index, of,
-                                         work_root=source_store.work_root or None, num_workers=sharding.num_workers,
-                                         progress=progress)
-            else:
-                # Key indexes stay key_indexes' job, after the blocking checks on these tars.
-                outcome = run_write_task(source_store.open(), source, out, index, of, num_workers=sharding.num_workers,
-                                         progress=progress, key_indexes=False)
+            # Shard by shard into the staging folder or the bucket; the later steps read what this
+            # task recorded. A bucket's task checks each shard and sends its key index, where its
+            # bytes are; a folder's key indexes stay key_indexes' job, after the blocking checks on
+            # these tars (a kept tar damaged in place fails its check, not this task).
+            outcome = run_write_task(source_store.open(), source, out if target is None else target, index, of,
+                                     work_root=source_store.work_root or None, num_workers=sharding.num_workers,
+                                     progress=progress, key_indexes=target is not None)
         if outcome.nothing_staged:
             context.log.info(f"{name}: {nothing_to_finish(context, source)}")
         elif outcome.already_done:
@@ -301,16 +293,6 @@ def shards_metadata(source: str, output: str, config: ShardingConfig, planned: P
     }
 
 
-def _rebuilt_since(out: Path, target: S3Output | None, shards: object) -> bool:
-    """Nothing of this run's plan is staged any more, over a committed build: another run built
-    and committed the source after this run's plan (a re-execution found it so)."""
-    if target is not None:
-        return shards is None and read_pointer(target) is not None
-    staged = versions.staging_dir(out)
-    return not (state_dir(staged) / PLAN).is_file() and not staged.exists() and (
-        state_dir(final_dir(out)) / SAMPLES).is_file()
-
-
 # Optional: a re-execution that finds the source rebuilt since ends here, materializing nothing
 # (what follows in the run is skipped, not failed, and the committed build's state stands).
 @dg.op(name="collect", ins={"planned": dg.In(Planned), "tasks": dg.In(dg.Nothing)},
@@ -324,21 +306,17 @@ def collect_write_tasks(
         out = source_store.source_out(source)
         target = source_store.source_target(source)
         with retry_only_transient(), ui_advice():
-            shards = staged_shards(target, source_store.work_root or None, "collect") if target is not None else None
-            if _rebuilt_since(out, target, shards):
+            shards = staged_shards(out if target is None else target, source_store.work_root or None, "collect")
+            if shards is None:
+                # Nothing of this run's plan is staged any more, over a committed build: another run
+                # built and committed the source after this run's plan (a re-execution found it so).
                 context.log.info(f"{source}: {nothing_to_finish(context, source)}")
                 return
-            if target is not None:
-                problem = "no plan is staged in the bucket" if shards is None else shards.unfinished(target)
-            else:
-                problem = unfinished_write_tasks(out, key_indexes=False)
+            problem = shards.unfinished()
             if problem is not None:
                 raise unfinished_failure(f"twin_tar_shards of {source}", problem)
-            if target is not None:
-                config, results = shards.config, shards.results()
-                shutil.rmtree(shards.folder, ignore_errors=True)
-            else:
-                config, _plans, results = staged_results(versions.staging_dir(out))
+            config, results = shards.config, shards.results()
+            shards.discard()
         metadata = shards_metadata(source, source_store.output_location(source), config, planned, results)
         with warnings.catch_warnings():
             # An op's data_version is "beta" in 1.13; the one-op asset set the same version through

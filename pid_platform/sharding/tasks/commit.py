@@ -1,38 +1,41 @@
-"""The commit: refuses unless every shard of the staged plan lies in a finished write task's
-record, then writes the manifests and switches readers to the new version in one step.
-
-For a folder, the tars must match their stamps; then the manifests and the folder swap
-(``pipeline.run_manifests``, ``versions.commit``). For an ``s3://`` output, the manifests come
-from the plan and the records' digests (no tar is read), each record is checked against the
-objects (size, then sha256 or ETag), every object is checked in one listing, and the pointer is
-switched only from the one the plan saw (``staged.json``); then ``staged/`` is deleted.
+"""The commit, for a folder and an ``s3://`` output alike (``commit_staged``): every shard of the
+staged plan must lie in a finished write task's record; each record is checked against the
+objects (a record whose shard lost an object, or whose object changed size, is removed and its
+task sent back; one that names a size or checksum its tar does not have is refused); the
+manifests come from the plan and the records' digests (no tar is read); then the output's
+switch: a folder's swap (``versions.commit``), or a bucket's pointer, switched only from the one
+the plan saw (``staged.json``), after which ``staged/`` is deleted.
 """
 
 from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 
+from loader.formats.atomic import remove_stale_temp_files
 from loader.formats.version_pointer import (
     POINTER_NAME,
     VersionPointer,
     version_dir,
 )
-from loader.formats.wdinfo import root_base
+from loader.formats.wdinfo import WDINFO_NAME, root_base
 from loader.io.errors import ObjectNotFoundError
+from loader.io.objects import LocalObjects, ObjectInfo, ObjectStore
 from loader.io.s3_client import S3AccessError
 from pid_platform.sharding import pipeline
-from pid_platform.sharding.commit import s3_output
+from pid_platform.sharding.commit import s3_output, versions
 from pid_platform.sharding.commit.claims import this_process
 from pid_platform.sharding.commit.in_place import published_manifests as published_in_place
 from pid_platform.sharding.commit.lease import build_lease, check_held
 from pid_platform.sharding.commit.manifest_roots import rewrite_manifest_roots
 from pid_platform.sharding.commit.manifests import (
     BucketManifest,
+    remove_unplanned,
     write_manifests,
 )
 from pid_platform.sharding.commit.s3_output import (
@@ -41,213 +44,297 @@ from pid_platform.sharding.commit.s3_output import (
     PublishRaceError,
     S3Output,
 )
+from pid_platform.sharding.commit.state import save_outputs
 from pid_platform.sharding.errors import BuildError
-from pid_platform.sharding.layout import STATE_DIR, final_dir
+from pid_platform.sharding.intake.task import IntakeReport
+from pid_platform.sharding.layout import STATE_DIR, bucket_dir, final_dir
+from pid_platform.sharding.output_lock import build_lock
 from pid_platform.sharding.pause_points import pause_point
-from pid_platform.sharding.plan.add_modality import load_plan_cut
+from pid_platform.sharding.plan.add_modality import (
+    load_plan_cut,
+    refuse_keep_for_positional_readers,
+)
 from pid_platform.sharding.plan.columnar import Shard, ShardRef
-from pid_platform.sharding.plan.plan_files import load_shards
+from pid_platform.sharding.plan.plan_files import load_shards, shards_identity
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.tasks import staging
 from pid_platform.sharding.tasks.outcomes import (
+    PLAN_ID,
     TasksUnfinishedError,
     Unfinished,
     report_of,
     unfinished_write,
     validate_of,
 )
-from pid_platform.sharding.tasks.records import WRITE, bucket_staging, records
+from pid_platform.sharding.tasks.records import (
+    TASKS_DIR,
+    WRITE,
+    Staging,
+    bucket_staging,
+    folder_staging,
+    record_name,
+    records,
+)
 from pid_platform.sharding.tasks.staging import (
     STAGED_NAME,
     Staged,
     delete_staged,
+    key_index_rel,
     scratch_dir,
     shard_homes,
     staged_folder_plan,
     staged_or_refuse,
     tar_rel,
 )
-from pid_platform.sharding.tasks.write import KEY_INDEX, staged_results, unfinished_write_tasks
+from pid_platform.sharding.tasks.write import KEY_INDEX
+from pid_platform.sharding.write.tar_digests import tar_digests
 from pid_platform.sharding.write.tars import ShardResult
 
 
 def run_commit(out: Path | S3Output, *, num_workers: int = 1, manifest_root: str = "relative",
                work_root: str | Path | None = None) -> pipeline.BuildSummary | None:
-    """Commit the staged plan of ``out`` once every write task is done: its manifests, then the
-    output's switch: a folder's swap (``commit_folder``), or a bucket's conditional pointer
-    write (``commit_staged``; None when nothing is staged over a published version)."""
-    if not isinstance(out, S3Output):
-        return commit_folder(out, num_workers=num_workers, manifest_root=manifest_root)
-    done = commit_staged(out, work_root=work_root, num_workers=num_workers)
-    if done is None:
+    """``pid-shard commit``: ``commit_staged``, and its summary. With nothing staged over a
+    committed build (the plan found it up to date), a folder's manifests only get their roots
+    rewritten if asked otherwise and the committed build is reported; a bucket's: None."""
+    done = commit_staged(out, work_root=work_root, num_workers=num_workers, manifest_root=manifest_root)
+    if done is None and isinstance(out, S3Output):
         return None
-    folder = done.shards.folder
-    summary = pipeline.BuildSummary(done.shards.staged.source, folder, report_of(folder),
-                                    pipeline.summarize(done.shards.results()), [m.path for m in done.manifests], [],
-                                    validate_of(folder), up_to_date=done.published.unchanged,
-                                    published=done.published.url)
-    shutil.rmtree(folder, ignore_errors=True)
+    if done is None:
+        with build_lock(out):
+            final = final_dir(out)
+            rewrite_manifest_roots(out, manifest_root)
+            report, plans = report_of(final), load_shards(final, pipeline.load_sharding_config(final))
+            manifests = [Path(out) / bucket_dir(Path(), b) / WDINFO_NAME for b in sorted({p.bucket for p in plans})]
+            return pipeline.BuildSummary(report.source, Path(out), report, pipeline.summarize(pipeline.planned_results(
+                plans)), manifests, [], validate_of(final), up_to_date=True)
+    shards, published = done.shards, done.published
+    summary = pipeline.BuildSummary(
+        shards.source, shards.folder if published else Path(out), done.report, pipeline.summarize(shards.results()),
+        [m.path for m in done.manifests], done.removed, done.validate, up_to_date=bool(published and published.unchanged),
+        published=published.url if published else None)
+    shards.discard()
     return summary
-
-
-@pipeline.build_step
-def commit_folder(out: Path, *, num_workers: int = 1, manifest_root: str = "relative") -> pipeline.BuildSummary:
-    """Commit the staged plan of ``out`` once every write task is done: manifests, state, swap.
-
-    Refuses (``TasksUnfinishedError``, naming the tasks) while any shard lacks a finished task.
-    With nothing staged over a committed build (the plan found it up to date) it only rewrites
-    the manifests' roots if asked otherwise and reports the committed build.
-    """
-    out = Path(out)
-    root_base(manifest_root, final_dir(out))  # a bad root is refused before anything is written
-    found = staged_folder_plan(out, "commit")
-    if found is None:
-        final = final_dir(out)
-        rewrite_manifest_roots(out, manifest_root)
-        report = report_of(final)
-        results, manifests = pipeline.committed_results(out)
-        return pipeline.BuildSummary(report.source, out, report, pipeline.summarize(results), manifests, [],
-                                     validate_of(final), up_to_date=True)
-    staging, _plan = found
-    # One row per shard, read once for the checks, the manifests and the summary.
-    plans = load_shards(staging, pipeline.load_sharding_config(staging))
-    problem = unfinished_write_tasks(out, plans=plans)
-    if problem is not None:
-        raise TasksUnfinishedError(f"commit of {out}: {problem}")
-    report = report_of(staging)
-    _config, _plans, results = staged_results(staging, plans=plans)
-    validate = validate_of(staging)
-    _, manifests, removed = pipeline.run_manifests(out, report.source, num_workers=num_workers,
-                                                   manifest_root=manifest_root, plans=plans)
-    return pipeline.BuildSummary(report.source, out, report, pipeline.summarize(results),
-                                 [m.path for m in manifests], removed, validate)
 
 
 @dataclass
 class StagedShards:
-    """The plan staged in the bucket, as its write tasks left it (read into ``folder``)."""
+    """The plan staged for an output, as its write tasks left it: in a folder output's staging
+    folder, or read from the bucket's ``staged/`` into a scratch folder."""
 
-    staged: Staged
-    folder: Path  # a scratch folder holding the plan's state
+    staged: Staged | None  # a bucket's ``staged.json``; None for a folder output
+    folder: Path  # the plan's state: the staging folder, or the scratch folder holding the bucket's
     config: ShardingConfig
     plans: list[ShardRef]  # one row per shard (``plan_files.load_shards``): no sample is read
+    recs: list[dict]  # the write records of this plan
+    records_at: Staging  # where the write records are
     cov: staging.Coverage
+
+    @cached_property
+    def source(self) -> str:
+        return self.staged.source if self.staged is not None else report_of(self.folder).source
 
     def results(self) -> list[ShardResult]:
         return pipeline.planned_results(self.plans, self.cov.written.__contains__)
 
-    def unfinished(self, output: S3Output) -> Unfinished | None:
-        return unfinished_write(len(self.plans), self.cov.ofs, self.cov.missing, f"{output}/{staging.rel('tasks')}/")
+    def unfinished(self, damaged: bool = False) -> Unfinished | None:
+        return unfinished_write(len(self.plans), self.cov.ofs, self.cov.missing,
+                                self.records_at.url(TASKS_DIR) + "/", damaged=damaged)
 
-    def problems(self, output: S3Output, check: str) -> list[str]:
-        """What the write tasks' ``check`` found in their shards, and every shard object the
-        bucket does not hold with the size the task sent (one listing)."""
-        found = [p for i in range(len(self.plans)) for p in self.cov.problems.get(i, {}).get(check, [])]
+    def discard(self) -> None:
+        """Remove the scratch folder a bucket's staged plan was read into (a folder's stays)."""
+        if self.staged is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def objects(self, out: Path | S3Output, version: str) -> tuple[ObjectStore, str]:
+        """The store and key prefix of ``version``'s objects: the staging folder's own files, or
+        the bucket's ``versions/<version>/``."""
+        if self.staged is None:
+            return LocalObjects(self.folder), ""
+        return out.store(), out.key(version_dir(version)) + "/"  # type: ignore[union-attr]
+
+    def tar(self, out: Path | S3Output, plan: Shard, modality: str) -> tuple[str, ObjectInfo | None]:
+        """Where a tar is, and what is there now with its sha256 where one is kept: a bucket's
+        server keeps one of an object put in one request; a folder, its tar digest cache
+        (``tar_digests``: a file changed since it was hashed is hashed again)."""
+        store, prefix = self.objects(out, self.staged.home(True) if self.staged is not None else "")
+        key = prefix + tar_rel(plan, modality)
+        try:
+            info = store.head(key)
+            if self.staged is None:
+                info = replace(info, sha256=tar_digests(self.folder, plan)[modality])
+        except (ObjectNotFoundError, OSError):
+            info = None
+        return store.url(key), info
+
+    def unlike_listed(self, out: Path | S3Output) -> Iterator[tuple[int, str, str, int | None, int]]:
+        """Each object of a recorded shard that the listing of its folder (one per folder) does
+        not show with the size the plan and the record give it: (position, version, its path
+        there, its size there, that size)."""
         listings: dict[str, dict[str, int]] = {}
         for i, plan in enumerate(self.plans):
             if i in self.cov.missing:
                 continue
-            for v, objs in shard_homes(self.staged, plan, self.cov.key_index_bytes[i]).items():
+            kib = self.cov.key_index_bytes[i]
+            any_size = key_index_rel(plan) if kib is None else None  # only there (``shard_record``)
+            for v, objs in shard_homes(self.staged, plan, kib).items():
                 if v not in listings:
-                    listings[v] = s3_output.list_sizes(output, version_dir(v))
+                    store, prefix = self.objects(out, v)
+                    listings[v] = {o.key[len(prefix):]: o.size for o in store.list(prefix)}
                 there = listings[v]
-                for r, n in objs.items():
-                    if (check == KEY_INDEX) != r.endswith(".parquet"):
-                        continue
-                    if there.get(r) != n:
-                        found.append(f"{output}/{version_dir(v)}/{r}: {there.get(r, 'missing')} in the bucket, "
-                                     f"{n} bytes sent")
-        return found
+                yield from ((i, v, r, there.get(r), n) for r, n in objs.items()
+                            if there.get(r) != n and not (r == any_size and r in there))
+
+    def problems(self, output: S3Output, check: str) -> list[str]:
+        """What the write tasks' ``check`` found in their shards, and every shard object the
+        bucket does not hold with the size the task sent."""
+        return [p for i in range(len(self.plans)) for p in self.cov.problems.get(i, {}).get(check, [])] + [
+            f"{output}/{version_dir(v)}/{r}: {'missing' if got is None else got} in the bucket, {n} bytes sent"
+            for _i, v, r, got, n in self.unlike_listed(output) if (check == KEY_INDEX) == r.endswith(".parquet")]
 
 
-def staged_shards(output: S3Output, work_root: str | Path | None, what: str,
+def staged_shards(out: Path | S3Output, work_root: str | Path | None, what: str,
                   state: tuple[str, ...] | None = staging.TASK_STATE, *,
                   skip: tuple[str, ...] = ()) -> StagedShards | None:
-    """The staged plan (its ``state`` files, None: all, but not ``skip``) and its write records;
-    None when nothing is staged over a published version."""
-    staged = staged_or_refuse(output, what)
+    """The staged plan and its write records; None when nothing is staged over a published
+    version. A bucket's: its ``state`` files (None: all, but not ``skip``) read into a scratch
+    folder of this machine."""
+    if not isinstance(out, S3Output):
+        found = staged_folder_plan(Path(out), what)
+        if found is None:
+            return None
+        folder, config = found[0], pipeline.load_sharding_config(found[0])
+        plan_id = shards_identity(plans := load_shards(folder, config))
+        recs = [r for r in records(folder, WRITE) if r.get(PLAN_ID) == plan_id]
+        return StagedShards(None, folder, config, plans, recs, folder_staging(folder), staging.coverage(plans, recs))
+    staged = staged_or_refuse(out, what)
     if staged is None:
         return None
-    folder = scratch_dir(output, work_root, what.replace(" ", "-"))
+    folder = scratch_dir(out, work_root, what.replace(" ", "-"))
     shutil.rmtree(folder, ignore_errors=True)
-    staging.pull_plan_state(output, staged, folder, state, skip=skip)
+    staging.pull_plan_state(out, staged, folder, state, skip=skip)
     config = pipeline.load_sharding_config(folder)
-    with staging.staged_plan(output, staged, folder) as plan:
+    with staging.staged_plan(out, staged, folder) as plan:
         plans = load_shards(folder, config, plan)
-    return StagedShards(staged, folder, config, plans,
-                        staging.coverage(plans, [r for r in records(bucket_staging(output), WRITE)
-                                                 if r.get("plan_sha256") == staged.plan_sha256]))
+    kept = bucket_staging(out)
+    recs = [r for r in records(kept, WRITE) if r.get("plan_sha256") == staged.plan_sha256]
+    return StagedShards(staged, folder, config, plans, recs, kept, staging.coverage(plans, recs))
 
 
 @dataclass
-class S3Commit:
+class Committed:
     shards: StagedShards
-    manifests: list[BucketManifest]  # written in ``shards.folder``
-    published: PublishedVersion
+    manifests: list[BucketManifest]  # at the folder's published paths; in ``shards.folder`` for a bucket
+    report: IntakeReport
+    validate: str
+    removed: list[Path]  # a folder's: the build files of the previous version the new one dropped
+    published: PublishedVersion | None = None  # a bucket's
 
 
-def commit_staged(output: S3Output, *, work_root: str | Path | None = None, num_workers: int = 1,
-                  now: Callable[[], float] = time.time) -> S3Commit | None:
-    """Commit the plan staged in the bucket once every write task's record is there: manifests,
-    one listing that checks every object, the pointer switch; then ``staged/`` goes. None when
-    nothing is staged over a published version (the plan found it up to date)."""
-    with build_lease(output):
-        shards = staged_shards(output, work_root, "commit", state=None, skip=staging.COPIED_STATE)
+def commit_staged(out: Path | S3Output, *, work_root: str | Path | None = None, num_workers: int = 1,
+                  manifest_root: str = "relative", now: Callable[[], float] = time.time) -> Committed | None:
+    """Commit the plan staged for ``out`` once every write task's record is there: each record
+    checked against the objects, manifests from the plan and the records, then the switch.
+    None when nothing is staged over a published version (the plan found it up to date).
+
+    ``manifest_root`` (a folder's): ``"relative"`` roots (``"."``), ``"absolute"`` (the
+    published folder's absolute path, which PiD's reader needs) or the URL the output is
+    published at (``s3://...``); a bucket's manifests keep relative roots."""
+    on_s3 = isinstance(out, S3Output)
+    base = None if on_s3 else root_base(manifest_root, final_dir(out))  # refused before anything is written
+    with build_lease(out) if on_s3 else build_lock(out):
+        shards = staged_shards(out, work_root, "commit", state=None, skip=staging.COPIED_STATE)
         if shards is None:
             return None
-        problem = shards.unfinished(output)
+        damaged = drop_damaged_records(out, shards)
+        problem = shards.unfinished(damaged)
         if problem is not None:
-            raise TasksUnfinishedError(f"commit of {output}: {problem}")
-        refuse_altered_records(output, shards)
+            raise TasksUnfinishedError(f"commit of {out}: {problem}")
+        refuse_altered_records(out, shards)
         folder, plans, cov = shards.folder, shards.plans, shards.cov
         cut = load_plan_cut(folder)
+        if not on_s3:
+            refuse_keep_for_positional_readers(manifest_root, str(final_dir(out)), cut=cut)
         position = {(p.bucket, p.index): i for i, p in enumerate(plans)}
         manifests = write_manifests(
-            folder, shards.staged.source, plans, num_workers=num_workers,
+            folder, shards.source, plans, num_workers=num_workers, root_base=base,
             tar_sha256=lambda _out, p: cov.digests[position[(p.bucket, p.index)]],
             plan_modalities=cut.plan_modalities if cut else None, key_index_present=lambda _path: True)
-        staged = shards.staged
-        expected: dict[str, dict[str, int]] = {}  # version folder -> object -> size
-        for i, p in enumerate(plans):
-            for v, objs in shard_homes(staged, p, cov.key_index_bytes[i]).items():
-                expected.setdefault(v, {}).update(objs)
-        manifest_rels = sorted(m.path.relative_to(folder).as_posix() for m in manifests)
-        state_rels = [f"{STATE_DIR}/{n}" for n in CARRIED_STATE if (folder / STATE_DIR / n).is_file()]
-        bodies: dict[str, bytes | Path] = {r: folder / r for r in manifest_rels + state_rels}
-        if staged.base is not None:  # their roots name the folder the tars are in
-            bodies.update(published_in_place({r: (folder / r).read_bytes() for r in manifest_rels}, staged.base))
-        mine = expected.setdefault(staged.version, {})
-        for r, body in bodies.items():
-            mine[r] = len(body) if isinstance(body, bytes) else body.stat().st_size
-        copies = [n for n in CARRIED_STATE if n in staged.state and not (folder / STATE_DIR / n).is_file()]
-        if copies:
-            sizes = s3_output.list_sizes(output, staging.rel("state"))
-            mine.update({f"{STATE_DIR}/{n}": sizes.get(n, -1) for n in copies})
-        published = _publish(output, staged, bodies, manifest_rels, expected, now, copies)
-        delete_staged(output)
-        return S3Commit(shards, manifests, published)
+        done = Committed(shards, manifests, report_of(folder), validate_of(folder), [])
+        if on_s3:
+            done.published = _publish_staged(out, shards, manifests, now)
+        else:
+            done.manifests, done.removed = _swap(Path(out), shards, manifests)
+        return done
 
 
-def refuse_altered_records(output: S3Output, shards: StagedShards, threads: int = 16) -> None:
+def _swap(out: Path, shards: StagedShards, manifests: list[BucketManifest]) -> tuple[list[BucketManifest], list[Path]]:
+    """A folder's switch: the staging folder holds only what the plan names, then replaces the
+    output folder (``versions.commit``). Returns the manifests at their published paths and the
+    files of the previous version the new one dropped."""
+    folder = shards.folder
+    remove_unplanned(folder, shards.plans)  # an earlier, unfinished build may have left other shards
+    remove_stale_temp_files(folder)  # and temporary files (every write task is done: none is being written)
+    save_outputs(folder, shards.plans)  # what a later no-op rebuild checks the published files against
+    removed = versions.commit(out)
+    return [replace(m, path=out / m.path.relative_to(folder)) for m in manifests], removed
+
+
+def _publish_staged(output: S3Output, shards: StagedShards, manifests: list[BucketManifest],
+                    now: Callable[[], float]) -> PublishedVersion:
+    """A bucket's switch: the manifests and state into the version folder, every object
+    checked where it lives, the pointer switched; then ``staged/`` goes."""
+    folder, staged, cov = shards.folder, shards.staged, shards.cov
+    assert staged is not None
+    expected: dict[str, dict[str, int]] = {}  # version folder -> object -> size
+    for i, p in enumerate(shards.plans):
+        for v, objs in shard_homes(staged, p, cov.key_index_bytes[i]).items():
+            expected.setdefault(v, {}).update(objs)
+    manifest_rels = sorted(m.path.relative_to(folder).as_posix() for m in manifests)
+    state_rels = [f"{STATE_DIR}/{n}" for n in CARRIED_STATE if (folder / STATE_DIR / n).is_file()]
+    bodies: dict[str, bytes | Path] = {r: folder / r for r in manifest_rels + state_rels}
+    if staged.base is not None:  # their roots name the folder the tars are in
+        bodies.update(published_in_place({r: (folder / r).read_bytes() for r in manifest_rels}, staged.base))
+    mine = expected.setdefault(staged.version, {})
+    for r, body in bodies.items():
+        mine[r] = len(body) if isinstance(body, bytes) else body.stat().st_size
+    copies = [n for n in CARRIED_STATE if n in staged.state and not (folder / STATE_DIR / n).is_file()]
+    if copies:
+        sizes = s3_output.list_sizes(output, staging.rel("state"))
+        mine.update({f"{STATE_DIR}/{n}": sizes.get(n, -1) for n in copies})
+    published = _publish(output, staged, bodies, manifest_rels, expected, now, copies)
+    delete_staged(output)
+    return published
+
+
+def drop_damaged_records(out: Path | S3Output, shards: StagedShards) -> bool:
+    """Remove each write record one of whose shards' objects is missing now, or not of the size
+    the plan and the record give it (a tar deleted since, lost in a power cut after the record):
+    its task runs again when started, and the shards it covered are unfinished. True when one was."""
+    damaged = {shards.cov.record[i] for i, *_ in shards.unlike_listed(out)}
+    gone = [r for r in shards.recs if r["path"] in damaged]
+    if gone:
+        shards.records_at.delete(*(record_name(WRITE, r["index"], r["of"]) for r in gone))
+        shards.recs = [r for r in shards.recs if r["path"] not in damaged]
+        # The removed records' --of still says which tasks to run.
+        shards.cov = replace(staging.coverage(shards.plans, shards.recs), ofs=shards.cov.ofs)
+    return bool(gone)
+
+
+def refuse_altered_records(out: Path | S3Output, shards: StagedShards, threads: int = 16) -> None:
     """``StagedStateError`` naming the record and the tar unless each tar every write record
-    names is in the bucket with the size the plan gives it and the record says, and with the
-    record's sha256 where the server keeps one of the whole object (a put in one request sends
-    it as ``ChecksumSHA256``, which the server checked against the bytes), else with the ETag
-    its put got: the manifests take their checksums from the records, so an altered record
-    would publish checksums no tar has. One HEAD per tar, on threads, before anything is sent."""
-    staged, cov = shards.staged, shards.cov
-    todo = [(i, p, m) for i, p in enumerate(shards.plans) for m in p.modalities]
-    bucket = output.store()
+    names is there with the size the plan gives it and the record says, and with the record's
+    sha256 where one of the whole object is kept (a bucket's server keeps the ``ChecksumSHA256``
+    a put in one request sent, which it checked against the bytes; a folder, its tar digest
+    cache), else with the ETag its put got: the manifests take their checksums from the records,
+    so an altered record would publish checksums no tar has. On threads, before anything is sent."""
+    cov = shards.cov
+    todo = [(i, p, m) for i, p in enumerate(shards.plans) if i not in cov.missing for m in p.modalities]
 
     def check(item: tuple[int, Shard, str]) -> str | None:
         i, plan, m = item
-        key = f"{version_dir(staged.home(True))}/{tar_rel(plan, m)}"
         said_bytes, said_sha = cov.tar_bytes[i].get(m), cov.digests[i].get(m)
         said_etag = cov.etags[i].get(m)
-        try:
-            info = bucket.head(output.key(key))
-        except ObjectNotFoundError:
-            info = None
+        url, info = shards.tar(out, plan, m)
         if info is None:
             there = "no object"
         elif said_bytes != plan.tar_bytes(m) or info.size != said_bytes:
@@ -258,9 +345,9 @@ def refuse_altered_records(output: S3Output, shards: StagedShards, threads: int 
             there = f"ETag {info.etag} there, {said_etag} at its put"
         else:
             return None
-        return (f"{cov.record[i]}: names {output}/{key} with {said_bytes} bytes and sha256 {said_sha}; {there}: the "
-                "record was altered, or the tar replaced, after its task; nothing was published. Run `pid-shard "
-                "plan` again (then the tasks and the commit)")
+        return (f"{cov.record[i]}: names {url} with {said_bytes} bytes and sha256 "
+                f"{said_sha}; {there}: the record was altered, or the tar replaced, after its task; nothing was "
+                "published. Run `pid-shard plan` again (then the tasks and the commit)")
 
     with ThreadPoolExecutor(max(1, min(threads, len(todo)))) as pool:
         for problem in pool.map(check, todo):

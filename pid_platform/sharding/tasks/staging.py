@@ -360,7 +360,7 @@ class Coverage:
     """Per shard position, from the write records whose range is theirs."""
 
     digests: dict[int, dict[str, str]]  # tar sha256 per modality
-    key_index_bytes: dict[int, int]
+    key_index_bytes: dict[int, int | None]
     tar_bytes: dict[int, dict[str, int]]  # tar size per modality
     etags: dict[int, dict[str, str]]  # the ETag each tar the task sent got at its put
     record: dict[int, str]  # the record that covers the shard (where it was read)
@@ -379,7 +379,8 @@ def coverage(plans: Sequence[Shard], recs: list[dict]) -> Coverage:
                 continue
             for i in range(start, stop):
                 cov.digests[i] = dict(r["digests"][str(i)])
-                cov.key_index_bytes[i] = int(r["key_index_bytes"][str(i)])
+                kib = r["key_index_bytes"][str(i)]  # None: left to a later step (any size)
+                cov.key_index_bytes[i] = None if kib is None else int(kib)
                 cov.tar_bytes[i] = dict(r["tar_sizes"][str(i)])
                 cov.etags[i] = dict(r.get("etags", {}).get(str(i)) or {})
                 cov.record[i] = str(r.get("path"))
@@ -446,12 +447,13 @@ def shard_objects(plan: Shard, key_index_bytes: object) -> dict[str, int]:
     return found
 
 
-def shard_homes(staged: Staged, plan: Shard, key_index_bytes: object) -> dict[str, dict[str, int]]:
-    """``shard_objects`` by the version whose folder holds them (``Staged.home``)."""
+def shard_homes(staged: Staged | None, plan: Shard, key_index_bytes: object) -> dict[str, dict[str, int]]:
+    """``shard_objects`` by the version whose folder holds them (``Staged.home``; a folder
+    output's, ``staged`` None: its one staging folder, "")."""
     found: dict[str, dict[str, int]] = {}
     index = key_index_rel(plan)
     for r, n in shard_objects(plan, key_index_bytes).items():
-        found.setdefault(staged.home(r != index), {})[r] = n
+        found.setdefault(staged.home(r != index) if staged is not None else "", {})[r] = n
     return found
 
 

@@ -7,8 +7,8 @@ lock; each touches only its own shards' files). For a bucket, each shard's tars 
 a scratch folder of the machine, hashed, checked (twin keys, size bound, key index: the checks
 run where the bytes are), sent to ``versions/<id>/`` (copied inside the bucket when the current
 version holds the same bytes) with the key index, then a per-shard marker; a killed task run
-again keeps every shard whose marker and objects are there. The record (for a bucket, with
-every shard's digests, sizes and check findings) comes last.
+again keeps every shard whose marker and objects are there. The record, with every shard's
+digests and sizes (a bucket's, also its check findings), comes last.
 
 A task that finds its own record for the same plan does nothing; one killed half way leaves only
 files under temporary names or complete files, and run again writes the same bytes.
@@ -22,7 +22,6 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from loader.formats.twin_tar import key_index_relpath
 from loader.formats.version_pointer import version_dir
 from loader.io.errors import ObjectNotFoundError
 from loader.io.s3_client import S3AccessError
@@ -38,10 +37,8 @@ from pid_platform.sharding.commit.verify_output import (
 )
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.intake.task import slice_bounds
-from pid_platform.sharding.layout import bucket_dir
 from pid_platform.sharding.pause_points import pause_point
 from pid_platform.sharding.plan.add_modality import load_plan_cut
-from pid_platform.sharding.plan.columnar import ShardRef
 from pid_platform.sharding.plan.plan_files import (
     iter_shard_range,
     load_shards,
@@ -54,10 +51,8 @@ from pid_platform.sharding.tasks.outcomes import (
     PLAN_ID,
     SHARD_DONE_POINT,
     TaskOutcome,
-    Unfinished,
     check_task,
     shard_done_point,
-    unfinished_write,
 )
 from pid_platform.sharding.tasks.published import current_manifests
 from pid_platform.sharding.tasks.records import (
@@ -67,8 +62,6 @@ from pid_platform.sharding.tasks.records import (
     read_record,
     record_name,
     record_path,
-    records,
-    tasks_dir,
     write_record,
 )
 from pid_platform.sharding.tasks.staging import (
@@ -86,22 +79,27 @@ from pid_platform.sharding.write.tar_digests import tar_digests
 from pid_platform.sharding.write.tars import (
     ShardResult,
     shard_files,
-    shard_up_to_date,
     write_shards,
 )
 
 
-def staged_results(staging: Path, *, plans: list[ShardRef] | None = None,
-                   ) -> tuple[ShardingConfig, list[ShardRef], list[ShardResult]]:
-    """The staged plan's shards as the write tasks left them: each shard's planned sizes, and
-    ``written`` where a write task's record for this plan says it wrote the shard (rather than
-    kept or hard-linked it). ``plans``: the staged plan's shards, when the caller has read them."""
-    config = pipeline.load_sharding_config(staging)
-    if plans is None:
-        plans = load_shards(staging, config)
-    plan_id = shards_identity(plans)
-    written = {i for r in records(staging, WRITE) if r.get(PLAN_ID) == plan_id for i in r.get("written", [])}
-    return config, plans, pipeline.planned_results(plans, written.__contains__)
+def shard_record(folder: Path, plan: ShardPlan, key_index: bool = True) -> dict:
+    """What a write task's record says of one shard whose tars are in ``folder``: their sha256
+    and sizes, and the size of its key index, written here from their headers (``key_index``;
+    else None: any size)."""
+    tars = tar_digests(folder, plan)
+    if key_index:
+        write_key_index_of(folder, plan)
+    return {"digest": plan.digest(), "tars": tars,
+            "key_index_bytes": (folder / key_index_rel(plan)).stat().st_size if key_index else None,
+            "bytes": {m: (folder / tar_rel(plan, m)).stat().st_size for m in plan.modalities}}
+
+
+def record_fields(found: dict[int, dict]) -> dict:
+    """A write record's per-shard fields (``staging.coverage`` reads them), by shard position."""
+    return {"digests": {str(i): m["tars"] for i, m in sorted(found.items())},
+            "key_index_bytes": {str(i): m["key_index_bytes"] for i, m in sorted(found.items())},
+            "tar_sizes": {str(i): m["bytes"] for i, m in sorted(found.items())}}
 
 
 def run_write_task(
@@ -109,10 +107,12 @@ def run_write_task(
     progress: Callable[[int, int], None] | None = None, key_indexes: bool = True,
     work_root: str | Path | None = None, repair: bool = False,
 ) -> TaskOutcome:
-    """Write task ``index`` of ``of``: its range of the staged plan's shards, then its record.
-    ``progress(done, total)`` after each of its shards is in place. ``key_indexes``: also each
-    shard's key index (the Dagster assets leave a folder's to ``key_indexes``, after the blocking
-    checks on the tars; a bucket's task checks and sends each shard's, where its bytes are).
+    """Write task ``index`` of ``of``: its range of the staged plan's shards (tars and key
+    indexes), then its record, naming each shard's tar digests and sizes and key index size
+    (``shard_record``), for a folder as for a bucket: the commit takes its checksums from them.
+    ``progress(done, total)`` after each of its shards is in place. ``key_indexes`` False (a
+    folder's Dagster steps): the key indexes are left to the ``key_indexes`` step, after the
+    blocking checks on the tars (a kept tar damaged in place fails its check, not this task).
     For a bucket: ``write_into_bucket`` (``work_root``, ``repair``).
 
     Takes no build lock: the write tasks of one plan run side by side, each writing only its own
@@ -133,15 +133,19 @@ def run_write_task(
     shards = load_shards(staged, config)
     plan_id = shards_identity(shards)
     rec = read_record(staged, WRITE, index, of)
-    if rec is not None and rec.get(PLAN_ID) == plan_id:
+    # A record of an older pid-shard (no digests) is not taken for done: its task runs again.
+    if rec is not None and rec.get(PLAN_ID) == plan_id and "digests" in rec:
         first, stop = rec["shards"]
         return TaskOutcome(WRITE, index, of, rec["path"], True, stop - first, first)
     staging = versions.begin(out)
     first, stop = slice_bounds(len(shards), index, of)
-    after = pipeline.after_shard(staging, key_indexes=key_indexes)
+    after = pipeline.after_shard(staging)
+    position = {(p.bucket, p.index): i for i, p in enumerate(shards)}
+    recorded: dict[int, dict] = {}  # shard position -> what its record says of it
 
     def then(plan: ShardPlan, result: ShardResult) -> None:
         after(plan, result)
+        recorded[position[(plan.bucket, plan.index)]] = shard_record(staging, plan, key_indexes)
         pause_point(SHARD_DONE_POINT)
         pause_point(shard_done_point(index, of))
 
@@ -151,54 +155,13 @@ def run_write_task(
     written = [first + i for i, r in enumerate(results) if r.written]
     # Last: the record says every output of these shards is in place.
     path = write_record(staging, WRITE, index, of, {
-        PLAN_ID: plan_id, "shards": [first, stop], "written": written,
+        PLAN_ID: plan_id, "shards": [first, stop], "written": written, **record_fields(recorded),
     })
     return TaskOutcome(WRITE, index, of, path, False, len(results), first, len(written), len(results) - len(written))
 
 
-def _shard_complete(staging: Path, plan: ShardRef, key_indexes: bool) -> bool:
-    key_index = bucket_dir(staging, plan.bucket) / key_index_relpath(plan.relpath)
-    return shard_up_to_date(staging, plan) and (not key_indexes or key_index.is_file())
-
-
-def unfinished_write_tasks(out: Path, *, key_indexes: bool = True, plans: list[ShardRef] | None = None,
-                           ) -> Unfinished | None:
-    """Why the staged plan of ``out`` cannot be committed yet (None: every write task is done).
-
-    Done means: every shard of the plan lies in the range of a write task's record for this plan,
-    and its tars match their stamps and (``key_indexes``) its key index exists. A record whose shards are not all
-    complete (a tar deleted since, or lost in a power cut after the record) is removed, so the
-    task runs again when started. ``plans``: the staged plan, when the caller has read it already.
-    """
-    staging = versions.staging_dir(out)
-    if plans is None:
-        plans = load_shards(staging, pipeline.load_sharding_config(staging))
-    plan_id = shards_identity(plans)
-    recs = [r for r in records(staging, WRITE) if r.get(PLAN_ID) == plan_id]
-    covered = [False] * len(plans)
-    damaged: list[dict] = []
-    for r in recs:
-        try:
-            start, stop = slice_bounds(len(plans), r["index"], r["of"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        if r.get("shards") != [start, stop]:
-            continue
-        if all(_shard_complete(staging, p, key_indexes) for p in plans[start:stop]):
-            covered[start:stop] = [True] * (stop - start)
-        else:
-            damaged.append(r)
-            Path(r["path"]).unlink(missing_ok=True)
-    missing = [i for i, c in enumerate(covered) if not c]
-    return unfinished_write(len(plans), {r["of"] for r in recs + damaged}, missing, str(tasks_dir(staging)),
-                            damaged=bool(damaged))
-
-
 # The checks a write task runs on each shard's tars before it sends them (``verify_output``).
 TWIN_KEYS, SIZE_BOUND, KEY_INDEX = "twin_keys", "size_bound", "key_index"
-
-
-SHARD_CHECKS = (TWIN_KEYS, SIZE_BOUND, KEY_INDEX)
 
 
 class _CurrentTars:
@@ -275,12 +238,9 @@ def write_into_bucket(
 
         def send(plan: ShardPlan, _result: ShardResult) -> None:
             i = position[id(plan)]
-            shas = tar_digests(scratch, plan)
-            write_key_index_of(scratch, plan)
-            index_rel = key_index_rel(plan)
-            marker = {"digest": plan.digest(), "tars": shas, "key_index_bytes": (scratch / index_rel).stat().st_size,
-                      "problems": _shard_problems(scratch, plan, config, cut.plan_modalities if cut else None),
-                      "bytes": {m: (scratch / tar_rel(plan, m)).stat().st_size for m in plan.modalities}, "etags": {}}
+            marker = {**shard_record(scratch, plan), "etags": {},
+                      "problems": _shard_problems(scratch, plan, config, cut.plan_modalities if cut else None)}
+            shas, index_rel = marker["tars"], key_index_rel(plan)
             try:
                 for m in plan.modalities:
                     rel_m, home = tar_rel(plan, m), staged.home(True)
@@ -355,10 +315,7 @@ def write_into_bucket(
         # Last: the record says every shard of the range is in the bucket, with each tar's sha256.
         path = write_record(kept, WRITE, index, of, {
             "plan_sha256": staged.plan_sha256, "version": staged.version, "shards": [first, stop], "written": sorted(sent),
-            "digests": {str(i): m["tars"] for i, m in sorted(found.items())},
-            "key_index_bytes": {str(i): m["key_index_bytes"] for i, m in sorted(found.items())},
-            "tar_sizes": {str(i): m["bytes"] for i, m in sorted(found.items())},
-            "etags": {str(i): m.get("etags", {}) for i, m in sorted(found.items())},
+            **record_fields(found), "etags": {str(i): m.get("etags", {}) for i, m in sorted(found.items())},
             "problems": {str(i): m.get("problems", {}) for i, m in sorted(found.items())},
         })
         shutil.rmtree(scratch, ignore_errors=True)
