@@ -298,19 +298,17 @@ def run_write_task(
     """
     check_task(index, of)
     what = f"write task {index} of {of}"
-    target: WriteTarget
+    target: WriteTarget | None
     if isinstance(out, S3Output):
         staged = staged_or_refuse(out, what)
-        if staged is None:
-            return TaskOutcome(WRITE, index, of, bucket_staging(out).url(record_name(WRITE, index, of)), True,
-                               nothing_staged=True)
-        target = BucketTarget(out, staged, index, of, work_root, repair)
+        target = None if staged is None else BucketTarget(out, staged, index, of, work_root, repair)
+        where = bucket_staging(out).url(record_name(WRITE, index, of))
     else:
         found = staged_folder_plan(Path(out), what)
-        if found is None:
-            return TaskOutcome(WRITE, index, of, str(record_path(versions.staging_dir(Path(out)), WRITE, index, of)),
-                               True, nothing_staged=True)
-        target = FolderTarget(Path(out), found[0], key_indexes)
+        target = None if found is None else FolderTarget(Path(out), found[0], key_indexes)
+        where = str(record_path(versions.staging_dir(Path(out)), WRITE, index, of))
+    if target is None:
+        return TaskOutcome(WRITE, index, of, where, True, nothing_staged=True)
     rec = read_record(target.records, WRITE, index, of)
     # A record of an older pid-shard (no digests) is not taken for done: its task runs again.
     if rec is not None and all(rec.get(k) == v for k, v in target.identity.items()) and "digests" in rec:
