@@ -19,7 +19,6 @@ import pyarrow as pa
 
 from loader.formats.atomic import atomic_write_bytes
 from loader.formats.errors import FormatError
-from loader.formats.twin_tar import tar_path
 from pid_platform.sharding.commit import versions
 from pid_platform.sharding.commit.manifests import (
     write_key_indexes,
@@ -38,7 +37,6 @@ from pid_platform.sharding.intake.task import IntakeReport, intake
 from pid_platform.sharding.layout import final_dir
 from pid_platform.sharding.output_lock import build_lock
 from pid_platform.sharding.plan.add_modality import (
-    load_plan_cut,
     may_extend,
     plan_build,
     save_plan_cut,
@@ -47,7 +45,6 @@ from pid_platform.sharding.plan.columnar import Shard, ShardRef
 from pid_platform.sharding.plan.plan_files import (
     PLAN,
     iter_shard_plans,
-    iter_shard_range,
     load_shards,
     write_cut,
     write_planned,
@@ -62,9 +59,7 @@ from pid_platform.sharding.plan.tables import (
 from pid_platform.sharding.state_doc import load_state_doc
 from pid_platform.sharding.storage import SourceStore
 from pid_platform.sharding.tasks.records import intake_parts
-from pid_platform.sharding.write.early_sync import sync_soon
-from pid_platform.sharding.write.tar_digests import tar_digests
-from pid_platform.sharding.write.tars import AfterShard, ShardResult, write_shards
+from pid_platform.sharding.write.tars import ShardResult
 
 F = TypeVar("F", bound=Callable)
 
@@ -224,45 +219,15 @@ def stage_plan_files(store: SourceStore, source: str, out: Path, config: Shardin
 def run_sharding(store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int,
                  progress: Callable[[int, int], None] | None = None) -> tuple[list[ShardRef], list[ShardResult]]:
     """Plan the staged samples (``stage_plan_files``), then write every planned shard's tars as
-    write task 0 of 1 does (``write_range``), without key indexes (``run_key_indexes``) or record."""
-    staging = versions.begin(out)
+    write task 0 of 1 does (``tasks.write.write_range``), without key indexes (``run_key_indexes``)
+    or record."""
+    from pid_platform.sharding.tasks.write import FolderTarget, write_range
+
     shards = stage_plan_files(store, source, out, config)
-    return shards, write_range(store, source, out, config, shards, 0, len(shards), num_workers=num_workers,
-                               progress=progress, then=after_shard(staging))
-
-
-def write_range(store: SourceStore, source: str, out: Path, config: ShardingConfig, shards: Sequence[ShardRef],
-                first: int, stop: int, *, num_workers: int, progress: Callable[[int, int], None] | None,
-                then: AfterShard) -> list[ShardResult]:
-    """Shards ``first`` .. ``stop`` of the plan staged for ``out`` into its staging folder,
-    hard-linking those ``out`` already holds, a row group of the plan at a time
-    (``plan_files.iter_shard_range``): the writer holds one row group's samples as objects.
-    ``progress(done, total)`` after each shard; ``then`` on the worker once its tars are in place."""
-    staging = versions.staging_dir(out)
-    cut = load_plan_cut(staging)
-    done = iter(range(1, stop - first + 1))
-    step = (lambda _result: progress(next(done), stop - first)) if progress else None
-    results: list[ShardResult] = []
-    for batch in iter_shard_range(staging, config, shards, first, stop):
-        results += write_shards(store, source, staging, batch, previous=final_dir(out), num_workers=num_workers,
-                                progress=step, then=then, reuse=cut.reused_modalities if cut else None)
-    return results
-
-
-def after_shard(staging: Path) -> AfterShard:
-    """What each writer worker does with a shard once its tars are in place."""
-
-    def then(plan: ShardPlan, result: ShardResult) -> None:
-        if result.written:
-            # The disk starts on these bytes now, while later shards are written; the commit's
-            # fsync of the whole staging folder stays the guarantee (``early_sync``).
-            for m in plan.modalities:
-                sync_soon(tar_path(staging, plan.bucket, m, plan.relpath))
-        # Hashed while the bytes are in the page cache and the other workers copy: the manifests
-        # step finds every digest cached instead of reading all tars once more at the end.
-        tar_digests(staging, plan)
-
-    return then
+    target = FolderTarget(out, versions.staging_dir(out), key_indexes=False)
+    _found, written = write_range(store, source, target, shards, 0, len(shards), num_workers=num_workers,
+                                  progress=progress)
+    return shards, planned_results(shards, set(written).__contains__)
 
 
 def save_sharding_config(folder: Path, config: ShardingConfig) -> Path:

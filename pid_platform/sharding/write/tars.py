@@ -66,15 +66,6 @@ def _write_stamp(folder: Path, plan: ShardPlan) -> None:
 AfterShard = Callable[[ShardPlan, ShardResult], object]
 
 
-def _write_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan, tuple[str, ...] | None,
-                            AfterShard | None]) -> ShardResult:
-    *job, then = args
-    result = _shard_one(tuple(job))  # type: ignore[arg-type]
-    if then is not None:
-        then(job[4], result)
-    return result
-
-
 def _carry_digests(previous: Path, base: ShardPlan, out: Path, plan: ShardPlan) -> None:
     """The checksums ``previous`` cached for ``base``'s tars, as cache entries of ``plan`` in
     ``out`` (the same files, hard-linked): the reused tars are not read again to hash them."""
@@ -108,8 +99,8 @@ def _write_tars(store: SourceStore, source: str, out: Path, plan: ShardPlan, mod
         write_tar(tar_path(out, plan.bucket, m, plan.relpath), members, durable=False)
 
 
-def _shard_one(args: tuple[SourceStore, str, Path, Path | None, ShardPlan, tuple[str, ...] | None]) -> ShardResult:
-    store, source, out, previous, plan, reuse = args
+def _shard_one(store: SourceStore, source: str, out: Path, previous: Path | None, plan: ShardPlan,
+               reuse: tuple[str, ...] | None) -> ShardResult:
     sizes = {m: plan.tar_bytes(m) for m in plan.modalities}
     result = ShardResult(plan.bucket, plan.index, plan.relpath, len(plan.samples), sizes, False)
     if shard_up_to_date(out, plan):  # written by an earlier, unfinished run of this build
@@ -195,9 +186,15 @@ def write_shards(
     order = list(range(len(plans)))
     if num_workers > 1:
         order.sort(key=lambda i: (-plans[i].total_bytes, i))
+
+    def one(plan: ShardPlan) -> ShardResult:
+        result = _shard_one(store, source, out, previous, plan, reuse)
+        if then is not None:
+            then(plan, result)
+        return result
+
     results: list[ShardResult | None] = [None] * len(plans)
-    jobs = [(store, source, out, previous, plans[i], reuse, then) for i in order]
-    for i, res in zip(order, ordered_map(_write_one, jobs, num_workers, threads=True), strict=True):
+    for i, res in zip(order, ordered_map(one, [plans[i] for i in order], num_workers, threads=True), strict=True):
         results[i] = res
         if progress is not None:
             progress(res)
