@@ -31,7 +31,7 @@ from loader.formats.wdinfo import (
 )
 from pid_platform.sharding.layout import STATE_DIR, bucket_dir
 from pid_platform.sharding.parallel import ordered_map
-from pid_platform.sharding.plan.columnar import Shard, ShardRef, read_shard_refs, read_shards_file
+from pid_platform.sharding.plan.columnar import Shard
 from pid_platform.sharding.plan.shard_plan import ShardPlan
 from pid_platform.sharding.state_doc import load_state_doc
 from pid_platform.sharding.write.tar_digests import tar_digests
@@ -142,18 +142,6 @@ def write_manifests(out: Path, source: str, plans: Sequence[Shard], num_workers:
         path = write_wdinfo(bucket_dir(out, bucket), manifest)
         written.append(BucketManifest(bucket, path, manifest))
     return written
-
-
-def write_manifests_from_plan(out: Path, source: str, plan_path: Path, part_size: int, num_workers: int = 1,
-                              root_base: str | None = None, *, tar_sha256: TarSha256 | None = None,
-                              shards_path: Path | None = None) -> tuple[list[ShardRef], list[BucketManifest]]:
-    """:func:`write_manifests` for the shards of a plan.parquet, read in batches (no sample is
-    ever one Python object); returns the shards too, for ``remove_unplanned`` and ``save_outputs``.
-    ``shards_path``: the shards.parquet written with the plan (``columnar.write_plan_file``), one
-    row per shard, read instead of every sample of the plan."""
-    shards = (read_shard_refs(plan_path, part_size) if shards_path is None
-              else read_shards_file(shards_path, plan_path, part_size))
-    return shards, write_manifests(out, source, shards, num_workers, root_base, tar_sha256=tar_sha256)
 
 
 def is_build_output(out: Path, path: Path) -> bool:
