@@ -255,21 +255,16 @@ def checksums_of(manifests: dict[str, bytes]) -> dict[str, str]:
     return {os.path.normpath(k): v for k, v in found.items()}
 
 
-def damaged_objects(output: S3Output, version: str, expected: dict[str, int]) -> list[str]:
-    """The objects of ``version`` missing from the bucket or of another size than ``expected``
-    (one listing, nothing downloaded), sorted."""
-    there = list_sizes(output, version_dir(version))
-    return [rel for rel, size in sorted(expected.items()) if there.get(rel) != size]
-
-
 def verify_before_switch(output: S3Output, version: str, expected: dict[str, int]) -> None:
+    """Refuse the switch when an object of ``version`` is missing from the bucket or of another
+    size than ``expected`` (one listing, nothing downloaded)."""
     try:
-        bad = damaged_objects(output, version, expected)
+        there = list_sizes(output, version_dir(version))
     except S3AccessError as exc:
         raise VersionIncompleteError(f"{exc} (checking version {version} before the pointer switch: the bucket "
                                      "was deleted during the build?); the pointer was not changed") from None
+    bad = [rel for rel, size in sorted(expected.items()) if there.get(rel) != size]
     if bad:
-        there = list_sizes(output, version_dir(version))
         raise VersionIncompleteError(
             f"{output}/{version_dir(version)}: {len(bad)} of its {len(expected)} objects are missing or of the "
             f"wrong size after the upload (e.g. {bad[0]}: {there.get(bad[0], 'missing')}, expected "
