@@ -415,7 +415,7 @@ def cleanup_versions(output: S3Output, *, grace_s: float = DEFAULT_GRACE_S,
                 continue
             claim.check()
             pause_point("cleanup:deleting")
-            report.objects_deleted += _delete_prefix(output, version_dir(vid))
+            report.objects_deleted += delete_prefix(output, version_dir(vid))
             report.removed.append(vid)
     _forget_removed(output, report.removed)
     report.claims_expired = remove_expired(output, now=now)
@@ -431,5 +431,7 @@ def _forget_removed(output: S3Output, removed: list[str]) -> None:
     put_pointer(output, replace(pointer, retired=left), etag)  # refused: the next cleanup forgets them
 
 
-def _delete_prefix(output: S3Output, rel_prefix: str) -> int:
-    return output.store().delete_many(output.key(rel_prefix, rel) for rel in list_sizes(output, rel_prefix))
+def delete_prefix(output: S3Output, rel_prefix: str) -> int:
+    """Delete every object under ``output/rel_prefix/`` (listed whole first); returns how many."""
+    store = output.store()
+    return store.delete_many([o.key for o in store.list(output.key(rel_prefix) + "/")])

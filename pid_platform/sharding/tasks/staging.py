@@ -459,7 +459,6 @@ def shard_homes(staged: Staged | None, plan: Shard, key_index_bytes: object) -> 
 
 def delete_staged(output: S3Output) -> None:
     bucket_staging(output).delete(STAGED_NAME, INTAKE_NAME)  # first: no task takes the rest
-    store = output.store()
-    store.delete_many(o.key for o in store.list(output.key(STAGED) + "/"))
+    s3_output.delete_prefix(output, STAGED)
 
 
