@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loader.formats.twin_tar import key_index_relpath, tar_path
+from loader.formats.twin_tar import file_sha256, key_index_relpath, tar_path
 from loader.io.errors import ObjectNotFoundError, PreconditionFailedError
 from loader.io.s3_client import S3AccessError
 from pid_platform.sharding import pipeline
@@ -138,13 +138,9 @@ def shard_marker(plan: Shard) -> str:
     return f"shards/{plan.bucket or '_flat'}/{plan.index:06d}.json"
 
 
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def push_files(output: S3Output, folder: Path, names: tuple[str, ...], under: str, what: str) -> dict[str, str]:
     """``folder``'s files among ``names`` to ``staged/<under>/``; name -> sha256 of each sent."""
-    sent = {n: _sha(folder / n) for n in names if (folder / n).is_file()}
+    sent = {n: file_sha256(folder / n) for n in names if (folder / n).is_file()}
     for n in sorted(sent):
         bucket_staging(output).put(f"{under}/{n}", folder / n, what)
     return sent
@@ -156,7 +152,7 @@ def pull_files(output: S3Output, files: dict[str, str], under: str, folder: Path
     folder.mkdir(parents=True, exist_ok=True)
     for name, sha in sorted(files.items()):
         path = folder / name
-        if path.is_file() and _sha(path) == sha:
+        if path.is_file() and file_sha256(path) == sha:
             continue
         data = bucket_staging(output).get(f"{under}/{name}")
         if data is None or hashlib.sha256(data).hexdigest() != sha:
