@@ -67,8 +67,6 @@ STAGED_PLAN_FORMAT = 2
 # A version id as ``s3_output.version_id`` and ``in_place.InPlace.version_id`` make them (hex):
 # staged.json is read from the bucket, and a version id becomes a folder name.
 VERSION_ID = re.compile(r"[0-9a-f]{8,64}")
-# What the write tasks and the commit read of the plan's state (VERSION_INPUTS, how the samples
-# were validated, and the listing's fingerprint the committed build reports).
 # What an intake leaves beside a build: a plan on another machine cuts the samples from it.
 INTAKE_STATE = (SAMPLES, REPORT, INTAKE_SETTINGS, CACHE_NAME, FINGERPRINT)
 # What the commit carries into the version (``s3_output.CARRIED_STATE``) or reports, beside the plan.
