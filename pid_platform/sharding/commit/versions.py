@@ -88,10 +88,10 @@ def recover(out: str | os.PathLike[str]) -> None:
     if not final.exists():
         if (staging / STATE_DIR / COMMITTING).is_file():
             os.rename(staging, final)  # S was complete: finish the swap
-            _fsync_dir(final.parent)
+            _fsync(final.parent)
         elif old.exists():
             os.rename(old, final)  # S was not complete: put the previous version back
-            _fsync_dir(final.parent)
+            _fsync(final.parent)
             return
         else:
             return
@@ -131,7 +131,7 @@ def commit(out: str | os.PathLike[str]) -> list[Path]:
     if final.exists():
         os.rename(final, old)
     os.rename(staging, final)
-    _fsync_dir(final.parent)
+    _fsync(final.parent)
     _finish(final, old)
     return removed
 
@@ -277,17 +277,13 @@ def _fsync_tree(root: Path) -> None:
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
             p = os.path.join(dirpath, name)
-            if os.path.islink(p):
-                continue
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(dirpath))
+            if not os.path.islink(p):
+                _fsync(p)
+        _fsync(dirpath)
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync(path: str | os.PathLike[str]) -> None:
+    """fsync a file or a folder (its entries: a rename in it is durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
