@@ -155,12 +155,9 @@ def plan_in_folder(
     # The intake's samples, an object each, go before the plan is cut from the table it wrote:
     # the plan step's peak is the larger of the two, not their sum.
     del result
-    if up_to_date:
-        plans = load_shards(final_dir(out), pipeline.load_sharding_config(final_dir(out)))
-        return PlanOutcome(out, r, len(plans), r.samples, True, r.files_validated, r.outcomes_reused,
-                           dict(Counter(p.bucket for p in plans)), damaged)
-    plans = pipeline.stage_plan_files(store, source, out, config, committed)
-    return PlanOutcome(out, r, len(plans), r.samples, False, r.files_validated, r.outcomes_reused,
+    plans = (load_shards(final_dir(out), pipeline.load_sharding_config(final_dir(out))) if up_to_date
+             else pipeline.stage_plan_files(store, source, out, config, committed))
+    return PlanOutcome(out, r, len(plans), r.samples, up_to_date, r.files_validated, r.outcomes_reused,
                        dict(Counter(p.bucket for p in plans)), damaged)
 
 
