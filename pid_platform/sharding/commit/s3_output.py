@@ -149,9 +149,7 @@ def check_writable(output: S3Output) -> None:
 def get_bytes(output: S3Output, rel: str) -> bytes | None:
     """The object at ``output/rel``, or ``None`` when there is none."""
     try:
-        return output.store().get(output.key(rel))
-    except ObjectNotFoundError:
-        return None
+        return output.store().get_or_none(output.key(rel))
     except S3AccessError as exc:
         raise BuildError(str(exc)) from None
 
