@@ -89,13 +89,6 @@ def write_key_indexes(out: Path, plans: list[ShardPlan], num_workers: int = 1) -
 TarSha256 = Callable[[Path, Shard], dict[str, str]]
 
 
-def _hash_one(args: tuple[Path, Shard, TarSha256]) -> dict[str, str]:
-    # Hashing every tar again on each run is the slowest part of a no-op rebuild, and the
-    # writer hashed each tar it wrote already: the cache answers for all but tars changed since.
-    out, plan, sha = args
-    return sha(out, plan)
-
-
 @dataclass(frozen=True)
 class BucketManifest:
     bucket: str
@@ -119,9 +112,11 @@ def write_manifests(out: Path, source: str, plans: Sequence[Shard], num_workers:
     ``key_index_present(path)``: whether a shard's key index is there (an S3 commit, whose write
     tasks uploaded the key indexes, checks them in the bucket listing instead).
     """
+    # Hashing every tar again on each run is the slowest part of a no-op rebuild, and the
+    # writer hashed each tar it wrote already: the cache answers for all but tars changed since.
     sha = tar_digests if tar_sha256 is None else tar_sha256
     chunk_size = derive_chunk_size([p.count for p in plans])
-    shas = list(ordered_map(_hash_one, [(out, p, sha) for p in plans], num_workers, threads=True))
+    shas = list(ordered_map(lambda p: sha(out, p), plans, num_workers, threads=True))
     by_bucket: dict[str, list[tuple[Shard, dict[str, str]]]] = defaultdict(list)
     for p, digests in zip(plans, shas, strict=True):
         by_bucket[p.bucket].append((p, digests))
