@@ -279,13 +279,11 @@ def _stage_in_bucket(output: S3Output, folder: Path, source: str, seen: SeenPoin
     check_held(output)  # before the first object of the staging changes
     clear_records(bucket_staging(output), WRITE)
     if in_place is None:
-        return staging.stage_plan_state(output, folder, source, seen, version=vid,
-                                        before_marker=lambda: check_held(output))
+        return staging.stage_plan_state(output, folder, source, seen, vid, lambda: check_held(output))
     if in_place.placed and s3_output.get_bytes(output, f"{version_dir(vid)}/{MARKER}") is None:
         bucket_staging(output, "").put(f"{version_dir(vid)}/{MARKER}", in_place.marker(), "staging the plan")
-    return staging.stage_plan_state(output, folder, source, seen, version=vid, base=in_place.base,
-                                    reused=load_plan_cut(folder).reused_modalities,
-                                    before_marker=lambda: check_held(output))
+    return staging.stage_plan_state(output, folder, source, seen, vid, lambda: check_held(output),
+                                    base=in_place.base, reused=load_plan_cut(folder).reused_modalities)
 
 
 def plan_in_bucket(

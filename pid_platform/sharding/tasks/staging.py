@@ -231,13 +231,13 @@ def leftovers(output: S3Output) -> list[str]:
     return found
 
 
-def stage_plan_state(output: S3Output, folder: Path, source: str, seen: SeenPointer, *,
-                     version: str | None = None, base: str | None = None, reused: tuple[str, ...] = (),
-                     before_marker: Callable[[], None] = lambda: None) -> Staged:
+def stage_plan_state(output: S3Output, folder: Path, source: str, seen: SeenPointer, version: str,
+                     before_marker: Callable[[], None], *, base: str | None = None,
+                     reused: tuple[str, ...] = ()) -> Staged:
     """The plan staged in ``folder`` (a local staging or committed folder) into the bucket, for
     the write tasks and the commit on other machines; ``staged.json`` last. ``seen``: the pointer
-    the plan was cut against. ``version``, ``base`` and ``reused``: a version published in place
-    (``Staged``; default: one of its own). ``before_marker`` runs right before ``staged.json``
+    the plan was cut against; ``version``: the one it builds. ``base`` and ``reused``: a version
+    published in place (``Staged``). ``before_marker`` runs right before ``staged.json``
     is written (the lease check: a plan that lost its lease stages nothing a task would take)."""
     # First a mark that a plan is being staged (so a plan killed from here on leaves ``staged/``
     # not empty: the tasks refuse rather than find the output up to date), then the replaced
@@ -252,8 +252,7 @@ def stage_plan_state(output: S3Output, folder: Path, source: str, seen: SeenPoin
     except (ObjectNotFoundError, S3AccessError) as exc:
         raise StagedStateError(f"{exc} (staging the plan: the staged plan.parquet is gone; another build of this "
                                "output is staging anew?)") from None
-    staged = Staged(version or s3_output.version_id(folder), state[PLAN], source, state, base, reused, seen,
-                    plan_etag)
+    staged = Staged(version, state[PLAN], source, state, base, reused, seen, plan_etag)
     before_marker()
     store.put(STAGED_NAME, staged.to_bytes(), "staging the plan")
     return staged
