@@ -205,11 +205,7 @@ class PublishedVersion:
     version: str
     previous: str | None
     uploaded: int = 0   # objects sent
-    copied: int = 0     # tars copied inside the bucket from the previous version
-    kept: int = 0       # objects an interrupted publish of this version had already sent
     unchanged: bool = False  # the pointer already named this version
-    repaired: int = 0   # objects of the current version that were missing or of the wrong size, sent again
-    in_place: int = 0   # tars left where an earlier version wrote them (``in_place.py``): no request at all
 
     @property
     def url(self) -> str:
