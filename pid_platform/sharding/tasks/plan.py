@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import shutil
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -79,7 +78,7 @@ from pid_platform.sharding.tasks.staging import (
 def run_intake_task(
     store: SourceStore, source: str, out: Path | S3Output, index: int, of: int, *, trust_pickle: bool = False,
     num_workers: int = 1, validate: str = VALIDATE_FULL, revalidate: bool = False, force: bool = False,
-    progress: Callable | None = None, work_root: str | Path | None = None,
+    work_root: str | Path | None = None,
 ) -> TaskOutcome:
     """Intake task ``index`` of ``of``: the outcomes of its slice's files, then its record, in
     the staging of ``out``; for a bucket, worked out in a scratch folder of this machine (in
@@ -99,7 +98,7 @@ def run_intake_task(
     caches = [state_dir(final_dir(work)) / CACHE_NAME, state_dir(staging) / CACHE_NAME]
     cache = IntakeCache(validate) if revalidate else IntakeCache.load(caches, validate)
     part = intake_slice(store, source, index, of, trust_pickle=trust_pickle, num_workers=num_workers,
-                        validate=validate, cache=cache, progress=progress)
+                        validate=validate, cache=cache)
     part.outcomes.save(intake_part_path(staging, index, of))
     what = f"intake task {index} of {of}"
     if on_s3:
@@ -134,7 +133,7 @@ def run_plan(
 def plan_in_folder(
     store: SourceStore, source: str, out: Path, config: ShardingConfig, *, trust_pickle: bool = False,
     num_workers: int = 1, force: bool = False, validate: str = VALIDATE_FULL, revalidate: bool = False,
-    progress: Callable | None = None, committed: Path | None = None, repair: bool = False,
+    committed: Path | None = None, repair: bool = False,
 ) -> PlanOutcome:
     """The plan of a build: the intake over the whole source (validating only what neither the
     caches nor the intake tasks vouch for), then ``plan.parquet`` and ``sharding.json``.
@@ -149,8 +148,7 @@ def plan_in_folder(
     out = Path(out)
     damaged = forget_damaged_shards(out) if repair else 0
     result = pipeline.run_intake(store, source, out, config, trust_pickle=trust_pickle, num_workers=num_workers,
-                                 progress=progress, force=force, validate=validate, revalidate=revalidate,
-                                 stop_if_up_to_date=True)
+                                 force=force, validate=validate, revalidate=revalidate, stop_if_up_to_date=True)
     r, up_to_date = result.report, result.up_to_date
     # The intake's samples, an object each, go before the plan is cut from the table it wrote:
     # the plan step's peak is the larger of the two, not their sum.
