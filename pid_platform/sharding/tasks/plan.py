@@ -120,8 +120,7 @@ def run_plan(
     validate: str = VALIDATE_FULL, revalidate: bool = False, repair: bool = False,
 ) -> PlanOutcome:
     """The plan of a build of ``out``, staged for the write tasks: beside a folder
-    (``plan_in_folder``), or in the bucket (``plan_in_bucket``; its version in
-    ``PlanOutcome.version``, None and ``up_to_date`` when the pointer already serves it)."""
+    (``plan_in_folder``), or in the bucket (``plan_in_bucket``)."""
     settings = dict(trust_pickle=trust_pickle, num_workers=num_workers, force=force, validate=validate,
                     revalidate=revalidate, repair=repair)
     if isinstance(out, S3Output):
@@ -312,10 +311,8 @@ def stage_plan_in_bucket(store: SourceStore, source: str, output: S3Output, work
                          config: ShardingConfig) -> tuple[list[ShardRef], str]:
     """The Dagster ``plan`` step of an s3 output: the samples staged in this machine's work
     folder (``staging.pull_staged_intake``, or the committed ones copied there), cut with ``config``
-    and staged in the bucket for the write tasks; ``(shards, version)``. Earlier write records
-    are forgotten, so this run's tasks report what they did themselves (every shard still in
-    the bucket is kept). It holds the build lease as ``pid-shard plan`` does, and checks it right
-    before it stages (``_stage_in_bucket``): a step that lost it stages nothing."""
+    and staged in the bucket for the write tasks (``_stage_in_bucket``, holding the build lease as
+    ``pid-shard plan`` does); ``(shards, version)``."""
     with build_lease(output):
         seen = seen_pointer(output)
         committed = pull_committed_plan(output, beside(work, "committed"))
