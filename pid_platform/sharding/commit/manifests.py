@@ -139,15 +139,6 @@ def write_manifests(out: Path, source: str, plans: Sequence[Shard], num_workers:
     return written
 
 
-def is_build_output(out: Path, path: Path) -> bool:
-    """Whether ``path`` is a tar, key index or manifest of the layout a build writes under ``out``."""
-    try:
-        rel = path.relative_to(out).as_posix()
-    except ValueError:
-        return False
-    return BUILD_OUTPUT_PATH.match(rel) is not None
-
-
 def remove_unplanned(out: Path, plans: Sequence[Shard]) -> list[Path]:
     """Delete outputs no plan names: in the staging folder, those an earlier, unfinished build
     with another sharding left there, so the published version holds only what it lists.

@@ -19,7 +19,8 @@ import shutil
 from pathlib import Path
 
 from loader.formats.atomic import atomic_write_bytes, is_temp_file, temp_name
-from pid_platform.sharding.commit.manifests import is_build_output, listed_outputs
+from loader.formats.layout import BUILD_OUTPUT_PATH
+from pid_platform.sharding.commit.manifests import listed_outputs
 from pid_platform.sharding.errors import BuildError, ForeignOutputError, OutputNotWritableError
 from pid_platform.sharding.layout import PROBE_PREFIX, STATE_DIR, ensure_writable, final_dir
 
@@ -198,7 +199,7 @@ def _build_files(root: Path) -> list[Path]:
         d = Path(dirpath)
         if d == root:
             dirs[:] = [x for x in dirs if x != STATE_DIR]
-        found += [(d / f).relative_to(root) for f in files if is_build_output(root, d / f)]
+        found += [r for r in ((d / f).relative_to(root) for f in files) if BUILD_OUTPUT_PATH.match(r.as_posix())]
     return found
 
 
