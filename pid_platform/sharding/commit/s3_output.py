@@ -33,7 +33,6 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from loader.formats.errors import FormatError
 from loader.formats.twin_tar import tar_path
@@ -230,23 +229,18 @@ def version_id(staging: Path) -> str:
     return h.hexdigest()[:20]
 
 
-def _tar_checksums(manifest_dir: str, doc: dict[str, Any], origin: str) -> dict[str, str]:
-    """Path of each tar (relative to the version folder) -> its checksum, from one manifest."""
-    cols = check_wdinfo(doc, origin)
-    out: dict[str, str] = {}
-    for m in cols.data_keys:
-        for path, sha in zip(cols.data_list, cols.tar_sha256.get(m) or [], strict=False):
-            if sha and (cols.root == "." or sibling_version(cols.root)):  # a sibling: the same paths there
-                out[tar_path(Path(manifest_dir), "", m, path).as_posix()] = sha
-    return out
-
-
 def checksums_of(manifests: dict[str, bytes]) -> dict[str, str]:
+    """Path of each tar (relative to the version folder) -> its checksum, from a version's
+    manifests (path -> bytes)."""
     found: dict[str, str] = {}
     for rel, data in manifests.items():
-        manifest_dir = rel.rpartition("/")[0] or "."
-        found.update(_tar_checksums(manifest_dir, load_state_doc(data, rel), rel))
-    return {os.path.normpath(k): v for k, v in found.items()}
+        cols = check_wdinfo(load_state_doc(data, rel), rel)
+        manifest_dir = Path(rel.rpartition("/")[0] or ".")
+        for m in cols.data_keys:
+            for path, sha in zip(cols.data_list, cols.tar_sha256.get(m) or [], strict=False):
+                if sha and (cols.root == "." or sibling_version(cols.root)):  # a sibling: the same paths there
+                    found[os.path.normpath(tar_path(manifest_dir, "", m, path).as_posix())] = sha
+    return found
 
 
 def verify_before_switch(output: S3Output, version: str, expected: dict[str, int]) -> None:
