@@ -66,11 +66,6 @@ def home_of(current: VersionPointer, docs: dict[str, bytes]) -> str | None:
     return homes.pop() if len(homes) == 1 and None not in homes else None
 
 
-def _modalities_listed(manifests: dict[str, bytes]) -> set[str]:
-    """Every modality the manifests list."""
-    return {m for rel, data in manifests.items() for m in check_wdinfo(load_state_doc(data, rel), rel).data_keys}
-
-
 def published_manifests(staged: dict[str, bytes], base: str) -> dict[str, bytes]:
     """The staged manifests (path -> bytes, root ".") as a version published in place over
     ``base``'s folder publishes them: their roots name that folder."""
@@ -103,7 +98,7 @@ def decide_in_place(current: VersionPointer | None, old_docs: dict[str, bytes], 
     base = home_of(current, old_docs)
     if base is None:
         return None
-    listed = _modalities_listed(old_docs)
+    listed = {m for rel, data in old_docs.items() for m in check_wdinfo(load_state_doc(data, rel), rel).data_keys}
     placed = frozenset(rel for rel in modality_of if rel not in reused)
     if any(modality_of[rel] in listed for rel in placed):
         return None  # a changed tar of a modality the base lists: never overwritten under its readers
