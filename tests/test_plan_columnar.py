@@ -26,7 +26,7 @@ from loader.formats.twin_tar import (
     shard_relpath,
 )
 from loader.formats.wdinfo import read_wdinfo
-from pid_platform.sharding.commit.manifests import write_manifests, write_manifests_from_plan
+from pid_platform.sharding.commit.manifests import write_manifests
 from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.intake.task import Sample
 from pid_platform.sharding.layout import STATE_DIR, bucket_dir
@@ -219,8 +219,8 @@ def test_the_commit_reads_shards_from_the_plan_file_as_the_object_plan_has_them(
             (bucket_dir(out, p.bucket) / key_index_relpath(p.relpath)).parent.mkdir(parents=True, exist_ok=True)
             (bucket_dir(out, p.bucket) / key_index_relpath(p.relpath)).touch()
     a = write_manifests(objects, "src", plans, root_base="s3://b/p", tar_sha256=_digest_sha)
-    _, b = write_manifests_from_plan(columns, "src", tmp_path / "plan.parquet", config.part_size,
-                                     root_base="s3://b/p", tar_sha256=_digest_sha)
+    b = write_manifests(columns, "src", read_shard_refs(tmp_path / "plan.parquet", config.part_size),
+                        root_base="s3://b/p", tar_sha256=_digest_sha)
     assert [m.bucket for m in a] == [m.bucket for m in b]
     for x, y in zip(a, b, strict=True):
         assert x.path.read_bytes() == y.path.read_bytes()

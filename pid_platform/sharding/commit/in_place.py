@@ -66,23 +66,15 @@ def home_of(current: VersionPointer, docs: dict[str, bytes]) -> str | None:
     return homes.pop() if len(homes) == 1 and None not in homes else None
 
 
-def _modalities_listed(manifests: dict[str, bytes]) -> set[str]:
-    """Every modality the manifests list."""
-    return {m for rel, data in manifests.items() for m in check_wdinfo(load_state_doc(data, rel), rel).data_keys}
-
-
-def _published_manifest(data: bytes, rel: str, base: str) -> bytes:
-    doc = load_state_doc(data, rel)
-    leaf = rel.rpartition("/")[0]
-    doc = {**doc, "root": sibling_root(base, leaf)}
-    check_wdinfo(doc, rel)
-    return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
-
-
 def published_manifests(staged: dict[str, bytes], base: str) -> dict[str, bytes]:
     """The staged manifests (path -> bytes, root ".") as a version published in place over
     ``base``'s folder publishes them: their roots name that folder."""
-    return {m: _published_manifest(data, m, base) for m, data in staged.items()}
+    found = {}
+    for rel, data in staged.items():
+        doc = {**load_state_doc(data, rel), "root": sibling_root(base, rel.rpartition("/")[0])}
+        check_wdinfo(doc, rel)
+        found[rel] = json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+    return found
 
 
 def free_to_place(vid: str, base: str, placed: frozenset[str], read: Callable[[str], bytes | None],
@@ -106,7 +98,7 @@ def decide_in_place(current: VersionPointer | None, old_docs: dict[str, bytes], 
     base = home_of(current, old_docs)
     if base is None:
         return None
-    listed = _modalities_listed(old_docs)
+    listed = {m for rel, data in old_docs.items() for m in check_wdinfo(load_state_doc(data, rel), rel).data_keys}
     placed = frozenset(rel for rel in modality_of if rel not in reused)
     if any(modality_of[rel] in listed for rel in placed):
         return None  # a changed tar of a modality the base lists: never overwritten under its readers

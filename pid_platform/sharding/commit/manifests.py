@@ -31,7 +31,7 @@ from loader.formats.wdinfo import (
 )
 from pid_platform.sharding.layout import STATE_DIR, bucket_dir
 from pid_platform.sharding.parallel import ordered_map
-from pid_platform.sharding.plan.columnar import Shard, ShardRef, read_shard_refs, read_shards_file
+from pid_platform.sharding.plan.columnar import Shard
 from pid_platform.sharding.plan.shard_plan import ShardPlan
 from pid_platform.sharding.state_doc import load_state_doc
 from pid_platform.sharding.write.tar_digests import tar_digests
@@ -89,13 +89,6 @@ def write_key_indexes(out: Path, plans: list[ShardPlan], num_workers: int = 1) -
 TarSha256 = Callable[[Path, Shard], dict[str, str]]
 
 
-def _hash_one(args: tuple[Path, Shard, TarSha256]) -> dict[str, str]:
-    # Hashing every tar again on each run is the slowest part of a no-op rebuild, and the
-    # writer hashed each tar it wrote already: the cache answers for all but tars changed since.
-    out, plan, sha = args
-    return sha(out, plan)
-
-
 @dataclass(frozen=True)
 class BucketManifest:
     bucket: str
@@ -119,9 +112,11 @@ def write_manifests(out: Path, source: str, plans: Sequence[Shard], num_workers:
     ``key_index_present(path)``: whether a shard's key index is there (an S3 commit, whose write
     tasks uploaded the key indexes, checks them in the bucket listing instead).
     """
+    # Hashing every tar again on each run is the slowest part of a no-op rebuild, and the
+    # writer hashed each tar it wrote already: the cache answers for all but tars changed since.
     sha = tar_digests if tar_sha256 is None else tar_sha256
     chunk_size = derive_chunk_size([p.count for p in plans])
-    shas = list(ordered_map(_hash_one, [(out, p, sha) for p in plans], num_workers, threads=True))
+    shas = list(ordered_map(lambda p: sha(out, p), plans, num_workers, threads=True))
     by_bucket: dict[str, list[tuple[Shard, dict[str, str]]]] = defaultdict(list)
     for p, digests in zip(plans, shas, strict=True):
         by_bucket[p.bucket].append((p, digests))
@@ -142,27 +137,6 @@ def write_manifests(out: Path, source: str, plans: Sequence[Shard], num_workers:
         path = write_wdinfo(bucket_dir(out, bucket), manifest)
         written.append(BucketManifest(bucket, path, manifest))
     return written
-
-
-def write_manifests_from_plan(out: Path, source: str, plan_path: Path, part_size: int, num_workers: int = 1,
-                              root_base: str | None = None, *, tar_sha256: TarSha256 | None = None,
-                              shards_path: Path | None = None) -> tuple[list[ShardRef], list[BucketManifest]]:
-    """:func:`write_manifests` for the shards of a plan.parquet, read in batches (no sample is
-    ever one Python object); returns the shards too, for ``remove_unplanned`` and ``save_outputs``.
-    ``shards_path``: the shards.parquet written with the plan (``columnar.write_plan_file``), one
-    row per shard, read instead of every sample of the plan."""
-    shards = (read_shard_refs(plan_path, part_size) if shards_path is None
-              else read_shards_file(shards_path, plan_path, part_size))
-    return shards, write_manifests(out, source, shards, num_workers, root_base, tar_sha256=tar_sha256)
-
-
-def is_build_output(out: Path, path: Path) -> bool:
-    """Whether ``path`` is a tar, key index or manifest of the layout a build writes under ``out``."""
-    try:
-        rel = path.relative_to(out).as_posix()
-    except ValueError:
-        return False
-    return BUILD_OUTPUT_PATH.match(rel) is not None
 
 
 def remove_unplanned(out: Path, plans: Sequence[Shard]) -> list[Path]:

@@ -33,7 +33,6 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from loader.formats.errors import FormatError
 from loader.formats.twin_tar import tar_path
@@ -149,9 +148,7 @@ def check_writable(output: S3Output) -> None:
 def get_bytes(output: S3Output, rel: str) -> bytes | None:
     """The object at ``output/rel``, or ``None`` when there is none."""
     try:
-        return output.store().get(output.key(rel))
-    except ObjectNotFoundError:
-        return None
+        return output.store().get_or_none(output.key(rel))
     except S3AccessError as exc:
         raise BuildError(str(exc)) from None
 
@@ -207,11 +204,7 @@ class PublishedVersion:
     version: str
     previous: str | None
     uploaded: int = 0   # objects sent
-    copied: int = 0     # tars copied inside the bucket from the previous version
-    kept: int = 0       # objects an interrupted publish of this version had already sent
     unchanged: bool = False  # the pointer already named this version
-    repaired: int = 0   # objects of the current version that were missing or of the wrong size, sent again
-    in_place: int = 0   # tars left where an earlier version wrote them (``in_place.py``): no request at all
 
     @property
     def url(self) -> str:
@@ -236,40 +229,30 @@ def version_id(staging: Path) -> str:
     return h.hexdigest()[:20]
 
 
-def _tar_checksums(manifest_dir: str, doc: dict[str, Any], origin: str) -> dict[str, str]:
-    """Path of each tar (relative to the version folder) -> its checksum, from one manifest."""
-    cols = check_wdinfo(doc, origin)
-    out: dict[str, str] = {}
-    for m in cols.data_keys:
-        for path, sha in zip(cols.data_list, cols.tar_sha256.get(m) or [], strict=False):
-            if sha and (cols.root == "." or sibling_version(cols.root)):  # a sibling: the same paths there
-                out[tar_path(Path(manifest_dir), "", m, path).as_posix()] = sha
-    return out
-
-
 def checksums_of(manifests: dict[str, bytes]) -> dict[str, str]:
+    """Path of each tar (relative to the version folder) -> its checksum, from a version's
+    manifests (path -> bytes)."""
     found: dict[str, str] = {}
     for rel, data in manifests.items():
-        manifest_dir = rel.rpartition("/")[0] or "."
-        found.update(_tar_checksums(manifest_dir, load_state_doc(data, rel), rel))
-    return {os.path.normpath(k): v for k, v in found.items()}
-
-
-def damaged_objects(output: S3Output, version: str, expected: dict[str, int]) -> list[str]:
-    """The objects of ``version`` missing from the bucket or of another size than ``expected``
-    (one listing, nothing downloaded), sorted."""
-    there = list_sizes(output, version_dir(version))
-    return [rel for rel, size in sorted(expected.items()) if there.get(rel) != size]
+        cols = check_wdinfo(load_state_doc(data, rel), rel)
+        manifest_dir = Path(rel.rpartition("/")[0] or ".")
+        for m in cols.data_keys:
+            for path, sha in zip(cols.data_list, cols.tar_sha256.get(m) or [], strict=False):
+                if sha and (cols.root == "." or sibling_version(cols.root)):  # a sibling: the same paths there
+                    found[os.path.normpath(tar_path(manifest_dir, "", m, path).as_posix())] = sha
+    return found
 
 
 def verify_before_switch(output: S3Output, version: str, expected: dict[str, int]) -> None:
+    """Refuse the switch when an object of ``version`` is missing from the bucket or of another
+    size than ``expected`` (one listing, nothing downloaded)."""
     try:
-        bad = damaged_objects(output, version, expected)
+        there = list_sizes(output, version_dir(version))
     except S3AccessError as exc:
         raise VersionIncompleteError(f"{exc} (checking version {version} before the pointer switch: the bucket "
                                      "was deleted during the build?); the pointer was not changed") from None
+    bad = [rel for rel, size in sorted(expected.items()) if there.get(rel) != size]
     if bad:
-        there = list_sizes(output, version_dir(version))
         raise VersionIncompleteError(
             f"{output}/{version_dir(version)}: {len(bad)} of its {len(expected)} objects are missing or of the "
             f"wrong size after the upload (e.g. {bad[0]}: {there.get(bad[0], 'missing')}, expected "
@@ -420,7 +403,7 @@ def cleanup_versions(output: S3Output, *, grace_s: float = DEFAULT_GRACE_S,
                 continue
             claim.check()
             pause_point("cleanup:deleting")
-            report.objects_deleted += _delete_prefix(output, version_dir(vid))
+            report.objects_deleted += delete_prefix(output, version_dir(vid))
             report.removed.append(vid)
     _forget_removed(output, report.removed)
     report.claims_expired = remove_expired(output, now=now)
@@ -436,5 +419,7 @@ def _forget_removed(output: S3Output, removed: list[str]) -> None:
     put_pointer(output, replace(pointer, retired=left), etag)  # refused: the next cleanup forgets them
 
 
-def _delete_prefix(output: S3Output, rel_prefix: str) -> int:
-    return output.store().delete_many(output.key(rel_prefix, rel) for rel in list_sizes(output, rel_prefix))
+def delete_prefix(output: S3Output, rel_prefix: str) -> int:
+    """Delete every object under ``output/rel_prefix/`` (listed whole first); returns how many."""
+    store = output.store()
+    return store.delete_many([o.key for o in store.list(output.key(rel_prefix) + "/")])

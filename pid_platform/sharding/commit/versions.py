@@ -19,7 +19,8 @@ import shutil
 from pathlib import Path
 
 from loader.formats.atomic import atomic_write_bytes, is_temp_file, temp_name
-from pid_platform.sharding.commit.manifests import is_build_output, listed_outputs
+from loader.formats.layout import BUILD_OUTPUT_PATH
+from pid_platform.sharding.commit.manifests import listed_outputs
 from pid_platform.sharding.errors import BuildError, ForeignOutputError, OutputNotWritableError
 from pid_platform.sharding.layout import PROBE_PREFIX, STATE_DIR, ensure_writable, final_dir
 
@@ -88,10 +89,10 @@ def recover(out: str | os.PathLike[str]) -> None:
     if not final.exists():
         if (staging / STATE_DIR / COMMITTING).is_file():
             os.rename(staging, final)  # S was complete: finish the swap
-            _fsync_dir(final.parent)
+            _fsync(final.parent)
         elif old.exists():
             os.rename(old, final)  # S was not complete: put the previous version back
-            _fsync_dir(final.parent)
+            _fsync(final.parent)
             return
         else:
             return
@@ -131,7 +132,7 @@ def commit(out: str | os.PathLike[str]) -> list[Path]:
     if final.exists():
         os.rename(final, old)
     os.rename(staging, final)
-    _fsync_dir(final.parent)
+    _fsync(final.parent)
     _finish(final, old)
     return removed
 
@@ -198,7 +199,7 @@ def _build_files(root: Path) -> list[Path]:
         d = Path(dirpath)
         if d == root:
             dirs[:] = [x for x in dirs if x != STATE_DIR]
-        found += [(d / f).relative_to(root) for f in files if is_build_output(root, d / f)]
+        found += [r for r in ((d / f).relative_to(root) for f in files) if BUILD_OUTPUT_PATH.match(r.as_posix())]
     return found
 
 
@@ -277,17 +278,13 @@ def _fsync_tree(root: Path) -> None:
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
             p = os.path.join(dirpath, name)
-            if os.path.islink(p):
-                continue
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(dirpath))
+            if not os.path.islink(p):
+                _fsync(p)
+        _fsync(dirpath)
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync(path: str | os.PathLike[str]) -> None:
+    """fsync a file or a folder (its entries: a rename in it is durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

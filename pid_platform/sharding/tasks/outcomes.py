@@ -115,8 +115,8 @@ def unfinished_write(shards: int, ofs: set[int], missing: list[int], where: str,
     if not missing:
         return None
     if len(ofs) == 1:
-        n = next(iter(ofs))
-        left = [i for i in range(n) if any(j in missing for j in range(*slice_bounds(shards, i, n)))]
+        n, gone = next(iter(ofs)), set(missing)
+        left = [i for i in range(n) if any(j in gone for j in range(*slice_bounds(shards, i, n)))]
         return Unfinished(
             f"write task{'s' if len(left) > 1 else ''} {', '.join(map(str, left))} of {n} "
             f"{'have' if len(left) > 1 else 'has'} not finished (no completion record in {where}"

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import shutil
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -79,7 +78,7 @@ from pid_platform.sharding.tasks.staging import (
 def run_intake_task(
     store: SourceStore, source: str, out: Path | S3Output, index: int, of: int, *, trust_pickle: bool = False,
     num_workers: int = 1, validate: str = VALIDATE_FULL, revalidate: bool = False, force: bool = False,
-    progress: Callable | None = None, work_root: str | Path | None = None,
+    work_root: str | Path | None = None,
 ) -> TaskOutcome:
     """Intake task ``index`` of ``of``: the outcomes of its slice's files, then its record, in
     the staging of ``out``; for a bucket, worked out in a scratch folder of this machine (in
@@ -99,7 +98,7 @@ def run_intake_task(
     caches = [state_dir(final_dir(work)) / CACHE_NAME, state_dir(staging) / CACHE_NAME]
     cache = IntakeCache(validate) if revalidate else IntakeCache.load(caches, validate)
     part = intake_slice(store, source, index, of, trust_pickle=trust_pickle, num_workers=num_workers,
-                        validate=validate, cache=cache, progress=progress)
+                        validate=validate, cache=cache)
     part.outcomes.save(intake_part_path(staging, index, of))
     what = f"intake task {index} of {of}"
     if on_s3:
@@ -121,8 +120,7 @@ def run_plan(
     validate: str = VALIDATE_FULL, revalidate: bool = False, repair: bool = False,
 ) -> PlanOutcome:
     """The plan of a build of ``out``, staged for the write tasks: beside a folder
-    (``plan_in_folder``), or in the bucket (``plan_in_bucket``; its version in
-    ``PlanOutcome.version``, None and ``up_to_date`` when the pointer already serves it)."""
+    (``plan_in_folder``), or in the bucket (``plan_in_bucket``)."""
     settings = dict(trust_pickle=trust_pickle, num_workers=num_workers, force=force, validate=validate,
                     revalidate=revalidate, repair=repair)
     if isinstance(out, S3Output):
@@ -134,7 +132,7 @@ def run_plan(
 def plan_in_folder(
     store: SourceStore, source: str, out: Path, config: ShardingConfig, *, trust_pickle: bool = False,
     num_workers: int = 1, force: bool = False, validate: str = VALIDATE_FULL, revalidate: bool = False,
-    progress: Callable | None = None, committed: Path | None = None, repair: bool = False,
+    committed: Path | None = None, repair: bool = False,
 ) -> PlanOutcome:
     """The plan of a build: the intake over the whole source (validating only what neither the
     caches nor the intake tasks vouch for), then ``plan.parquet`` and ``sharding.json``.
@@ -149,18 +147,14 @@ def plan_in_folder(
     out = Path(out)
     damaged = forget_damaged_shards(out) if repair else 0
     result = pipeline.run_intake(store, source, out, config, trust_pickle=trust_pickle, num_workers=num_workers,
-                                 progress=progress, force=force, validate=validate, revalidate=revalidate,
-                                 stop_if_up_to_date=True)
+                                 force=force, validate=validate, revalidate=revalidate, stop_if_up_to_date=True)
     r, up_to_date = result.report, result.up_to_date
     # The intake's samples, an object each, go before the plan is cut from the table it wrote:
     # the plan step's peak is the larger of the two, not their sum.
     del result
-    if up_to_date:
-        plans = load_shards(final_dir(out), pipeline.load_sharding_config(final_dir(out)))
-        return PlanOutcome(out, r, len(plans), r.samples, True, r.files_validated, r.outcomes_reused,
-                           dict(Counter(p.bucket for p in plans)), damaged)
-    plans = pipeline.stage_plan_files(store, source, out, config, committed)
-    return PlanOutcome(out, r, len(plans), r.samples, False, r.files_validated, r.outcomes_reused,
+    plans = (load_shards(final_dir(out), pipeline.load_sharding_config(final_dir(out))) if up_to_date
+             else pipeline.stage_plan_files(store, source, out, config, committed))
+    return PlanOutcome(out, r, len(plans), r.samples, up_to_date, r.files_validated, r.outcomes_reused,
                        dict(Counter(p.bucket for p in plans)), damaged)
 
 
@@ -282,13 +276,11 @@ def _stage_in_bucket(output: S3Output, folder: Path, source: str, seen: SeenPoin
     check_held(output)  # before the first object of the staging changes
     clear_records(bucket_staging(output), WRITE)
     if in_place is None:
-        return staging.stage_plan_state(output, folder, source, seen, version=vid,
-                                        before_marker=lambda: check_held(output))
+        return staging.stage_plan_state(output, folder, source, seen, vid, lambda: check_held(output))
     if in_place.placed and s3_output.get_bytes(output, f"{version_dir(vid)}/{MARKER}") is None:
         bucket_staging(output, "").put(f"{version_dir(vid)}/{MARKER}", in_place.marker(), "staging the plan")
-    return staging.stage_plan_state(output, folder, source, seen, version=vid, base=in_place.base,
-                                    reused=load_plan_cut(folder).reused_modalities,
-                                    before_marker=lambda: check_held(output))
+    return staging.stage_plan_state(output, folder, source, seen, vid, lambda: check_held(output),
+                                    base=in_place.base, reused=load_plan_cut(folder).reused_modalities)
 
 
 def plan_in_bucket(
@@ -319,10 +311,8 @@ def stage_plan_in_bucket(store: SourceStore, source: str, output: S3Output, work
                          config: ShardingConfig) -> tuple[list[ShardRef], str]:
     """The Dagster ``plan`` step of an s3 output: the samples staged in this machine's work
     folder (``staging.pull_staged_intake``, or the committed ones copied there), cut with ``config``
-    and staged in the bucket for the write tasks; ``(shards, version)``. Earlier write records
-    are forgotten, so this run's tasks report what they did themselves (every shard still in
-    the bucket is kept). It holds the build lease as ``pid-shard plan`` does, and checks it right
-    before it stages (``_stage_in_bucket``): a step that lost it stages nothing."""
+    and staged in the bucket for the write tasks (``_stage_in_bucket``, holding the build lease as
+    ``pid-shard plan`` does); ``(shards, version)``."""
     with build_lease(output):
         seen = seen_pointer(output)
         committed = pull_committed_plan(output, beside(work, "committed"))

@@ -39,7 +39,7 @@ def pull_committed_plan(output: S3Output, folder: Path) -> Path | None:
     ``folder``'s state folder, for ``plan/add_modality.plan_build`` on a machine that never held
     the build; None (nothing pulled) when no published version carries its plan."""
     shutil.rmtree(folder, ignore_errors=True)
-    found = {n: published_state(output, n) for n in staging.PLAN_STATE}
+    found = published_state(output, *staging.PLAN_STATE)
     if found.get("plan.parquet") is None or found.get("sharding.json") is None:
         return None
     _write_state(state_dir(folder), found)
@@ -111,16 +111,19 @@ def published_config(output: S3Output) -> ShardingConfig:
     return ShardingConfig(**load_state_doc(data, f"{output}/{pointer.version_dir()}/{STATE_DIR}/sharding.json"))
 
 
-def published_state(output: S3Output, name: str) -> bytes | None:
+def published_state(output: S3Output, *names: str) -> dict[str, bytes | None]:
+    """Each of the state files ``names`` as the version the pointer names carries it (the pointer
+    read once: all from one version), None where it carries none or nothing is published."""
     pointer = s3_output.read_pointer(output)
-    return s3_output.get_bytes(output, f"{pointer.version_dir()}/{STATE_DIR}/{name}") if pointer else None
+    return {n: s3_output.get_bytes(output, f"{pointer.version_dir()}/{STATE_DIR}/{n}") if pointer else None
+            for n in names}
 
 
 def pull_committed_intake(output: S3Output, work: Path) -> bool:
     """The intake the published version carries (samples, report, validation level, outcomes)
     as this machine's staged samples, replacing any it had: a re-shard of the published samples
     on any machine. False when nothing is published, or its version carries no samples."""
-    found = {n: published_state(output, n) for n in staging.INTAKE_STATE if n != FINGERPRINT}
+    found = published_state(output, *(n for n in staging.INTAKE_STATE if n != FINGERPRINT))
     if found.get(SAMPLES) is None:
         return False
     with build_lock(work):
@@ -138,7 +141,7 @@ def seed_intake_cache(output: S3Output, work: Path) -> bool:
         cache = state_dir(versions.staging_dir(work)) / CACHE_NAME
         if cache.is_file():
             return False
-        data = published_state(output, CACHE_NAME)
+        data = published_state(output, CACHE_NAME)[CACHE_NAME]
         if data is None:
             return False
         _write_state(state_dir(versions.begin(work, first_step=True)), {CACHE_NAME: data})
@@ -150,8 +153,7 @@ def published_intake_matches(output: S3Output, staging_folder: Path, config: Sha
     staged in ``staging_folder`` (the same samples, report and validation level), and every
     object its manifests list is there: a rebuild would publish that version again."""
     state = state_dir(staging_folder)
-    for name in (SAMPLES, REPORT, INTAKE_SETTINGS):
-        published = published_state(output, name)
+    for name, published in published_state(output, SAMPLES, REPORT, INTAKE_SETTINGS).items():
         if published is None or not (state / name).is_file() or (state / name).read_bytes() != published:
             return False
     try:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loader.formats.twin_tar import key_index_relpath, tar_path
+from loader.formats.twin_tar import file_sha256, key_index_relpath, tar_path
 from loader.io.errors import ObjectNotFoundError, PreconditionFailedError
 from loader.io.s3_client import S3AccessError
 from pid_platform.sharding import pipeline
@@ -67,8 +67,6 @@ STAGED_PLAN_FORMAT = 2
 # A version id as ``s3_output.version_id`` and ``in_place.InPlace.version_id`` make them (hex):
 # staged.json is read from the bucket, and a version id becomes a folder name.
 VERSION_ID = re.compile(r"[0-9a-f]{8,64}")
-# What the write tasks and the commit read of the plan's state (VERSION_INPUTS, how the samples
-# were validated, and the listing's fingerprint the committed build reports).
 # What an intake leaves beside a build: a plan on another machine cuts the samples from it.
 INTAKE_STATE = (SAMPLES, REPORT, INTAKE_SETTINGS, CACHE_NAME, FINGERPRINT)
 # What the commit carries into the version (``s3_output.CARRIED_STATE``) or reports, beside the plan.
@@ -138,13 +136,9 @@ def shard_marker(plan: Shard) -> str:
     return f"shards/{plan.bucket or '_flat'}/{plan.index:06d}.json"
 
 
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def push_files(output: S3Output, folder: Path, names: tuple[str, ...], under: str, what: str) -> dict[str, str]:
     """``folder``'s files among ``names`` to ``staged/<under>/``; name -> sha256 of each sent."""
-    sent = {n: _sha(folder / n) for n in names if (folder / n).is_file()}
+    sent = {n: file_sha256(folder / n) for n in names if (folder / n).is_file()}
     for n in sorted(sent):
         bucket_staging(output).put(f"{under}/{n}", folder / n, what)
     return sent
@@ -156,7 +150,7 @@ def pull_files(output: S3Output, files: dict[str, str], under: str, folder: Path
     folder.mkdir(parents=True, exist_ok=True)
     for name, sha in sorted(files.items()):
         path = folder / name
-        if path.is_file() and _sha(path) == sha:
+        if path.is_file() and file_sha256(path) == sha:
             continue
         data = bucket_staging(output).get(f"{under}/{name}")
         if data is None or hashlib.sha256(data).hexdigest() != sha:
@@ -237,13 +231,13 @@ def leftovers(output: S3Output) -> list[str]:
     return found
 
 
-def stage_plan_state(output: S3Output, folder: Path, source: str, seen: SeenPointer, *,
-                     version: str | None = None, base: str | None = None, reused: tuple[str, ...] = (),
-                     before_marker: Callable[[], None] = lambda: None) -> Staged:
+def stage_plan_state(output: S3Output, folder: Path, source: str, seen: SeenPointer, version: str,
+                     before_marker: Callable[[], None], *, base: str | None = None,
+                     reused: tuple[str, ...] = ()) -> Staged:
     """The plan staged in ``folder`` (a local staging or committed folder) into the bucket, for
     the write tasks and the commit on other machines; ``staged.json`` last. ``seen``: the pointer
-    the plan was cut against. ``version``, ``base`` and ``reused``: a version published in place
-    (``Staged``; default: one of its own). ``before_marker`` runs right before ``staged.json``
+    the plan was cut against; ``version``: the one it builds. ``base`` and ``reused``: a version
+    published in place (``Staged``). ``before_marker`` runs right before ``staged.json``
     is written (the lease check: a plan that lost its lease stages nothing a task would take)."""
     # First a mark that a plan is being staged (so a plan killed from here on leaves ``staged/``
     # not empty: the tasks refuse rather than find the output up to date), then the replaced
@@ -258,8 +252,7 @@ def stage_plan_state(output: S3Output, folder: Path, source: str, seen: SeenPoin
     except (ObjectNotFoundError, S3AccessError) as exc:
         raise StagedStateError(f"{exc} (staging the plan: the staged plan.parquet is gone; another build of this "
                                "output is staging anew?)") from None
-    staged = Staged(version or s3_output.version_id(folder), state[PLAN], source, state, base, reused, seen,
-                    plan_etag)
+    staged = Staged(version, state[PLAN], source, state, base, reused, seen, plan_etag)
     before_marker()
     store.put(STAGED_NAME, staged.to_bytes(), "staging the plan")
     return staged
@@ -459,7 +452,6 @@ def shard_homes(staged: Staged | None, plan: Shard, key_index_bytes: object) -> 
 
 def delete_staged(output: S3Output) -> None:
     bucket_staging(output).delete(STAGED_NAME, INTAKE_NAME)  # first: no task takes the rest
-    store = output.store()
-    store.delete_many(o.key for o in store.list(output.key(STAGED) + "/"))
+    s3_output.delete_prefix(output, STAGED)
 
 
