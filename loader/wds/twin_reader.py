@@ -148,20 +148,25 @@ def read_indexes_before_fork(shards, tasks: Iterable[Task], modalities: tuple[st
     if config.read_ahead_bytes <= 0 or options.verify is not None:
         return 0
     roots = getattr(shards, "roots", None) or []
-    with _INDEX_CACHE_LOCK:  # no thread of read_indexes_soon may be mid-read (or hold the lock) at the fork
-        pending = [f for pid, f in _INDEX_PENDING.values() if pid == os.getpid()]
-    spare = any(urls.scheme(r) == "s3" for r in roots)
-    if spare and pending:
+
+    def make_client() -> None:
         # The client the workers will use, made whatever the cache holds (instrumented: when
         # read_indexes_soon had read every key index, none was made, and each worker made its
-        # own before its first GET: 15-40 ms each), while the reads on the way wait for bytes.
-        spare = _client_for_fork(config)
+        # own before its first GET: 15-40 ms each); once per process, a second call returns it.
+        if any(urls.scheme(r) == "s3" for r in roots):
+            from loader.io.s3_client import client_for_fork
+
+            client_for_fork(config)
+
+    with _INDEX_CACHE_LOCK:  # no thread of read_indexes_soon may be mid-read (or hold the lock) at the fork
+        pending = [f for pid, f in _INDEX_PENDING.values() if pid == os.getpid()]
+    if pending:
+        make_client()  # while the reads on the way wait for bytes
     for f in pending:
         f.exception()
     wanted = _first_shards(shards, (t.shard_id for t in tasks), modalities)
     if not wanted:
-        if spare:
-            _client_for_fork(config)
+        make_client()
         return 0
 
     def one(item) -> None:
@@ -171,8 +176,7 @@ def read_indexes_before_fork(shards, tasks: Iterable[Task], modalities: tuple[st
 
     with ThreadPoolExecutor(min(config.read_ahead_connections, len(wanted)), thread_name_prefix="key-index") as pool:
         reads = [pool.submit(one, item) for item in wanted.values()]
-        if spare:  # while the indexes' first bytes are on the way
-            _client_for_fork(config)
+        make_client()  # while the indexes' first bytes are on the way
         for r in reads:
             r.result()
     return len(wanted)
@@ -193,14 +197,6 @@ def _first_shards(shards, shard_ids: Iterable[int], modalities: tuple[str, ...] 
         if not index_cached(shard, mods):
             wanted.setdefault((shard.key_index, shard.sample_count, mods, True), (shard, mods))
     return wanted
-
-
-def _client_for_fork(config: StreamConfig) -> bool:
-    """Make the S3 client the processes forked next will use (``client_for_fork``); False: made."""
-    from loader.io.s3_client import client_for_fork
-
-    client_for_fork(config)
-    return False
 
 
 def index_cached(shard: TarSample, modalities: tuple[str, ...], offsets: bool = True) -> bool:
