@@ -152,19 +152,27 @@ class StagedShards:
             return LocalObjects(self.folder), ""
         return out.store(), out.key(version_dir(version)) + "/"  # type: ignore[union-attr]
 
-    def tar(self, out: Path | S3Output, plan: Shard, modality: str) -> tuple[str, ObjectInfo | None]:
-        """Where a tar is, and what is there now with its sha256 where one is kept: a bucket's
-        server keeps one of an object put in one request; a folder, its tar digest cache
-        (``tar_digests``: a file changed since it was hashed is hashed again)."""
+    def tars(self, out: Path | S3Output, plan: Shard) -> dict[str, tuple[str, ObjectInfo | None]]:
+        """Where each of ``plan``'s tars is, and what is there now with its sha256 where one is
+        kept: a bucket's server keeps one of an object put in one request; a folder, its tar
+        digest cache (``tar_digests``, read once for the shard's tars: a file changed since it
+        was hashed is hashed again)."""
         store, prefix = self.objects(out, self.staged.home(True) if self.staged is not None else "")
-        key = prefix + tar_rel(plan, modality)
-        try:
-            info = store.head(key)
-            if self.staged is None:
-                info = replace(info, sha256=tar_digests(self.folder, plan)[modality])
-        except (ObjectNotFoundError, OSError):
-            info = None
-        return store.url(key), info
+        found: dict[str, tuple[str, ObjectInfo | None]] = {}
+        for m in plan.modalities:
+            key = prefix + tar_rel(plan, m)
+            try:
+                info = store.head(key)
+            except (ObjectNotFoundError, OSError):
+                info = None
+            found[m] = (store.url(key), info)
+        if self.staged is None and all(info is not None for _url, info in found.values()):
+            try:
+                digests = tar_digests(self.folder, plan)
+            except OSError:  # a tar gone since its head
+                return {m: (url, None) for m, (url, _info) in found.items()}
+            found = {m: (url, replace(info, sha256=digests[m])) for m, (url, info) in found.items()}
+        return found
 
     def unlike_listed(self, out: Path | S3Output) -> Iterator[tuple[int, str, str, int | None, int]]:
         """Each object of a recorded shard that the listing of its folder (one per folder) does
@@ -328,26 +336,27 @@ def refuse_altered_records(out: Path | S3Output, shards: StagedShards, threads: 
     cache), else with the ETag its put got: the manifests take their checksums from the records,
     so an altered record would publish checksums no tar has. On threads, before anything is sent."""
     cov = shards.cov
-    todo = [(i, p, m) for i, p in enumerate(shards.plans) if i not in cov.missing for m in p.modalities]
+    todo = [(i, p) for i, p in enumerate(shards.plans) if i not in cov.missing]
 
-    def check(item: tuple[int, Shard, str]) -> str | None:
-        i, plan, m = item
-        said_bytes, said_sha = cov.tar_bytes[i].get(m), cov.digests[i].get(m)
-        said_etag = cov.etags[i].get(m)
-        url, info = shards.tar(out, plan, m)
-        if info is None:
-            there = "no object"
-        elif said_bytes != plan.tar_bytes(m) or info.size != said_bytes:
-            there = f"{info.size} bytes there, {plan.tar_bytes(m)} planned"
-        elif info.sha256 is not None and info.sha256 != said_sha:
-            there = f"sha256 {info.sha256} there"
-        elif info.sha256 is None and said_etag is not None and info.etag != said_etag:
-            there = f"ETag {info.etag} there, {said_etag} at its put"
-        else:
-            return None
-        return (f"{cov.record[i]}: names {url} with {said_bytes} bytes and sha256 "
-                f"{said_sha}; {there}: the record was altered, or the tar replaced, after its task; nothing was "
-                "published. Run `pid-shard plan` again (then the tasks and the commit)")
+    def check(item: tuple[int, Shard]) -> str | None:
+        i, plan = item
+        for m, (url, info) in shards.tars(out, plan).items():
+            said_bytes, said_sha = cov.tar_bytes[i].get(m), cov.digests[i].get(m)
+            said_etag = cov.etags[i].get(m)
+            if info is None:
+                there = "no object"
+            elif said_bytes != plan.tar_bytes(m) or info.size != said_bytes:
+                there = f"{info.size} bytes there, {plan.tar_bytes(m)} planned"
+            elif info.sha256 is not None and info.sha256 != said_sha:
+                there = f"sha256 {info.sha256} there"
+            elif info.sha256 is None and said_etag is not None and info.etag != said_etag:
+                there = f"ETag {info.etag} there, {said_etag} at its put"
+            else:
+                continue
+            return (f"{cov.record[i]}: names {url} with {said_bytes} bytes and sha256 "
+                    f"{said_sha}; {there}: the record was altered, or the tar replaced, after its task; nothing was "
+                    "published. Run `pid-shard plan` again (then the tasks and the commit)")
+        return None
 
     with ThreadPoolExecutor(max(1, min(threads, len(todo)))) as pool:
         for problem in pool.map(check, todo):
