@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -316,17 +316,17 @@ def run_write_task(
         return TaskOutcome(WRITE, index, of, rec["path"], True, stop - first, first)
     with target.open() as (shards, plan_file):
         first, stop = slice_bounds(len(shards), index, of)
-        found_, written = write_range(store, source, target, shards, first, stop, plan_file, num_workers=num_workers,
-                                      progress=progress, pause=(index, of))
+        entries, written = write_range(store, source, target, shards, first, stop, plan_file, num_workers=num_workers,
+                                       progress=progress, pause=(index, of))
         # Last: the record says every output of these shards is in place, with each tar's sha256.
         path = write_record(target.records, WRITE, index, of, {
             **target.identity, **target.about, "shards": [first, stop], "written": written,
-            **{name: {str(i): m.get(key, {}) for i, m in sorted(found_.items())} for name, key in target.fields.items()}})
+            **{name: {str(i): m.get(key, {}) for i, m in sorted(entries.items())} for name, key in target.fields.items()}})
     return TaskOutcome(WRITE, index, of, path, False, stop - first, first, len(written), stop - first - len(written),
                        copied=target.counts["copied"], repaired=target.counts["repaired"])
 
 
-def write_range(store: SourceStore, source: str, target: WriteTarget, shards: Sequence[ShardRef], first: int,
+def write_range(store: SourceStore, source: str, target: WriteTarget, shards: list[ShardRef], first: int,
                 stop: int, plan_file: PlanSource | None = None, *, num_workers: int,
                 progress: Callable[[int, int], None] | None, pause: tuple[int, int] | None = None,
                 ) -> tuple[dict[int, dict], list[int]]:
@@ -342,7 +342,8 @@ def write_range(store: SourceStore, source: str, target: WriteTarget, shards: Se
     def then(plan: ShardPlan, result: ShardResult) -> None:
         i = position[(plan.bucket, plan.index)]
         found[i], wrote = target.finish(plan, result)
-        written.extend([i] if wrote else [])
+        if wrote:
+            written.append(i)
         if pause is not None:
             pause_point(SHARD_DONE_POINT)
             pause_point(shard_done_point(*pause))
@@ -353,7 +354,7 @@ def write_range(store: SourceStore, source: str, target: WriteTarget, shards: Se
         if progress is not None:
             progress(finished, stop - first)
 
-    for batch in iter_shard_range(target.folder, target.config, list(shards), first, stop, plan_file):
+    for batch in iter_shard_range(target.folder, target.config, shards, first, stop, plan_file):
         todo = []
         for plan in batch:
             if (entry := target.kept(plan)) is not None:
