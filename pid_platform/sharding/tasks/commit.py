@@ -62,6 +62,7 @@ from pid_platform.sharding.tasks.outcomes import (
     PLAN_ID,
     TasksUnfinishedError,
     Unfinished,
+    is_write_record_of,
     report_of,
     unfinished_write,
     validate_of,
@@ -212,7 +213,7 @@ def staged_shards(out: Path | S3Output, work_root: str | Path | None, what: str,
             return None
         folder, config = found[0], pipeline.load_sharding_config(found[0])
         plan_id = shards_identity(plans := load_shards(folder, config))
-        recs = [r for r in records(folder, WRITE) if r.get(PLAN_ID) == plan_id]
+        recs = [r for r in records(folder, WRITE) if is_write_record_of(r, {PLAN_ID: plan_id})]
         return StagedShards(None, folder, config, plans, recs, folder_staging(folder), staging.coverage(plans, recs))
     staged = staged_or_refuse(out, what)
     if staged is None:
@@ -224,7 +225,7 @@ def staged_shards(out: Path | S3Output, work_root: str | Path | None, what: str,
     with staging.staged_plan(out, staged, folder) as plan:
         plans = load_shards(folder, config, plan)
     kept = bucket_staging(out)
-    recs = [r for r in records(kept, WRITE) if r.get("plan_sha256") == staged.plan_sha256]
+    recs = [r for r in records(kept, WRITE) if is_write_record_of(r, {"plan_sha256": staged.plan_sha256})]
     return StagedShards(staged, folder, config, plans, recs, kept, staging.coverage(plans, recs))
 
 

@@ -92,6 +92,19 @@ class PlanOutcome:
 PLAN_ID = "plan_shards_sha256"
 
 
+# A write record's per-shard fields (``staging.coverage`` reads them) -> the key of each shard's
+# entry (``write.shard_record``).
+SHARD_FIELDS = {"digests": "tars", "key_index_bytes": "key_index_bytes", "tar_sizes": "bytes"}
+
+
+def is_write_record_of(rec: dict, identity: dict) -> bool:
+    """Whether ``rec`` is a write record of the plan ``identity`` names (a folder's ``PLAN_ID``,
+    a bucket's ``plan_sha256``) with every per-shard field. One of an older pid-shard, without
+    the tar digests and sizes the commit takes its checksums from, is not: its task runs again,
+    and until then its shards are unfinished (the write task and the commit ask this one question)."""
+    return all(f in rec for f in SHARD_FIELDS) and all(rec.get(k) == v for k, v in identity.items())
+
+
 def check_task(index: int, of: int) -> None:
     slice_bounds(0, index, of)  # raises ValueError naming the range
 

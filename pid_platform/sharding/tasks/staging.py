@@ -363,6 +363,18 @@ class Coverage:
     ofs: set[int]  # the ``--of`` of the records that cover shards
 
 
+def _shard_entries(r: dict, start: int, stop: int) -> dict[int, tuple]:
+    """Each shard's entry of write record ``r``: (digests, key index size (None: left to a later
+    step, any size), tar sizes, ETags, check findings); KeyError, TypeError or ValueError when
+    one is lacking or malformed."""
+    def entry(k: str) -> tuple:
+        kib = r["key_index_bytes"][k]
+        return (dict(r["digests"][k]), None if kib is None else int(kib), dict(r["tar_sizes"][k]),
+                dict(r.get("etags", {}).get(k) or {}), dict(r.get("problems", {}).get(k, {})))
+
+    return {i: entry(str(i)) for i in range(start, stop)}
+
+
 def coverage(plans: Sequence[Shard], recs: list[dict]) -> Coverage:
     cov = Coverage({}, {}, {}, {}, {}, set(), {}, [], set())
     for r in recs:
@@ -370,18 +382,15 @@ def coverage(plans: Sequence[Shard], recs: list[dict]) -> Coverage:
             start, stop = slice_bounds(len(plans), r["index"], r["of"])
             if r.get("shards") != [start, stop]:
                 continue
-            for i in range(start, stop):
-                cov.digests[i] = dict(r["digests"][str(i)])
-                kib = r["key_index_bytes"][str(i)]  # None: left to a later step (any size)
-                cov.key_index_bytes[i] = None if kib is None else int(kib)
-                cov.tar_bytes[i] = dict(r["tar_sizes"][str(i)])
-                cov.etags[i] = dict(r.get("etags", {}).get(str(i)) or {})
-                cov.record[i] = str(r.get("path"))
-                cov.problems[i] = dict(r.get("problems", {}).get(str(i), {}))
-            cov.written |= {int(i) for i in r.get("written", [])}
-            cov.ofs.add(int(r["of"]))
+            # Read whole before any of it counts: a record lacking one shard's entry covers none.
+            entries, written, of = _shard_entries(r, start, stop), {int(i) for i in r.get("written", [])}, int(r["of"])
         except (KeyError, TypeError, ValueError):
             continue
+        for i, (digests, kib, sizes, etags, problems) in entries.items():
+            cov.digests[i], cov.key_index_bytes[i], cov.tar_bytes[i] = digests, kib, sizes
+            cov.etags[i], cov.problems[i], cov.record[i] = etags, problems, str(r.get("path"))
+        cov.written |= written
+        cov.ofs.add(of)
     cov.missing = [i for i in range(len(plans)) if i not in cov.digests]
     return cov
 

@@ -56,8 +56,10 @@ from pid_platform.sharding.tasks import staging
 from pid_platform.sharding.tasks.outcomes import (
     PLAN_ID,
     SHARD_DONE_POINT,
+    SHARD_FIELDS,
     TaskOutcome,
     check_task,
+    is_write_record_of,
     shard_done_point,
 )
 from pid_platform.sharding.tasks.published import current_manifests
@@ -99,10 +101,6 @@ def shard_record(folder: Path, plan: ShardPlan, key_index: bool = True) -> dict:
             "bytes": {m: (folder / tar_rel(plan, m)).stat().st_size for m in plan.modalities}}
 
 
-# A write record's per-shard fields (``staging.coverage`` reads them) -> the key of each shard's entry.
-RECORD_FIELDS = {"digests": "tars", "key_index_bytes": "key_index_bytes", "tar_sizes": "bytes"}
-
-
 class WriteTarget:
     """Where one write task puts its shards, and all that differs there between a folder and a
     bucket: the folder its tars are written into, what is already there (``kept``), what happens
@@ -116,7 +114,7 @@ class WriteTarget:
     config: ShardingConfig
     previous: Path | None = None  # a committed folder: its tars up to date are hard-linked (``write_shards``)
     reuse: tuple[str, ...] | None = None  # the committed plan's modalities (``write_shards``)
-    fields = RECORD_FIELDS  # the record's per-shard fields
+    fields = SHARD_FIELDS  # the record's per-shard fields
     about: dict = {}  # the record's other fields
     counts: Counter[str]  # "copied", "repaired"
 
@@ -182,7 +180,7 @@ class BucketTarget(WriteTarget):
         self.what, self.scratch = f"write task {index} of {of}", f"write-{index}-of-{of}"
         self.records = self.markers = bucket_staging(output)
         self.identity, self.about = {"plan_sha256": staged.plan_sha256}, {"version": staged.version}
-        self.fields = {**RECORD_FIELDS, "etags": "etags", "problems": "problems"}
+        self.fields = {**SHARD_FIELDS, "etags": "etags", "problems": "problems"}
         self.counts = Counter()
         self.damaged: set[str] = set()  # tars of the served version read back with another sha256
 
@@ -310,8 +308,7 @@ def run_write_task(
     if target is None:
         return TaskOutcome(WRITE, index, of, where, True, nothing_staged=True)
     rec = read_record(target.records, WRITE, index, of)
-    # A record of an older pid-shard (no digests) is not taken for done: its task runs again.
-    if rec is not None and all(rec.get(k) == v for k, v in target.identity.items()) and "digests" in rec:
+    if rec is not None and is_write_record_of(rec, target.identity):
         first, stop = rec["shards"]
         return TaskOutcome(WRITE, index, of, rec["path"], True, stop - first, first)
     with target.open() as (shards, plan_file):
