@@ -115,6 +115,18 @@ def test_a_moved_output_tree_still_loads(two_sources: Path, tmp_path: Path) -> N
     assert here == there and len(here) == 12
 
 
+def test_a_folder_named_like_a_pattern_is_searched_by_its_name(two_sources: Path, tmp_path: Path) -> None:
+    """``runs[2024]`` given as a folder, or matched by a glob, is searched as that folder: its
+    brackets are not a character class that matches no manifest under it."""
+    folder = tmp_path / "runs[2024]" / "portraits"
+    shutil.copytree(two_sources / "portraits", folder)
+    found = sorted(str(p) for p in folder.glob("aspect_ratio_*/wdinfo.json"))
+    assert len(found) == 3
+    assert find_manifests(str(folder)) == found
+    assert find_manifests(str(tmp_path / "runs?2024?")) == found
+    assert sum(1 for _ in build_dataset(str(folder), decode=None)) == 12
+
+
 def _same_tables(a, b) -> None:
     assert len(a) == len(b) and a.fingerprint() == b.fingerprint()
     assert list(a) == list(b)  # every TarSample: root, path, keys, count, key index, source, bucket, sha256

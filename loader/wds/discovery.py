@@ -89,7 +89,8 @@ def _find_one(spec: str, catalog: str | None) -> list[str]:
     if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, POINTER_NAME)):
         return _follow_pointer(os.path.abspath(spec))
     if os.path.isdir(spec):
-        hits = sorted(glob.glob(os.path.join(spec, "**", WDINFO_NAME), recursive=True))
+        # Escaped: a folder named like ``runs[2024]`` is a name here, not a pattern.
+        hits = sorted(glob.glob(os.path.join(glob.escape(spec), "**", WDINFO_NAME), recursive=True))
         hits = [h for h in hits if STATE_DIR not in h.split(os.sep)]
         if not hits:
             raise ManifestError(f"no {WDINFO_NAME} under folder {spec}; build it first (pid-shard or Dagster)")
