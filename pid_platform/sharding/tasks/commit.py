@@ -267,7 +267,7 @@ def commit_staged(out: Path | S3Output, *, work_root: str | Path | None = None, 
         manifests = write_manifests(
             folder, shards.source, plans, num_workers=num_workers, root_base=base,
             tar_sha256=lambda _out, p: cov.digests[position[(p.bucket, p.index)]],
-            plan_modalities=cut.plan_modalities if cut else None, key_index_present=lambda _path: True)
+            plan_modalities=cut.plan_modalities if cut else None)
         done = Committed(shards, manifests, report_of(folder), validate_of(folder), [])
         if on_s3:
             done.published = _publish_staged(out, shards, manifests, now)
