@@ -202,8 +202,6 @@ class VersionIncompleteError(BuildError):
 class PublishedVersion:
     output: str
     version: str
-    previous: str | None
-    uploaded: int = 0   # objects sent
     unchanged: bool = False  # the pointer already named this version
 
     @property
@@ -356,7 +354,6 @@ def list_versions(output: S3Output) -> dict[str, float]:
 
 @dataclass
 class Cleanup:
-    output: str
     current: str | None
     removed: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # not current, still within the grace period
@@ -378,7 +375,7 @@ def cleanup_versions(output: S3Output, *, grace_s: float = DEFAULT_GRACE_S,
     republishing it.
     """
     pointer = read_pointer(output)
-    report = Cleanup(str(output), pointer.version if pointer else None)
+    report = Cleanup(pointer.version if pointer else None)
     t = now()
     retired = dict(pointer.retired) if pointer else {}
     found = list_versions(output)
