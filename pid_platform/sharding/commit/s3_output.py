@@ -56,7 +56,6 @@ from pid_platform.sharding.commit.claims import (
     HeldClaim,
     claims_on,
     remove_expired,
-    this_process,
     wait_until_unclaimed,
 )
 from pid_platform.sharding.errors import BuildError, OutputNotWritableError
@@ -320,7 +319,7 @@ def publish_claims(output: S3Output, vids: set[str], *, now: Callable[[], float]
     sees our claim and leaves the version alone."""
     pause_point("publish:start")
     with ExitStack() as stack:
-        held = [stack.enter_context(HeldClaim(output, vid, PUBLISH, holder=holder or this_process(), now=now))
+        held = [stack.enter_context(HeldClaim(output, vid, PUBLISH, holder=holder, now=now))
                 for vid in sorted(vids)]
         for vid in sorted(vids):
             wait_until_unclaimed(output, vid, DELETE, now=now, on_wait=lambda c, vid=vid: log.warning(
