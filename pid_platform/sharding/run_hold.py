@@ -261,6 +261,7 @@ class RunHoldForStep(HeldInBackground):
         self.renew_every_s = min(self.ttl_s / 3, MAX_RENEW_S)
         self.may_take_over = may_take_over
         self.now = now
+        self.hold: RunHold | None = None
         self.took_over: RunHold | None = None
 
     def _write(self, hold: RunHold, etag: str | None) -> None:
@@ -270,6 +271,7 @@ class RunHoldForStep(HeldInBackground):
             store.put_if_absent(key, body, content_type="application/json")
         else:
             store.put_if_match(key, body, etag, content_type="application/json")
+        self.hold = hold
 
     def _take(self) -> None:
         for _ in range(5):  # each turn loses one race to another writer of the hold
@@ -298,10 +300,12 @@ class RunHoldForStep(HeldInBackground):
         # Read first: the run's other steps (write tasks side by side) and run_holds_sensor renew
         # it too, each changing its ETag; only a hold that is gone or another run's ends the renewals.
         try:
-            if renew_hold_at(self.place, self.run_id, self.now()) is None:
+            renewed = renew_hold_at(self.place, self.run_id, self.now())
+            if renewed is None:
                 log.warning("%s: the hold of run %s was released or taken over; no longer renewing it",
                             self.place.where, self.run_id)
                 return False
+            self.hold = renewed
         except Exception as exc:  # noqa: BLE001 - retried next period; the hold outlasts a few misses
             log.warning("%s: renewing the run's hold failed (%s); trying again", self.place.where, exc)
         return True
