@@ -173,14 +173,11 @@ def read_pointer_tagged(output: S3Output) -> tuple[VersionPointer | None, str | 
 
 def object_sha256(output: S3Output, rel: str) -> str | None:
     """The sha256 of the object at ``output/rel`` (read whole, in chunks), or ``None`` if absent."""
-    h = hashlib.sha256()
     try:
         with output.store().open(output.key(rel)) as body:
-            while chunk := body.read(1 << 22):
-                h.update(chunk)
+            return hashlib.file_digest(body, "sha256").hexdigest()
     except ObjectNotFoundError:
         return None
-    return h.hexdigest()
 
 
 def list_sizes(output: S3Output, rel_prefix: str) -> dict[str, int]:
