@@ -205,13 +205,9 @@ def refuse_if_held(output: S3Output | str | os.PathLike[str], *, now: Callable[[
         raise held_by_run(place, hold, t)
 
 
-def release_hold(output: S3Output | str | os.PathLike[str], run_id: str) -> bool:
+def release_hold(output: S3Output | str | os.PathLike[str] | HoldPlace, run_id: str) -> bool:
     """Delete ``output``'s hold if it is ``run_id``'s (any other run's stays); True if it was."""
-    return release_hold_at(hold_place(output), run_id)
-
-
-def release_hold_at(place: HoldPlace, run_id: str) -> bool:
-    """Delete the hold at ``place`` if it is ``run_id``'s; True if it was."""
+    place = output if isinstance(output, HoldPlace) else hold_place(output)
     try:
         got = place.read()
     except RunHoldError:
@@ -319,4 +315,4 @@ class RunHoldForStep(HeldInBackground):
 
     def release(self) -> bool:
         """Release the hold now (the run's last step, or a step that failed for good)."""
-        return release_hold_at(self.place, self.run_id)
+        return release_hold(self.place, self.run_id)

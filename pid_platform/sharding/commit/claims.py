@@ -88,10 +88,6 @@ class Claim(Renewed):
         return f"{self.purpose} claim of {self.holder} on {self.subject}"
 
 
-def _rel(subject: str, purpose: str, token: str) -> str:
-    return f"{CLAIMS_DIR}/{subject}/{purpose}-{token}.json"
-
-
 class _NotAClaim(ValueError):
     pass
 
@@ -156,7 +152,7 @@ class HeldClaim(HeldInBackground):
                              f"{MAX_TTL_S:g} seconds")
         self.ttl_s, self.now = float(ttl_s), now
         self.renew_every_s = self.ttl_s / 3
-        self.rel = _rel(subject, purpose, uuid.uuid4().hex[:16])
+        self.rel = f"{CLAIMS_DIR}/{subject}/{purpose}-{uuid.uuid4().hex[:16]}.json"
         self.expires = 0.0
         self._thread_name = f"claim-{purpose}"
 

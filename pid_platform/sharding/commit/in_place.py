@@ -41,10 +41,6 @@ class InPlace:
     reused: frozenset[str]  # tars (relative to a version folder) already there, listed with the same sha256
     placed: frozenset[str]  # tars of added modalities, written into the base's folder
 
-    def home(self, rel: str, vid: str) -> str:
-        """The version whose folder holds ``rel`` of version ``vid``."""
-        return self.base if rel in self.reused or rel in self.placed else vid
-
     def version_id(self, staged_id: str) -> str:
         """The id of the version: the staged content's, and the folder its tars are in."""
         return hashlib.sha256(f"pid-in-place-1\0{staged_id}\0{self.base}".encode()).hexdigest()[:20]

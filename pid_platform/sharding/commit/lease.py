@@ -142,16 +142,6 @@ class LeaseSettings:
 
 # --- The lease ----------------------------------------------------------------------------------
 
-_me: HolderProcess | None = None
-
-
-def _this_process() -> HolderProcess:
-    global _me
-    if _me is None or _me.pid != os.getpid():  # a forked child is another process
-        _me = HolderProcess.this()
-    return _me
-
-
 class BuildLeaseError(BuildError):
     pass
 
@@ -269,7 +259,7 @@ class BuildLease(HeldInBackground):
     # Taking it.
     def _fresh(self, started: float | None = None, version: str | None = None) -> LeaseRecord:
         t = self.now()
-        me = _this_process()
+        me = HolderProcess.this()
         return LeaseRecord(me.host, me.pid, self.record.token if self.record else uuid.uuid4().hex,
                            started if started is not None else t, t, t + self.settings.ttl_s,
                            self.settings.ttl_s, version, me.boot, me.pidns, me.start)

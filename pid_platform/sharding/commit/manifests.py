@@ -98,8 +98,7 @@ class BucketManifest:
 
 def write_manifests(out: Path, source: str, plans: Sequence[Shard], num_workers: int = 1,
                     root_base: str | None = None, *, tar_sha256: TarSha256 | None = None,
-                    plan_modalities: Sequence[str] | None = None,
-                    key_index_present: Callable[[Path], bool] = Path.is_file) -> list[BucketManifest]:
+                    plan_modalities: Sequence[str] | None = None) -> list[BucketManifest]:
     """One wdinfo.json per bucket leaf, each written after all the tars and indexes it lists.
 
     ``root_base`` (``wdinfo.root_base``): None writes relative roots (``"."``); else each root is
@@ -109,8 +108,6 @@ def write_manifests(out: Path, source: str, plans: Sequence[Shard], num_workers:
     else the file hashed); the scale benchmark, which writes no tars, passes its own.
     ``plan_modalities``: the modalities the shards were cut with, when modalities were added to
     the plan later (``plan/add_modality.py``); each manifest then says so.
-    ``key_index_present(path)``: whether a shard's key index is there (an S3 commit, whose write
-    tasks uploaded the key indexes, checks them in the bucket listing instead).
     """
     # Hashing every tar again on each run is the slowest part of a no-op rebuild, and the
     # writer hashed each tar it wrote already: the cache answers for all but tars changed since.
@@ -124,10 +121,8 @@ def write_manifests(out: Path, source: str, plans: Sequence[Shard], num_workers:
     for bucket in sorted(by_bucket):
         entries = []
         for p, digests in by_bucket[bucket]:
-            idx = key_index_relpath(p.relpath)
-            if not key_index_present(bucket_dir(out, bucket) / idx):
-                raise FormatError(f"{bucket_dir(out, bucket) / idx}: key index missing; materialize key_indexes first")
-            entries.append(TarEntry(p.relpath, p.count, {m: p.tar_bytes(m) for m in p.modalities}, digests, idx))
+            entries.append(TarEntry(p.relpath, p.count, {m: p.tar_bytes(m) for m in p.modalities}, digests,
+                                    key_index_relpath(p.relpath)))
         modalities = list(by_bucket[bucket][0][0].modalities)
         manifest = WdinfoManifest(
             data_keys=modalities, tars=entries, root=manifest_root(root_base, bucket), chunk_size=chunk_size,

@@ -56,7 +56,6 @@ from pid_platform.sharding.commit.claims import (
     HeldClaim,
     claims_on,
     remove_expired,
-    this_process,
     wait_until_unclaimed,
 )
 from pid_platform.sharding.errors import BuildError, OutputNotWritableError
@@ -174,14 +173,11 @@ def read_pointer_tagged(output: S3Output) -> tuple[VersionPointer | None, str | 
 
 def object_sha256(output: S3Output, rel: str) -> str | None:
     """The sha256 of the object at ``output/rel`` (read whole, in chunks), or ``None`` if absent."""
-    h = hashlib.sha256()
     try:
         with output.store().open(output.key(rel)) as body:
-            while chunk := body.read(1 << 22):
-                h.update(chunk)
+            return hashlib.file_digest(body, "sha256").hexdigest()
     except ObjectNotFoundError:
         return None
-    return h.hexdigest()
 
 
 def list_sizes(output: S3Output, rel_prefix: str) -> dict[str, int]:
@@ -202,8 +198,6 @@ class VersionIncompleteError(BuildError):
 class PublishedVersion:
     output: str
     version: str
-    previous: str | None
-    uploaded: int = 0   # objects sent
     unchanged: bool = False  # the pointer already named this version
 
     @property
@@ -322,7 +316,7 @@ def publish_claims(output: S3Output, vids: set[str], *, now: Callable[[], float]
     sees our claim and leaves the version alone."""
     pause_point("publish:start")
     with ExitStack() as stack:
-        held = [stack.enter_context(HeldClaim(output, vid, PUBLISH, holder=holder or this_process(), now=now))
+        held = [stack.enter_context(HeldClaim(output, vid, PUBLISH, holder=holder, now=now))
                 for vid in sorted(vids)]
         for vid in sorted(vids):
             wait_until_unclaimed(output, vid, DELETE, now=now, on_wait=lambda c, vid=vid: log.warning(
@@ -356,7 +350,6 @@ def list_versions(output: S3Output) -> dict[str, float]:
 
 @dataclass
 class Cleanup:
-    output: str
     current: str | None
     removed: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # not current, still within the grace period
@@ -378,7 +371,7 @@ def cleanup_versions(output: S3Output, *, grace_s: float = DEFAULT_GRACE_S,
     republishing it.
     """
     pointer = read_pointer(output)
-    report = Cleanup(str(output), pointer.version if pointer else None)
+    report = Cleanup(pointer.version if pointer else None)
     t = now()
     retired = dict(pointer.retired) if pointer else {}
     found = list_versions(output)

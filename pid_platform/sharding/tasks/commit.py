@@ -267,7 +267,7 @@ def commit_staged(out: Path | S3Output, *, work_root: str | Path | None = None, 
         manifests = write_manifests(
             folder, shards.source, plans, num_workers=num_workers, root_base=base,
             tar_sha256=lambda _out, p: cov.digests[position[(p.bucket, p.index)]],
-            plan_modalities=cut.plan_modalities if cut else None, key_index_present=lambda _path: True)
+            plan_modalities=cut.plan_modalities if cut else None)
         done = Committed(shards, manifests, report_of(folder), validate_of(folder), [])
         if on_s3:
             done.published = _publish_staged(out, shards, manifests, now)
@@ -376,13 +376,12 @@ def _publish(output: S3Output, staged: Staged, bodies: dict[str, bytes | Path], 
     uses = [staged.base] if staged.base is not None else []
     current, _etag = s3_output.read_pointer_tagged(output)
     refuse_if_moved(output, staged, current)
-    result = PublishedVersion(str(output), vid, current.version if current else None)
+    result = PublishedVersion(str(output), vid)
     holder = this_process()
     check_held(output, vid)
     with s3_output.publish_claims(output, {vid}, now=now, holder=holder) as (claim,):
         for r, body in bodies.items():
             bucket_staging(output, "").put(f"{version_dir(vid)}/{r}", body, "the commit")
-            result.uploaded += 1
         if copies:
             bucket = output.store()
             for n in copies:
