@@ -22,6 +22,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -223,12 +224,7 @@ def read_staged(output: S3Output) -> Staged | None:
 def leftovers(output: S3Output) -> list[str]:
     """What lies under ``staged/`` (a few names): a plan or intake was staged there, or begun."""
     prefix = output.key(STAGED) + "/"
-    found = []
-    for o in output.store().list(prefix):
-        found.append(o.key[len(prefix):])
-        if len(found) >= 3:
-            break
-    return found
+    return [o.key[len(prefix):] for o in islice(output.store().list(prefix), 3)]
 
 
 def stage_plan_state(output: S3Output, folder: Path, source: str, seen: SeenPointer, version: str,
