@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -122,10 +121,9 @@ class BuildSummary:
 
 
 def summarize(results: list[ShardResult]) -> dict[str, BucketSummary]:
-    buckets: dict[str, BucketSummary] = defaultdict(lambda: BucketSummary(""))
+    buckets: dict[str, BucketSummary] = {}
     for r in results:
-        b = buckets[r.bucket]
-        b.bucket = r.bucket
+        b = buckets.setdefault(r.bucket, BucketSummary(r.bucket))
         b.shards += 1
         b.samples += r.count
         b.bytes += sum(r.bytes.values())
