@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import groupby
 from pathlib import Path
 
 from pid_platform.sharding.commit.state import REPORT, load_intake_settings, state_dir
@@ -110,14 +111,9 @@ def check_task(index: int, of: int) -> None:
 
 
 def spans_text(positions: list[int]) -> str:
-    spans, start = [], None
-    for i, p in enumerate(positions):
-        if start is None:
-            start = p
-        if i + 1 == len(positions) or positions[i + 1] != p + 1:
-            spans.append(f"{start}" if start == p else f"{start}-{p}")
-            start = None
-    return ", ".join(spans)
+    # Along a run of consecutive positions, position minus place stays the same.
+    runs = [[p for _i, p in run] for _d, run in groupby(enumerate(positions), lambda ip: ip[1] - ip[0])]
+    return ", ".join(f"{r[0]}" if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def unfinished_write(shards: int, ofs: set[int], missing: list[int], where: str, *,
