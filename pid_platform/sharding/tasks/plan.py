@@ -187,7 +187,7 @@ def stage_plan(store: SourceStore, source: str, out: Path, config: ShardingConfi
     """
     out = Path(out)
     if fresh_tasks:
-        clear_records(versions.staging_dir(out), WRITE)
+        clear_records(folder_staging(versions.staging_dir(out)), WRITE)
     return pipeline.stage_plan_files(store, source, out, config, committed)
 
 
