@@ -29,7 +29,6 @@ from typing import Any
 from loader.formats.twin_tar import file_sha256, key_index_relpath, tar_path
 from loader.io.errors import ObjectNotFoundError, PreconditionFailedError
 from loader.io.s3_client import S3AccessError
-from pid_platform.sharding import pipeline
 from pid_platform.sharding.commit import s3_output, versions
 from pid_platform.sharding.commit.s3_output import (
     VERSION_INPUTS,
@@ -394,7 +393,7 @@ def coverage(plans: Sequence[Shard], recs: list[dict]) -> Coverage:
 def staged_folder_plan(out: Path, what: str) -> tuple[Path, Path] | None:
     """(staging folder, its plan) ; None when nothing is staged over a committed build."""
     staged = versions.staging_dir(out)
-    plan = state_dir(staged) / pipeline.PLAN
+    plan = state_dir(staged) / PLAN
     if plan.is_file():
         return staged, plan
     if (state_dir(final_dir(out)) / SAMPLES).is_file() and not staged.exists():
