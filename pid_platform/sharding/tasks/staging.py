@@ -53,7 +53,7 @@ from pid_platform.sharding.plan.plan_files import (
     PlanSource,
 )
 from pid_platform.sharding.state_doc import load_state_doc
-from pid_platform.sharding.tasks.outcomes import TaskOrderError
+from pid_platform.sharding.tasks.outcomes import TaskOrderError, shard_entries
 from pid_platform.sharding.tasks.records import STAGED, bucket_staging, get_doc
 
 STAGED_NAME = "staged.json"
@@ -358,18 +358,6 @@ class Coverage:
     ofs: set[int]  # the ``--of`` of the records that cover shards
 
 
-def _shard_entries(r: dict, start: int, stop: int) -> dict[int, tuple]:
-    """Each shard's entry of write record ``r``: (digests, key index size (None: left to a later
-    step, any size), tar sizes, ETags, check findings); KeyError, TypeError or ValueError when
-    one is lacking or malformed."""
-    def entry(k: str) -> tuple:
-        kib = r["key_index_bytes"][k]
-        return (dict(r["digests"][k]), None if kib is None else int(kib), dict(r["tar_sizes"][k]),
-                dict(r.get("etags", {}).get(k) or {}), dict(r.get("problems", {}).get(k, {})))
-
-    return {i: entry(str(i)) for i in range(start, stop)}
-
-
 def coverage(plans: Sequence[Shard], recs: list[dict]) -> Coverage:
     cov = Coverage({}, {}, {}, {}, {}, set(), {}, [], set())
     for r in recs:
@@ -378,7 +366,7 @@ def coverage(plans: Sequence[Shard], recs: list[dict]) -> Coverage:
             if r.get("shards") != [start, stop]:
                 continue
             # Read whole before any of it counts: a record lacking one shard's entry covers none.
-            entries, written, of = _shard_entries(r, start, stop), {int(i) for i in r.get("written", [])}, int(r["of"])
+            entries, written, of = shard_entries(r, start, stop), {int(i) for i in r.get("written", [])}, int(r["of"])
         except (KeyError, TypeError, ValueError):
             continue
         for i, (digests, kib, sizes, etags, problems) in entries.items():
