@@ -15,7 +15,7 @@ Sections (``--sections``, default all); each prints its table and its ``PASS``/`
   fingerprints (``size:etag``, no local path; ``--files local``: ``size:mtime:ctime:inode`` and a
   path per file, the largest rows a build reads). Generated once and cached in the work folder.
   **Timed, in a fresh child process:** *plan* - the build's own plan step,
-  ``tasks.run.stage_plan`` (what ``pid-shard plan`` and the Dagster ``plan`` step run after the
+  ``tasks.plan.stage_plan`` (what ``pid-shard plan`` and the Dagster ``plan`` step run after the
   intake; the table is linked in as the intake staged it): samples.parquet -> plan.parquet (the
   shard plan and every sample in plan order, row groups of 128 Ki rows) and shards.parquet (one
   row per shard: count, tar sizes, plan digest, computed from each row group as it is written),
@@ -310,7 +310,7 @@ def coordinator_child(samples_path: Path, out: Path, shard_mb: float) -> dict:
     from pid_platform.sharding.plan.plan_files import PLAN, load_shards
     from pid_platform.sharding.plan.shard_plan import ShardingConfig
     from pid_platform.sharding.storage import LocalSourceStore
-    from pid_platform.sharding.tasks.run import stage_plan
+    from pid_platform.sharding.tasks.plan import stage_plan
 
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     config = ShardingConfig(max_shard_size_mb=shard_mb)

@@ -126,7 +126,8 @@ def test_a_deleted_file_leaves_the_build_and_its_cache(raw_root: Path, tmp_path:
 _CRASH = """
 import os, signal, sys
 from pathlib import Path
-from pid_platform.sharding.pipeline import run_intake, run_key_indexes, run_sharding
+from pid_platform.sharding.pipeline import run_intake, run_key_indexes
+from tests.support.build_data import run_sharding
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.storage import LocalSourceStore
 raw, out, point, bound = sys.argv[1], Path(sys.argv[2]), sys.argv[3], float(sys.argv[4])
@@ -149,7 +150,8 @@ def test_a_crash_between_intake_and_commit_leaves_a_cache_the_next_build_uses_sa
         build(raw_root, out)
         add_sample(raw_root, "newcomer")  # so the crashed build has something to stage
     proc = subprocess.run([sys.executable, "-c", _CRASH, str(raw_root), str(out), point, str(SMALL_BOUND_MB)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])  # it imports tests.support
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     staged_cache = staging_dir(out) / STATE_DIR / CACHE_NAME
     assert staged_cache.is_file()

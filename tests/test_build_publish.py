@@ -25,11 +25,9 @@ from pid_platform.sharding.errors import BuildError, OutputNotWritableError
 from pid_platform.sharding.layout import STATE_DIR, sha_cache_path
 from pid_platform.sharding.pipeline import (
     build_source,
-    load_plans,
     load_sharding_config,
     run_intake,
     run_key_indexes,
-    run_sharding,
 )
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.storage import LocalSourceStore
@@ -40,9 +38,11 @@ from tests.support.build_data import (
     build,
     index_rows,
     jpeg_bytes,
+    load_plans,
     manifests,
     output_files,
     photo,
+    run_sharding,
     source_file,
 )
 

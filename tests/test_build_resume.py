@@ -17,7 +17,7 @@ from loader.formats.errors import FormatError
 from loader.formats.twin_tar import SourceChangedError, file_sha256, iter_member_headers, tar_path
 from pid_platform.sharding.commit.versions import staging_dir
 from pid_platform.sharding.layout import sha_cache_path, stamp_path
-from pid_platform.sharding.pipeline import run_intake, run_key_indexes, run_sharding
+from pid_platform.sharding.pipeline import run_intake, run_key_indexes
 from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.storage import LocalSourceStore
 from tests.support.build_data import (
@@ -31,6 +31,7 @@ from tests.support.build_data import (
     output_files,
     photo,
     reverse_members_in_place,
+    run_sharding,
     source_file,
 )
 

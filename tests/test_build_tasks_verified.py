@@ -320,24 +320,30 @@ def test_an_altered_write_record_of_a_folder_is_refused_by_the_commit_naming_it(
 
 def test_a_write_record_of_an_older_pid_shard_sends_its_task_back(raw_root: Path, tmp_path: Path) -> None:
     """A folder's write record as pid-shard wrote it before records carried tar digests and sizes
-    (a build staged before an upgrade), or one lacking only the sizes: the commit, which takes its
-    checksums from the records, counts none of its shards, and the task run again writes a record
-    the commit takes (the write task and the commit ask one question, ``is_write_record_of``;
-    before, a task found a record with digests but no sizes done, and the commit refused forever)."""
+    (a build staged before an upgrade), one lacking only the sizes, or one lacking one shard's
+    entry: the commit, which takes its checksums from the records, counts none of its shards,
+    and the task run again writes a record the commit takes (the write task and the commit ask
+    one question, ``is_write_record_of``; before, a task found a record with digests but no sizes,
+    or without one shard's digests, done, and the commit refused forever)."""
     out = tmp_path / "out"
     pid_shard(tmp_path, "planner", "plan", *_io(raw_root, str(out)), *SETTINGS)
     pid_shard(tmp_path, "task", "task", "--index", "0", "--of", "1", *_io(raw_root, str(out)))
     path = staging_dir(out) / STATE_DIR / "tasks" / "write-000000-of-000001.json"
     record = json.loads(path.read_bytes())
-    for lacking in (("digests", "tar_sizes", "key_index_bytes"), ("tar_sizes",)):
-        # The second: a record with the digests but not the sizes must not count as done for
-        # any of its shards (a half-read record covered its first shard).
-        path.write_text(json.dumps({k: v for k, v in record.items() if k not in lacking}))
+    last = str(record["shards"][1] - 1)
+    for forged in ({k: v for k, v in record.items() if k not in ("digests", "tar_sizes", "key_index_bytes")},
+                   # with the digests but not the sizes: done for none of its shards (a half-read
+                   # record covered its first shard)
+                   {k: v for k, v in record.items() if k != "tar_sizes"},
+                   # every field, but its last shard's digests gone: the task found it done, the
+                   # commit found that shard unfinished, and neither moved again
+                   {**record, "digests": {k: v for k, v in record["digests"].items() if k != last}}):
+        path.write_text(json.dumps(forged))
         res = pid_shard(tmp_path, "commit", "commit", *_io(raw_root, str(out), source=False), check=False)
         assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
         assert "no write task has finished for the staged plan" in res.stderr and not out.exists(), res.stderr
     pid_shard(tmp_path, "again", "task", "--index", "0", "--of", "1", *_io(raw_root, str(out)))
-    assert "digests" in json.loads(path.read_bytes())
+    assert json.loads(path.read_bytes())["digests"] == record["digests"]
     pid_shard(tmp_path, "commit", "commit", *_io(raw_root, str(out), source=False))
     assert out.is_dir()
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,15 +42,13 @@ from pid_platform.sharding.plan.add_modality import (
 )
 from pid_platform.sharding.plan.columnar import Shard, ShardRef
 from pid_platform.sharding.plan.plan_files import (
-    PLAN,
     iter_shard_plans,
     load_shards,
     write_cut,
     write_planned,
 )
-from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
+from pid_platform.sharding.plan.shard_plan import ShardingConfig
 from pid_platform.sharding.plan.tables import (
-    read_plans,
     read_samples,
     samples_modalities,
     write_table,
@@ -122,10 +119,9 @@ class BuildSummary:
 
 
 def summarize(results: list[ShardResult]) -> dict[str, BucketSummary]:
-    buckets: dict[str, BucketSummary] = defaultdict(lambda: BucketSummary(""))
+    buckets: dict[str, BucketSummary] = {}
     for r in results:
-        b = buckets[r.bucket]
-        b.bucket = r.bucket
+        b = buckets.setdefault(r.bucket, BucketSummary(r.bucket))
         b.shards += 1
         b.samples += r.count
         b.bytes += sum(r.bytes.values())
@@ -215,21 +211,6 @@ def stage_plan_files(store: SourceStore, source: str, out: Path, config: Shardin
     return shards
 
 
-@build_step
-def run_sharding(store: SourceStore, source: str, out: Path, config: ShardingConfig, *, num_workers: int,
-                 progress: Callable[[int, int], None] | None = None) -> tuple[list[ShardRef], list[ShardResult]]:
-    """Plan the staged samples (``stage_plan_files``), then write every planned shard's tars as
-    write task 0 of 1 does (``tasks.write.write_range``), without key indexes (``run_key_indexes``)
-    or record."""
-    from pid_platform.sharding.tasks.write import FolderTarget, write_range
-
-    shards = stage_plan_files(store, source, out, config)
-    target = FolderTarget(out, versions.staging_dir(out), key_indexes=False)
-    _found, written = write_range(store, source, target, shards, 0, len(shards), num_workers=num_workers,
-                                  progress=progress)
-    return shards, planned_results(shards, set(written).__contains__)
-
-
 def save_sharding_config(folder: Path, config: ShardingConfig) -> Path:
     """Record the config the tars in ``folder`` were cut with, for steps that run later on their own."""
     path = state_dir(folder) / "sharding.json"
@@ -248,13 +229,6 @@ def load_sharding_config(folder: Path) -> ShardingConfig:
         raise FileNotFoundError(
             f"{path}: no sharding recorded in {folder}; materialize twin_tar_shards first"
         ) from None
-
-
-def load_plans(folder: Path, config: ShardingConfig) -> list[ShardPlan]:
-    """Every shard of ``folder``'s plan with its samples, all at once (for inspecting a small
-    build; a step streams them: ``plan_files.iter_shard_plans``, ``iter_shard_range``);
-    ``plan_files.load_shards`` reads one row per shard, for steps that need no sample."""
-    return read_plans(state_dir(folder) / PLAN, config.part_size)
 
 
 @build_step

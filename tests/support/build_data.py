@@ -19,16 +19,28 @@ from loader.formats.key_index import read_key_index
 from loader.formats.twin_tar import TarMember, write_tar
 from loader.formats.wdinfo import WDINFO_NAME, WdinfoManifest, read_wdinfo
 from pid_platform.demo.sample_data import load_photo
+from pid_platform.sharding.commit import versions
 from pid_platform.sharding.commit.verify_output import (
     key_index_mismatches,
     manifest_mismatches,
     size_bound_violations,
     twin_key_mismatches,
 )
-from pid_platform.sharding.layout import STATE_DIR
-from pid_platform.sharding.pipeline import BuildSummary, build_source, load_plans
+from pid_platform.sharding.layout import STATE_DIR, state_dir
+from pid_platform.sharding.pipeline import (
+    BuildSummary,
+    build_source,
+    build_step,
+    planned_results,
+    stage_plan_files,
+)
+from pid_platform.sharding.plan.columnar import ShardRef
+from pid_platform.sharding.plan.plan_files import PLAN
 from pid_platform.sharding.plan.shard_plan import ShardingConfig, ShardPlan
-from pid_platform.sharding.storage import LocalSourceStore
+from pid_platform.sharding.plan.tables import read_plans
+from pid_platform.sharding.storage import LocalSourceStore, SourceStore
+from pid_platform.sharding.tasks.write import FolderTarget, write_range
+from pid_platform.sharding.write.tars import ShardResult
 
 SOURCE = "photos"
 MODALITIES = ["caption", "image", "umt5"]
@@ -49,6 +61,25 @@ def build(raw_root: Path, out: Path, *, num_workers: int = 1, trust_pickle: bool
         LocalSourceStore(raw_root), SOURCE, out, config, num_workers=num_workers, trust_pickle=trust_pickle,
         validate=validate, revalidate=revalidate,
     )
+
+
+def load_plans(folder: Path, config: ShardingConfig) -> list[ShardPlan]:
+    """Every shard of ``folder``'s plan with its samples, all at once (a test's small build; a
+    build step streams them: ``plan_files.iter_shard_plans``, ``iter_shard_range``)."""
+    return read_plans(state_dir(folder) / PLAN, config.part_size)
+
+
+@build_step
+def run_sharding(store: SourceStore, source: str, out: Path, config: ShardingConfig, *,
+                 num_workers: int) -> tuple[list[ShardRef], list[ShardResult]]:
+    """Plan the staged samples (``stage_plan_files``), then write every planned shard's tars as
+    write task 0 of 1 does (``tasks.write.write_range``), without key indexes (``run_key_indexes``)
+    or record: the build's steps one by one, for a test that stops or changes things between them."""
+    stage_plan_files(store, source, out, config)
+    target = FolderTarget(out, versions.staging_dir(out), key_indexes=False)
+    _found, written = write_range(store, source, target, target.shards, 0, len(target.shards),
+                                  num_workers=num_workers, progress=None)
+    return target.shards, planned_results(target.shards, set(written).__contains__)
 
 
 def plans_of(out: Path, **cfg) -> list[ShardPlan]:

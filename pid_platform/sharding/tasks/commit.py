@@ -211,10 +211,10 @@ def staged_shards(out: Path | S3Output, work_root: str | Path | None, what: str,
         found = staged_folder_plan(Path(out), what)
         if found is None:
             return None
-        folder, config = found[0], pipeline.load_sharding_config(found[0])
+        folder, config, kept = found[0], pipeline.load_sharding_config(found[0]), folder_staging(found[0])
         plan_id = shards_identity(plans := load_shards(folder, config))
-        recs = [r for r in records(folder, WRITE) if is_write_record_of(r, {PLAN_ID: plan_id})]
-        return StagedShards(None, folder, config, plans, recs, folder_staging(folder), staging.coverage(plans, recs))
+        recs = [r for r in records(kept, WRITE) if is_write_record_of(r, {PLAN_ID: plan_id})]
+        return StagedShards(None, folder, config, plans, recs, kept, staging.coverage(plans, recs))
     staged = staged_or_refuse(out, what)
     if staged is None:
         return None

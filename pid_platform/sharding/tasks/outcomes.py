@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import groupby
 from pathlib import Path
 
 from pid_platform.sharding.commit.state import REPORT, load_intake_settings, state_dir
@@ -97,12 +98,31 @@ PLAN_ID = "plan_shards_sha256"
 SHARD_FIELDS = {"digests": "tars", "key_index_bytes": "key_index_bytes", "tar_sizes": "bytes"}
 
 
+def shard_entries(r: dict, start: int, stop: int) -> dict[int, tuple]:
+    """Each shard's entry of write record ``r``: (digests, key index size (None: left to a later
+    step, any size), tar sizes, ETags, check findings); KeyError, TypeError or ValueError when
+    one is lacking or malformed."""
+    def entry(k: str) -> tuple:
+        kib = r["key_index_bytes"][k]
+        return (dict(r["digests"][k]), None if kib is None else int(kib), dict(r["tar_sizes"][k]),
+                dict(r.get("etags", {}).get(k) or {}), dict(r.get("problems", {}).get(k, {})))
+
+    return {i: entry(str(i)) for i in range(start, stop)}
+
+
 def is_write_record_of(rec: dict, identity: dict) -> bool:
     """Whether ``rec`` is a write record of the plan ``identity`` names (a folder's ``PLAN_ID``,
-    a bucket's ``plan_sha256``) with every per-shard field. One of an older pid-shard, without
-    the tar digests and sizes the commit takes its checksums from, is not: its task runs again,
-    and until then its shards are unfinished (the write task and the commit ask this one question)."""
-    return all(f in rec for f in SHARD_FIELDS) and all(rec.get(k) == v for k, v in identity.items())
+    a bucket's ``plan_sha256``) with every per-shard field and an entry for each of its shards.
+    One of an older pid-shard, without the tar digests and sizes the commit takes its checksums
+    from, or one lacking a shard's entry, is not: its task runs again, and until then its shards
+    are unfinished (the write task and the commit ask this one question)."""
+    if not (all(f in rec for f in SHARD_FIELDS) and all(rec.get(k) == v for k, v in identity.items())):
+        return False
+    try:
+        shard_entries(rec, *rec["shards"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return True
 
 
 def check_task(index: int, of: int) -> None:
@@ -110,14 +130,9 @@ def check_task(index: int, of: int) -> None:
 
 
 def spans_text(positions: list[int]) -> str:
-    spans, start = [], None
-    for i, p in enumerate(positions):
-        if start is None:
-            start = p
-        if i + 1 == len(positions) or positions[i + 1] != p + 1:
-            spans.append(f"{start}" if start == p else f"{start}-{p}")
-            start = None
-    return ", ".join(spans)
+    # Along a run of consecutive positions, position minus place stays the same.
+    runs = [[p for _i, p in run] for _d, run in groupby(enumerate(positions), lambda ip: ip[1] - ip[0])]
+    return ", ".join(f"{r[0]}" if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def unfinished_write(shards: int, ofs: set[int], missing: list[int], where: str, *,

@@ -187,7 +187,7 @@ def stage_plan(store: SourceStore, source: str, out: Path, config: ShardingConfi
     """
     out = Path(out)
     if fresh_tasks:
-        clear_records(versions.staging_dir(out), WRITE)
+        clear_records(folder_staging(versions.staging_dir(out)), WRITE)
     return pipeline.stage_plan_files(store, source, out, config, committed)
 
 
@@ -244,13 +244,6 @@ def in_place_of(output: S3Output, folder: Path, staged_id: str) -> InPlace | Non
                            lambda r: s3_output.get_bytes(output, r), lambda r: s3_output.list_sizes(output, r))
 
 
-def published_as(staged_id: str, in_place: InPlace | None) -> tuple[str, list[str]]:
-    """(version id, the pointer's ``uses``) of the plan with id ``staged_id`` once published."""
-    if in_place is None:
-        return staged_id, []
-    return in_place.version_id(staged_id), [in_place.base]
-
-
 def seen_pointer(output: S3Output) -> SeenPointer:
     """The pointer as a plan reads it before it cuts: what its commit may switch from."""
     pointer, etag = s3_output.read_pointer_tagged(output)
@@ -268,7 +261,8 @@ def _stage_in_bucket(output: S3Output, folder: Path, source: str, seen: SeenPoin
     task would take; earlier write records go (this plan's tasks report what they did themselves)."""
     staged_id = s3_output.version_id(folder)
     in_place = in_place_of(output, folder, staged_id)
-    vid, uses = published_as(staged_id, in_place)
+    # The version id and the pointer's ``uses`` once published.
+    vid, uses = (staged_id, []) if in_place is None else (in_place.version_id(staged_id), [in_place.base])
     if config is not None and already_served(output, folder, vid, uses, config):
         delete_staged(output)
         return None

@@ -48,7 +48,6 @@ def pull_committed_plan(output: S3Output, folder: Path) -> Path | None:
 
 def _write_state(state: Path, found: dict[str, bytes | None]) -> None:
     """Each of ``found`` that the published version carries, into the state folder ``state``."""
-    state.mkdir(parents=True, exist_ok=True)
     for name, data in found.items():
         if data is not None:
             atomic_write_bytes(state / name, data)

@@ -79,11 +79,6 @@ def bucket_staging(output: S3Output, under: str = STAGED) -> Staging:
     return Staging(output.store(), output.key(under))
 
 
-def staging_of(where: Path | Staging) -> Staging:
-    """A staging folder's own files, or ``where`` itself."""
-    return where if isinstance(where, Staging) else folder_staging(Path(where))
-
-
 def tasks_dir(folder: Path) -> Path:
     return state_dir(folder) / TASKS_DIR
 
@@ -133,15 +128,15 @@ def _record(store: Staging, name: str, stage: str) -> dict | None:
     return None
 
 
-def read_record(where: Path | Staging, stage: str, index: int, of: int) -> dict | None:
+def read_record(store: Staging, stage: str, index: int, of: int) -> dict | None:
     """Task ``index`` of ``of``'s record; None when there is none; ``StateFileError`` naming it
     when it is damaged."""
-    return _record(staging_of(where), record_name(stage, index, of), stage)
+    return _record(store, record_name(stage, index, of), stage)
 
 
-def write_record(where: Path | Staging, stage: str, index: int, of: int, doc: dict, what: str = "") -> str:
+def write_record(store: Staging, stage: str, index: int, of: int, doc: dict, what: str = "") -> str:
     """The record, last (where it is: a path or URL)."""
-    store, name = staging_of(where), record_name(stage, index, of)
+    name = record_name(stage, index, of)
     full = {"format": RECORD_FORMAT, "stage": stage, "index": index, "of": of, **doc}
     store.put(name, json.dumps(full, sort_keys=True, indent=1).encode(), what or f"{stage} task {index} of {of}")
     return store.url(name)
@@ -151,16 +146,14 @@ def _names(store: Staging, stage: str) -> list[str]:
     return [f"{TASKS_DIR}/{n}" for n in store.names(TASKS_DIR) if n.startswith(f"{stage}-") and n.endswith(".json")]
 
 
-def records(where: Path | Staging, stage: str) -> list[dict]:
+def records(store: Staging, stage: str) -> list[dict]:
     """Every readable record of ``stage``, in name order, each with its ``path``."""
-    store = staging_of(where)
     return [r for n in _names(store, stage) if (r := _record(store, n, stage)) is not None]
 
 
-def clear_records(where: Path | Staging, stage: str) -> int:
+def clear_records(store: Staging, stage: str) -> int:
     """Remove every record of ``stage``: its tasks run again (each keeping what is still up to
     date) instead of being taken for done. Returns how many were removed."""
-    store = staging_of(where)
     names = _names(store, stage)
     store.delete(*names)
     return len(names)

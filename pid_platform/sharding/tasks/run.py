@@ -22,9 +22,6 @@ from pid_platform.sharding.storage import SourceStore
 from pid_platform.sharding.tasks.commit import run_commit
 from pid_platform.sharding.tasks.outcomes import validate_of
 from pid_platform.sharding.tasks.plan import run_plan
-from pid_platform.sharding.tasks.plan import (
-    stage_plan as stage_plan,  # bench/bench_build_scale.py imports it here
-)
 from pid_platform.sharding.tasks.write import run_write_task
 
 

@@ -22,13 +22,13 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from loader.formats.twin_tar import file_sha256, key_index_relpath, tar_path
 from loader.io.errors import ObjectNotFoundError, PreconditionFailedError
 from loader.io.s3_client import S3AccessError
-from pid_platform.sharding import pipeline
 from pid_platform.sharding.commit import s3_output, versions
 from pid_platform.sharding.commit.s3_output import (
     VERSION_INPUTS,
@@ -53,7 +53,7 @@ from pid_platform.sharding.plan.plan_files import (
     PlanSource,
 )
 from pid_platform.sharding.state_doc import load_state_doc
-from pid_platform.sharding.tasks.outcomes import TaskOrderError
+from pid_platform.sharding.tasks.outcomes import TaskOrderError, shard_entries
 from pid_platform.sharding.tasks.records import STAGED, bucket_staging, get_doc
 
 STAGED_NAME = "staged.json"
@@ -223,12 +223,7 @@ def read_staged(output: S3Output) -> Staged | None:
 def leftovers(output: S3Output) -> list[str]:
     """What lies under ``staged/`` (a few names): a plan or intake was staged there, or begun."""
     prefix = output.key(STAGED) + "/"
-    found = []
-    for o in output.store().list(prefix):
-        found.append(o.key[len(prefix):])
-        if len(found) >= 3:
-            break
-    return found
+    return [o.key[len(prefix):] for o in islice(output.store().list(prefix), 3)]
 
 
 def stage_plan_state(output: S3Output, folder: Path, source: str, seen: SeenPointer, version: str,
@@ -363,18 +358,6 @@ class Coverage:
     ofs: set[int]  # the ``--of`` of the records that cover shards
 
 
-def _shard_entries(r: dict, start: int, stop: int) -> dict[int, tuple]:
-    """Each shard's entry of write record ``r``: (digests, key index size (None: left to a later
-    step, any size), tar sizes, ETags, check findings); KeyError, TypeError or ValueError when
-    one is lacking or malformed."""
-    def entry(k: str) -> tuple:
-        kib = r["key_index_bytes"][k]
-        return (dict(r["digests"][k]), None if kib is None else int(kib), dict(r["tar_sizes"][k]),
-                dict(r.get("etags", {}).get(k) or {}), dict(r.get("problems", {}).get(k, {})))
-
-    return {i: entry(str(i)) for i in range(start, stop)}
-
-
 def coverage(plans: Sequence[Shard], recs: list[dict]) -> Coverage:
     cov = Coverage({}, {}, {}, {}, {}, set(), {}, [], set())
     for r in recs:
@@ -383,7 +366,7 @@ def coverage(plans: Sequence[Shard], recs: list[dict]) -> Coverage:
             if r.get("shards") != [start, stop]:
                 continue
             # Read whole before any of it counts: a record lacking one shard's entry covers none.
-            entries, written, of = _shard_entries(r, start, stop), {int(i) for i in r.get("written", [])}, int(r["of"])
+            entries, written, of = shard_entries(r, start, stop), {int(i) for i in r.get("written", [])}, int(r["of"])
         except (KeyError, TypeError, ValueError):
             continue
         for i, (digests, kib, sizes, etags, problems) in entries.items():
@@ -398,7 +381,7 @@ def coverage(plans: Sequence[Shard], recs: list[dict]) -> Coverage:
 def staged_folder_plan(out: Path, what: str) -> tuple[Path, Path] | None:
     """(staging folder, its plan) ; None when nothing is staged over a committed build."""
     staged = versions.staging_dir(out)
-    plan = state_dir(staged) / pipeline.PLAN
+    plan = state_dir(staged) / PLAN
     if plan.is_file():
         return staged, plan
     if (state_dir(final_dir(out)) / SAMPLES).is_file() and not staged.exists():

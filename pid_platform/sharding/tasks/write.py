@@ -67,6 +67,7 @@ from pid_platform.sharding.tasks.records import (
     WRITE,
     Staging,
     bucket_staging,
+    folder_staging,
     get_doc,
     read_record,
     record_name,
@@ -109,7 +110,7 @@ class WriteTarget:
     it), and where the record goes. ``run_write_task`` does the rest, once for both."""
 
     folder: Path  # the shards' tars are written here
-    records: Path | Staging  # the task's record is here
+    records: Staging  # the task's record is here
     identity: dict  # what the record was done against: a record naming another plan is not this one's
     config: ShardingConfig
     previous: Path | None = None  # a committed folder: its tars up to date are hard-linked (``write_shards``)
@@ -138,7 +139,8 @@ class FolderTarget(WriteTarget):
     folder are hard-linked there, and an unchanged shard's stamp keeps it (``write_shards``)."""
 
     def __init__(self, out: Path, staged: Path, key_indexes: bool = True) -> None:
-        self.out, self.folder, self.records, self.key_indexes = out, staged, staged, key_indexes
+        self.out, self.folder, self.key_indexes = out, staged, key_indexes
+        self.records = folder_staging(staged)
         self.config = pipeline.load_sharding_config(staged)
         self.shards = load_shards(staged, self.config)
         self.identity = {PLAN_ID: shards_identity(self.shards)}

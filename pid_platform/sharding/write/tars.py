@@ -108,26 +108,23 @@ def _shard_one(store: SourceStore, source: str, out: Path, previous: Path | None
     # Invalidate the stamp first: a crash after some of this shard's tars were replaced must not
     # leave an older stamp vouching for the shard.
     stamp_path(out, plan.bucket, plan.index).unlink(missing_ok=True)
-    if previous is not None and shard_up_to_date(previous, plan):
-        for m in plan.modalities:
-            link_atomic(tar_path(previous, plan.bucket, m, plan.relpath), tar_path(out, plan.bucket, m, plan.relpath))
-        sha = sha_cache_path(previous, plan.bucket, plan.index)
-        if sha.is_file():  # the checksums of these very files: spares hashing them again
-            link_atomic(sha, sha_cache_path(out, plan.bucket, plan.index))
-        _write_stamp(out, plan)
-        return result
+    # Tars up to date in ``previous`` are the same files (hard links): the whole shard's, or, when
+    # it adds modalities to the committed plan, those of the committed plan's (``base``). Only the
+    # others are written.
     base = plan.restricted(reuse) if reuse and set(reuse) < set(plan.modalities) else None
-    if previous is not None and base is not None and shard_up_to_date(previous, base):
-        # Modalities added to the committed plan: its tars are the same files (hard links),
-        # only the added modalities' tars are written.
-        for m in base.modalities:
-            link_atomic(tar_path(previous, plan.bucket, m, plan.relpath), tar_path(out, plan.bucket, m, plan.relpath))
+    linked = next((p for p in (plan, base) if p is not None and previous is not None
+                   and shard_up_to_date(previous, p)), None)
+    for m in linked.modalities if linked is not None else ():
+        link_atomic(tar_path(previous, plan.bucket, m, plan.relpath), tar_path(out, plan.bucket, m, plan.relpath))
+    if linked is not None and linked is base:
         _carry_digests(previous, base, out, plan)
-        _write_tars(store, source, out, plan, tuple(m for m in plan.modalities if m not in base.modalities))
-    else:
-        _write_tars(store, source, out, plan, plan.modalities)
+    elif linked is not None and (sha := sha_cache_path(previous, plan.bucket, plan.index)).is_file():
+        # The checksums of these very files: spares hashing them again.
+        link_atomic(sha, sha_cache_path(out, plan.bucket, plan.index))
+    written = tuple(m for m in plan.modalities if linked is None or m not in linked.modalities)
+    _write_tars(store, source, out, plan, written)
     _write_stamp(out, plan)
-    return ShardResult(plan.bucket, plan.index, plan.relpath, len(plan.samples), sizes, True)
+    return ShardResult(plan.bucket, plan.index, plan.relpath, len(plan.samples), sizes, bool(written))
 
 
 def shard_files(out: Path, plan: ShardPlan) -> list[Path]:
