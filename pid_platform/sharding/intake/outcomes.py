@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from pid_platform.sharding.compute import pc
 from pid_platform.sharding.intake.cache import (
+    CACHE_SCHEMA,
     CAPTION,
     IMAGE,
     SNIFF,
@@ -263,7 +264,7 @@ def decide(
             sized |= good & pc.is_valid(outcomes["width"]).to_numpy(zero_copy_only=False)
     cache.release()  # the last modality's cached rows: what applied is in ``used`` and ``held``
 
-    validated = 0
+    checked: list[tuple] = []  # the cache rows of the files read this run
     todo = np.flatnonzero(pending)
     if len(todo):
         sub = rows.take(pa.array(todo))
@@ -274,8 +275,7 @@ def decide(
             for m in listing.modalities:
                 outcomes, applies = held[m]
                 if applies[i]:
-                    o = outcomes.slice(int(i), 1).to_pylist()[0]
-                    hits[m] = FileOutcome(o["kind"], o["reason"], o["width"], o["height"], o["sha256"])
+                    hits[m] = FileOutcome(**outcomes.slice(int(i), 1).to_pylist()[0])
             known.append((samples[j][1], hits))
         # Small chunks: a chunk of full decodes costs about 4 ms per sample, and the workers all
         # wait for the last one; 8 samples keep that tail short, and a thread needs no batching.
@@ -291,11 +291,11 @@ def decide(
                     width[i], height[i], sized[i] = chk.width, chk.height, True
                 else:
                     sized[i] = False
-                for entry, outcome in fresh:
-                    used.put(entry, outcome)
-                validated += len(fresh)
+                checked += [(e.modality, e.name, e.fingerprint, o.kind, o.reason, o.width, o.height, o.sha256)
+                            for e, o in fresh]
             if progress is not None:
                 progress(len(res))
+        used.add(pa.Table.from_struct_array(pa.array(checked, pa.struct(CACHE_SCHEMA))))
     reasons = pa.array(reason, pa.string())
     keep_size = pa.array(sized & pc.is_null(reasons).to_numpy(zero_copy_only=False))
     null32 = pa.nulls(n, pa.int32())
@@ -303,7 +303,7 @@ def decide(
         reason=reasons,
         width=pc.if_else(keep_size, pa.array(width, pa.int32()), null32),
         height=pc.if_else(keep_size, pa.array(height, pa.int32()), null32),
-        used=used, files_validated=validated, outcomes_reused=reused,
+        used=used, files_validated=len(checked), outcomes_reused=reused,
     )
 
 
