@@ -122,11 +122,9 @@ class SourceStore(ABC):
     def list_files(self, source: str, modality: str) -> Listing: ...
 
     @abstractmethod
-    def read(self, source: str, entry: FileEntry) -> bytes: ...
-
-    def read_head(self, source: str, entry: FileEntry, n: int) -> bytes:
-        """The first ``n`` bytes (enough to sniff a format without fetching the whole file)."""
-        return self.read(source, entry)[:n]
+    def read(self, source: str, entry: FileEntry, n: int | None = None) -> bytes:
+        """The file's bytes; with ``n``, its first ``n`` (enough to sniff a format without
+        fetching the whole file)."""
 
     def planned_path(self, source: str, entry: FileEntry) -> str | None:
         """A local file to copy a planned file's bytes from, once checked to be the file the
@@ -287,9 +285,9 @@ class LocalSourceStore(SourceStore):
         out.skipped.extend((rel, reason) for _, rel, reason in skipped)
         return out
 
-    def read(self, source: str, entry: FileEntry) -> bytes:
+    def read(self, source: str, entry: FileEntry, n: int | None = None) -> bytes:
         with open(self._path(source, entry), "rb") as fh:
-            return fh.read()
+            return fh.read(n)
 
     def read_source_file(self, source: str, name: str, max_bytes: int | None = None) -> bytes | None:
         path = self._source_dir(source) / name
@@ -307,10 +305,6 @@ class LocalSourceStore(SourceStore):
 
     def write_source_file(self, source: str, name: str, data: bytes) -> None:
         atomic_write_bytes(self._source_dir(source) / name, data)
-
-    def read_head(self, source: str, entry: FileEntry, n: int) -> bytes:
-        with open(self._path(source, entry), "rb") as fh:
-            return fh.read(n)
 
 
 class S3SourceStore(SourceStore):
@@ -417,12 +411,14 @@ class S3SourceStore(SourceStore):
         out.files = files.table()
         return out
 
-    def read(self, source: str, entry: FileEntry) -> bytes:
+    def read(self, source: str, entry: FileEntry, n: int | None = None) -> bytes:
         # If-Match: the bytes written to a tar are the bytes that were listed (and checked).
         etag = entry.fingerprint.partition(":")[2]
+        key, if_match = self._key(source, entry.modality, entry.name), f'"{etag}"' if etag else None
         with self._errors():
-            return self.objects.get(self._key(source, entry.modality, entry.name),
-                                    if_match=f'"{etag}"' if etag else None)
+            if n is None:
+                return self.objects.get(key, if_match=if_match)
+            return self.objects.get_range(key, 0, n, if_match=if_match)
 
     def read_source_file(self, source: str, name: str, max_bytes: int | None = None) -> bytes | None:
         from loader.io.errors import ObjectNotFoundError
@@ -437,12 +433,6 @@ class S3SourceStore(SourceStore):
     def write_source_file(self, source: str, name: str, data: bytes) -> None:
         with self._errors():
             self.objects.put(self._key(source, name), data)
-
-    def read_head(self, source: str, entry: FileEntry, n: int) -> bytes:
-        etag = entry.fingerprint.partition(":")[2]
-        with self._errors():
-            return self.objects.get_range(self._key(source, entry.modality, entry.name), 0, n,
-                                          if_match=f'"{etag}"' if etag else None)
 
 
 def open_source_store(root: str, endpoint_url: str | None = None, *,

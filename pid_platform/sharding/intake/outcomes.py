@@ -76,9 +76,9 @@ def check_file(store: SourceStore, source: str, entry: FileEntry, kind: str, lev
                trust_pickle: bool) -> FileOutcome:
     """Read and check one file (raises ``UnsafeInputError`` for pickle data unless trusted)."""
     if kind == SNIFF:
-        head = store.read_head(source, entry, PICKLE_SNIFF_BYTES)
+        head = store.read(source, entry, PICKLE_SNIFF_BYTES)
         if sniff_size(head) > len(head):  # a long .npy header: parse all of it
-            head = store.read_head(source, entry, sniff_size(head))
+            head = store.read(source, entry, sniff_size(head))
         check_pickle(entry.name, head, store.describe(source, entry), trust_pickle)
         # The outcome depends on these bytes only: their hash settles a later doubt.
         return FileOutcome(SNIFF, sha256=content_hash(head))
@@ -87,7 +87,7 @@ def check_file(store: SourceStore, source: str, entry: FileEntry, kind: str, lev
         reason = check_caption(data, ext_of(entry.name))
         return FileOutcome(CAPTION, None if reason is None else reason.split(":", 1)[0], sha256=content_hash(data))
     if level == VALIDATE_HEADER and entry.size > HEADER_BYTES:
-        data = store.read_head(source, entry, HEADER_BYTES)
+        data = store.read(source, entry, HEADER_BYTES)
         res = check_image(data, VALIDATE_HEADER)
         if isinstance(res, str):  # a header longer than the head (a large EXIF or ICC block)
             data = store.read(source, entry)
@@ -181,7 +181,7 @@ def _hash_chunk(args) -> list[str | None]:
     out: list[str | None] = []
     for entry, kept in pairs:
         n = hashed_bytes(kept)
-        out.append(None if n is None else content_hash(store.read_head(source, entry, n)))
+        out.append(None if n is None else content_hash(store.read(source, entry, n)))
     return out
 
 
