@@ -192,7 +192,7 @@ def _same_bytes(store: SourceStore, source: str, listing: SourceListing, modalit
     todo = np.flatnonzero(doubt)
     if not len(todo):
         return same
-    entries = [files[modality] for _, files in listing.entries(rows.take(pa.array(todo)))]
+    entries = [files[modality] for files in listing.entries(rows.take(pa.array(todo)))]
     kept = held["sha256"].take(pa.array(todo)).to_pylist()
     chunks = [(store, source, c) for c in chunked(list(zip(entries, kept, strict=True)), CHECK_CHUNK)]
     hashes = [h for part in ordered_map(_hash_chunk, chunks, num_workers, threads=True) for h in part]
@@ -276,7 +276,7 @@ def decide(
                 outcomes, applies = held[m]
                 if applies[i]:
                     hits[m] = FileOutcome(**outcomes.slice(int(i), 1).to_pylist()[0])
-            known.append((samples[j][1], hits))
+            known.append((samples[j], hits))
         # Small chunks: a chunk of full decodes costs about 4 ms per sample, and the workers all
         # wait for the last one; 8 samples keep that tail short, and a thread needs no batching.
         tasks = [(store, source, image_modality, trust_pickle, level, c) for c in chunked(known, CHECK_CHUNK)]
