@@ -80,10 +80,6 @@ class ShardLayout:
     shard_bucket: np.ndarray  # int32, one per shard
     shard_index: np.ndarray  # int32, one per shard
 
-    @property
-    def counts(self) -> np.ndarray:
-        return np.diff(self.offsets)
-
     def shard_of_rows(self, start: int, stop: int) -> np.ndarray:
         """The shard of each plan row in ``start:stop``."""
         rows = np.arange(start, stop, dtype=np.int64)
