@@ -95,12 +95,8 @@ def _still_listed(store: SourceStore, source: str, kept: list[Sample], modalitie
         backwards = pc.index_in(pa.array([b for b, _ in want], pa.string()),
                                 value_set=flat(stems(files["name"]))[::-1]).to_pylist()
         for (_, f), back in zip(want, backwards, strict=True):
-            if back is None:
-                return False
-            row = files.num_rows - 1 - back
-            listed = FileEntry(m, files["name"][row].as_py(), files["size"][row].as_py(),
-                               files["fingerprint"][row].as_py())
-            if not _same_file(listed, f):
+            listed = None if back is None else files.slice(files.num_rows - 1 - back, 1).to_pylist()[0]
+            if listed is None or not _same_file(FileEntry(m, **listed), f):
                 return False
     return True
 
