@@ -297,13 +297,8 @@ def decide(
                 progress(len(res))
         used.add(pa.Table.from_struct_array(pa.array(checked, pa.struct(CACHE_SCHEMA))))
     reasons = pa.array(reason, pa.string())
-    keep_size = pa.array(sized & pc.is_null(reasons).to_numpy(zero_copy_only=False))
-    null32 = pa.nulls(n, pa.int32())
-    return Outcomes(
-        reason=reasons,
-        width=pc.if_else(keep_size, pa.array(width, pa.int32()), null32),
-        height=pc.if_else(keep_size, pa.array(height, pa.int32()), null32),
-        used=used, files_validated=len(checked), outcomes_reused=reused,
-    )
+    unsized = ~(sized & pc.is_null(reasons).to_numpy(zero_copy_only=False))  # no size kept for a dropped one
+    return Outcomes(reasons, pa.array(width, pa.int32(), mask=unsized), pa.array(height, pa.int32(), mask=unsized),
+                    used, files_validated=len(checked), outcomes_reused=reused)
 
 
