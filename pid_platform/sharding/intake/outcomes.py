@@ -86,13 +86,10 @@ def check_file(store: SourceStore, source: str, entry: FileEntry, kind: str, lev
         data = store.read(source, entry)
         reason = check_caption(data, ext_of(entry.name))
         return FileOutcome(CAPTION, None if reason is None else reason.split(":", 1)[0], sha256=content_hash(data))
-    if level == VALIDATE_HEADER and entry.size > HEADER_BYTES:
-        data = store.read(source, entry, HEADER_BYTES)
-        res = check_image(data, VALIDATE_HEADER)
-        if isinstance(res, str):  # a header longer than the head (a large EXIF or ICC block)
-            data = store.read(source, entry)
-            res = check_image(data, VALIDATE_HEADER)
-    else:
+    head = level == VALIDATE_HEADER and entry.size > HEADER_BYTES
+    data = store.read(source, entry, HEADER_BYTES if head else None)
+    res = check_image(data, level)
+    if head and isinstance(res, str):  # a header longer than the head (a large EXIF or ICC block)
         data = store.read(source, entry)
         res = check_image(data, level)
     if isinstance(res, str):
