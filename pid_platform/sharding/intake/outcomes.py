@@ -160,8 +160,7 @@ def _hits(cache: IntakeCache, modality: str, rows: pa.Table, kinds: np.ndarray,
     the same size and mtime, but another ctime or inode (a chmod, chown, hard link or restore),
     with a hash of the bytes to settle it."""
     held = cache.lookup(modality, flat(rows[f"name.{modality}"]))
-    kind_names = pa.array([KINDS[k] if k >= 0 else None for k in range(-1, len(KINDS))], pa.string())
-    wanted = kind_names.take(pa.array(kinds.astype(np.int64) + 1))
+    wanted = pa.array([None, *KINDS], pa.string()).take(pa.array(kinds.astype(np.int64) + 1))  # -1: None
     same_kind = pc.equal(held["kind"], wanted)
     listed = rows[f"fingerprint.{modality}"]
     applies = pc.fill_null(pc.and_(pc.equal(held["fingerprint"], listed), same_kind), False)
