@@ -266,14 +266,13 @@ def _read_plan_inputs(pf: pq.ParquetFile, mods: list[str], batch_rows: int
 
 
 def write_plan_file(samples_path: str | os.PathLike[str], plan_path: str | os.PathLike[str],
-                    config: ShardingConfig, *, row_group_rows: int | None = None,
-                    batch_rows: int = BATCH_ROWS, work_dir: str | os.PathLike[str] | None = None,
+                    config: ShardingConfig, *, row_group_rows: int | None = None, batch_rows: int = BATCH_ROWS,
                     shards_path: str | os.PathLike[str] | None = None) -> ShardLayout:
     """Plan the samples of ``samples_path`` (samples.parquet) and write ``plan_path`` (plan.parquet).
 
     Memory stays bounded at any source size: the plan itself needs each sample's bucket and
     sizes only; the rows are then scattered, batch by batch, into one temporary Arrow file per
-    output row group (``work_dir``, default beside ``plan_path``) and each row group is put in
+    output row group (beside ``plan_path``) and each row group is put in
     plan order and written from its file alone. The content is that of :func:`plan_table`.
 
     ``shards_path``: also write shards.parquet there (:func:`write_shards_file`), one row per shard
@@ -307,9 +306,8 @@ def write_plan_file(samples_path: str | os.PathLike[str], plan_path: str | os.Pa
     pos[layout.order] = np.arange(n, dtype=np.int64)
     groups = -(-n // row_group_rows)
     scatter_schema = schema_in.append(pa.field(_POS, pa.int64()))
-    folder = Path(work_dir) if work_dir is not None else Path(plan_path).parent
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".plan-scatter-", dir=folder) as tmp:
+    Path(plan_path).parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".plan-scatter-", dir=Path(plan_path).parent) as tmp:
         paths = [Path(tmp) / f"{g:06d}.arrow" for g in range(groups)]
         writers = [ipc.new_file(p, scatter_schema) for p in paths]
         try:
