@@ -435,8 +435,7 @@ class S3SourceStore(SourceStore):
             self.objects.put(self._key(source, name), data)
 
 
-def open_source_store(root: str, endpoint_url: str | None = None, *,
-                      s3_settings: S3Settings | None = None) -> SourceStore:
+def open_source_store(root: str, endpoint_url: str | None = None) -> SourceStore:
     if urls.kind(root, allowed=("local", "s3"), what="source root") == "s3":
-        return S3SourceStore(root, endpoint_url, settings=s3_settings)
+        return S3SourceStore(root, endpoint_url)
     return LocalSourceStore(urls.local_path(root))
