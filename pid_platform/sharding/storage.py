@@ -73,9 +73,8 @@ class FileColumns:
 
     def _flush(self) -> None:
         if self._names:
-            self._batches.append(pa.record_batch(
-                [pa.array(self._names, pa.string()), pa.array(self._sizes, pa.int64()),
-                 pa.array(self._fingerprints, pa.string())], schema=FILES_SCHEMA))
+            columns = [self._names, self._sizes, self._fingerprints]
+            self._batches.append(pa.record_batch(columns, schema=FILES_SCHEMA))  # each list typed by the schema
             self._names, self._sizes, self._fingerprints = [], [], []
 
     def table(self) -> pa.Table:
