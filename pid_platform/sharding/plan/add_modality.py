@@ -185,13 +185,9 @@ def extend_committed_plan(
             return None
     plan_modalities = previous.plan_modalities if previous else have
     mods = tuple(sorted(modalities))
-    plans = []
-    for p in committed:
-        group = []
-        for c in p.samples:
-            n = by_basename.get(c.basename)
-            group.append(c if n is None else n)  # the newest listing's entries (same files) where there is one
-        plans.append(ShardPlan(p.bucket, p.index, p.relpath, tuple(group), mods))
+    # Each sample as the newest listing has it (the same files) where it has one.
+    plans = [ShardPlan(p.bucket, p.index, p.relpath, tuple(by_basename.get(c.basename, c) for c in p.samples),
+                       mods) for p in committed]
     cut = PlanCut(plan_modalities, tuple(sorted(set(mods) - set(plan_modalities))), have, len(kept))
     log.info("%s: modalities %s added to the committed plan of %d shards: only their tars are written%s",
              source, list(added), len(plans), f"; {len(kept)} keys kept without them" if kept else "")
