@@ -86,7 +86,7 @@ def flat(column: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 
 def note_codes(report: IntakeReport, codes: np.ndarray, labels: Sequence[str], what: pa.Array) -> None:
-    """``report.note(labels[codes[i]], what[i])`` for every row ``i`` with a code >= 0, in row
+    """``report.note_many(labels[codes[i]], [what[i]], 1)`` for every row ``i`` with a code >= 0, in row
     order, counted as columns: each reason's first rows are its examples."""
     for code in np.unique(codes[codes >= 0]):
         rows = np.flatnonzero(codes == code)
