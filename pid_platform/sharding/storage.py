@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from loader.formats.atomic import atomic_write_bytes
+from loader.io import errors as io_errors
 from loader.io import urls
 from pid_platform.sharding.compute import ascending, pc
 from pid_platform.sharding.errors import BuildError, PlannedFileChangedError, SourceNotFoundError
@@ -353,22 +354,16 @@ class S3SourceStore(SourceStore):
     @contextmanager
     def _errors(self) -> Iterator[None]:
         """The storage layer's errors as build errors (the boto3 exception stays the cause)."""
-        from loader.io.errors import (
-            BucketNotFoundError,
-            ObjectNotFoundError,
-            PreconditionFailedError,
-            StorageError,
-        )
-
         try:
             yield
-        except BucketNotFoundError as e:
+        except io_errors.BucketNotFoundError as e:
             raise SourceNotFoundError(str(e).replace("the s3:// URL", "the s3:// root")) from e.__cause__
-        except PreconditionFailedError as e:
+        except io_errors.PreconditionFailedError as e:
             what = str(e).split(": S3 at ", 1)[0]
             raise BuildError(f"{what}: the object changed since it was listed (its ETag differs); "
                              "re-run the build once the source has stopped changing") from e.__cause__
-        except (StorageError, ObjectNotFoundError) as e:  # gone since it was listed, refused, unreachable
+        # Gone since it was listed, refused, unreachable.
+        except (io_errors.StorageError, io_errors.ObjectNotFoundError) as e:
             raise BuildError(str(e)) from e.__cause__
 
     def _key(self, *parts: str) -> str:
@@ -420,13 +415,11 @@ class S3SourceStore(SourceStore):
             return self.objects.get_range(key, 0, n, if_match=if_match)
 
     def read_source_file(self, source: str, name: str, max_bytes: int | None = None) -> bytes | None:
-        from loader.io.errors import ObjectNotFoundError
-
         with self._errors():
             try:
                 # No Range header: S3 refuses a range of an empty object; the body is read only as far as needed.
                 return self.objects.get(self._key(source, name), max_bytes=max_bytes)
-            except ObjectNotFoundError:
+            except io_errors.ObjectNotFoundError:
                 return None
 
     def write_source_file(self, source: str, name: str, data: bytes) -> None:
