@@ -72,14 +72,13 @@ class Checked:
     height: int | None = None
 
 
-def check_file(store: SourceStore, source: str, entry: FileEntry, kind: str, level: str,
-               trust_pickle: bool) -> FileOutcome:
-    """Read and check one file (raises ``UnsafeInputError`` for pickle data unless trusted)."""
+def check_file(store: SourceStore, source: str, entry: FileEntry, kind: str, level: str) -> FileOutcome:
+    """Read and check one file (raises ``UnsafeInputError`` for pickle data)."""
     if kind == SNIFF:
         head = store.read(source, entry, PICKLE_SNIFF_BYTES)
         if sniff_size(head) > len(head):  # a long .npy header: parse all of it
             head = store.read(source, entry, sniff_size(head))
-        check_pickle(entry.name, head, store.describe(source, entry), trust_pickle)
+        check_pickle(entry.name, head, store.describe(source, entry))
         # The outcome depends on these bytes only: their hash settles a later doubt.
         return FileOutcome(SNIFF, sha256=content_hash(head))
     if kind == CAPTION:
@@ -133,7 +132,7 @@ def _check_chunk(args) -> list[tuple[Checked, list[tuple[FileEntry, FileOutcome]
             hit = known.get(entry.modality)
             if hit is not None and hit.kind == kind:
                 return hit
-            res = check_file(store, source, entry, kind, level, trust_pickle)
+            res = check_file(store, source, entry, kind, level)
             fresh.append((entry, res))
             return res
 
