@@ -65,13 +65,6 @@ def kind_codes(modality: str, names: pa.Array, image_modality: str | None) -> np
     return lut[encoded.indices.to_numpy(zero_copy_only=False)] if len(lut) else np.zeros(0, np.int8)
 
 
-@dataclass(frozen=True)
-class Checked:
-    reason: str | None
-    width: int | None = None
-    height: int | None = None
-
-
 def check_file(store: SourceStore, source: str, entry: FileEntry, kind: str, level: str) -> FileOutcome:
     """Read and check one file (raises ``UnsafeInputError`` for pickle data)."""
     if kind == SNIFF:
@@ -96,8 +89,12 @@ def check_file(store: SourceStore, source: str, entry: FileEntry, kind: str, lev
     return FileOutcome(IMAGE, None, res.width, res.height, content_hash(data))
 
 
+# A sample's drop reason (None: valid) and, for a valid one, its image's outcome (None without one).
+SampleOutcome = tuple[str | None, FileOutcome | None]
+
+
 def sample_outcome(files: dict[str, FileEntry], image_modality: str | None, trust_pickle: bool,
-                   outcome_of) -> Checked:
+                   outcome_of) -> SampleOutcome:
     """A sample's files, modality by modality in name order; the first failure is its reason.
 
     ``outcome_of(entry, kind)`` gives a file's ``FileOutcome`` (from the cache, or checked).
@@ -105,24 +102,22 @@ def sample_outcome(files: dict[str, FileEntry], image_modality: str | None, trus
     image: FileOutcome | None = None
     for modality, entry in sorted(files.items()):
         if entry.size == 0:
-            return Checked(f"zero_byte: {modality}")
+            return f"zero_byte: {modality}", None
         kind = kind_of(modality, entry.name, image_modality)
         if kind is None:
-            return Checked(f"not_an_image: {modality}")
+            return f"not_an_image: {modality}", None
         if kind == SNIFF and trust_pickle:
             continue  # embeddings are only sniffed for pickle: trusted data is not read at all
         outcome = outcome_of(entry, kind)
         if outcome.reason is not None:
-            return Checked(f"{outcome.reason}: {modality}")
+            return f"{outcome.reason}: {modality}", None
         if modality == image_modality:
             image = outcome
-    if image is None:
-        return Checked(None)
-    return Checked(None, image.width, image.height)
+    return None, image
 
 
-def _check_chunk(args) -> list[tuple[Checked, list[tuple[FileEntry, FileOutcome]]]]:
-    """Worker: each sample's outcome, and the outcomes of the files it checked."""
+def _check_chunk(args) -> list[tuple[SampleOutcome, list[tuple[FileEntry, FileOutcome]]]]:
+    """Worker: each sample's outcome (``sample_outcome``), and the outcomes of the files it checked."""
     store, source, image_modality, trust_pickle, level, chunk = args
     out = []
     for files, known in chunk:
@@ -279,13 +274,11 @@ def decide(
         # Threads: Pillow decodes without the GIL, and no worker process has to start (seconds on a
         # busy machine) or unpickle the store for each chunk.
         for res in ordered_map(_check_chunk, tasks, num_workers, threads=True):
-            for chk, fresh in res:
+            for (why, image), fresh in res:
                 i = next(slots)
-                reason[i] = chk.reason
-                if chk.width is not None:
-                    width[i], height[i], sized[i] = chk.width, chk.height, True
-                else:
-                    sized[i] = False
+                reason[i], sized[i] = why, image is not None and image.width is not None
+                if sized[i]:
+                    width[i], height[i] = image.width, image.height
                 checked += [(e.modality, e.name, e.fingerprint, o.kind, o.reason, o.width, o.height, o.sha256)
                             for e, o in fresh]
             if progress is not None:
