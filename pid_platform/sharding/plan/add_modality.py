@@ -154,8 +154,8 @@ def extend_committed_plan(
     (``samples``, ``modalities``) only added modality folders to it; None otherwise (a full plan)."""
     if not may_extend(final, modalities, config):
         return None
-    committed_config = _committed_config(final)
-    committed = read_plans(Path(final) / STATE_DIR / "plan.parquet", committed_config.part_size)
+    # may_extend: the committed settings are ``config``'s but for new_modality_missing_keys.
+    committed = read_plans(Path(final) / STATE_DIR / "plan.parquet", config.part_size)
     if not committed:
         return None
     have = tuple(committed[0].modalities)
