@@ -224,7 +224,7 @@ def listing_store(samples_path: Path):
             folder = None if args_files(samples_path) == "s3" else f"/data/raw/{SOURCE}/{modality}"
             return Listing(modality, files.combine_chunks(), folder)
 
-        def read(self, source, entry) -> bytes:
+        def read(self, source, entry, n=None) -> bytes:
             raise AssertionError(f"{entry.name}: the plan step read a file every intake task had validated")
 
         def read_source_file(self, source: str, name: str, max_bytes: int | None = None) -> bytes | None:

@@ -89,7 +89,7 @@ def test_intake_slices_of_a_real_source_cover_every_file_once(raw_root: Path, of
     assert sum(p.samples for p in parts) == len(listing) == len(complete) == 32
     if of > 32:
         assert sum(1 for p in parts if p.samples == 0) == of - 32
-    files = [(m, e) for _, fs in complete for m, e in fs.items()]
+    files = [(m, e) for fs in complete for m, e in fs.items()]
     assert sum(p.nbytes for p in parts) == sum(e.size for _, e in files)
     for m, e in files:
         kind = kind_of(m, e.name, listing.report.image_modality)
@@ -99,7 +99,7 @@ def test_intake_slices_of_a_real_source_cover_every_file_once(raw_root: Path, of
     assert sum(len(p.outcomes) for p in parts) == len(files)
     # Balanced by weight (bytes + a cost per file): any two slices' bytes differ by at most the
     # heaviest sample plus the per-file cost of the samples one holds more than the other.
-    heaviest = max(sum(e.size for e in fs.values()) + FILE_COST_BYTES * len(fs) for _, fs in complete)
+    heaviest = max(sum(e.size for e in fs.values()) + FILE_COST_BYTES * len(fs) for fs in complete)
     assert heaviest == int(listing.weights(FILE_COST_BYTES).max())
     for a in parts:
         for b in parts:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from loader.formats.atomic import atomic_write_bytes
+from loader.io import errors as io_errors
 from loader.io import urls
 from pid_platform.sharding.compute import ascending, pc
 from pid_platform.sharding.errors import BuildError, PlannedFileChangedError, SourceNotFoundError
@@ -73,9 +74,8 @@ class FileColumns:
 
     def _flush(self) -> None:
         if self._names:
-            self._batches.append(pa.record_batch(
-                [pa.array(self._names, pa.string()), pa.array(self._sizes, pa.int64()),
-                 pa.array(self._fingerprints, pa.string())], schema=FILES_SCHEMA))
+            columns = [self._names, self._sizes, self._fingerprints]
+            self._batches.append(pa.record_batch(columns, schema=FILES_SCHEMA))  # each list typed by the schema
             self._names, self._sizes, self._fingerprints = [], [], []
 
     def table(self) -> pa.Table:
@@ -122,11 +122,9 @@ class SourceStore(ABC):
     def list_files(self, source: str, modality: str) -> Listing: ...
 
     @abstractmethod
-    def read(self, source: str, entry: FileEntry) -> bytes: ...
-
-    def read_head(self, source: str, entry: FileEntry, n: int) -> bytes:
-        """The first ``n`` bytes (enough to sniff a format without fetching the whole file)."""
-        return self.read(source, entry)[:n]
+    def read(self, source: str, entry: FileEntry, n: int | None = None) -> bytes:
+        """The file's bytes; with ``n``, its first ``n`` (enough to sniff a format without
+        fetching the whole file)."""
 
     def planned_path(self, source: str, entry: FileEntry) -> str | None:
         """A local file to copy a planned file's bytes from, once checked to be the file the
@@ -287,9 +285,9 @@ class LocalSourceStore(SourceStore):
         out.skipped.extend((rel, reason) for _, rel, reason in skipped)
         return out
 
-    def read(self, source: str, entry: FileEntry) -> bytes:
+    def read(self, source: str, entry: FileEntry, n: int | None = None) -> bytes:
         with open(self._path(source, entry), "rb") as fh:
-            return fh.read()
+            return fh.read(n)
 
     def read_source_file(self, source: str, name: str, max_bytes: int | None = None) -> bytes | None:
         path = self._source_dir(source) / name
@@ -307,10 +305,6 @@ class LocalSourceStore(SourceStore):
 
     def write_source_file(self, source: str, name: str, data: bytes) -> None:
         atomic_write_bytes(self._source_dir(source) / name, data)
-
-    def read_head(self, source: str, entry: FileEntry, n: int) -> bytes:
-        with open(self._path(source, entry), "rb") as fh:
-            return fh.read(n)
 
 
 class S3SourceStore(SourceStore):
@@ -360,22 +354,16 @@ class S3SourceStore(SourceStore):
     @contextmanager
     def _errors(self) -> Iterator[None]:
         """The storage layer's errors as build errors (the boto3 exception stays the cause)."""
-        from loader.io.errors import (
-            BucketNotFoundError,
-            ObjectNotFoundError,
-            PreconditionFailedError,
-            StorageError,
-        )
-
         try:
             yield
-        except BucketNotFoundError as e:
+        except io_errors.BucketNotFoundError as e:
             raise SourceNotFoundError(str(e).replace("the s3:// URL", "the s3:// root")) from e.__cause__
-        except PreconditionFailedError as e:
+        except io_errors.PreconditionFailedError as e:
             what = str(e).split(": S3 at ", 1)[0]
             raise BuildError(f"{what}: the object changed since it was listed (its ETag differs); "
                              "re-run the build once the source has stopped changing") from e.__cause__
-        except (StorageError, ObjectNotFoundError) as e:  # gone since it was listed, refused, unreachable
+        # Gone since it was listed, refused, unreachable.
+        except (io_errors.StorageError, io_errors.ObjectNotFoundError) as e:
             raise BuildError(str(e)) from e.__cause__
 
     def _key(self, *parts: str) -> str:
@@ -417,36 +405,29 @@ class S3SourceStore(SourceStore):
         out.files = files.table()
         return out
 
-    def read(self, source: str, entry: FileEntry) -> bytes:
+    def read(self, source: str, entry: FileEntry, n: int | None = None) -> bytes:
         # If-Match: the bytes written to a tar are the bytes that were listed (and checked).
         etag = entry.fingerprint.partition(":")[2]
+        key, if_match = self._key(source, entry.modality, entry.name), f'"{etag}"' if etag else None
         with self._errors():
-            return self.objects.get(self._key(source, entry.modality, entry.name),
-                                    if_match=f'"{etag}"' if etag else None)
+            if n is None:
+                return self.objects.get(key, if_match=if_match)
+            return self.objects.get_range(key, 0, n, if_match=if_match)
 
     def read_source_file(self, source: str, name: str, max_bytes: int | None = None) -> bytes | None:
-        from loader.io.errors import ObjectNotFoundError
-
         with self._errors():
             try:
                 # No Range header: S3 refuses a range of an empty object; the body is read only as far as needed.
                 return self.objects.get(self._key(source, name), max_bytes=max_bytes)
-            except ObjectNotFoundError:
+            except io_errors.ObjectNotFoundError:
                 return None
 
     def write_source_file(self, source: str, name: str, data: bytes) -> None:
         with self._errors():
             self.objects.put(self._key(source, name), data)
 
-    def read_head(self, source: str, entry: FileEntry, n: int) -> bytes:
-        etag = entry.fingerprint.partition(":")[2]
-        with self._errors():
-            return self.objects.get_range(self._key(source, entry.modality, entry.name), 0, n,
-                                          if_match=f'"{etag}"' if etag else None)
 
-
-def open_source_store(root: str, endpoint_url: str | None = None, *,
-                      s3_settings: S3Settings | None = None) -> SourceStore:
+def open_source_store(root: str, endpoint_url: str | None = None) -> SourceStore:
     if urls.kind(root, allowed=("local", "s3"), what="source root") == "s3":
-        return S3SourceStore(root, endpoint_url, settings=s3_settings)
+        return S3SourceStore(root, endpoint_url)
     return LocalSourceStore(urls.local_path(root))

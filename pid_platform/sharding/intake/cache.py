@@ -29,7 +29,6 @@ import pyarrow.parquet as pq
 
 from loader.formats.atomic import atomic_writer
 from pid_platform.sharding.compute import ascending, pc
-from pid_platform.sharding.storage import FileEntry
 
 CACHE_NAME = "intake_cache.parquet"
 # Bump when a check can give another outcome for the same bytes (a new rule, a fixed check):
@@ -94,38 +93,23 @@ class IntakeCache:
 
     Held as tables and files of ``CACHE_SCHEMA`` rows, read one modality at a time: the intake
     looks a whole column of a modality's names up at once (``lookup``), and ten million outcomes
-    are never all in memory as objects, nor all modalities' rows at once. ``put`` serves callers
-    with a few files in hand. Later sources win for the same file."""
+    are never all in memory as objects, nor all modalities' rows at once. Later sources win for
+    the same file."""
 
     def __init__(self, level: str, table: pa.Table | None = None) -> None:
         self.level = level
         self._sources: list[pa.Table | Path] = [] if table is None else [table]
-        self._rows: list[tuple] = []  # put, not yet in a table
         self._held: tuple[str, pa.Table] | None = None  # the last modality merged
 
     def __len__(self) -> int:
         return sum(self.of_modality(m).num_rows for m in self.modalities())
 
-    def put(self, entry: FileEntry, outcome: FileOutcome) -> None:
-        self._rows.append((entry.modality, entry.name, entry.fingerprint, outcome.kind, outcome.reason,
-                           outcome.width, outcome.height, outcome.sha256))
-        self._held = None
-
     def add(self, outcomes: pa.Table) -> None:
         """Outcomes as rows of ``CACHE_SCHEMA``; they win over those held for the same files."""
-        self._flush()
         self._sources.append(outcomes.select(CACHE_SCHEMA.names).cast(CACHE_SCHEMA))
         self._held = None
 
-    def _flush(self) -> None:
-        if self._rows:
-            cols = list(zip(*self._rows, strict=True))
-            self._sources.append(pa.Table.from_arrays(
-                [pa.array(c, f.type) for c, f in zip(cols, CACHE_SCHEMA, strict=True)], schema=CACHE_SCHEMA))
-            self._rows = []
-
     def modalities(self) -> list[str]:
-        self._flush()
         found: set[str] = set()
         for src in self._sources:
             found.update(_modalities_of(src))
@@ -133,7 +117,6 @@ class IntakeCache:
 
     def of_modality(self, modality: str) -> pa.Table:
         """The outcomes held for ``modality`` (the last one given for a file wins), sorted by name."""
-        self._flush()
         if self._held is None or self._held[0] != modality:
             self._held = None  # the previous modality's rows go before these are read
             self._held = (modality, _merged([_rows_of(src, modality) for src in self._sources]))

@@ -161,11 +161,10 @@ def is_pickle_stream(head: bytes) -> bool:
     return True
 
 
-def check_pickle(name: str, data: bytes, describe: str, trust_pickle: bool) -> None:
+def check_pickle(name: str, data: bytes, describe: str) -> None:
     """Refuse a file whose loading would run pickle: by extension, a .npy header with an object
-    dtype, or a pickle stream under any other name (``data``: the first :func:`sniff_size` bytes)."""
-    if trust_pickle:
-        return
+    dtype, or a pickle stream under any other name (``data``: the first :func:`sniff_size` bytes).
+    Trusted embeddings are never sniffed (``outcomes.sample_outcome``), so never come here."""
     ext = ext_of(name)
     looks_pickled = ext in PICKLE_EXTS or (
         ext not in IMAGE_EXTS | CAPTION_EXTS and (npy_holds_objects(data) or is_pickle_stream(data))

@@ -69,11 +69,8 @@ def keyed_samples(report: IntakeReport, kept: pa.Table, modalities: Sequence[str
         stems = basenames.take(pa.array(clash)).to_pylist()
         old = keys.take(pa.array(clash)).to_pylist()
         new = [disambiguate_key(k, s) for k, s in zip(old, stems, strict=True)]
-        renamed = report.examples.setdefault("key_collision_renamed", [])
-        for s, k in zip(stems, new, strict=True):  # the count is key_collisions; these are examples
-            if len(renamed) >= MAX_EXAMPLES:
-                break
-            renamed.append(f"{s} -> {k}")
+        examples = zip(stems[:MAX_EXAMPLES], new[:MAX_EXAMPLES], strict=True)  # the count is key_collisions
+        report.examples["key_collision_renamed"] = [f"{s} -> {k}" for s, k in examples]
         keys = _replaced(keys, clash, new)
     bucket = buckets(width, height) if classify_aspect_ratio else pa.nulls(len(keys), pa.string())
     columns: dict[str, pa.Array] = {

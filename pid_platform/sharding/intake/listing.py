@@ -51,19 +51,12 @@ class SourceListing:
     def __len__(self) -> int:
         return self.complete.num_rows
 
-    def rows(self, rows: np.ndarray | None = None) -> pa.Table:
-        return self.complete if rows is None else self.complete.take(pa.array(rows, pa.int64()))
-
-    def entries(self, table: pa.Table) -> list[tuple[str, dict[str, FileEntry]]]:
-        """(basename, modality -> file) of each row of ``table`` (rows of ``complete``), as objects:
+    def entries(self, table: pa.Table) -> list[dict[str, FileEntry]]:
+        """The files (modality -> file) of each row of ``table`` (rows of ``complete``), as objects:
         only for the few rows a build must read."""
         d = table.to_pydict()
-        out = []
-        for i, stem in enumerate(d[BASENAME]):
-            out.append((stem, {m: FileEntry(m, d[f"name.{m}"][i], d[f"size.{m}"][i],
-                                            d[f"fingerprint.{m}"][i], self.folders[m])
-                               for m in self.modalities}))
-        return out
+        return [{m: FileEntry(m, d[f"name.{m}"][i], d[f"size.{m}"][i], d[f"fingerprint.{m}"][i], self.folders[m])
+                 for m in self.modalities} for i in range(table.num_rows)]
 
     def weights(self, file_cost: int) -> np.ndarray:
         """What validating each complete sample costs, in bytes read: its files' sizes plus
@@ -93,15 +86,11 @@ def flat(column: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 
 def note_codes(report: IntakeReport, codes: np.ndarray, labels: Sequence[str], what: pa.Array) -> None:
-    """``report.note(labels[codes[i]], what[i])`` for every row ``i`` with a code >= 0, in row
+    """``report.note_many(labels[codes[i]], [what[i]], 1)`` for every row ``i`` with a code >= 0, in row
     order, counted as columns: each reason's first rows are its examples."""
     for code in np.unique(codes[codes >= 0]):
         rows = np.flatnonzero(codes == code)
         report.note_many(labels[code], what.take(pa.array(rows[:MAX_EXAMPLES])).to_pylist(), len(rows))
-
-
-def sorted_array(values: pa.Array) -> pa.Array:
-    return values.take(pc.array_sort_indices(values))
 
 
 def list_source(store: SourceStore, source: str) -> SourceListing:
@@ -113,7 +102,7 @@ def list_source(store: SourceStore, source: str) -> SourceListing:
     for m in modalities:
         listing = store.list_files(source, m)
         for rel, reason in listing.skipped:
-            report.note(reason, rel, report.skipped_files)
+            report.note_many(reason, [rel], 1, report.skipped_files)
         if listing.duplicate_of is not None:
             continue  # a link to another modality folder: its files are read once, there
         report.files_seen[m] = len(listing)
@@ -167,7 +156,7 @@ def _join(report: IntakeReport, files: dict[str, pa.Table]) -> pa.Table:
         counts = pc.value_counts(per_file[m])
         unique[m] = counts.field("values")
         ambiguous.append(pc.filter(unique[m], pc.greater(counts.field("counts"), 1)))
-    ambiguous_stems = sorted_array(pc.unique(pa.concat_arrays(ambiguous)))
+    ambiguous_stems = pc.unique(pa.concat_arrays(ambiguous)).sort()
     report.note_many("ambiguous_basename", ambiguous_stems[:MAX_EXAMPLES].to_pylist(), len(ambiguous_stems))
 
     # How many modalities hold each basename; an ambiguous one is in no sample and no orphan.
@@ -175,7 +164,7 @@ def _join(report: IntakeReport, files: dict[str, pa.Table]) -> pa.Table:
     seen_in, times = every.field("values"), every.field("counts").to_numpy()
     clear = ~pc.is_in(seen_in, value_set=ambiguous_stems).to_numpy(zero_copy_only=False)
     complete_stems = pc.filter(seen_in, pa.array(clear & (times == len(active))))
-    partial = sorted_array(pc.filter(seen_in, pa.array(clear & (times < len(active)))))
+    partial = pc.filter(seen_in, pa.array(clear & (times < len(active)))).sort()
     # Each incomplete basename: the modalities holding it as a bit mask; its reason names the rest.
     mask = np.zeros(len(partial), dtype=np.int64)
     for bit, m in enumerate(active):

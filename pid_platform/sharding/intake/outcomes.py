@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from pid_platform.sharding.compute import pc
 from pid_platform.sharding.intake.cache import (
+    CACHE_SCHEMA,
     CAPTION,
     IMAGE,
     SNIFF,
@@ -64,34 +65,23 @@ def kind_codes(modality: str, names: pa.Array, image_modality: str | None) -> np
     return lut[encoded.indices.to_numpy(zero_copy_only=False)] if len(lut) else np.zeros(0, np.int8)
 
 
-@dataclass(frozen=True)
-class Checked:
-    reason: str | None
-    width: int | None = None
-    height: int | None = None
-
-
-def check_file(store: SourceStore, source: str, entry: FileEntry, kind: str, level: str,
-               trust_pickle: bool) -> FileOutcome:
-    """Read and check one file (raises ``UnsafeInputError`` for pickle data unless trusted)."""
+def check_file(store: SourceStore, source: str, entry: FileEntry, kind: str, level: str) -> FileOutcome:
+    """Read and check one file (raises ``UnsafeInputError`` for pickle data)."""
     if kind == SNIFF:
-        head = store.read_head(source, entry, PICKLE_SNIFF_BYTES)
+        head = store.read(source, entry, PICKLE_SNIFF_BYTES)
         if sniff_size(head) > len(head):  # a long .npy header: parse all of it
-            head = store.read_head(source, entry, sniff_size(head))
-        check_pickle(entry.name, head, store.describe(source, entry), trust_pickle)
+            head = store.read(source, entry, sniff_size(head))
+        check_pickle(entry.name, head, store.describe(source, entry))
         # The outcome depends on these bytes only: their hash settles a later doubt.
         return FileOutcome(SNIFF, sha256=content_hash(head))
     if kind == CAPTION:
         data = store.read(source, entry)
         reason = check_caption(data, ext_of(entry.name))
         return FileOutcome(CAPTION, None if reason is None else reason.split(":", 1)[0], sha256=content_hash(data))
-    if level == VALIDATE_HEADER and entry.size > HEADER_BYTES:
-        data = store.read_head(source, entry, HEADER_BYTES)
-        res = check_image(data, VALIDATE_HEADER)
-        if isinstance(res, str):  # a header longer than the head (a large EXIF or ICC block)
-            data = store.read(source, entry)
-            res = check_image(data, VALIDATE_HEADER)
-    else:
+    head = level == VALIDATE_HEADER and entry.size > HEADER_BYTES
+    data = store.read(source, entry, HEADER_BYTES if head else None)
+    res = check_image(data, level)
+    if head and isinstance(res, str):  # a header longer than the head (a large EXIF or ICC block)
         data = store.read(source, entry)
         res = check_image(data, level)
     if isinstance(res, str):
@@ -99,8 +89,12 @@ def check_file(store: SourceStore, source: str, entry: FileEntry, kind: str, lev
     return FileOutcome(IMAGE, None, res.width, res.height, content_hash(data))
 
 
+# A sample's drop reason (None: valid) and, for a valid one, its image's outcome (None without one).
+SampleOutcome = tuple[str | None, FileOutcome | None]
+
+
 def sample_outcome(files: dict[str, FileEntry], image_modality: str | None, trust_pickle: bool,
-                   outcome_of) -> Checked:
+                   outcome_of) -> SampleOutcome:
     """A sample's files, modality by modality in name order; the first failure is its reason.
 
     ``outcome_of(entry, kind)`` gives a file's ``FileOutcome`` (from the cache, or checked).
@@ -108,24 +102,22 @@ def sample_outcome(files: dict[str, FileEntry], image_modality: str | None, trus
     image: FileOutcome | None = None
     for modality, entry in sorted(files.items()):
         if entry.size == 0:
-            return Checked(f"zero_byte: {modality}")
+            return f"zero_byte: {modality}", None
         kind = kind_of(modality, entry.name, image_modality)
         if kind is None:
-            return Checked(f"not_an_image: {modality}")
+            return f"not_an_image: {modality}", None
         if kind == SNIFF and trust_pickle:
             continue  # embeddings are only sniffed for pickle: trusted data is not read at all
         outcome = outcome_of(entry, kind)
         if outcome.reason is not None:
-            return Checked(f"{outcome.reason}: {modality}")
+            return f"{outcome.reason}: {modality}", None
         if modality == image_modality:
             image = outcome
-    if image is None:
-        return Checked(None)
-    return Checked(None, image.width, image.height)
+    return None, image
 
 
-def _check_chunk(args) -> list[tuple[Checked, list[tuple[FileEntry, FileOutcome]]]]:
-    """Worker: each sample's outcome, and the outcomes of the files it checked."""
+def _check_chunk(args) -> list[tuple[SampleOutcome, list[tuple[FileEntry, FileOutcome]]]]:
+    """Worker: each sample's outcome (``sample_outcome``), and the outcomes of the files it checked."""
     store, source, image_modality, trust_pickle, level, chunk = args
     out = []
     for files, known in chunk:
@@ -135,7 +127,7 @@ def _check_chunk(args) -> list[tuple[Checked, list[tuple[FileEntry, FileOutcome]
             hit = known.get(entry.modality)
             if hit is not None and hit.kind == kind:
                 return hit
-            res = check_file(store, source, entry, kind, level, trust_pickle)
+            res = check_file(store, source, entry, kind, level)
             fresh.append((entry, res))
             return res
 
@@ -162,8 +154,7 @@ def _hits(cache: IntakeCache, modality: str, rows: pa.Table, kinds: np.ndarray,
     the same size and mtime, but another ctime or inode (a chmod, chown, hard link or restore),
     with a hash of the bytes to settle it."""
     held = cache.lookup(modality, flat(rows[f"name.{modality}"]))
-    kind_names = pa.array([KINDS[k] if k >= 0 else None for k in range(-1, len(KINDS))], pa.string())
-    wanted = kind_names.take(pa.array(kinds.astype(np.int64) + 1))
+    wanted = pa.array([None, *KINDS], pa.string()).take(pa.array(kinds.astype(np.int64) + 1))  # -1: None
     same_kind = pc.equal(held["kind"], wanted)
     listed = rows[f"fingerprint.{modality}"]
     applies = pc.fill_null(pc.and_(pc.equal(held["fingerprint"], listed), same_kind), False)
@@ -180,7 +171,7 @@ def _hash_chunk(args) -> list[str | None]:
     out: list[str | None] = []
     for entry, kept in pairs:
         n = hashed_bytes(kept)
-        out.append(None if n is None else content_hash(store.read_head(source, entry, n)))
+        out.append(None if n is None else content_hash(store.read(source, entry, n)))
     return out
 
 
@@ -191,7 +182,7 @@ def _same_bytes(store: SourceStore, source: str, listing: SourceListing, modalit
     todo = np.flatnonzero(doubt)
     if not len(todo):
         return same
-    entries = [files[modality] for _, files in listing.entries(rows.take(pa.array(todo)))]
+    entries = [files[modality] for files in listing.entries(rows.take(pa.array(todo)))]
     kept = held["sha256"].take(pa.array(todo)).to_pylist()
     chunks = [(store, source, c) for c in chunked(list(zip(entries, kept, strict=True)), CHECK_CHUNK)]
     hashes = [h for part in ordered_map(_hash_chunk, chunks, num_workers, threads=True) for h in part]
@@ -263,7 +254,7 @@ def decide(
             sized |= good & pc.is_valid(outcomes["width"]).to_numpy(zero_copy_only=False)
     cache.release()  # the last modality's cached rows: what applied is in ``used`` and ``held``
 
-    validated = 0
+    checked: list[tuple] = []  # the cache rows of the files read this run
     todo = np.flatnonzero(pending)
     if len(todo):
         sub = rows.take(pa.array(todo))
@@ -274,9 +265,8 @@ def decide(
             for m in listing.modalities:
                 outcomes, applies = held[m]
                 if applies[i]:
-                    o = outcomes.slice(int(i), 1).to_pylist()[0]
-                    hits[m] = FileOutcome(o["kind"], o["reason"], o["width"], o["height"], o["sha256"])
-            known.append((samples[j][1], hits))
+                    hits[m] = FileOutcome(**outcomes.slice(int(i), 1).to_pylist()[0])
+            known.append((samples[j], hits))
         # Small chunks: a chunk of full decodes costs about 4 ms per sample, and the workers all
         # wait for the last one; 8 samples keep that tail short, and a thread needs no batching.
         tasks = [(store, source, image_modality, trust_pickle, level, c) for c in chunked(known, CHECK_CHUNK)]
@@ -284,26 +274,19 @@ def decide(
         # Threads: Pillow decodes without the GIL, and no worker process has to start (seconds on a
         # busy machine) or unpickle the store for each chunk.
         for res in ordered_map(_check_chunk, tasks, num_workers, threads=True):
-            for chk, fresh in res:
+            for (why, image), fresh in res:
                 i = next(slots)
-                reason[i] = chk.reason
-                if chk.width is not None:
-                    width[i], height[i], sized[i] = chk.width, chk.height, True
-                else:
-                    sized[i] = False
-                for entry, outcome in fresh:
-                    used.put(entry, outcome)
-                validated += len(fresh)
+                reason[i], sized[i] = why, image is not None and image.width is not None
+                if sized[i]:
+                    width[i], height[i] = image.width, image.height
+                checked += [(e.modality, e.name, e.fingerprint, o.kind, o.reason, o.width, o.height, o.sha256)
+                            for e, o in fresh]
             if progress is not None:
                 progress(len(res))
+        used.add(pa.Table.from_struct_array(pa.array(checked, pa.struct(CACHE_SCHEMA))))
     reasons = pa.array(reason, pa.string())
-    keep_size = pa.array(sized & pc.is_null(reasons).to_numpy(zero_copy_only=False))
-    null32 = pa.nulls(n, pa.int32())
-    return Outcomes(
-        reason=reasons,
-        width=pc.if_else(keep_size, pa.array(width, pa.int32()), null32),
-        height=pc.if_else(keep_size, pa.array(height, pa.int32()), null32),
-        used=used, files_validated=validated, outcomes_reused=reused,
-    )
+    unsized = ~(sized & pc.is_null(reasons).to_numpy(zero_copy_only=False))  # no size kept for a dropped one
+    return Outcomes(reasons, pa.array(width, pa.int32(), mask=unsized), pa.array(height, pa.int32(), mask=unsized),
+                    used, files_validated=len(checked), outcomes_reused=reused)
 
 

@@ -27,9 +27,6 @@ class IntakeReport:
     files_validated: int = 0  # checked this run
     outcomes_reused: int = 0  # taken from the intake cache (file identity unchanged)
 
-    def note(self, reason: str, what: str, counter: Counter | None = None) -> None:
-        self.note_many(reason, [what], 1, counter)
-
     def note_many(self, reason: str, first: Iterable[str], count: int, counter: Counter | None = None) -> None:
         """``count`` more under ``reason``; ``first``: their names in order (only the first few
         are kept as examples, so a column's head is enough)."""

@@ -103,9 +103,8 @@ def intake_slice(
     listing = list_source(store, source)
     weights = listing.weights(FILE_COST_BYTES)
     mine = np.flatnonzero(np.asarray(balanced_slices(weights.tolist(), of), dtype=np.int64) == index)
-    rows = listing.rows(mine)
-    found = decide(store, source, listing, rows, cache=cache, level=validate, trust_pickle=trust_pickle,
-                   num_workers=num_workers, progress=progress)
+    found = decide(store, source, listing, listing.complete.take(pa.array(mine)), cache=cache, level=validate,
+                   trust_pickle=trust_pickle, num_workers=num_workers, progress=progress)
     nbytes = int(weights[mine].sum()) - FILE_COST_BYTES * len(listing.modalities) * len(mine)
     return IntakeSlice(found.used, len(mine), nbytes, found.files_validated, found.outcomes_reused)
 

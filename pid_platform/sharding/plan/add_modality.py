@@ -95,12 +95,8 @@ def _still_listed(store: SourceStore, source: str, kept: list[Sample], modalitie
         backwards = pc.index_in(pa.array([b for b, _ in want], pa.string()),
                                 value_set=flat(stems(files["name"]))[::-1]).to_pylist()
         for (_, f), back in zip(want, backwards, strict=True):
-            if back is None:
-                return False
-            row = files.num_rows - 1 - back
-            listed = FileEntry(m, files["name"][row].as_py(), files["size"][row].as_py(),
-                               files["fingerprint"][row].as_py())
-            if not _same_file(listed, f):
+            listed = None if back is None else files.slice(files.num_rows - 1 - back, 1).to_pylist()[0]
+            if listed is None or not _same_file(FileEntry(m, **listed), f):
                 return False
     return True
 
@@ -158,8 +154,8 @@ def extend_committed_plan(
     (``samples``, ``modalities``) only added modality folders to it; None otherwise (a full plan)."""
     if not may_extend(final, modalities, config):
         return None
-    committed_config = _committed_config(final)
-    committed = read_plans(Path(final) / STATE_DIR / "plan.parquet", committed_config.part_size)
+    # may_extend: the committed settings are ``config``'s but for new_modality_missing_keys.
+    committed = read_plans(Path(final) / STATE_DIR / "plan.parquet", config.part_size)
     if not committed:
         return None
     have = tuple(committed[0].modalities)
@@ -189,13 +185,9 @@ def extend_committed_plan(
             return None
     plan_modalities = previous.plan_modalities if previous else have
     mods = tuple(sorted(modalities))
-    plans = []
-    for p in committed:
-        group = []
-        for c in p.samples:
-            n = by_basename.get(c.basename)
-            group.append(c if n is None else n)  # the newest listing's entries (same files) where there is one
-        plans.append(ShardPlan(p.bucket, p.index, p.relpath, tuple(group), mods))
+    # Each sample as the newest listing has it (the same files) where it has one.
+    plans = [ShardPlan(p.bucket, p.index, p.relpath, tuple(by_basename.get(c.basename, c) for c in p.samples),
+                       mods) for p in committed]
     cut = PlanCut(plan_modalities, tuple(sorted(set(mods) - set(plan_modalities))), have, len(kept))
     log.info("%s: modalities %s added to the committed plan of %d shards: only their tars are written%s",
              source, list(added), len(plans), f"; {len(kept)} keys kept without them" if kept else "")

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from loader.formats.atomic import atomic_writer
 from loader.formats.twin_tar import BLOCK, END_OF_ARCHIVE, RECORD, shard_relpath
-from pid_platform.sharding.compute import pc
+from pid_platform.sharding.compute import ascending, pc
 from pid_platform.sharding.plan.shard_plan import FLAT, PLAN_VERSION, ShardingConfig, ShardPlan
 
 # Rows per row group of plan.parquet (both writers: this module and ``tables.write_plans``, so the
@@ -80,10 +80,6 @@ class ShardLayout:
     shard_bucket: np.ndarray  # int32, one per shard
     shard_index: np.ndarray  # int32, one per shard
 
-    @property
-    def counts(self) -> np.ndarray:
-        return np.diff(self.offsets)
-
     def shard_of_rows(self, start: int, stop: int) -> np.ndarray:
         """The shard of each plan row in ``start:stop``."""
         rows = np.arange(start, stop, dtype=np.int64)
@@ -124,31 +120,17 @@ def _bucket_codes(buckets: pa.Array | pa.ChunkedArray, classify: bool) -> tuple[
     n = len(buckets)
     if not classify or n == 0:
         return np.zeros(n, dtype=np.int32), [FLAT]
-    chunks = buckets.chunks if isinstance(buckets, pa.ChunkedArray) else [buckets]
-    out = np.empty(n, dtype=np.int32)
-    names: dict[str, int] = {}
-    local_codes, pos = [], 0
-    for chunk in chunks:
-        if not pa.types.is_dictionary(chunk.type):
-            chunk = pc.dictionary_encode(chunk)
-        values = [v or FLAT for v in chunk.dictionary.to_pylist()]
-        mapping = np.array([names.setdefault(v, len(names)) for v in values] + [names.setdefault(FLAT, len(names))],
-                           dtype=np.int32)
-        idx = chunk.indices.fill_null(len(values)).to_numpy(zero_copy_only=False)
-        local_codes.append((pos, mapping, idx))
-        pos += len(chunk)
-    sorted_names = sorted(names)
-    rank = np.empty(len(names), dtype=np.int32)
-    for name, code in names.items():
-        rank[code] = sorted_names.index(name)
-    for start, mapping, idx in local_codes:
-        out[start : start + len(idx)] = rank[mapping[idx]]
-    present = np.bincount(out, minlength=len(sorted_names)) > 0
-    keep = [name for name, p in zip(sorted_names, present, strict=True) if p]
-    if len(keep) != len(sorted_names):  # a name in a dictionary that no row uses
-        remap = np.cumsum(present) - 1
-        out = remap[out].astype(np.int32)
-    return out, keep
+    if not pa.types.is_dictionary(buckets.type):
+        buckets = pc.dictionary_encode(buckets)
+    if isinstance(buckets, pa.ChunkedArray):
+        buckets = buckets.combine_chunks()  # the chunks' dictionaries unified into one
+    values = [v or FLAT for v in buckets.dictionary.to_pylist()] + [FLAT]  # the last one: a null's
+    idx = buckets.indices.fill_null(len(values) - 1).to_numpy(zero_copy_only=False)
+    # A name in the dictionary that no row uses is no bucket.
+    used = np.bincount(idx, minlength=len(values)) > 0
+    names = sorted({v for v, u in zip(values, used, strict=True) if u})
+    rank = np.array([names.index(v) if u else -1 for v, u in zip(values, used, strict=True)], dtype=np.int32)
+    return rank[idx], names
 
 
 def layout_shards(buckets: pa.Array | pa.ChunkedArray, sample_spans: np.ndarray, config: ShardingConfig, *,
@@ -161,7 +143,7 @@ def layout_shards(buckets: pa.Array | pa.ChunkedArray, sample_spans: np.ndarray,
     """
     codes, names = _bucket_codes(buckets, config.classify_aspect_ratio)
     sample_spans = np.asarray(sample_spans, dtype=np.int64)
-    if keys is not None and len(keys) > 1 and not _in_order(keys):
+    if keys is not None and not ascending(keys):
         # Stable, so equal keys keep their order as Python's sorted does; arrow compares UTF-8
         # bytes, which order as code points do.
         key_order = pc.sort_indices(keys).to_numpy()
@@ -203,12 +185,6 @@ def plan_layout(buckets: pa.Array | pa.ChunkedArray, sizes: Sequence[np.ndarray]
     return layout_shards(buckets, spans(sizes), config, modalities=len(sizes), keys=keys)
 
 
-def _in_order(keys: pa.Array | pa.ChunkedArray) -> bool:
-    if isinstance(keys, pa.ChunkedArray):
-        keys = keys.combine_chunks()
-    return bool(pc.all(pc.less_equal(keys[:-1], keys[1:])).as_py())
-
-
 # ---------------------------------------------------------------- plan.parquet
 
 def table_modalities(table: pa.Table | pa.Schema) -> list[str]:
@@ -225,30 +201,19 @@ def plan_schema(samples_schema: pa.Schema) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _shard_columns(layout: ShardLayout, start: int, stop: int) -> tuple[pa.Array, pa.Array]:
-    sid = layout.shard_of_rows(start, stop)
-    names = pa.array(layout.bucket_names, pa.string())
-    bucket = pc.take(names, pa.array(layout.shard_bucket[sid]))
-    return bucket, pa.array(layout.shard_index[sid], pa.int32())
-
-
 def _with_shard_columns(rows: pa.Table, layout: ShardLayout, start: int, schema: pa.Schema) -> pa.Table:
-    bucket, index = _shard_columns(layout, start, start + rows.num_rows)
+    """Plan rows ``start:`` (``rows``, in plan order) with their shard columns, as ``schema``."""
+    sid = layout.shard_of_rows(start, start + rows.num_rows)
     cols = {name: rows.column(name).combine_chunks() for name in rows.column_names if name != _POS}
-    cols[SHARD_BUCKET], cols[SHARD_INDEX] = bucket, index
+    cols[SHARD_BUCKET] = pc.take(pa.array(layout.bucket_names, pa.string()), pa.array(layout.shard_bucket[sid]))
+    cols[SHARD_INDEX] = pa.array(layout.shard_index[sid], pa.int32())
     return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)
 
 
-def _table_sizes(table: pa.Table, modalities: Sequence[str]) -> list[np.ndarray]:
-    return [table.column(f"size.{m}").to_numpy() for m in sorted(modalities)]
-
-
-def plan_table(samples: pa.Table, config: ShardingConfig, *,
-               keys_in_order: bool = False) -> tuple[pa.Table, ShardLayout]:
+def plan_table(samples: pa.Table, config: ShardingConfig) -> tuple[pa.Table, ShardLayout]:
     """plan.parquet's table for a samples table (``tables.samples_table``), held in memory."""
-    mods = table_modalities(samples)
-    layout = plan_layout(samples.column("bucket"), _table_sizes(samples, mods), config,
-                         None if keys_in_order else samples.column("key"))
+    sizes = [samples.column(f"size.{m}").to_numpy() for m in sorted(table_modalities(samples))]
+    layout = plan_layout(samples.column("bucket"), sizes, config, samples.column("key"))
     schema = plan_schema(samples.schema.remove_metadata())
     rows = samples.take(pa.array(layout.order))
     return _with_shard_columns(rows, layout, 0, schema), layout
@@ -290,8 +255,7 @@ def _read_plan_inputs(pf: pq.ParquetFile, mods: list[str], batch_rows: int
     for batch in _batches(pf, batch_rows, ["key", "bucket", *size_cols]):
         keys = batch.column(0)
         if in_order and len(keys):
-            behind = last is not None and pc.less(keys[0], last).as_py()
-            in_order = not behind and (len(keys) < 2 or pc.all(pc.less_equal(keys[:-1], keys[1:])).as_py())
+            in_order = (last is None or pc.less(last, keys[0]).as_py()) and ascending(keys)
             last = keys[len(keys) - 1]
         buckets.append(pc.dictionary_encode(batch.column(1)))
         sample_spans[at : at + batch.num_rows] = spans([batch.column(c).to_numpy() for c in size_cols])
@@ -302,14 +266,13 @@ def _read_plan_inputs(pf: pq.ParquetFile, mods: list[str], batch_rows: int
 
 
 def write_plan_file(samples_path: str | os.PathLike[str], plan_path: str | os.PathLike[str],
-                    config: ShardingConfig, *, row_group_rows: int | None = None,
-                    batch_rows: int = BATCH_ROWS, work_dir: str | os.PathLike[str] | None = None,
+                    config: ShardingConfig, *, row_group_rows: int | None = None, batch_rows: int = BATCH_ROWS,
                     shards_path: str | os.PathLike[str] | None = None) -> ShardLayout:
     """Plan the samples of ``samples_path`` (samples.parquet) and write ``plan_path`` (plan.parquet).
 
     Memory stays bounded at any source size: the plan itself needs each sample's bucket and
     sizes only; the rows are then scattered, batch by batch, into one temporary Arrow file per
-    output row group (``work_dir``, default beside ``plan_path``) and each row group is put in
+    output row group (beside ``plan_path``) and each row group is put in
     plan order and written from its file alone. The content is that of :func:`plan_table`.
 
     ``shards_path``: also write shards.parquet there (:func:`write_shards_file`), one row per shard
@@ -333,8 +296,7 @@ def write_plan_file(samples_path: str | os.PathLike[str], plan_path: str | os.Pa
     refs: list[ShardRef] = []
     n = len(layout.order)
     if n <= row_group_rows:  # one row group: no scatter needed
-        table, _ = plan_table(pq.read_table(samples_path).replace_schema_metadata(None), config,
-                              keys_in_order=in_order)
+        table = _with_shard_columns(pq.read_table(samples_path).take(pa.array(layout.order)), layout, 0, schema)
         write_plan_table(plan_path, table, row_group_rows)
         if digests is not None:
             refs = [*digests.feed(table), *digests.finish()]
@@ -344,9 +306,8 @@ def write_plan_file(samples_path: str | os.PathLike[str], plan_path: str | os.Pa
     pos[layout.order] = np.arange(n, dtype=np.int64)
     groups = -(-n // row_group_rows)
     scatter_schema = schema_in.append(pa.field(_POS, pa.int64()))
-    folder = Path(work_dir) if work_dir is not None else Path(plan_path).parent
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".plan-scatter-", dir=folder) as tmp:
+    Path(plan_path).parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".plan-scatter-", dir=Path(plan_path).parent) as tmp:
         paths = [Path(tmp) / f"{g:06d}.arrow" for g in range(groups)]
         writers = [ipc.new_file(p, scatter_schema) for p in paths]
         try:

@@ -21,7 +21,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pid_platform.sharding.compute import pc
 from pid_platform.sharding.layout import state_dir
 from pid_platform.sharding.plan.columnar import (
     ShardRef,
@@ -100,12 +99,12 @@ def shards_identity(shards: list[ShardRef]) -> str:
 
 
 def iter_shard_range(folder: Path, config: ShardingConfig, shards: list[ShardRef], first: int, stop: int,
-                     plan: PlanSource | None = None) -> Iterator[list[ShardPlan]]:
+                     plan: PlanSource | None = None, *, verify: bool = True) -> Iterator[list[ShardPlan]]:
     """Shards ``first:stop`` of the plan (``shards``: :func:`load_shards`) with their samples, a
     row group of ``plan.parquet`` (``plan``, default the folder's) at a time, each shard whole
     in one batch: a write task holds the samples of one row group's shards, not of its range.
     Only the row groups that hold them are read. Each shard read must have the plan digest
-    ``shards`` gives it: rows of another plan are refused, never written."""
+    ``shards`` gives it (unless not ``verify``): rows of another plan are refused, never written."""
     if first >= stop:
         return
     counts = np.fromiter((r.count for r in shards), dtype=np.int64, count=len(shards))
@@ -136,7 +135,8 @@ def iter_shard_range(folder: Path, config: ShardingConfig, shards: list[ShardRef
         take = int(ends[upto - 1] - (ends[done - 1] if done else 0)) if upto > done else 0
         batch, carry = rows.slice(0, take), rows.slice(take)
         if batch.num_rows:
-            yield _checked(plans_of_table(batch, config.part_size), shards[done:upto], plan, folder)
+            plans = plans_of_table(batch, config.part_size)
+            yield _checked(plans, shards[done:upto], plan, folder) if verify else plans
             done = upto
     if done != stop or (carry is not None and carry.num_rows):
         raise ValueError(f"{_name(plan, folder)}: rows {begin}:{end} are not shards {first}:{stop} of "
@@ -151,24 +151,12 @@ def _checked(plans: list[ShardPlan], want: list[ShardRef], plan: PlanSource | No
 
 
 def iter_shard_plans(folder: Path, config: ShardingConfig) -> Iterator[list[ShardPlan]]:
-    """Every shard of ``folder``'s plan with its samples, a row group's shards at a time (a shard
-    that runs on into the next row group comes with that one's): for steps that read every
-    member of every shard (key indexes) in the memory of one row group, at any source size."""
-    pf = pq.ParquetFile(state_dir(folder) / PLAN)
-    carry = None
-    for g in range(pf.num_row_groups):
-        t = pf.read_row_group(g)
-        if carry is not None:
-            t = pa.concat_tables([carry, t])
-        carry = None
-        if g + 1 < pf.num_row_groups and t.num_rows:
-            index = t.column("shard_index").to_numpy()
-            bucket = t.column("shard_bucket")
-            same = (index == index[-1]) & pc.equal(bucket, bucket[-1]).to_numpy(zero_copy_only=False)
-            start = int(np.flatnonzero(~same)[-1]) + 1 if not same.all() else 0
-            t, carry = t.slice(0, start), t.slice(start)
-        if t.num_rows:
-            yield plans_of_table(t, config.part_size)
+    """Every shard of ``folder``'s plan with its samples, a row group's shards at a time
+    (:func:`iter_shard_range` over all of them, the digests not checked again): for steps that
+    read every member of every shard (key indexes) in the memory of one row group, at any source
+    size."""
+    shards = load_shards(folder, config)
+    yield from iter_shard_range(folder, config, shards, 0, len(shards), verify=False)
 
 
 def _name(plan: PlanSource | None, folder: Path) -> str:

@@ -12,6 +12,9 @@ import math
 import numbers
 from dataclasses import dataclass, replace
 
+import numpy as np
+import pyarrow as pa
+
 from loader.formats.errors import short_repr
 from loader.formats.twin_tar import (
     DEFAULT_PART_SIZE,
@@ -144,10 +147,7 @@ def plan_shards(samples: list[Sample], modalities: list[str], config: ShardingCo
     The objects' columns go through the columnar plan (``columnar.layout_shards``), which
     ``columnar.write_plan_file`` also runs over a samples table of any size.
     """
-    import numpy as np
-    import pyarrow as pa
-
-    from pid_platform.sharding.plan.columnar import plan_layout
+    from pid_platform.sharding.plan.columnar import plan_layout  # columnar imports this module
 
     mods = tuple(sorted(modalities))
     sizes = [np.fromiter((s.files[m].size for s in samples), dtype=np.int64, count=len(samples)) for m in mods]
