@@ -44,9 +44,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from loader.formats.errors import short_repr
 from loader.formats.layout import STATE_DIR, run_hold_name
-from loader.formats.strict_doc import load_json_doc
+from loader.formats.strict_doc import Fields, load_json_doc
 from loader.io.errors import ObjectNotFoundError, PreconditionFailedError
 from loader.io.objects import ObjectStore, open_store
 from pid_platform.sharding.commit.held import MAX_TIME_S, HeldInBackground, Renewed, ago, utc
@@ -113,31 +112,11 @@ def parse_hold(data: bytes, where: str) -> RunHold:
     """The hold in ``data`` (read from ``where``), every field checked; ``RunHoldError`` naming the file."""
     doc = load_json_doc(data, where, max_bytes=MAX_HOLD_BYTES, fix=_FIX, error=RunHoldError)
 
-    def bad(what: str) -> RunHoldError:
-        return RunHoldError(f"{where} is not a Dagster run's hold this version of pid-platform reads ({what}); {_FIX}")
-
-    if not isinstance(doc, dict):
-        raise bad("not a JSON object")
-    if doc.get("run_hold_version") != HOLD_FORMAT_VERSION:
-        raise bad(f"run_hold_version {short_repr(doc.get('run_hold_version'))}")
-    extra = sorted(set(doc) - {"run_hold_version", "run_id", "job", "source", "taken", "renewed", "ttl_s"})
-    if extra:
-        raise bad(f"unknown key {short_repr(extra[0])}")
-
-    def text(name: str) -> str:
-        value = doc.get(name)
-        if not isinstance(value, str) or not 0 < len(value) <= 200 or not value.isprintable():
-            raise bad(f"{name} = {short_repr(value)}, not a name of 1 to 200 printable characters")
-        return value
-
-    def number(name: str, low: float, high: float) -> float:
-        value = doc.get(name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-            raise bad(f"{name} = {short_repr(value)}, not a number in [{low:g}, {high:g}]")
-        return float(value)
-
-    return RunHold(text("run_id"), text("job"), text("source"), number("taken", 0, MAX_TIME_S),
-                   number("renewed", 0, MAX_TIME_S), number("ttl_s", MIN_TTL_S, MAX_TTL_S))
+    f = Fields(doc, where, what="a Dagster run's hold", fix=_FIX, error=RunHoldError,
+               version=("run_hold_version", HOLD_FORMAT_VERSION),
+               keys=("run_id", "job", "source", "taken", "renewed", "ttl_s"))
+    return RunHold(f.text("run_id"), f.text("job"), f.text("source"), f.number("taken", 0, MAX_TIME_S),
+                   f.number("renewed", 0, MAX_TIME_S), f.number("ttl_s", MIN_TTL_S, MAX_TTL_S))
 
 
 @dataclass(frozen=True)
