@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from loader.formats.errors import FormatError
-from loader.formats.strict_doc import Fields
+from loader.formats.strict_doc import Fields, env_number
 
 WHERE = "s3://b/photos/.pid-build/x.json"
 
@@ -57,3 +57,15 @@ def test_optional_fields_and_unknown_keys() -> None:
     assert _fields({"x_version": 1, "t": "abcdef"}).text("t", 3, cut=True) == "abc"
     with pytest.raises(FormatError, match=r"\(unknown key 'owner'\); delete it"):
         _fields({"x_version": 1, "owner": "x"}, keys=("n",))
+
+
+@pytest.mark.parametrize("text", ["soon", "nan", "inf", "1e400", "9" * 41, "5", "1e300"])
+def test_an_env_number_that_is_not_a_finite_short_number_in_range_is_refused_naming_it(text: str) -> None:
+    with pytest.raises(FormatError, match=r"^PID_X_S='.*: give seconds from 10 to 1e\+06$"):
+        env_number("PID_X_S", {"PID_X_S": text}, fix="give seconds from 10 to 1e+06", low=10, high=1e6)
+
+
+def test_an_env_number_unset_or_blank_is_none_and_a_number_in_range_is_read() -> None:
+    assert env_number("PID_X_S", {}, fix="") is None
+    assert env_number("PID_X_S", {"PID_X_S": "  "}, fix="") is None
+    assert env_number("PID_X_S", {"PID_X_S": " 60 "}, fix="", low=10, high=60) == 60.0

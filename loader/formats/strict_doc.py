@@ -32,7 +32,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 import yaml
@@ -87,6 +87,24 @@ def _decode(data: bytes, origin: str, max_bytes: int, fix: str, error: ErrorFact
     except UnicodeDecodeError as exc:
         raise error(f"{origin}: not UTF-8 text (byte {exc.start} is {data[exc.start:exc.start + 1]!r}); "
                     f"save it as UTF-8; {fix}") from None
+
+
+def env_number(name: str, environ: Mapping[str, str] | None = None, *, fix: str,
+               error: ErrorFactory = FormatError, low: float = -math.inf,
+               high: float = math.inf) -> float | None:
+    """The number environment variable ``name`` holds; ``None`` when it is unset or blank. Anything
+    but a finite number of at most ``MAX_DIGITS`` characters in ``[low, high]`` is ``error``
+    naming the variable and its text, ending with ``fix`` (which says what to give)."""
+    text = ((os.environ if environ is None else environ).get(name) or "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text) if len(text) <= MAX_DIGITS else math.nan  # 1e300 is one; a page of digits is not
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not low <= value <= high:
+        raise error(f"{name}={short_repr(text, MAX_DIGITS)}: {fix}")
+    return value
 
 
 # --- YAML -----------------------------------------------------------------------------------------

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -45,7 +44,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from loader.formats.layout import STATE_DIR, run_hold_name
-from loader.formats.strict_doc import Fields, load_json_doc
+from loader.formats.strict_doc import Fields, env_number, load_json_doc
 from loader.io.errors import ObjectNotFoundError, PreconditionFailedError
 from loader.io.objects import ObjectStore, open_store
 from pid_platform.sharding.commit.held import MAX_TIME_S, HeldInBackground, Renewed, ago, utc
@@ -77,18 +76,10 @@ class HeldByRunError(BuildError):
 
 def ttl_from_env(environ: Mapping[str, str] | None = None) -> float:
     """``PID_RUN_HOLD_TTL_S`` when set, else ``DEFAULT_TTL_S``; checked."""
-    text = ((os.environ if environ is None else environ).get(TTL_ENV) or "").strip()
-    if not text:
-        return DEFAULT_TTL_S
-    try:
-        value = float(text) if len(text) <= 40 else math.nan  # 1e300 is one; a page of digits is not
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or not MIN_TTL_S <= value <= MAX_TTL_S:
-        raise RunHoldError(f"{TTL_ENV}={text[:40]!r}: give a number of seconds from {MIN_TTL_S:g} to {MAX_TTL_S:g} "
-                           f"(how long a lost Dagster run's hold blocks CLI builds), or unset it "
-                           f"(default {DEFAULT_TTL_S:g})")
-    return value
+    value = env_number(TTL_ENV, environ, low=MIN_TTL_S, high=MAX_TTL_S, error=RunHoldError,
+                       fix=f"give a number of seconds from {MIN_TTL_S:g} to {MAX_TTL_S:g} (how long a lost "
+                           f"Dagster run's hold blocks CLI builds), or unset it (default {DEFAULT_TTL_S:g})")
+    return DEFAULT_TTL_S if value is None else value
 
 
 @dataclass(frozen=True)

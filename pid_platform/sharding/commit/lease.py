@@ -37,7 +37,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import threading
 import time
 import uuid
@@ -47,7 +46,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from loader.formats.errors import short_repr
-from loader.formats.strict_doc import Fields, load_json_doc
+from loader.formats.strict_doc import Fields, env_number, load_json_doc
 from loader.io.errors import (
     ObjectNotFoundError,
     PreconditionFailedError,
@@ -122,20 +121,11 @@ class LeaseSettings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LeaseSettings:
         """The defaults, overridden by ``PID_LEASE_TTL_S`` / ``PID_LEASE_RENEW_S`` when set."""
-        env = os.environ if environ is None else environ
-        values: dict[str, float] = {}
-        for name, var in (("ttl_s", TTL_ENV), ("renew_s", RENEW_ENV)):
-            text = (env.get(var) or "").strip()
-            if not text:
-                continue
-            try:
-                values[name] = float(text)
-            except ValueError:
-                raise BuildError(f"{var}={text[:40]!r}: give a number of seconds, or unset it") from None
-            if len(text) > 40:  # 1e300 is one; a page of digits is not a setting
-                raise BuildError(f"{var}: a number of {len(text)} characters; give a number of seconds")
+        fix = "give a number of seconds, or unset it"
+        values = {name: env_number(var, environ, fix=fix, error=BuildError)
+                  for name, var in (("ttl_s", TTL_ENV), ("renew_s", RENEW_ENV))}
         try:
-            return cls(**values)
+            return cls(**{name: value for name, value in values.items() if value is not None})
         except BuildError as exc:
             raise BuildError(f"{exc} (from {TTL_ENV} / {RENEW_ENV})") from None
 
