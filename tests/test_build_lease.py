@@ -149,7 +149,7 @@ def test_a_holder_whose_lease_was_taken_stops_before_the_switch(
     ({TTL_ENV: "0"}, "ttl_s = 0.0: give a number of seconds > 0"),
     ({TTL_ENV: "0.5"}, "give at least 2 seconds"),
     ({TTL_ENV: "10", RENEW_ENV: "6"}, r"renew at least twice per TTL \(renew_s <= ttl_s / 2\)"),
-    ({TTL_ENV: "nan"}, "give a number of seconds > 0"),
+    ({TTL_ENV: "nan"}, "PID_LEASE_TTL_S='nan': give a number of seconds"),
 ])
 def test_lease_settings_are_checked_naming_the_variable(env: dict[str, str], match: str) -> None:
     with pytest.raises(BuildError, match=match):

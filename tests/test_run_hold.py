@@ -236,7 +236,7 @@ def test_an_expired_hold_does_not_block(where: tuple[str, object], raw_root: Pat
      "1e400 is out of the range of a float"),
     (b'{"run_hold_version": 1, "run_id": "r", "job": "j", "source": "s", "taken": 1, "renewed": 1, "ttl_s": 1}',
      "ttl_s = 1, not a number in [10, 604800]"),
-    (b'{"run_hold_version": 2}', "run_hold_version 2"),
+    (b'{"run_hold_version": 2}', "run_hold_version = 2, not 1"),
     (b'{"run_hold_version": 1, "run_id": "r", "job": "j", "source": "s", "taken": 1, "renewed": 1, '
      b'"ttl_s": 60, "owner": "x"}', "unknown key 'owner'"),
 ])

@@ -16,7 +16,8 @@ any length and nesting to the recursion limit. Here:
   document, plain scalars by one set of rules (``true``/``false``, decimal numbers; YAML 1.1's
   ``yes``/``on``/``010``/``1_000``/``1:20``, read differently by other readers, refused), numbers
   finite and short;
-* :func:`load_json_doc` is Python's C reader with the same refusals.
+* :func:`load_json_doc` is Python's C reader with the same refusals;
+* :class:`Fields` reads the fields of one such record (a lease, a claim): types, ranges, format.
 
 Every refusal is the caller's named error (``error(message)``), one short line naming the file,
 the key path and line where there is one, and ending with the caller's ``fix``; it comes in
@@ -31,7 +32,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 import yaml
@@ -86,6 +87,24 @@ def _decode(data: bytes, origin: str, max_bytes: int, fix: str, error: ErrorFact
     except UnicodeDecodeError as exc:
         raise error(f"{origin}: not UTF-8 text (byte {exc.start} is {data[exc.start:exc.start + 1]!r}); "
                     f"save it as UTF-8; {fix}") from None
+
+
+def env_number(name: str, environ: Mapping[str, str] | None = None, *, fix: str,
+               error: ErrorFactory = FormatError, low: float = -math.inf,
+               high: float = math.inf) -> float | None:
+    """The number environment variable ``name`` holds; ``None`` when it is unset or blank. Anything
+    but a finite number of at most ``MAX_DIGITS`` characters in ``[low, high]`` is ``error``
+    naming the variable and its text, ending with ``fix`` (which says what to give)."""
+    text = ((os.environ if environ is None else environ).get(name) or "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text) if len(text) <= MAX_DIGITS else math.nan  # 1e300 is one; a page of digits is not
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not low <= value <= high:
+        raise error(f"{name}={short_repr(text, MAX_DIGITS)}: {fix}")
+    return value
 
 
 # --- YAML -----------------------------------------------------------------------------------------
@@ -305,16 +324,69 @@ def load_json_doc(data: bytes, origin: str, *, max_bytes: int, fix: str,
         raise error(f"{origin}: nested too deeply to be this file; {fix}") from None
 
 
-def json_field(doc: Any, name: str, kind: type | tuple[type, ...], origin: str, *, fix: str,
-               error: ErrorFactory = FormatError) -> Any:
-    """``doc[name]``, refused unless ``doc`` is an object holding it with a value of ``kind``
-    (``bool`` is never an ``int`` here)."""
-    if not isinstance(doc, dict):
-        raise error(f"{origin}: not a JSON object; {fix}")
-    if name not in doc:
-        raise error(f"{origin}: no {name!r}; {fix}")
-    value = doc[name]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
-        raise error(f"{origin}: {name} = {short_repr(value)} is not a {'/'.join(k.__name__ for k in kinds)}; {fix}")
-    return value
+class Fields:
+    """The fields of one small JSON record (a lease, a run's hold, a claim, a staged plan), read
+    strictly with one wording for one fault whatever the record: ``error`` names ``origin``, says
+    it is not ``what`` this version reads, the field and its value, and ends with ``fix``.
+
+    ``version`` (key, value): the record's format, refused when it differs; ``keys``: the fields
+    it may hold besides (``None``: others are ignored). ``optional`` on a read: a missing or null
+    field is ``None`` (a caller that tells the two apart passes ``optional=name in doc`` or
+    ``name not in doc``). ``bool`` is never a number here."""
+
+    def __init__(self, doc: Any, origin: str, *, what: str, fix: str, error: ErrorFactory,
+                 version: tuple[str, object] | None = None, keys: Collection[str] | None = None,
+                 prefix: str = "") -> None:
+        self.origin, self.what, self.fix, self.error, self.prefix = origin, what, fix, error, prefix
+        if not isinstance(doc, dict):
+            raise self.refused(f"{short_repr(doc)}, not a JSON object")
+        if version is not None and doc.get(version[0]) != version[1]:
+            raise self.refuse(version[0], doc.get(version[0]), f"not {version[1]!r}")
+        extra = sorted(set(doc) - set(doc if keys is None else keys) - {version[0] if version else None})
+        if extra:
+            raise self.refused(f"unknown key {short_repr(extra[0])}")
+        self.doc: dict[str, Any] = doc
+
+    def refused(self, what: str) -> Exception:
+        return self.error(f"{self.origin}: not {self.what} this version of pid-platform reads ({what}); "
+                          f"{self.fix}")
+
+    def refuse(self, name: str, value: object, problem: str) -> Exception:
+        """The error for field ``name`` holding ``value``: ``problem`` says what it should be."""
+        return self.refused(f"{self.prefix}{name} = {short_repr(value)}, {problem}")
+
+    def _read(self, name: str, optional: bool, ok: Callable[[Any], bool], want: str) -> Any:
+        value = self.doc.get(name)
+        if value is None and optional:
+            return None
+        if not ok(value):
+            raise self.refuse(name, value, f"not {want}")
+        return value
+
+    def text(self, name: str, longest: int | None = 200, *, cut: bool = False,
+             pattern: re.Pattern[str] | None = None, kind: str = "", optional: bool = False) -> str | None:
+        """A text: matching ``pattern`` (``kind`` says what it is), or any text cut to ``longest``
+        characters (``cut``), else a name of 1 to ``longest`` printable characters."""
+        if pattern is not None:
+            return self._read(name, optional, lambda v: isinstance(v, str) and bool(pattern.fullmatch(v)),
+                              kind)
+        if cut:
+            value = self._read(name, optional, lambda v: isinstance(v, str), "text")
+            return None if value is None else value[:longest]
+        return self._read(name, optional, lambda v: isinstance(v, str) and 0 < len(v) <= (longest or 0)
+                          and v.isprintable(), f"a name of 1 to {longest} printable characters")
+
+    def number(self, name: str, low: float, high: float, *, whole: bool = False,
+               optional: bool = False) -> float | None:
+        """A number in ``[low, high]``: an ``int`` (``whole``), else an int or finite float as a float."""
+        kinds = int if whole else (int, float)
+        want = f"an integer in [{low}, {high}]" if whole else f"a number in [{low:g}, {high:g}]"
+        value = self._read(name, optional, lambda v: not isinstance(v, bool) and isinstance(v, kinds)
+                           and low <= v <= high, want)
+        return value if value is None or whole else float(value)
+
+    def inner(self, name: str, *, optional: bool = False) -> Fields | None:
+        """The object in field ``name``, read the same way (its fields named ``name.field``)."""
+        value = self._read(name, optional, lambda v: isinstance(v, dict), "a JSON object")
+        return None if value is None else Fields(value, self.origin, what=self.what, fix=self.fix,
+                                                 error=self.error, prefix=f"{self.prefix}{name}.")

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -44,9 +43,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from loader.formats.errors import short_repr
 from loader.formats.layout import STATE_DIR, run_hold_name
-from loader.formats.strict_doc import load_json_doc
+from loader.formats.strict_doc import Fields, env_number, load_json_doc
 from loader.io.errors import ObjectNotFoundError, PreconditionFailedError
 from loader.io.objects import ObjectStore, open_store
 from pid_platform.sharding.commit.held import MAX_TIME_S, HeldInBackground, Renewed, ago, utc
@@ -78,18 +76,10 @@ class HeldByRunError(BuildError):
 
 def ttl_from_env(environ: Mapping[str, str] | None = None) -> float:
     """``PID_RUN_HOLD_TTL_S`` when set, else ``DEFAULT_TTL_S``; checked."""
-    text = ((os.environ if environ is None else environ).get(TTL_ENV) or "").strip()
-    if not text:
-        return DEFAULT_TTL_S
-    try:
-        value = float(text) if len(text) <= 40 else math.nan  # 1e300 is one; a page of digits is not
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or not MIN_TTL_S <= value <= MAX_TTL_S:
-        raise RunHoldError(f"{TTL_ENV}={text[:40]!r}: give a number of seconds from {MIN_TTL_S:g} to {MAX_TTL_S:g} "
-                           f"(how long a lost Dagster run's hold blocks CLI builds), or unset it "
-                           f"(default {DEFAULT_TTL_S:g})")
-    return value
+    value = env_number(TTL_ENV, environ, low=MIN_TTL_S, high=MAX_TTL_S, error=RunHoldError,
+                       fix=f"give a number of seconds from {MIN_TTL_S:g} to {MAX_TTL_S:g} (how long a lost "
+                           f"Dagster run's hold blocks CLI builds), or unset it (default {DEFAULT_TTL_S:g})")
+    return DEFAULT_TTL_S if value is None else value
 
 
 @dataclass(frozen=True)
@@ -113,31 +103,11 @@ def parse_hold(data: bytes, where: str) -> RunHold:
     """The hold in ``data`` (read from ``where``), every field checked; ``RunHoldError`` naming the file."""
     doc = load_json_doc(data, where, max_bytes=MAX_HOLD_BYTES, fix=_FIX, error=RunHoldError)
 
-    def bad(what: str) -> RunHoldError:
-        return RunHoldError(f"{where} is not a Dagster run's hold this version of pid-platform reads ({what}); {_FIX}")
-
-    if not isinstance(doc, dict):
-        raise bad("not a JSON object")
-    if doc.get("run_hold_version") != HOLD_FORMAT_VERSION:
-        raise bad(f"run_hold_version {short_repr(doc.get('run_hold_version'))}")
-    extra = sorted(set(doc) - {"run_hold_version", "run_id", "job", "source", "taken", "renewed", "ttl_s"})
-    if extra:
-        raise bad(f"unknown key {short_repr(extra[0])}")
-
-    def text(name: str) -> str:
-        value = doc.get(name)
-        if not isinstance(value, str) or not 0 < len(value) <= 200 or not value.isprintable():
-            raise bad(f"{name} = {short_repr(value)}, not a name of 1 to 200 printable characters")
-        return value
-
-    def number(name: str, low: float, high: float) -> float:
-        value = doc.get(name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-            raise bad(f"{name} = {short_repr(value)}, not a number in [{low:g}, {high:g}]")
-        return float(value)
-
-    return RunHold(text("run_id"), text("job"), text("source"), number("taken", 0, MAX_TIME_S),
-                   number("renewed", 0, MAX_TIME_S), number("ttl_s", MIN_TTL_S, MAX_TTL_S))
+    f = Fields(doc, where, what="a Dagster run's hold", fix=_FIX, error=RunHoldError,
+               version=("run_hold_version", HOLD_FORMAT_VERSION),
+               keys=("run_id", "job", "source", "taken", "renewed", "ttl_s"))
+    return RunHold(f.text("run_id"), f.text("job"), f.text("source"), f.number("taken", 0, MAX_TIME_S),
+                   f.number("renewed", 0, MAX_TIME_S), f.number("ttl_s", MIN_TTL_S, MAX_TTL_S))
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from loader.formats.errors import short_repr
-from loader.formats.strict_doc import load_json_doc
+from loader.formats.strict_doc import Fields, load_json_doc
 from pid_platform.sharding.commit.held import MAX_TIME_S, HeldInBackground, Renewed
 from pid_platform.sharding.errors import BuildError
 
@@ -62,6 +62,7 @@ MAX_TTL_S = 86400.0  # a killed holder's claim counts for a day at most
 DEFAULT_MAX_WAIT_S = 3 * DEFAULT_TTL_S  # a cleanup deletes a version in minutes; past this, stop
 MAX_CLAIM_BYTES = 4096
 MAX_HOLDER_CHARS = 200
+_SKIPPED = "it protects nothing and is skipped"
 
 
 def this_process() -> str:
@@ -96,27 +97,17 @@ def _parse(data: bytes, key: str) -> Claim | None:
     """The claim in ``data``; None (with a warning naming ``key``) when it is not one this version
     wrote: it then protects nothing, and is never deleted here either (it is not ours)."""
     try:
-        doc = load_json_doc(data, key, max_bytes=MAX_CLAIM_BYTES, fix="not a claim", error=_NotAClaim)
-        if not isinstance(doc, dict) or doc.get("claim_version") != CLAIM_FORMAT_VERSION:
-            raise _NotAClaim(f"{key}: claim_version {short_repr(doc.get('claim_version') if isinstance(doc, dict) else doc)}")
-
-        def number(name: str, low: float, high: float, required: bool = True) -> float | None:
-            if name not in doc and not required:
-                return None  # a claim of an older version: no renewed, no ttl_s
-            value = doc.get(name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-                raise _NotAClaim(f"{key}: {name} = {short_repr(value)} is not a number in [{low:g}, {high:g}]")
-            return float(value)
-
-        texts = [doc.get(n) for n in ("subject", "purpose", "holder")]
-        if not all(isinstance(t, str) for t in texts):
-            raise _NotAClaim(f"{key}: subject, purpose and holder must be text")
-        expires = number("expires", 0, MAX_TIME_S)
-        ttl = number("ttl_s", MIN_TTL_S, MAX_TTL_S, required=False)
-        return Claim(texts[0], texts[1], texts[2][:MAX_HOLDER_CHARS], expires or 0.0, key,
-                     number("renewed", 0, MAX_TIME_S, required=False), DEFAULT_TTL_S if ttl is None else ttl)
+        doc = load_json_doc(data, key, max_bytes=MAX_CLAIM_BYTES, fix=_SKIPPED, error=_NotAClaim)
+        f = Fields(doc, key, what="a claim", fix=_SKIPPED, error=_NotAClaim,
+                   version=("claim_version", CLAIM_FORMAT_VERSION))
+        # renewed and ttl_s may be missing (a claim of an older version), never null
+        ttl = f.number("ttl_s", MIN_TTL_S, MAX_TTL_S, optional="ttl_s" not in doc)
+        return Claim(f.text("subject", None, cut=True), f.text("purpose", None, cut=True),
+                     f.text("holder", MAX_HOLDER_CHARS, cut=True), f.number("expires", 0, MAX_TIME_S), key,
+                     f.number("renewed", 0, MAX_TIME_S, optional="renewed" not in doc),
+                     DEFAULT_TTL_S if ttl is None else ttl)
     except _NotAClaim as exc:
-        log.warning("%s; it is not a claim this version of pid-platform reads, so it protects nothing", exc)
+        log.warning("%s", exc)
         return None
 
 

@@ -37,17 +37,16 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from loader.formats.errors import short_repr
-from loader.formats.strict_doc import load_json_doc
+from loader.formats.strict_doc import Fields, env_number, load_json_doc
 from loader.io.errors import (
     ObjectNotFoundError,
     PreconditionFailedError,
@@ -122,20 +121,11 @@ class LeaseSettings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LeaseSettings:
         """The defaults, overridden by ``PID_LEASE_TTL_S`` / ``PID_LEASE_RENEW_S`` when set."""
-        env = os.environ if environ is None else environ
-        values: dict[str, float] = {}
-        for name, var in (("ttl_s", TTL_ENV), ("renew_s", RENEW_ENV)):
-            text = (env.get(var) or "").strip()
-            if not text:
-                continue
-            try:
-                values[name] = float(text)
-            except ValueError:
-                raise BuildError(f"{var}={text[:40]!r}: give a number of seconds, or unset it") from None
-            if len(text) > 40:  # 1e300 is one; a page of digits is not a setting
-                raise BuildError(f"{var}: a number of {len(text)} characters; give a number of seconds")
+        fix = "give a number of seconds, or unset it"
+        values = {name: env_number(var, environ, fix=fix, error=BuildError)
+                  for name, var in (("ttl_s", TTL_ENV), ("renew_s", RENEW_ENV))}
         try:
-            return cls(**values)
+            return cls(**{name: value for name, value in values.items() if value is not None})
         except BuildError as exc:
             raise BuildError(f"{exc} (from {TTL_ENV} / {RENEW_ENV})") from None
 
@@ -190,35 +180,15 @@ def parse_lease(data: bytes, where: str) -> LeaseRecord:
     """The lease in ``data`` (read from ``where``), every field checked: a lease another program
     or person wrote, with ``1e400`` or a ten-digit pid, is a ``BuildLeaseError`` naming the file."""
     doc = load_json_doc(data, where, max_bytes=MAX_LEASE_BYTES, fix=_LEASE_FIX, error=BuildLeaseError)
-
-    def bad(what: str) -> BuildLeaseError:
-        return BuildLeaseError(f"{where} is not a build lease this version of pid-platform reads ({what}); "
-                               f"{_LEASE_FIX}")
-
-    if not isinstance(doc, dict):
-        raise bad("not a JSON object")
-    if doc.get("lease_version") != LEASE_FORMAT_VERSION:
-        raise bad(f"lease_version {short_repr(doc.get('lease_version'))}")
-
-    def field(name: str, kinds: tuple[type, ...], low: float | None = None, high: float | None = None,
-              optional: bool = False) -> Any:
-        value = doc.get(name)
-        if value is None and optional:
-            return None
-        if isinstance(value, bool) or not isinstance(value, kinds):
-            raise bad(f"{name} = {short_repr(value)}, not a {'/'.join(k.__name__ for k in kinds)}")
-        if low is not None and high is not None and not low <= value <= high:
-            raise bad(f"{name} = {short_repr(value)} is out of range [{low:g}, {high:g}]")
-        return value
-
-    number = (int, float)
+    f = Fields(doc, where, what="a build lease", fix=_LEASE_FIX, error=BuildLeaseError,
+               version=("lease_version", LEASE_FORMAT_VERSION))
     return LeaseRecord(
-        field("host", (str,))[:100], field("pid", (int,), 1, MAX_PID), field("token", (str,))[:64],
-        float(field("started", number, 0, MAX_TIME_S)), float(field("renewed", number, 0, MAX_TIME_S)),
-        float(field("expires", number, 0, MAX_TIME_S)), float(field("ttl_s", number, MIN_TTL_S / 2, MAX_TTL_S)),
-        (lambda v: None if v is None else v[:128])(field("version", (str,), optional=True)),
-        (lambda v: None if v is None else v[:64])(field("boot", (str,), optional=True)),
-        field("pidns", (int,), 0, 2**64, optional=True), field("pid_start", (int,), 0, 2**63, optional=True))
+        f.text("host", 100, cut=True), f.number("pid", 1, MAX_PID, whole=True), f.text("token", 64, cut=True),
+        f.number("started", 0, MAX_TIME_S), f.number("renewed", 0, MAX_TIME_S),
+        f.number("expires", 0, MAX_TIME_S), f.number("ttl_s", MIN_TTL_S / 2, MAX_TTL_S),
+        f.text("version", 128, cut=True, optional=True), f.text("boot", 64, cut=True, optional=True),
+        f.number("pidns", 0, 2**64, whole=True, optional=True),
+        f.number("pid_start", 0, 2**63, whole=True, optional=True))
 
 
 class BuildLease(HeldInBackground):

@@ -26,6 +26,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from loader.formats.strict_doc import Fields
 from loader.formats.twin_tar import file_sha256, key_index_relpath, tar_path
 from loader.io.errors import ObjectNotFoundError, PreconditionFailedError
 from loader.io.s3_client import S3AccessError
@@ -67,6 +68,7 @@ STAGED_PLAN_FORMAT = 2
 # A version id as ``s3_output.version_id`` and ``in_place.InPlace.version_id`` make them (hex):
 # staged.json is read from the bucket, and a version id becomes a folder name.
 VERSION_ID = re.compile(r"[0-9a-f]{8,64}")
+SHA256 = re.compile(r"[0-9a-f]{64}")
 # What an intake leaves beside a build: a plan on another machine cuts the samples from it.
 INTAKE_STATE = (SAMPLES, REPORT, INTAKE_SETTINGS, CACHE_NAME, FINGERPRINT)
 # What the commit carries into the version (``s3_output.CARRIED_STATE``) or reports, beside the plan.
@@ -160,57 +162,31 @@ def pull_files(output: S3Output, files: dict[str, str], under: str, folder: Path
         path.write_bytes(data)
 
 
-def _plain_id(value: object, what: str, where: str) -> str:
-    if not isinstance(value, str) or not VERSION_ID.fullmatch(value):
-        raise ValueError(f"its {what} {value!r} is not a version id ({where} names folders by it)")
-    return value
-
-
-def _sha256_of(value: object, what: str) -> str:
-    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{64}", value):
-        raise ValueError(f"{what}: {value!r} is not a sha256")
-    return value
-
-
-def _opt_str(value: object, what: str) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise ValueError(f"{what}: {value!r} is not a string")
-    return value
-
-
 def parse_staged(data: bytes, where: str) -> Staged:
     """``staged.json`` read from ``where``; ``StagedStateError`` naming the file for anything
     that is not a whole document of this format (every field is checked: the write tasks and the
-    commit act on it)."""
-    doc = load_state_doc(data, where, "run `pid-shard plan` (the same --input-dir, --output-dir and settings) again")
-    try:
-        if not isinstance(doc, dict) or doc.get("format") != STAGED_PLAN_FORMAT:
-            raise ValueError(f"format {doc.get('format') if isinstance(doc, dict) else None!r}, not "
-                             f"{STAGED_PLAN_FORMAT} (staged by another pid-shard?)")
-        state = doc["state"]
-        if not isinstance(state, dict) or PLAN not in state:
-            raise ValueError("it names no plan.parquet")
-        state = {n: _sha256_of(sha, f"state {n}") for n, sha in state.items()}
-        if _sha256_of(doc["plan_sha256"], "plan_sha256") != state[PLAN]:
-            raise ValueError("its plan_sha256 is not its plan.parquet's")
-        pointer = doc["pointer"]
-        if pointer is not None and not isinstance(pointer, dict):
-            raise ValueError(f"pointer: {pointer!r}")
-        seen = SeenPointer(None, None) if pointer is None else SeenPointer(
-            None if pointer.get("version") is None else _plain_id(pointer["version"], "pointer's version", where),
-            _opt_str(pointer.get("etag"), "pointer etag"))
-        in_place = doc.get("in_place")
-        if in_place is not None and not (isinstance(in_place, dict) and isinstance(in_place.get("reused"), list)):
-            raise ValueError(f"in_place: {in_place!r}")
-        if not isinstance(doc["source"], str):
-            raise ValueError(f"source: {doc['source']!r}")
-        return Staged(_plain_id(doc["version"], "version", where), state[PLAN], doc["source"], state,
-                      _plain_id(in_place["base"], "in-place base", where) if in_place else None,
-                      tuple(str(m) for m in in_place["reused"]) if in_place else (), seen,
-                      _opt_str(doc.get("plan_etag"), "plan_etag"))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise StagedStateError(f"{where}: not a staged plan this pid-shard can use ({exc}); run `pid-shard plan` "
-                               "(the same --input-dir, --output-dir and settings) again") from None
+    commit act on it; a version id becomes a folder name)."""
+    fix = "run `pid-shard plan` (the same --input-dir, --output-dir and settings) again"
+    f = Fields(load_state_doc(data, where, fix), where, what="a staged plan", fix=fix, error=StagedStateError,
+               version=("format", STAGED_PLAN_FORMAT))
+    state = f.inner("state")
+    if PLAN not in state.doc:
+        raise f.refuse("state", state.doc, "names no plan.parquet")
+    sha = {n: state.text(n, pattern=SHA256, kind="a sha256") for n in state.doc}
+    if f.text("plan_sha256", pattern=SHA256, kind="a sha256") != sha[PLAN]:
+        raise f.refuse("plan_sha256", f.doc["plan_sha256"], "not its plan.parquet's")
+    pointer = f.inner("pointer", optional="pointer" in f.doc)  # null: no version was published
+    in_place = f.inner("in_place", optional=True)
+    if in_place is not None and not isinstance(in_place.doc.get("reused"), list):
+        raise in_place.refuse("reused", in_place.doc.get("reused"), "not a list")
+    base = None if in_place is None else in_place.text("base", pattern=VERSION_ID, kind="a version id")
+    seen = SeenPointer(None, None) if pointer is None else SeenPointer(
+        pointer.text("version", pattern=VERSION_ID, kind="a version id", optional=True),
+        pointer.text("etag", None, cut=True, optional=True))
+    return Staged(f.text("version", pattern=VERSION_ID, kind="a version id"), sha[PLAN],
+                  f.text("source", None, cut=True), sha,
+                  base, () if in_place is None else tuple(str(m) for m in in_place.doc["reused"]), seen,
+                  f.text("plan_etag", None, cut=True, optional=True))
 
 
 def read_staged(output: S3Output) -> Staged | None:
