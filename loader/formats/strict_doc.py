@@ -342,9 +342,10 @@ class Fields:
             raise self.refused(f"{short_repr(doc)}, not a JSON object")
         if version is not None and doc.get(version[0]) != version[1]:
             raise self.refuse(version[0], doc.get(version[0]), f"not {version[1]!r}")
-        extra = sorted(set(doc) - set(doc if keys is None else keys) - {version[0] if version else None})
-        if extra:
-            raise self.refused(f"unknown key {short_repr(extra[0])}")
+        if keys is not None:
+            extra = sorted(set(doc) - set(keys) - {version[0] if version else None})
+            if extra:
+                raise self.refused(f"unknown key {short_repr(extra[0])}")
         self.doc: dict[str, Any] = doc
 
     def refused(self, what: str) -> Exception:
