@@ -315,7 +315,7 @@ def test_a_step_error_gives_the_ui_advice_not_a_pid_shard_command(
 
 
 TERMINATE_RUN = """mutation($runId: String!) { terminateRun(runId: $runId, terminatePolicy: SAFE_TERMINATE) {
-  __typename ... on PythonError { message } } }"""
+  __typename ... on PythonError { message } ... on TerminateRunFailure { message } } }"""
 FORCE_TERMINATE = """mutation($runId: String!) { terminateRun(runId: $runId, terminatePolicy: MARK_AS_CANCELED_IMMEDIATELY) {
   __typename ... on PythonError { message } } }"""
 
@@ -359,11 +359,16 @@ def test_a_run_whose_worker_no_longer_answers_ends_with_force_termination_and_fr
         worker = _run_worker_pid(instance, run_id)
         code_server = parent_map()[worker]  # started by ui_workspace; the run worker is its child
         os.kill(worker, signal.SIGKILL)  # the worker is gone: nothing answers a Terminate
-        # Terminate asks the worker to stop through the code server, whose request then never ends
-        # (Dagster 1.13 waits for the dead worker on the run's termination event): the UI reports
-        # "User code server request timed out" after 60 s and the run stays Canceling.
+        # Terminate marks the run Canceling, then asks the worker to stop through the code server.
+        # Dagster 1.13 answers one of two ways, by a race we do not control: a code server that has
+        # not yet reaped the dead worker waits for it on the run's termination event, and the UI
+        # reports "User code server request timed out" after 60 s; one that has (seen under CI
+        # load) says it runs no such execution: "Unable to terminate run". Either way the run stays
+        # Canceling, which is what the README tells its user to end with Force termination.
         said = graphql(context, TERMINATE_RUN, {"runId": run_id})["terminateRun"]
-        assert said["__typename"] == "PythonError" and "timed out" in said["message"], said
+        timed_out = said["__typename"] == "PythonError" and "timed out" in said["message"]
+        refused = said["__typename"] == "TerminateRunFailure" and "Unable to terminate run" in said["message"]
+        assert timed_out or refused, said
         assert instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.CANCELING
         done = graphql(context, FORCE_TERMINATE, {"runId": run_id})["terminateRun"]
         assert done["__typename"] == "TerminateRunSuccess", done
