@@ -94,10 +94,6 @@ class RunHold(Renewed):
     def to_bytes(self) -> bytes:
         return json.dumps({"run_hold_version": HOLD_FORMAT_VERSION, **asdict(self)}).encode()
 
-    @property
-    def deadline(self) -> float:
-        return self.renewed + self.ttl_s
-
 
 def parse_hold(data: bytes, where: str) -> RunHold:
     """The hold in ``data`` (read from ``where``), every field checked; ``RunHoldError`` naming the file."""

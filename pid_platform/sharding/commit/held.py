@@ -8,14 +8,27 @@ on its own, and the block's own error is the one worth reading.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Self, TypeVar
 
+from loader.formats.errors import short_repr
+from pid_platform.sharding.errors import BuildError
+
 T = TypeVar("T")
 MAX_TIME_S = 1e11  # the year 5138: a time in a record past it is not one this code wrote
+
+
+def checked_seconds(value: object, low: float, high: float, name: str, why: str) -> float:
+    """``value`` as a number of seconds in ``[low, high]`` (a TTL, a renewal period): else
+    ``BuildError`` naming ``name`` and its value, and saying ``why`` these bounds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not low <= value <= high:
+        raise BuildError(f"{name} = {short_repr(value)}: give {low:g} to {high:g} seconds ({why})")
+    return float(value)
 
 
 def ago(seconds: float) -> str:
@@ -32,8 +45,16 @@ class Renewed:
     two TTLs (the holder's clock may run up to a TTL ahead of the reader's; a record "until
     2036", forged or from a clock further ahead, is not honoured)."""
 
-    deadline: float
+    renewed: float | None
     ttl_s: float
+
+    @property
+    def deadline(self) -> float:
+        """When it stops counting: its last renewal plus its TTL, or the ``expires`` it states if
+        that is earlier (the lease and a claim state one, a run's hold none; a claim written by an
+        older version, without ``renewed``, is judged by ``expires`` alone)."""
+        stated = getattr(self, "expires", math.inf)
+        return stated if self.renewed is None else min(stated, self.renewed + self.ttl_s)
 
     def live(self, now: float) -> bool:
         return now < self.deadline <= now + 2 * self.ttl_s

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 import time
 import uuid
@@ -45,7 +44,6 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from loader.formats.errors import short_repr
 from loader.formats.strict_doc import Fields, env_number, load_json_doc
 from loader.io.errors import (
     ObjectNotFoundError,
@@ -59,6 +57,7 @@ from pid_platform.sharding.commit.held import (
     OncePerProcess,
     Renewed,
     ago,
+    checked_seconds,
     utc,
 )
 from pid_platform.sharding.commit.holder_process import HolderProcess
@@ -95,24 +94,13 @@ class LeaseSettings:
     renew_s: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("ttl_s", "renew_s"):
-            v = getattr(self, name)
-            if v is None and name == "renew_s":
-                continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise BuildError(f"build lease {name} = {short_repr(v)}: give a number of seconds > 0")
-        if self.ttl_s < MIN_TTL_S:
-            raise BuildError(f"build lease ttl_s = {self.ttl_s!r}: give at least {MIN_TTL_S:g} seconds (a shorter "
-                             "lease expires between two renewals of a busy machine)")
-        if self.ttl_s > MAX_TTL_S:
-            raise BuildError(f"build lease ttl_s = {short_repr(self.ttl_s)}: give at most {MAX_TTL_S:g} seconds "
-                             "(a day: a build killed on another machine blocks its output that long)")
-        if self.renew_s is not None and self.renew_s < MIN_RENEW_S:
-            raise BuildError(f"build lease renew_s = {self.renew_s!r}: give at least {MIN_RENEW_S:g} second "
-                             "(each renewal is a conditional PUT)")
-        if self.renew_s is not None and self.renew_s > self.ttl_s / 2:
-            raise BuildError(f"build lease renew_s = {self.renew_s!r} with ttl_s = {self.ttl_s!r}: renew at least "
-                             "twice per TTL (renew_s <= ttl_s / 2), so one missed renewal does not lose it")
+        checked_seconds(self.ttl_s, MIN_TTL_S, MAX_TTL_S, "build lease ttl_s",
+                        "a shorter lease expires between two renewals of a busy machine; a build killed on "
+                        "another machine blocks its output for a whole TTL")
+        if self.renew_s is not None:
+            checked_seconds(self.renew_s, MIN_RENEW_S, self.ttl_s / 2, "build lease renew_s",
+                            "each renewal is a conditional PUT; renewed at least twice per TTL (renew_s <= "
+                            "ttl_s / 2), one missed renewal does not lose it")
 
     @property
     def renew_every_s(self) -> float:
@@ -166,11 +154,6 @@ class LeaseRecord(Renewed):
 
     def process(self) -> HolderProcess:
         return HolderProcess(self.host, self.pid, self.boot, self.pidns, self.pid_start)
-
-    @property
-    def deadline(self) -> float:
-        """When it is stale: its last renewal plus its TTL, or ``expires`` if that is earlier."""
-        return min(self.expires, self.renewed + self.ttl_s)
 
 
 _LEASE_FIX = "if no build of this output is running, delete it and build again"
