@@ -189,7 +189,8 @@ class RecordPlace(Generic[R]):
 class TakenRecord(HeldInBackground, Generic[R]):
     """A record at ``place`` this process takes: ``_fresh()`` with a conditional create where there
     is none, else ``_over`` the one there (it raises to refuse) with a replace conditional on the
-    ETag read; of two takers one wins, the other reads again. ``record``, ``etag``: its last write."""
+    ETag read; of two takers one wins, the other reads again. ``record``: what it last wrote there
+    (taken or renewed); ``etag``: what its take got (the lease keeps it current: it renews on it)."""
 
     place: RecordPlace[R]
     record: R | None = None
@@ -199,7 +200,7 @@ class TakenRecord(HeldInBackground, Generic[R]):
     _over: Callable[[R, R], tuple[R, str | None]]
     _contended: Callable[[], BuildError]  # the error once every try lost a race
 
-    def _create(self, mine: R) -> str | None:
+    def _create(self, mine: R) -> str | None:  # the lease's also works on servers without If-None-Match
         return self.place.create(mine)
 
     def _take_record(self) -> tuple[R, str] | None:
