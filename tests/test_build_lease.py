@@ -146,9 +146,9 @@ def test_a_holder_whose_lease_was_taken_stops_before_the_switch(
 
 @pytest.mark.parametrize(("env", "match"), [
     ({TTL_ENV: "soon"}, "PID_LEASE_TTL_S='soon': give a number of seconds"),
-    ({TTL_ENV: "0"}, "ttl_s = 0.0: give a number of seconds > 0"),
-    ({TTL_ENV: "0.5"}, "give at least 2 seconds"),
-    ({TTL_ENV: "10", RENEW_ENV: "6"}, r"renew at least twice per TTL \(renew_s <= ttl_s / 2\)"),
+    ({TTL_ENV: "0"}, "ttl_s = 0.0: give 2 to 86400 seconds"),
+    ({TTL_ENV: "0.5"}, "ttl_s = 0.5: give 2 to 86400 seconds"),
+    ({TTL_ENV: "10", RENEW_ENV: "6"}, r"renew_s = 6.0: give 1 to 5 seconds .*twice per TTL \(renew_s <= ttl_s / 2\)"),
     ({TTL_ENV: "nan"}, "PID_LEASE_TTL_S='nan': give a number of seconds"),
 ])
 def test_lease_settings_are_checked_naming_the_variable(env: dict[str, str], match: str) -> None:

@@ -256,7 +256,7 @@ def test_a_run_s_own_later_step_renews_the_hold_and_another_run_is_refused(tmp_p
     _hold(out, "run-a")
     first = hold_place(out).read()[0]
     with RunHoldForStep(out, "run-a", "source_build", SOURCE, ttl_s=60.0) as later:
-        assert later.hold == RunHold("run-a", "source_build", SOURCE, first.taken, later.hold.renewed, 60.0)
+        assert later.record == RunHold("run-a", "source_build", SOURCE, first.taken, later.record.renewed, 60.0)
     from pid_platform.sharding.run_hold import HeldByRunError
 
     with pytest.raises(HeldByRunError, match="Dagster run run-a"):
@@ -273,9 +273,9 @@ def test_steps_of_one_run_side_by_side_keep_renewing_the_hold(where: tuple[str, 
     _url, output = where
     with RunHoldForStep(output, "run-a", "source_build", SOURCE, ttl_s=60.0) as one, \
             RunHoldForStep(output, "run-a", "source_build", SOURCE, ttl_s=60.0, now=lambda: time.time() + 5) as two:
-        assert two.hold is not None
+        assert two.record is not None
         assert one._renew_once()  # after the other's write: renewed still
-        assert hold_place(output).read()[0] == one.hold  # its renewal is the one there now
+        assert hold_place(output).read()[0] == one.record  # its renewal is the one there now
         hold_place(output).store.delete(hold_place(output).key)  # released (the run's last step)
         assert not one._renew_once()  # a released hold is not brought back
         assert hold_place(output).read() is None

@@ -46,8 +46,15 @@ from pathlib import Path
 from loader.formats.layout import STATE_DIR, run_hold_name
 from loader.formats.strict_doc import Fields, env_number, load_json_doc
 from loader.io.errors import ObjectNotFoundError, PreconditionFailedError
-from loader.io.objects import ObjectStore, open_store
-from pid_platform.sharding.commit.held import MAX_TIME_S, HeldInBackground, Renewed, ago, utc
+from loader.io.objects import open_store
+from pid_platform.sharding.commit.held import (
+    MAX_TIME_S,
+    RecordPlace,
+    Renewed,
+    TakenRecord,
+    ago,
+    utc,
+)
 from pid_platform.sharding.commit.s3_output import S3Output
 from pid_platform.sharding.errors import BuildError
 from pid_platform.sharding.layout import final_dir
@@ -94,10 +101,6 @@ class RunHold(Renewed):
     def to_bytes(self) -> bytes:
         return json.dumps({"run_hold_version": HOLD_FORMAT_VERSION, **asdict(self)}).encode()
 
-    @property
-    def deadline(self) -> float:
-        return self.renewed + self.ttl_s
-
 
 def parse_hold(data: bytes, where: str) -> RunHold:
     """The hold in ``data`` (read from ``where``), every field checked; ``RunHoldError`` naming the file."""
@@ -110,33 +113,16 @@ def parse_hold(data: bytes, where: str) -> RunHold:
                    f.number("renewed", 0, MAX_TIME_S), f.number("ttl_s", MIN_TTL_S, MAX_TTL_S))
 
 
-@dataclass(frozen=True)
-class HoldPlace:
-    """Where one output's hold is: an object of a store (a folder's parent, or the bucket)."""
-
-    store: ObjectStore
-    key: str
-    output: str  # the output, for messages
-
-    @property
-    def where(self) -> str:
-        return self.store.url(self.key)
-
-    def read(self) -> tuple[RunHold, str | None] | None:
-        """The hold and its ETag, or ``None`` when there is none."""
-        try:
-            data, etag = self.store.get_tagged(self.key, max_bytes=MAX_HOLD_BYTES + 1)
-        except ObjectNotFoundError:
-            return None
-        return parse_hold(data, self.where), etag
+HoldPlace = RecordPlace[RunHold]
 
 
 def hold_place(output: S3Output | str | os.PathLike[str]) -> HoldPlace:
     """The hold of an ``s3://`` output, or of a folder output (``out``: the folder or a link to it)."""
     if isinstance(output, S3Output):
-        return HoldPlace(output.store(), output.key(S3_HOLD_REL), str(output))
+        return HoldPlace(output.store(), output.key(S3_HOLD_REL), parse_hold, MAX_HOLD_BYTES, str(output))
     final = final_dir(output)
-    return HoldPlace(open_store(final.parent), run_hold_name(final.name), str(Path(output)))
+    return HoldPlace(open_store(final.parent), run_hold_name(final.name), parse_hold, MAX_HOLD_BYTES,
+                     str(Path(output)))
 
 
 # The Dagster run this process builds for, set by its step around the work (``acting_for``); a
@@ -177,18 +163,13 @@ def refuse_if_held(output: S3Output | str | os.PathLike[str], *, now: Callable[[
 
 def release_hold(output: S3Output | str | os.PathLike[str] | HoldPlace, run_id: str) -> bool:
     """Delete ``output``'s hold if it is ``run_id``'s (any other run's stays); True if it was."""
-    place = output if isinstance(output, HoldPlace) else hold_place(output)
+    place = output if isinstance(output, RecordPlace) else hold_place(output)
     try:
         got = place.read()
     except RunHoldError:
         return False  # not one this code wrote: it stays, and names itself to whoever meets it
-    if got is None or got[0].run_id != run_id:
-        return False
-    try:
-        place.store.delete(place.key, if_match=got[1])
-    except (PreconditionFailedError, ObjectNotFoundError):
-        return False  # taken over or released meanwhile
-    return True
+    # False when taken over or released meanwhile
+    return got is not None and got[0].run_id == run_id and place.delete(got[1])
 
 
 def renew_hold(output: S3Output | str | os.PathLike[str], run_id: str, *,
@@ -208,11 +189,11 @@ def renew_hold_at(place: HoldPlace, run_id: str, now: float) -> RunHold | None:
     if got is None or got[0].run_id != run_id:
         return None
     hold = replace(got[0], renewed=now)
-    place.store.put_if_match(place.key, hold.to_bytes(), got[1], content_type="application/json")
+    place.replace(hold, got[1])
     return hold
 
 
-class RunHoldForStep(HeldInBackground):
+class RunHoldForStep(TakenRecord[RunHold]):
     """A build step's part in its run's hold: taken (or renewed) on enter, renewed in the
     background, kept on exit (the run's later steps renew it; its end releases it).
 
@@ -231,40 +212,27 @@ class RunHoldForStep(HeldInBackground):
         self.renew_every_s = min(self.ttl_s / 3, MAX_RENEW_S)
         self.may_take_over = may_take_over
         self.now = now
-        self.hold: RunHold | None = None
         self.took_over: RunHold | None = None
 
-    def _write(self, hold: RunHold, etag: str | None) -> None:
-        body = hold.to_bytes()
-        store, key = self.place.store, self.place.key
-        if etag is None:
-            store.put_if_absent(key, body, content_type="application/json")
-        else:
-            store.put_if_match(key, body, etag, content_type="application/json")
-        self.hold = hold
+    def _fresh(self) -> RunHold:
+        t = self.now()
+        return RunHold(self.run_id, self.job, self.source, t, t, self.ttl_s)
+
+    def _over(self, held: RunHold, mine: RunHold) -> tuple[RunHold, str | None]:
+        if held.run_id == self.run_id:
+            return replace(mine, taken=held.taken), None
+        if held.live(mine.taken) and not self.may_take_over(held.run_id):
+            raise held_by_run(self.place, held, mine.taken)
+        return mine, "its run has ended, or its hold expired"
+
+    def _contended(self) -> RunHoldError:
+        return RunHoldError(f"{self.place.where}: could not take the run's hold (others kept changing it); "
+                            "re-execute the run")
 
     def _take(self) -> None:
-        for _ in range(5):  # each turn loses one race to another writer of the hold
-            t = self.now()
-            mine = RunHold(self.run_id, self.job, self.source, t, t, self.ttl_s)
-            got = self.place.read()
-            try:
-                if got is None:
-                    self._write(mine, None)
-                    return
-                held, etag = got
-                if held.run_id == self.run_id:
-                    self._write(replace(mine, taken=held.taken), etag)
-                    return
-                if held.live(t) and not self.may_take_over(held.run_id):
-                    raise held_by_run(self.place, held, t)
-                self._write(mine, etag)
-                self.took_over = held
-                return
-            except PreconditionFailedError:
-                continue
-        raise RunHoldError(f"{self.place.where}: could not take the run's hold (others kept changing it); "
-                           "re-execute the run")
+        taken = self._take_record()
+        if taken is not None:
+            self.took_over = taken[0]
 
     def _renew_once(self) -> bool:
         # Read first: the run's other steps (write tasks side by side) and run_holds_sensor renew
@@ -275,7 +243,7 @@ class RunHoldForStep(HeldInBackground):
                 log.warning("%s: the hold of run %s was released or taken over; no longer renewing it",
                             self.place.where, self.run_id)
                 return False
-            self.hold = renewed
+            self.record = renewed
         except Exception as exc:  # noqa: BLE001 - retried next period; the hold outlasts a few misses
             log.warning("%s: renewing the run's hold failed (%s); trying again", self.place.where, exc)
         return True

@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import socket
 import time
@@ -42,9 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from loader.formats.errors import short_repr
 from loader.formats.strict_doc import Fields, load_json_doc
-from pid_platform.sharding.commit.held import MAX_TIME_S, HeldInBackground, Renewed
+from pid_platform.sharding.commit.held import MAX_TIME_S, HeldInBackground, Renewed, checked_seconds
 from pid_platform.sharding.errors import BuildError
 
 if TYPE_CHECKING:
@@ -79,11 +77,6 @@ class Claim(Renewed):
     key: str  # the object's key, relative to the output
     renewed: float | None = None  # None: written by an older version (judged by expires alone)
     ttl_s: float = DEFAULT_TTL_S
-
-    @property
-    def deadline(self) -> float:
-        """When it stops counting: its last renewal plus its TTL, or ``expires`` if earlier."""
-        return self.expires if self.renewed is None else min(self.expires, self.renewed + self.ttl_s)
 
     def describe(self) -> str:
         return f"{self.purpose} claim of {self.holder} on {self.subject}"
@@ -137,11 +130,9 @@ class HeldClaim(HeldInBackground):
                  ttl_s: float = DEFAULT_TTL_S, now: Callable[[], float] = time.time) -> None:
         self.output, self.subject, self.purpose = output, subject, purpose
         self.holder = (holder or this_process())[:MAX_HOLDER_CHARS]
-        if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not math.isfinite(ttl_s) \
-                or not MIN_TTL_S <= ttl_s <= MAX_TTL_S:
-            raise BuildError(f"a {purpose} claim's ttl_s = {short_repr(ttl_s)}: give {MIN_TTL_S:g} to "
-                             f"{MAX_TTL_S:g} seconds")
-        self.ttl_s, self.now = float(ttl_s), now
+        self.ttl_s = checked_seconds(ttl_s, MIN_TTL_S, MAX_TTL_S, f"a {purpose} claim's ttl_s",
+                                     "renewed every third of it; a killed holder's claim counts that long")
+        self.now = now
         self.renew_every_s = self.ttl_s / 3
         self.rel = f"{CLAIMS_DIR}/{subject}/{purpose}-{uuid.uuid4().hex[:16]}.json"
         self.expires = 0.0

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 import time
 import uuid
@@ -45,20 +44,20 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from loader.formats.errors import short_repr
 from loader.formats.strict_doc import Fields, env_number, load_json_doc
 from loader.io.errors import (
-    ObjectNotFoundError,
     PreconditionFailedError,
     StorageError,
     UnsupportedRequestError,
 )
 from pid_platform.sharding.commit.held import (
     MAX_TIME_S,
-    HeldInBackground,
     OncePerProcess,
+    RecordPlace,
     Renewed,
+    TakenRecord,
     ago,
+    checked_seconds,
     utc,
 )
 from pid_platform.sharding.commit.holder_process import HolderProcess
@@ -80,7 +79,6 @@ MAX_TTL_S = 86400.0  # a killed build on another machine blocks its output for a
 MIN_RENEW_S = 1.0  # one conditional PUT a second at most
 MAX_PID = 2**31 - 1
 MAX_LEASE_BYTES = 4096  # a lease is one short JSON line; anything larger is not one
-JSON = "application/json"
 
 
 # --- Settings -----------------------------------------------------------------------------------
@@ -95,24 +93,13 @@ class LeaseSettings:
     renew_s: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("ttl_s", "renew_s"):
-            v = getattr(self, name)
-            if v is None and name == "renew_s":
-                continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise BuildError(f"build lease {name} = {short_repr(v)}: give a number of seconds > 0")
-        if self.ttl_s < MIN_TTL_S:
-            raise BuildError(f"build lease ttl_s = {self.ttl_s!r}: give at least {MIN_TTL_S:g} seconds (a shorter "
-                             "lease expires between two renewals of a busy machine)")
-        if self.ttl_s > MAX_TTL_S:
-            raise BuildError(f"build lease ttl_s = {short_repr(self.ttl_s)}: give at most {MAX_TTL_S:g} seconds "
-                             "(a day: a build killed on another machine blocks its output that long)")
-        if self.renew_s is not None and self.renew_s < MIN_RENEW_S:
-            raise BuildError(f"build lease renew_s = {self.renew_s!r}: give at least {MIN_RENEW_S:g} second "
-                             "(each renewal is a conditional PUT)")
-        if self.renew_s is not None and self.renew_s > self.ttl_s / 2:
-            raise BuildError(f"build lease renew_s = {self.renew_s!r} with ttl_s = {self.ttl_s!r}: renew at least "
-                             "twice per TTL (renew_s <= ttl_s / 2), so one missed renewal does not lose it")
+        checked_seconds(self.ttl_s, MIN_TTL_S, MAX_TTL_S, "build lease ttl_s",
+                        "a shorter lease expires between two renewals of a busy machine; a build killed on "
+                        "another machine blocks its output for a whole TTL")
+        if self.renew_s is not None:
+            checked_seconds(self.renew_s, MIN_RENEW_S, self.ttl_s / 2, "build lease renew_s",
+                            "each renewal is a conditional PUT; renewed at least twice per TTL (renew_s <= "
+                            "ttl_s / 2), one missed renewal does not lose it")
 
     @property
     def renew_every_s(self) -> float:
@@ -167,11 +154,6 @@ class LeaseRecord(Renewed):
     def process(self) -> HolderProcess:
         return HolderProcess(self.host, self.pid, self.boot, self.pidns, self.pid_start)
 
-    @property
-    def deadline(self) -> float:
-        """When it is stale: its last renewal plus its TTL, or ``expires`` if that is earlier."""
-        return min(self.expires, self.renewed + self.ttl_s)
-
 
 _LEASE_FIX = "if no build of this output is running, delete it and build again"
 
@@ -191,7 +173,7 @@ def parse_lease(data: bytes, where: str) -> LeaseRecord:
         f.number("pid_start", 0, 2**63, whole=True, optional=True))
 
 
-class BuildLease(HeldInBackground):
+class BuildLease(TakenRecord[LeaseRecord]):
     """The lease on one S3 output: taken on enter, renewed in the background, released on exit.
 
     ``check()`` raises ``BuildLeaseLostError`` once the lease is no longer this build's; the
@@ -204,27 +186,10 @@ class BuildLease(HeldInBackground):
         self.settings = settings or LeaseSettings.from_env()
         self.renew_every_s = self.settings.renew_every_s
         self.now = now
-        self.key = output.key(LEASE_REL)
+        self.place = RecordPlace(output.store(), output.key(LEASE_REL), parse_lease, MAX_LEASE_BYTES, str(output))
         self.where = f"{output}/{LEASE_REL}"
-        self.record: LeaseRecord | None = None
-        self.etag: str | None = None
         self.lost: str | None = None
         self._lock = threading.Lock()  # one request at a time changes record/etag
-
-    # Its S3 requests: read it, replace it (create and delete are one call each, below).
-    def _get(self) -> tuple[bytes, str | None] | None:
-        """Its bytes (at most ``MAX_LEASE_BYTES + 1``) and ETag, or ``None`` if absent."""
-        try:
-            return self.output.store().get_tagged(self.key, max_bytes=MAX_LEASE_BYTES + 1)
-        except ObjectNotFoundError:
-            return None
-
-    def _put_if_match(self, rec: LeaseRecord, etag: str | None) -> str | None:
-        """Replace it only if its ETag is still ``etag`` (``None``: unconditionally, the fallback
-        take); the new ETag. ``PreconditionFailedError`` when it changed or is gone."""
-        if etag is None:
-            return self.output.store().put(self.key, rec.to_bytes(), content_type=JSON)
-        return self.output.store().put_if_match(self.key, rec.to_bytes(), etag, content_type=JSON)
 
     # Taking it.
     def _fresh(self, started: float | None = None, version: str | None = None) -> LeaseRecord:
@@ -247,67 +212,39 @@ class BuildLease(HeldInBackground):
             f"(renewed {ago(t - held.renewed)} ago{', version ' + held.version if held.version else ''}); wait for "
             f"it to finish. {here[0].upper()}{here[1:]}; {self.where} never needs deleting by hand")
 
-    def _takeable(self, held: LeaseRecord) -> str | None:
-        """Why ``held`` may be taken over now (None: it may not; the build is refused)."""
+    def _over(self, held: LeaseRecord, mine: LeaseRecord) -> tuple[LeaseRecord, str]:
+        """``mine`` over ``held`` when it may be taken over now, with why; else the build is refused."""
         t = self.now()
         if t >= held.deadline:
-            return f"which went stale at {utc(held.deadline)} (that build stopped without releasing it)"
+            return mine, f"which went stale at {utc(held.deadline)} (that build stopped without releasing it)"
         if held.deadline > t + 2 * held.ttl_s:
-            return (f"whose deadline {utc(held.deadline)} lies further ahead than a lease of {held.ttl_s:g} s "
-                    "can (a forged record, or that machine's clock is more than a TTL ahead)")
+            return mine, (f"whose deadline {utc(held.deadline)} lies further ahead than a lease of {held.ttl_s:g} s "
+                          "can (a forged record, or that machine's clock is more than a TTL ahead)")
         if held.process().gone():
-            return "whose process is gone (this machine, same boot: killed, or its pid reused by another process)"
-        return None
+            return mine, "whose process is gone (this machine, same boot: killed, or its pid reused by another process)"
+        raise self._refuse(held)
+
+    def _create(self, mine: LeaseRecord) -> str | None:
+        try:
+            return self.place.create(mine)
+        except UnsupportedRequestError:
+            pass
+        # A server without If-None-Match: write (there was none when read), read back the token. Two
+        # builds starting within one round trip can both pass the read; the read-back catches most of those.
+        self.place.replace(mine, None)
+        back = self.place.read()
+        if back is None or back[0].token != mine.token:
+            raise PreconditionFailedError(f"{self.where}: another build wrote its lease at the same time")
+        return back[1]
+
+    def _contended(self) -> BuildLeaseError:
+        return BuildLeaseError(f"{self.where}: could not take the build lease (other builds kept taking and "
+                               "releasing it); build again")
 
     def acquire(self) -> None:
-        for _ in range(5):  # each turn loses one race to another build taking or releasing it
-            rec = self._fresh()
-            try:
-                self.etag = self.output.store().put_if_absent(self.key, rec.to_bytes(), content_type=JSON)
-                self.record = rec
-                return
-            except UnsupportedRequestError:
-                if self._take_without_if_none_match(rec):
-                    return
-                continue
-            except PreconditionFailedError:
-                pass
-            got = self._get()
-            if got is None:
-                continue  # released meanwhile: try the create again
-            held = parse_lease(got[0], self.where)
-            why = self._takeable(held)
-            if why is None:
-                raise self._refuse(held)
-            try:
-                self.etag, self.record = self._put_if_match(rec, got[1]), rec
-            except PreconditionFailedError:
-                continue  # another build took the stale lease first: read whose it is now
-            log.warning("%s: took over the lease of %s, %s", self.output, held.holder(), why)
-            return
-        raise BuildLeaseError(f"{self.where}: could not take the build lease (other builds kept taking and "
-                              "releasing it); build again")
-
-    def _take_without_if_none_match(self, rec: LeaseRecord) -> bool:
-        # A server without If-None-Match: read, write if absent, read back the token. Two builds
-        # starting within one round trip can both pass the read; the read-back catches most of those.
-        got = self._get()
-        if got is not None:
-            held = parse_lease(got[0], self.where)
-            if self._takeable(held) is None:
-                raise self._refuse(held)
-            etag: str | None = got[1]
-        else:
-            etag = None
-        try:
-            self._put_if_match(rec, etag)
-        except PreconditionFailedError:
-            return False
-        back = self._get()
-        if back is None or parse_lease(back[0], self.where).token != rec.token:
-            return False
-        self.etag, self.record = back[1], rec
-        return True
+        taken = self._take_record()
+        if taken is not None:
+            log.warning("%s: took over the lease of %s, %s", self.output, taken[0].holder(), taken[1])
 
     # Holding it.
     def renew(self, version: str | None = None) -> None:
@@ -318,21 +255,19 @@ class BuildLease(HeldInBackground):
             assert self.record is not None
             rec = self._fresh(self.record.started, version or self.record.version)
             try:
-                self.etag = self._put_if_match(rec, self.etag)
+                self.etag = self.place.replace(rec, self.etag)
             except PreconditionFailedError:
                 self.lost = self._lost_message("another build took it over or it was deleted")
                 raise BuildLeaseLostError(self.lost) from None
             self.record = rec
 
     def _lost_message(self, why: str) -> str:
-        now_there = self._get()
-        holder = ""
-        if now_there is not None:
-            try:
-                other = parse_lease(now_there[0], self.where)
-                holder = f" (now held by {other.holder()}, since {ago(self.now() - other.started)})"
-            except BuildLeaseError:
-                holder = ""
+        try:
+            now_there = self.place.read()
+        except BuildLeaseError:
+            now_there = None
+        holder = "" if now_there is None else \
+            f" (now held by {now_there[0].holder()}, since {ago(self.now() - now_there[0].started)})"
         return (f"{self.output}: this build lost its lease {self.where}{holder}: {why}. It stops without switching "
                 f"the pointer, so readers keep the version they had; build again once the other build is done")
 
@@ -366,13 +301,11 @@ class BuildLease(HeldInBackground):
             if self.lost is not None or self.etag is None:
                 return  # not ours any more: someone else's lease stays
             try:
-                self.output.store().delete(self.key, if_match=self.etag)
-            except PreconditionFailedError:
-                return  # taken over meanwhile
+                self.place.delete(self.etag)  # False: taken over meanwhile
             except UnsupportedRequestError:
-                got = self._get()
+                got = self.place.get()
                 if got is not None and got[1] == self.etag:
-                    self.output.store().delete(self.key)
+                    self.place.store.delete(self.place.key)
             finally:
                 self.etag = None
 
