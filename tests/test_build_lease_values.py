@@ -208,6 +208,26 @@ def test_a_delete_claim_of_ten_years_does_not_hold_a_build(s3_env: SeaweedS3, ca
     assert [c.live(time.time()) for c in claims_on(output, "v1")] == [False, False]
 
 
+def test_a_claim_object_of_16_mb_is_not_read_whole(s3_env: SeaweedS3, caplog: pytest.LogCaptureFixture) -> None:
+    """Anyone who can write the bucket can put a huge object among the claims: it is refused as a
+    claim after its first 4 KB, not read whole into every build that looks at the claims."""
+    import tracemalloc
+
+    client, bucket = s3_env.client(), s3_env.make_bucket("claim-huge")
+    output = S3Output(f"s3://{bucket}/photos")
+    _put(client, bucket, f"photos/{CLAIMS_DIR}/v1/delete-huge.json", b'{"claim_version": 1, "x": "' + b"a" * (16 << 20))
+    assert claims_on(output, "v0") == []  # the S3 client made (its service model is ~10 MB) before counting
+    tracemalloc.start()
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert claims_on(output, "v1") == []
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "delete-huge.json" in caplog.text and "4096" in caplog.text, caplog.text
+    assert peak < 4 << 20, peak  # read whole, the object alone is 16 MB
+
+
 def test_a_wait_for_a_live_claim_is_bounded_and_names_it(s3_env: SeaweedS3) -> None:
     bucket = s3_env.make_bucket("claim-wait")
     output = S3Output(f"s3://{bucket}/photos")

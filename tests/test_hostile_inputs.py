@@ -77,6 +77,8 @@ Lease and claim values (@ = test_build_lease_values.py)
                                                    not wait (@test_a_delete_claim_of_ten_years_does_not_...)
   a live claim renewed forever                     the wait ends after max_wait_s with ClaimWaitTimeout
                                                    naming the claim (@test_a_wait_for_a_live_claim_is_bounded_...)
+  a 16 MB object among the claims                  read no further than 4 KB + 1; not a claim (a warning names
+                                                   it) (@test_a_claim_object_of_16_mb_is_not_read_whole)
   current.json: 1e400, NaN, a key twice, nesting   FormatError naming the file
                                                    (@test_a_pointer_with_values_no_build_writes_is_a_format_...)
   a tar deleted from the current version (rebuild, --revalidate, another work folder)

@@ -104,10 +104,10 @@ class ObjectStore(ABC):
         info = self.head(key)
         return RangedObject(self, key, info.size, info.etag)
 
-    def get_or_none(self, key: str) -> bytes | None:
-        """``get``, or ``None`` when there is no such object."""
+    def get_or_none(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
+        """``get`` (at most the first ``max_bytes``), or ``None`` when there is no such object."""
         try:
-            return self.get(key)
+            return self.get(key, max_bytes=max_bytes)
         except ObjectNotFoundError:
             return None
 

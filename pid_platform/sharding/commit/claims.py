@@ -112,7 +112,9 @@ def claims_on(output: S3Output, subject: str | None = None) -> list[Claim]:
     store = output.store()
     found: list[Claim] = []
     for obj in store.list(prefix):
-        data = store.get_or_none(obj.key)
+        # One past the cap is enough to refuse a claim too long: a co-tenant's 1 GB object there
+        # is not read whole.
+        data = store.get_or_none(obj.key, max_bytes=MAX_CLAIM_BYTES + 1)
         claim = _parse(data, obj.key) if data is not None else None
         if claim is not None:
             found.append(claim)
