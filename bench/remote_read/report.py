@@ -9,8 +9,8 @@ from .readers import FLOOR_CONNECTIONS
 CHILD_TIMEOUT_S = 240
 # The read-ahead's memory bound per process (StreamConfig's defaults): its budget of bytes
 # fetched ahead (64 MiB), plus the block each open stream is handing out, which has left the
-# budget (KEEP_OPEN shards x 2 tars x a 4 MiB block).
-READ_AHEAD_BOUND_MB = (64 + 4 * 2 * 4) * (1 << 20) / 1e6
+# budget (KEEP_OPEN shards x 2 tars x a 2 MiB block).
+READ_AHEAD_BOUND_MB = (64 + 4 * 2 * 2) * (1 << 20) / 1e6
 
 
 def peak_rss(x: dict, workers: int) -> float:
