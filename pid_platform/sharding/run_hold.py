@@ -119,10 +119,11 @@ HoldPlace = RecordPlace[RunHold]
 def hold_place(output: S3Output | str | os.PathLike[str]) -> HoldPlace:
     """The hold of an ``s3://`` output, or of a folder output (``out``: the folder or a link to it)."""
     if isinstance(output, S3Output):
-        return HoldPlace(output.store(), output.key(S3_HOLD_REL), parse_hold, MAX_HOLD_BYTES, str(output))
-    final = final_dir(output)
-    return HoldPlace(open_store(final.parent), run_hold_name(final.name), parse_hold, MAX_HOLD_BYTES,
-                     str(Path(output)))
+        store, key, name = output.store(), output.key(S3_HOLD_REL), str(output)
+    else:
+        final = final_dir(output)
+        store, key, name = open_store(final.parent), run_hold_name(final.name), str(Path(output))
+    return HoldPlace(store, key, parse_hold, MAX_HOLD_BYTES, name)
 
 
 # The Dagster run this process builds for, set by its step around the work (``acting_for``); a

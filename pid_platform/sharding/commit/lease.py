@@ -305,7 +305,7 @@ class BuildLease(TakenRecord[LeaseRecord]):
             except UnsupportedRequestError:
                 got = self.place.get()
                 if got is not None and got[1] == self.etag:
-                    self.place.store.delete(self.place.key)
+                    self.place.delete(None)
             finally:
                 self.etag = None
 
