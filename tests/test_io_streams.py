@@ -329,6 +329,38 @@ def test_s3_object_changed_mid_read(s3_env, s3_bucket: str, fault_proxy) -> None
             f.read()
 
 
+def test_s3_ranges_go_out_presigned_and_errors_come_from_the_api(s3_env, s3_bucket: str, blob: bytes) -> None:
+    """A ranged GET is a presigned URL over urllib3 (botocore's get_object costs twice the CPU per
+    request); the API is asked only when that answer is not bytes, and names the cause."""
+    from loader.io.s3_client import s3_client
+    from loader.io.source_s3 import S3Source
+
+    config = s3_config(s3_env.endpoint_url)
+    api_calls: list[str] = []
+    events = s3_client(config).meta.events
+
+    def hook(params, **_) -> None:
+        api_calls.append(params["url_path"])
+
+    events.register("before-call.s3.GetObject", hook)
+    try:
+        assert read_all(f"s3://{s3_bucket}/data/blob.bin", 1000, 5000, config=config) == blob[1000:6000]
+        assert api_calls == []
+        source = S3Source(s3_bucket, "data/blob.bin", config)
+        etag = source.open(0, 10, None).etag
+        opened = source.open(10, 20, etag)
+        assert opened.body.read1(100) == blob[10:20] and api_calls == []
+        opened.body.close()
+        with pytest.raises(ObjectChangedError, match="data/blob.bin"):  # the server's 412 to If-Match
+            source.open(0, 10, '"0123456789abcdef0123456789abcdef"')
+        assert api_calls == []
+        with pytest.raises(FileNotFoundError, match="NoSuchKey"):
+            S3Source(s3_bucket, "data/missing.bin", config).open(0, 10, None)
+        assert len(api_calls) == 1  # the 404 asked again through the API, for its error code
+    finally:
+        events.unregister("before-call.s3.GetObject", hook)
+
+
 # -- hf:// (the local HTTP server is a STAND-IN for the Hub's resolve endpoint) -------------------
 
 def hf_config(endpoint: str, **overrides: object) -> StreamConfig:

@@ -28,7 +28,10 @@ def _pool() -> urllib3.PoolManager:
     with _pools_lock:
         if pid not in _pools:
             _pools.clear()
-            _pools[pid] = urllib3.PoolManager(num_pools=32, maxsize=16)
+            # maxsize: connections kept per host. The read-ahead runs up to read_ahead_connections
+            # (32) ranged GETs to one bucket endpoint at once; past maxsize, urllib3 discards a
+            # connection when its GET ends and the next one connects again.
+            _pools[pid] = urllib3.PoolManager(num_pools=32, maxsize=64)
         return _pools[pid]
 
 
@@ -58,17 +61,20 @@ class HttpSource:
     """One object behind a URL on any server that honours (or ignores) ``Range``."""
 
     def __init__(self, url: str, config: StreamConfig, *, headers: Mapping[str, str] | None = None,
-                 display_url: str | None = None):
+                 display_url: str | None = None, send_if_match: bool = False):
         self._target = url
         self._headers = dict(headers or {})
+        self._send_if_match = send_if_match
         self._timeout = urllib3.Timeout(connect=config.connect_timeout_s, read=config.read_timeout_s)
         self.url = display_url or redact_url(url)
 
     def open(self, start: int, end: int | None, if_match: str | None) -> Opened | None:
-        # If-Match is not sent: behind a redirect (the Hub's resolve -> CDN) the first hop may judge
-        # it against a different ETag. RetryingStream compares the ETag of each answer instead.
-        del if_match
         headers = {**self._headers, "Range": range_header(start, end), "Accept-Encoding": "identity"}
+        # If-Match is sent only where the URL names the object itself (a presigned S3 URL): behind a
+        # redirect (the Hub's resolve -> CDN) the first hop may judge it against a different ETag.
+        # RetryingStream compares the ETag of each answer in any case.
+        if if_match and self._send_if_match:
+            headers["If-Match"] = if_match
         # urllib3 follows redirects and drops Authorization on a cross-host hop; every other kind
         # of retry belongs to RetryingStream, which reopens at the right offset.
         retries = urllib3.Retry(total=None, connect=0, read=0, status=0, other=0, redirect=5,
