@@ -361,6 +361,38 @@ def test_s3_ranges_go_out_presigned_and_errors_come_from_the_api(s3_env, s3_buck
         events.unregister("before-call.s3.GetObject", hook)
 
 
+def test_s3_a_bucket_presigned_gets_cannot_reach_is_read_through_the_api(
+        s3_env, s3_bucket: str, blob: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A presigned GET refused where get_object then works (on AWS: a bucket in another region
+    than the signature names, which botocore follows and a presigned URL cannot) reads the range
+    through the API, and the process reads that bucket through the API from then on. The refusal
+    here: a signature made with a wrong secret, which SeaweedFS answers with 403."""
+    import loader.io.source_s3 as source_s3
+    from loader.io.s3_client import s3_client
+
+    config = s3_config(s3_env.endpoint_url)
+    signed = s3_client(config).generate_presigned_url("get_object", Params={"Bucket": s3_bucket, "Key": "k"})
+    assert "X-Amz-Signature=" in signed, "presigned in SigV2, which AWS regions opened since 2014 refuse"
+    monkeypatch.setattr(source_s3, "_API_ONLY", set())
+    presigned: list[str] = []
+    real = source_s3.S3Source._presigned
+
+    def wrongly_signed(self) -> str | None:
+        url = real(self)
+        presigned.append(url)
+        head, _, sig = url.partition("X-Amz-Signature=")
+        return head + "X-Amz-Signature=" + ("0" * len(sig[:64])) + sig[64:]
+
+    monkeypatch.setattr(source_s3.S3Source, "_presigned", wrongly_signed)
+    assert read_all(f"s3://{s3_bucket}/data/blob.bin", 100, 5000, config=config) == blob[100:5100]
+    assert len(presigned) == 1
+    assert sorted(source_s3._API_ONLY) == [(s3_env.endpoint_url, s3_bucket)]
+    assert read_all(f"s3://{s3_bucket}/data/blob.bin", 0, 1000, config=config) == blob[:1000]
+    assert len(presigned) == 1  # the API, without a presigned GET first
+    with pytest.raises(FileNotFoundError, match="NoSuchKey"):  # a real error is still the API's
+        read_all(f"s3://{s3_bucket}/data/missing.bin", config=config)
+
+
 # -- hf:// (the local HTTP server is a STAND-IN for the Hub's resolve endpoint) -------------------
 
 def hf_config(endpoint: str, **overrides: object) -> StreamConfig:

@@ -185,6 +185,10 @@ def _make_client(session: Any, settings: S3Settings) -> Any:
         options["s3"] = {"addressing_style": "path"}
     if session.get_credentials() is None:
         options["signature_version"] = UNSIGNED  # public buckets
+    else:
+        # Presigned URLs (the loader's ranged GETs, source_s3) in SigV4, as API calls already are:
+        # botocore presigns S3 in SigV2 unless told, which AWS regions opened since 2014 refuse.
+        options["signature_version"] = "s3v4"
     return session.client("s3", endpoint_url=endpoint, config=Config(**options))
 
 

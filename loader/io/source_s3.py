@@ -6,7 +6,10 @@ urllib3, the library botocore itself sends with: measured, botocore's ``get_obje
 GET about 0.7 ms. A read-ahead sends hundreds of ranged GETs per GB; with 2 DataLoader workers on
 2 cores that was 18% of samples/s (bench_remote_read, 3,000 samples, 20 ms first byte). An answer
 other than bytes, 412, 416 or a retryable status is asked again through ``get_object``, whose
-error codes (NoSuchKey, NoSuchBucket, AccessDenied, an expired token) name the cause.
+error codes (NoSuchKey, NoSuchBucket, AccessDenied, an expired token) name the cause. Where that
+call then works (a bucket in another region than the signature named, which botocore follows and
+a presigned URL cannot; a policy refusing query-string signatures), the process reads that
+bucket through ``get_object`` from then on.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ _RETRYABLE_CODES = frozenset({
 })
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _PRESIGNED_FOR_S = 300  # a presigned URL is used at once, for one GET; it need not live long
+# (endpoint, bucket) whose presigned GETs failed where get_object then worked: read through the API.
+_API_ONLY: set[tuple[str | None, str]] = set()
 
 
 def s3_endpoint(config: StreamConfig) -> str | None:
@@ -66,14 +71,19 @@ class S3Source:
         self.url = f"s3://{bucket}/{key}"
 
     def open(self, start: int, end: int | None, if_match: str | None) -> Opened | None:
-        url = self._presigned()
+        where = (s3_endpoint(self._config), self._bucket)
+        url = None if where in _API_ONLY else self._presigned()
         if url is not None:
             try:
                 return HttpSource(url, self._config, display_url=self.url, send_if_match=True).open(start, end, if_match)
             except (ObjectChangedError, TransientError):
                 raise
             except (FileNotFoundError, PermissionError, StreamError):
-                pass  # asked again through the API, whose error code says why (and re-signs)
+                # Asked again through the API: its error code says why (and it re-signs). If it
+                # works, the presigned GET cannot reach this bucket: the API from now on.
+                opened = self._get_object(start, end, if_match)
+                _API_ONLY.add(where)
+                return opened
         return self._get_object(start, end, if_match)
 
     def _presigned(self) -> str | None:
