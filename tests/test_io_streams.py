@@ -393,6 +393,24 @@ def test_s3_a_bucket_presigned_gets_cannot_reach_is_read_through_the_api(
         read_all(f"s3://{s3_bucket}/data/missing.bin", config=config)
 
 
+def test_s3_behind_an_http_proxy_is_read_through_the_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    """botocore sends through HTTP(S)_PROXY and our urllib3 pool does not: an endpoint the
+    environment proxies gets no presigned GET (a decision on the environment alone: no proxy
+    runs here)."""
+    from loader.io.source_s3 import proxied
+
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    local, aws = "http://127.0.0.1:8333/b/k?X-Amz-Signature=0", "https://b.s3.amazonaws.com/k?X-Amz-Signature=0"
+    assert not proxied(local) and not proxied(aws)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+    assert proxied(aws) and not proxied(local)
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.internal:3128")
+    assert proxied(local)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    assert not proxied(local) and proxied(aws)
+
+
 # -- hf:// (the local HTTP server is a STAND-IN for the Hub's resolve endpoint) -------------------
 
 def hf_config(endpoint: str, **overrides: object) -> StreamConfig:

@@ -87,14 +87,17 @@ class S3Source:
         return self._get_object(start, end, if_match)
 
     def _presigned(self) -> str | None:
-        """This object's GET URL signed now; None when it cannot be (the API call then says why)."""
+        """This object's GET URL signed now; None when it cannot be (the API call then says why)
+        or when the endpoint is reached through an HTTP(S) proxy (``proxied``)."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            return s3_client(self._config).generate_presigned_url(
+            url = s3_client(self._config).generate_presigned_url(
                 "get_object", Params={"Bucket": self._bucket, "Key": self._key}, ExpiresIn=_PRESIGNED_FOR_S)
         except (BotoCoreError, ClientError):
             return None
+        return None if proxied(url) else url
+
 
     def _get_object(self, start: int, end: int | None, if_match: str | None) -> Opened | None:
         from botocore.exceptions import (
@@ -141,3 +144,15 @@ class S3Source:
         if status in _RETRYABLE_STATUS or code in _RETRYABLE_CODES:
             raise TransientError(f"{self.url}: {code or status}")
         raise StreamError(f"{self.url}: {code or status}: {err.get('Message', '')}")
+
+
+def proxied(url: str) -> bool:
+    """Whether the environment sends requests for ``url`` through a proxy (``HTTPS_PROXY``,
+    ``HTTP_PROXY``, less ``NO_PROXY``): botocore goes through it, our urllib3 pool does not, so
+    such a bucket is read through the API."""
+    from urllib.parse import urlsplit
+    from urllib.request import getproxies, proxy_bypass
+
+    parts = urlsplit(url)
+    return parts.scheme in getproxies() and not proxy_bypass(parts.hostname or "")
+
