@@ -198,6 +198,21 @@ def test_a_stream_reads_exact_windows_and_its_limit_bounds_what_is_fetched(s3_en
     ahead.close()
 
 
+def test_read_to_the_end_after_a_partial_read_hands_out_every_byte(s3_env) -> None:
+    """``read()`` with no size, after a read that stopped inside a block, starts at the byte
+    reached: the rest of the current block first, then the blocks after it."""
+    bucket = s3_env.make_bucket("ra-rest")
+    blob = hashlib.sha256(b"rest").digest() * 2000  # 64000 bytes: 7 blocks of 10000
+    s3_env.client().put_object(Bucket=bucket, Key="d.bin", Body=blob)
+    ahead = ReadAhead(StreamConfig(read_ahead_bytes=40_000, read_ahead_block=10_000, read_ahead_connections=4),
+                      StreamStats())
+    for first in (5, 10_000, 12_345):
+        with ahead.open(f"s3://{bucket}/d.bin", 0, limit=len(blob)) as s:
+            assert s.read(first) == blob[:first]
+            assert s.read() == blob[first:], first
+    ahead.close()
+
+
 def test_the_first_block_goes_out_in_pieces_the_rest_whole(s3_env) -> None:
     """A process's first block's worth of read-ahead is asked for as RAMP_PIECES ranges, so the
     bytes read first come before the rest of the budget (instrumented: the first batch's whole

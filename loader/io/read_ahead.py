@@ -296,7 +296,7 @@ class ReadAheadStream(io.RawIOBase):
         self._checkClosed()
         # Views of the chunks, copied once into what is handed out.
         if n is None or n < 0:
-            parts = []
+            parts = [self._hand(len(self._cur))]  # the rest of the chunk at the position, first
             while self._advance():
                 parts.append(self._hand(len(self._cur)))
             return b"".join(parts)
