@@ -7,6 +7,8 @@ import statistics
 from .readers import FLOOR_CONNECTIONS
 
 CHILD_TIMEOUT_S = 240
+
+
 def read_ahead_bound_mb() -> float:
     """The read-ahead's memory bound per process (StreamConfig's defaults): its budget of bytes
     fetched ahead, plus the block each open stream is handing out, which has left the budget

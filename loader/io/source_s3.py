@@ -98,7 +98,6 @@ class S3Source:
             return None
         return None if proxied(url) else url
 
-
     def _get_object(self, start: int, end: int | None, if_match: str | None) -> Opened | None:
         from botocore.exceptions import (
             BotoCoreError,
@@ -155,4 +154,3 @@ def proxied(url: str) -> bool:
 
     parts = urlsplit(url)
     return parts.scheme in getproxies() and not proxy_bypass(parts.hostname or "")
-
