@@ -514,3 +514,26 @@ def test_bad_urls() -> None:
     with pytest.raises(ValueError):
         open_url("s3://b/k", start=-1)
     assert issubclass(RetryBudgetExceeded, StreamError) and issubclass(StreamError, OSError)
+
+
+def test_ranges_read_into_their_buffers_keep_their_connection(corpus: Path, blob: bytes, http_server,
+                                                              fault_proxy) -> None:
+    """The read-ahead reads a range straight into one buffer (http.client's socket reads land
+    there); read to its announced end, the range hands its connection back: five ranges one after
+    another go over one connection, and a reset midway reopens at the byte reached."""
+    from loader.io.read_ahead import ReadAhead
+
+    proxy = fault_proxy(http_server(corpus).url)
+    stats = StreamStats()
+    ahead = ReadAhead(FAST, stats)
+    url = f"{proxy.url}/blob.bin"
+    for start in range(0, 50_000, 10_000):
+        data, _, size = ahead.fetch(url, start, 10_000, None)
+        assert bytes(data) == blob[start : start + 10_000] and size == len(blob)
+    assert proxy.connections == 1 and stats.opens == 5
+    proxy.stop()
+    proxy = fault_proxy(http_server(corpus).url, [drop(25_000)])
+    data, _, _ = ahead.fetch(f"{proxy.url}/blob.bin", 0, 100_000, None)
+    assert bytes(data) == blob[:100_000] and proxy.fired == {"rst": 1}
+    assert stats.retries == 1 and stats.bytes_read == 50_000 + 100_000, stats
+    ahead.close()

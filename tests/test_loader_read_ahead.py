@@ -213,6 +213,52 @@ def test_read_to_the_end_after_a_partial_read_hands_out_every_byte(s3_env) -> No
     ahead.close()
 
 
+def test_range_buffers_are_the_readers_and_stay_within_the_budget(s3_env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each range is read into one buffer allocated on the reader's thread (glibc keeps freed
+    memory in the arena of the thread that allocated it: buffers allocated on 32 fetch threads left
+    each arena holding its own high-water mark, +50 MB of peak RSS at 0 workers), and the buffers
+    alive, the block being handed out included, never exceed read_ahead_bytes."""
+    import threading
+    import weakref
+
+    import loader.io.read_ahead as read_ahead
+
+    class Tracked(bytearray):  # a bytearray a weak reference can follow
+        pass
+
+    live: dict[int, weakref.ref] = {}
+    threads: set[str] = set()
+
+    def unfilled(n: int) -> bytearray:
+        threads.add(threading.current_thread().name)
+        buf = Tracked(n)
+        key = id(buf)
+        live[key] = weakref.ref(buf, lambda _: live.pop(key, None))
+        return buf
+
+    def alive() -> int:
+        return sum(len(b) for b in (r() for r in list(live.values())) if b is not None)
+
+    monkeypatch.setattr(read_ahead, "_unfilled", unfilled)
+    bucket = s3_env.make_bucket("ra-buffers")
+    blob = hashlib.sha256(b"buffers").digest() * 4000  # 128000 bytes: 13 blocks of 10000
+    s3_env.client().put_object(Bucket=bucket, Key="e.bin", Body=blob)
+    # More connections than ranges the budget holds: no read is queued behind others, so none is
+    # fetched on the reader's own thread (which may go past the budget by the block it needs).
+    ahead = ReadAhead(StreamConfig(read_ahead_bytes=40_000, read_ahead_block=10_000, read_ahead_connections=8),
+                      StreamStats())
+    got, most = [], 0
+    with ahead.open(f"s3://{bucket}/e.bin", 0, limit=len(blob)) as s:
+        while chunk := s.read(3_000):
+            got.append(chunk)
+            time.sleep(0.002)  # the fetch threads fill the budget meanwhile
+            most = max(most, alive())
+    ahead.close()
+    assert b"".join(got) == blob
+    assert threads == {threading.current_thread().name}, threads
+    assert 30_000 <= most <= 40_000, most  # the budget was used, and not passed
+
+
 def test_the_first_block_goes_out_in_pieces_the_rest_whole(s3_env) -> None:
     """A process's first block's worth of read-ahead is asked for as RAMP_PIECES ranges, so the
     bytes read first come before the rest of the budget (instrumented: the first batch's whole

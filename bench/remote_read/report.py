@@ -10,9 +10,11 @@ CHILD_TIMEOUT_S = 240
 
 
 def read_ahead_bound_mb() -> float:
-    """The read-ahead's memory bound per process (StreamConfig's defaults): its budget of bytes
-    fetched ahead, plus the block each open stream is handing out, which has left the budget
-    (KEEP_OPEN shards x 2 tars x a block). Derived, so a change of the defaults moves the target;
+    """The read-ahead's memory bound per process (StreamConfig's defaults), as the target was set:
+    its budget, plus a block per open stream (KEEP_OPEN shards x 2 tars), the block each was
+    handing out having then left the budget. Blocks now hold the budget until they are handed
+    out, so that allowance is what the fetch threads and the key-index planning may add.
+    Derived, so a change of the defaults moves the target;
     imported here, not at the top: every child (the LitData one in its own virtualenv) imports
     this module, and the peers' peak RSS must not carry torch."""
     from loader.io import StreamConfig

@@ -27,7 +27,7 @@ class StreamConfig:
     # Read-ahead of remote twin tars (loader/io/read_ahead.py): bounded ranged GETs in flight at
     # once per process (a DataLoader worker or the training process). 0 bytes: one open-ended
     # stream per tar, as before. See the README's "Reading from a bucket".
-    read_ahead_bytes: int = 64 << 20     # fetched but not yet read, per process, at most (+ one block per stream)
+    read_ahead_bytes: int = 64 << 20     # asked for, fetched or being handed out, per process, at most
     # 32 GETs of at most 2 MiB fill the same budget as 16 of 4 MiB with twice the first-byte waits
     # overlapped: measured (bench_remote_read, 3,000 samples, 0 workers) +29% samples/s at 20 ms and
     # +19% at 60 ms; 8 MiB blocks were 26% slower, and 2 MiB on 16 connections 16% slower.

@@ -19,7 +19,7 @@ import time
 
 from .config import StreamConfig, StreamStats
 from .errors import ObjectChangedError, RetryBudgetExceeded, StreamError, TransientError
-from .source import Opened, RangeSource
+from .source import Opened, RangeSource, read_body_into
 
 _SKIP_CHUNK = 1 << 20
 log = logging.getLogger(__name__)
@@ -87,46 +87,48 @@ class RetryingStream(io.RawIOBase):
         return self._pos
 
     def readinto(self, buffer) -> int:  # type: ignore[override]
+        """The next 1..len(buffer) bytes, straight into ``buffer`` where the body can put them
+        there (an HTTP body: no bytes object in between)."""
         view = memoryview(buffer).cast("B")
-        data = self.read_chunk(len(view))
-        n = len(data)
-        view[:n] = data
-        return n
+        return self._read(len(view), view)[1]
 
     def read_chunk(self, n: int) -> bytes:
         """The next 1..n bytes (b"" at the end) as the body handed them on: no copy into a
-        caller's buffer (``ReadAhead`` joins a range's chunks once)."""
+        caller's buffer."""
+        return self._read(n, None)[0]
+
+    def _read(self, n: int, view: memoryview | None) -> tuple[bytes, int]:
+        """``(bytes, count)`` of the next 1..n bytes: into ``view`` when given (bytes is then b"")."""
         self._checkClosed()
         timed = self._config.min_throughput_bps > 0
         while True:
             if n <= 0 or self._at_end():
-                return b""
+                return b"", 0
             try:
                 if self._resp is None:
                     self._open()
                     continue
                 want = n if self._end is None else min(n, self._end - self._pos)
-                if timed:
-                    t0 = time.monotonic()
+                t0 = time.monotonic() if timed else 0.0
+                if view is None:
                     data = self._resp.body.read1(want)
-                    elapsed = time.monotonic() - t0
+                    got = min(len(data), want)
                 else:
-                    data = self._resp.body.read1(want)
-                if not data:
+                    data, got = b"", read_body_into(self._resp.body, view[:want])
+                if not got:
                     self._body_ended()
                     continue
             except TransientError as e:
                 self._failed(e)
                 continue
-            if len(data) > want:
-                data = data[:want]
-            got = len(data)
+            if len(data) > got:
+                data = data[:got]
             self._pos += got
             self._consecutive_failures = 0
             self.stats.add(bytes_read=got)
             if timed:
-                self._watch_throughput(got, elapsed)
-            return data
+                self._watch_throughput(got, time.monotonic() - t0)
+            return data, got
 
     def close(self) -> None:
         self._drop()

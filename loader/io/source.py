@@ -18,6 +18,18 @@ class Body(Protocol):
     def close(self) -> None: ...
 
 
+def read_body_into(body: Body, view: memoryview) -> int:
+    """Up to ``len(view)`` bytes of ``body`` into ``view``; 0 at the end of the body. A body
+    with its own ``readinto`` (an HTTP body) puts them there with no bytes object in between;
+    any other hands one ``read1`` over, copied in."""
+    readinto = getattr(body, "readinto", None)
+    if readinto is not None:
+        return readinto(view)
+    data = body.read1(len(view))
+    view[: len(data)] = data
+    return len(data)
+
+
 @dataclass
 class Opened:
     """One response body and what the server said about it."""

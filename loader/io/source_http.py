@@ -40,6 +40,11 @@ class _UrllibBody:
         self._resp = resp
         self._url = url
         self._done = False
+        # urllib3 reads an undecoded body through http.client's response; its readinto lands the
+        # bytes in the caller's buffer (recv_into), where urllib3's own readinto allocates a
+        # bytes object per call and copies it.
+        fp = getattr(resp, "_fp", None)
+        self._fp = fp if isinstance(fp, http.client.HTTPResponse) else None
 
     def read1(self, n: int) -> bytes:
         try:
@@ -49,6 +54,29 @@ class _UrllibBody:
         if not data:
             self._done = True
         return data
+
+    def readinto(self, view: memoryview) -> int:
+        """``read1`` into ``view``: one socket read at most, straight into it. This is
+        http.client's ``read1`` over ``readinto1``, with its length bookkeeping, and closed at
+        the announced end as urllib3 closes it (which hands the connection back on ``close``).
+        http.client's ``readinto`` would wait for the whole view, and a failure midway would lose
+        the bytes that had come (a reopen starts at the byte reached)."""
+        resp = self._fp
+        if resp is None or resp.chunked or resp.fp is None:
+            data = self.read1(len(view))
+            view[: len(data)] = data
+            return len(data)
+        n = len(view) if resp.length is None else min(len(view), resp.length)
+        try:
+            got = resp.fp.readinto1(view[:n])
+        except _TRANSPORT_ERRORS as e:
+            raise TransientError(f"{self._url}: {type(e).__name__}: {e}") from e
+        if resp.length is not None:
+            resp.length -= got
+        if not got or resp.length == 0:  # the body's end (or the server's): close() keeps the connection
+            resp._close_conn()
+            self._done = True
+        return got
 
     def close(self) -> None:
         # A fully read body leaves a reusable keep-alive connection; an abandoned one does not.
