@@ -87,48 +87,33 @@ class RetryingStream(io.RawIOBase):
         return self._pos
 
     def readinto(self, buffer) -> int:  # type: ignore[override]
-        """The next 1..len(buffer) bytes, straight into ``buffer`` where the body can put them
-        there (an HTTP body: no bytes object in between)."""
-        view = memoryview(buffer).cast("B")
-        return self._read(len(view), view)[1]
-
-    def read_chunk(self, n: int) -> bytes:
-        """The next 1..n bytes (b"" at the end) as the body handed them on: no copy into a
-        caller's buffer."""
-        return self._read(n, None)[0]
-
-    def _read(self, n: int, view: memoryview | None) -> tuple[bytes, int]:
-        """``(bytes, count)`` of the next 1..n bytes: into ``view`` when given (bytes is then b"")."""
+        """The next 1..len(buffer) bytes (0 at the end), straight into ``buffer`` where the body
+        can put them there (an HTTP body: no bytes object in between)."""
         self._checkClosed()
+        view = memoryview(buffer).cast("B")
         timed = self._config.min_throughput_bps > 0
         while True:
-            if n <= 0 or self._at_end():
-                return b"", 0
+            if not len(view) or self._at_end():
+                return 0
             try:
                 if self._resp is None:
                     self._open()
                     continue
-                want = n if self._end is None else min(n, self._end - self._pos)
+                want = len(view) if self._end is None else min(len(view), self._end - self._pos)
                 t0 = time.monotonic() if timed else 0.0
-                if view is None:
-                    data = self._resp.body.read1(want)
-                    got = min(len(data), want)
-                else:
-                    data, got = b"", read_body_into(self._resp.body, view[:want])
+                got = read_body_into(self._resp.body, view[:want])
                 if not got:
                     self._body_ended()
                     continue
             except TransientError as e:
                 self._failed(e)
                 continue
-            if len(data) > got:
-                data = data[:got]
             self._pos += got
             self._consecutive_failures = 0
             self.stats.add(bytes_read=got)
             if timed:
                 self._watch_throughput(got, time.monotonic() - t0)
-            return data, got
+            return got
 
     def close(self) -> None:
         self._drop()
