@@ -32,6 +32,19 @@ def test_frozen_credentials_sign_without_the_environment(s3_env: SeaweedS3, monk
     s3_client(copy).head_bucket(Bucket="factory-frozen")
 
 
+def test_the_region_comes_from_aws_region_as_in_every_aws_sdk(s3_env: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> None:
+    """boto3 reads AWS_DEFAULT_REGION and the profile, not the SDKs' standard AWS_REGION: a
+    reader told its bucket's region that way signed for us-east-1. Ours honours it, a region
+    in the settings wins, and a worker's frozen settings carry it."""
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.setenv("AWS_REGION", "eu-west-3")
+    assert s3_client(S3Settings(max_attempts=2)).meta.region_name == "eu-west-3"
+    assert S3Settings(max_attempts=2).frozen_credentials().region == "eu-west-3"
+    assert s3_client(S3Settings(max_attempts=2, region="ap-south-1")).meta.region_name == "ap-south-1"
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-west-2")
+    assert s3_client(S3Settings(max_attempts=2)).meta.region_name == "eu-west-3"  # the standard order
+
+
 def test_errors_say_what_to_check(s3_env: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> None:
     settings = S3Settings(max_attempts=1)
     with (pytest.raises(S3AccessError, match="bucket 'factory-none' does not exist at http://127.0.0.1"),

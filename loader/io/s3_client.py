@@ -51,7 +51,7 @@ class S3Settings:
     """
 
     endpoint_url: str | None = None   # else AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, else AWS
-    region: str | None = None         # else the chain's (AWS_REGION, the profile, ...)
+    region: str | None = None         # else AWS_REGION, else boto3's (AWS_DEFAULT_REGION, the profile)
     profile: str | None = None        # a named profile of the shared config files
     max_attempts: int | None = None
     connect_timeout_s: float = 10.0
@@ -106,11 +106,15 @@ def _settings_key(settings: S3Settings) -> tuple:
 def _session(settings: S3Settings) -> Any:
     import boto3
 
+    # AWS_REGION is the SDKs' standard variable (and wins over AWS_DEFAULT_REGION there); boto3
+    # reads only AWS_DEFAULT_REGION and the profile, so a region set the standard way was lost:
+    # presigned GETs signed for us-east-1 failed against another region's bucket once each.
+    region = settings.region or os.environ.get("AWS_REGION") or None
     if settings.credentials is not None:
         key_id, secret, token = settings.credentials
         return boto3.session.Session(aws_access_key_id=key_id, aws_secret_access_key=secret,
-                                     aws_session_token=token, region_name=settings.region)
-    return boto3.session.Session(profile_name=settings.profile, region_name=settings.region)
+                                     aws_session_token=token, region_name=region)
+    return boto3.session.Session(profile_name=settings.profile, region_name=region)
 
 
 def s3_client(settings: S3Settings | StreamConfig | None = None) -> Any:
