@@ -248,6 +248,12 @@ def test_a_wait_for_a_live_claim_is_bounded_and_names_it(s3_env: SeaweedS3) -> N
     (b'{"format_version": 1, "format_version": 1}', "written twice"),
     (b'{"format_version": NaN}', "NaN is not a JSON number"),
     (b"[" * 100000, "nested too deeply"),
+    # A time that is a boolean (or before 1970) is no retirement time: ``true`` was read as 1.0,
+    # a version retired in 1970, which garbage collection would delete at once.
+    (b'{"format_version": 1, "version": "0123456789abcdef", "manifests": [], "retired": {"0123456789abcdee": true}}',
+     "'retired' must map version ids to times"),
+    (b'{"format_version": 1, "version": "0123456789abcdef", "manifests": [], "retired": {"0123456789abcdee": -5}}',
+     "'retired' must map version ids to times"),
 ])
 def test_a_pointer_with_values_no_build_writes_is_a_format_error_naming_it(body: bytes, match: str) -> None:
     from loader.formats.errors import FormatError

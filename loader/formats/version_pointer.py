@@ -95,6 +95,11 @@ def sibling_version(root: str) -> str | None:
     return None if m is None else (m.group("id1") or m.group("id2"))
 
 
+def _is_time(value: Any) -> bool:
+    """Unix seconds: a number (JSON's ``true`` is no time, though Python's bool is an int), >= 0."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+
+
 def parse_pointer(data: bytes, origin: str) -> VersionPointer:
     """The pointer in ``data`` (read from ``origin``); ``FormatError`` names what is wrong."""
     # The strict reader: a pointer in a bucket others can write to may hold NaN, 1e400, a key twice.
@@ -110,7 +115,7 @@ def parse_pointer(data: bytes, origin: str) -> VersionPointer:
     ):
         raise FormatError(f"{origin}: 'manifests' must list paths inside the version folder, got {short_repr(manifests)}")
     if not isinstance(retired, dict) or not all(
-        isinstance(k, str) and _VERSION_ID.match(k) and isinstance(v, int | float) for k, v in retired.items()
+        isinstance(k, str) and _VERSION_ID.match(k) and _is_time(v) for k, v in retired.items()
     ):
         raise FormatError(f"{origin}: 'retired' must map version ids to times, got {short_repr(retired)}")
     built_by = doc.get("built_by")
