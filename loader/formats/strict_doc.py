@@ -324,6 +324,13 @@ def load_json_doc(data: bytes, origin: str, *, max_bytes: int, fix: str,
         raise error(f"{origin}: nested too deeply to be this file; {fix}") from None
 
 
+def is_number(value: Any, low: float, high: float, *, whole: bool = False) -> bool:
+    """``value`` is an ``int`` (``whole``), else an int or float, in ``[low, high]``: never a
+    ``bool``, which Python counts as an int and JSON does not."""
+    return (not isinstance(value, bool) and isinstance(value, int if whole else (int, float))
+            and low <= value <= high)
+
+
 class Fields:
     """The fields of one small JSON record (a lease, a run's hold, a claim, a staged plan), read
     strictly with one wording for one fault whatever the record: ``error`` names ``origin``, says
@@ -380,10 +387,8 @@ class Fields:
     def number(self, name: str, low: float, high: float, *, whole: bool = False,
                optional: bool = False) -> float | None:
         """A number in ``[low, high]``: an ``int`` (``whole``), else an int or finite float as a float."""
-        kinds = int if whole else (int, float)
         want = f"an integer in [{low}, {high}]" if whole else f"a number in [{low:g}, {high:g}]"
-        value = self._read(name, optional, lambda v: not isinstance(v, bool) and isinstance(v, kinds)
-                           and low <= v <= high, want)
+        value = self._read(name, optional, lambda v: is_number(v, low, high, whole=whole), want)
         return value if value is None or whole else float(value)
 
     def inner(self, name: str, *, optional: bool = False) -> Fields | None:

@@ -31,13 +31,14 @@ manifests; ``pid_platform/sharding/commit/s3_output.py`` holds the writer's side
 from __future__ import annotations
 
 import json
+import math
 import posixpath
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from loader.formats.errors import FormatError, short_repr
-from loader.formats.strict_doc import load_json_doc
+from loader.formats.strict_doc import is_number, load_json_doc
 
 POINTER_NAME = "pid-current.json"
 VERSIONS_DIR = "versions"
@@ -95,11 +96,6 @@ def sibling_version(root: str) -> str | None:
     return None if m is None else (m.group("id1") or m.group("id2"))
 
 
-def _is_time(value: Any) -> bool:
-    """Unix seconds: a number (JSON's ``true`` is no time, though Python's bool is an int), >= 0."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
-
-
 def parse_pointer(data: bytes, origin: str) -> VersionPointer:
     """The pointer in ``data`` (read from ``origin``); ``FormatError`` names what is wrong."""
     # The strict reader: a pointer in a bucket others can write to may hold NaN, 1e400, a key twice.
@@ -115,7 +111,7 @@ def parse_pointer(data: bytes, origin: str) -> VersionPointer:
     ):
         raise FormatError(f"{origin}: 'manifests' must list paths inside the version folder, got {short_repr(manifests)}")
     if not isinstance(retired, dict) or not all(
-        isinstance(k, str) and _VERSION_ID.match(k) and _is_time(v) for k, v in retired.items()
+        isinstance(k, str) and _VERSION_ID.match(k) and is_number(v, 0, math.inf) for k, v in retired.items()
     ):
         raise FormatError(f"{origin}: 'retired' must map version ids to times, got {short_repr(retired)}")
     built_by = doc.get("built_by")

@@ -23,8 +23,11 @@ def read_body_into(body: Body, view: memoryview) -> int:
     with its own ``readinto`` (an HTTP body) puts them there with no bytes object in between;
     any other hands one ``read1`` over, copied in."""
     readinto = getattr(body, "readinto", None)
-    if readinto is not None:
-        return readinto(view)
+    return readinto(view) if readinto is not None else read1_into(body, view)
+
+
+def read1_into(body: Body, view: memoryview) -> int:
+    """One ``read1`` of ``body``, copied into ``view``."""
     data = body.read1(len(view))
     view[: len(data)] = data
     return len(data)

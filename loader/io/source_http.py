@@ -13,7 +13,7 @@ from urllib3.exceptions import HTTPError, MaxRetryError, ResponseError
 
 from .config import StreamConfig
 from .errors import ObjectChangedError, StreamError, TransientError
-from .source import Opened, parse_content_range, range_header, redact_url
+from .source import Opened, parse_content_range, range_header, read1_into, redact_url
 
 _TRANSPORT_ERRORS = (HTTPError, http.client.HTTPException, OSError)
 _RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -63,9 +63,7 @@ class _UrllibBody:
         the bytes that had come (a reopen starts at the byte reached)."""
         resp = self._fp
         if resp is None or resp.chunked or resp.fp is None:
-            data = self.read1(len(view))
-            view[: len(data)] = data
-            return len(data)
+            return read1_into(self, view)
         n = len(view) if resp.length is None else min(len(view), resp.length)
         try:
             got = resp.fp.readinto1(view[:n])
