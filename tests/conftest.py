@@ -16,6 +16,7 @@ pytest_plugins = [
     "tests.support.paused_procs",  # `procs`: real processes held at pause points
     "tests.support.http_server",
     "tests.support.fault_proxy",
+    "tests.support.forward_proxy",  # `forward_proxy`: what HTTP_PROXY names
     "tests.support.lerobot_data",
     "tests.support.hub_standin",
     "tests.support.dagster_runs",

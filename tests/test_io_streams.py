@@ -397,8 +397,8 @@ def test_s3_a_bucket_presigned_gets_cannot_reach_is_read_through_the_api(
 
 def test_s3_behind_an_http_proxy_is_read_through_the_api(monkeypatch: pytest.MonkeyPatch) -> None:
     """botocore sends through HTTP(S)_PROXY and our urllib3 pool does not: an endpoint the
-    environment proxies gets no presigned GET (a decision on the environment alone: no proxy
-    runs here)."""
+    environment proxies gets no presigned GET: the decision, on the environment alone, for
+    HTTPS, HTTP and NO_PROXY (the test after this one reads through a real proxy)."""
     from loader.io.source_s3 import proxied
 
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "ALL_PROXY", "all_proxy"):
@@ -411,6 +411,21 @@ def test_s3_behind_an_http_proxy_is_read_through_the_api(monkeypatch: pytest.Mon
     assert proxied(local)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     assert not proxied(local) and proxied(aws)
+
+
+def test_s3_behind_a_real_http_proxy_goes_through_it(s3_env, s3_bucket: str, blob: bytes, forward_proxy,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """With HTTP_PROXY naming a real forward proxy, every request of a read reaches SeaweedFS
+    through it: the ranges are botocore's GetObject (which honours the proxy), not presigned GETs
+    over our urllib3 pool, which would go around it."""
+    proxy = forward_proxy()
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", proxy.url)
+    config = s3_config(s3_env.endpoint_url)
+    assert read_all(f"s3://{s3_bucket}/data/blob.bin", 100, 50_000, config=config) == blob[100:50_100]
+    gets = [url for method, url in proxy.requests if method == "GET"]
+    assert gets and all(url.startswith(s3_env.endpoint_url) and "X-Amz-Signature" not in url for url in gets), gets
 
 
 # -- hf:// (the local HTTP server is a STAND-IN for the Hub's resolve endpoint) -------------------
