@@ -31,8 +31,11 @@ from .urls import split_s3
 if TYPE_CHECKING:
     from .config import StreamConfig
 
+# The proxy variables too: botocore reads them when it makes a client, and source_s3.proxied
+# reads them per GET; a client kept from before HTTP_PROXY was set would go around the proxy.
 _ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_SESSION_TOKEN",
-             "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+             "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
+             "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
 _sessions: dict[tuple, Any] = {}
 _clients: dict[tuple, Any] = {}
 _clients_lock = threading.Lock()
