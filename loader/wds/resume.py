@@ -15,8 +15,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from loader import handoff
+from loader.handoff import SharedPayload
 from loader.wds.dataset import Block, TwinTarDataset
 from loader.wds.distributed import all_gather_objects
 from loader.wds.epoch_plan import EpochPlan, merge_intervals
@@ -58,7 +60,14 @@ class _Blocks(IterableDataset):
         self.dataset = dataset
 
     def __iter__(self) -> Iterator[Block]:
-        return self.dataset.blocks()
+        if get_worker_info() is None:
+            yield from self.dataset.blocks()
+            return
+        # In a worker: the batch's bytes go to the training process through shared memory, not
+        # pickled through the DataLoader's pipe (loader.handoff); it arrives as it was.
+        for block in self.dataset.blocks():
+            block.payload = SharedPayload(block.payload)
+            yield block
 
 
 def _forks(context: Any) -> bool:
@@ -116,8 +125,11 @@ class ResumableLoader:
         sl.start_index = 0  # the loader's own progress says what is read
         kwargs = dict(self.dataloader_kwargs)
         kwargs["worker_init_fn"] = worker_init(kwargs.get("worker_init_fn"))  # workers die with us
+        channels = None
         if self.num_workers and _forks(kwargs.get("multiprocessing_context")):
             self.dataset.before_fork()
+            if handoff.available():  # the batches' shared-memory files, refilled (loader.handoff)
+                channels = handoff.Channels(self.num_workers)
         loader = DataLoader(
             _Blocks(self.dataset), batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **kwargs,
         )
@@ -125,8 +137,18 @@ class ResumableLoader:
         if self.num_workers == 0:
             # In-process: the dataset's own counters are the live ones.
             self._live_stats = _InProcess(self.dataset)
+        try:
+            blocks = iter(loader)  # the workers start here
+            if channels is not None:
+                channels.forked()
+            yield from self._hand_out(blocks, sl)
+        finally:
+            if channels is not None:
+                channels.close()
+
+    def _hand_out(self, blocks: Iterator[Block], sl: Any) -> Iterator[Any]:
         batched = self.dataset.batch_size is not None
-        for block in loader:
+        for block in blocks:
             if self.num_workers:
                 worker_id, snapshot = block.stats
                 self._live_stats[worker_id] = snapshot
