@@ -363,6 +363,65 @@ def test_s3_ranges_go_out_presigned_and_errors_come_from_the_api(s3_env, s3_buck
         events.unregister("before-call.s3.GetObject", hook)
 
 
+def test_s3_an_objects_ranges_share_one_presigned_url_for_a_minute(
+        s3_env, s3_bucket: str, blob: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A presigned GET URL signs the host, not the Range: the ranges of one object go out on one
+    URL signed at the first (botocore's signer is 1.1 ms of CPU, most of a GET's), another object
+    gets its own, and a URL older than ``_REUSE_S`` is signed again."""
+    import loader.io.source_s3 as source_s3
+    from loader.io.s3_client import s3_client
+
+    config = s3_config(s3_env.endpoint_url)
+    client = s3_client(config)
+    s3_env.client().put_object(Bucket=s3_bucket, Key="data/other.bin", Body=blob[:3000])
+    monkeypatch.setattr(source_s3, "_signed", {})
+    signed: list[str] = []
+    real = client.generate_presigned_url
+
+    def counting(*args, **kwargs):
+        signed.append(kwargs["Params"]["Key"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(client, "generate_presigned_url", counting)
+    for start in range(0, 50_000, 10_000):
+        assert read_all(f"s3://{s3_bucket}/data/blob.bin", start, 10_000, config=config) == blob[start:start + 10_000]
+    assert read_all(f"s3://{s3_bucket}/data/other.bin", 0, 1000, config=config) == blob[:1000]
+    assert signed == ["data/blob.bin", "data/other.bin"]
+    monkeypatch.setattr(source_s3, "_REUSE_S", 0.0)
+    read_all(f"s3://{s3_bucket}/data/blob.bin", 0, 10, config=config)
+    assert signed == ["data/blob.bin", "data/other.bin", "data/blob.bin"]
+
+
+def test_s3_a_reused_url_refused_is_signed_anew_not_taken_for_an_unreachable_bucket(
+        s3_env, s3_bucket: str, blob: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A URL signed a while ago that the server now refuses (the credentials it was signed with
+    revoked: here, its signature spoilt, which SeaweedFS answers with 403) is signed again and the
+    range read on the new one: the bucket is not moved to the API for it."""
+    import loader.io.source_s3 as source_s3
+    from loader.io.s3_client import s3_client
+
+    config = s3_config(s3_env.endpoint_url)
+    monkeypatch.setattr(source_s3, "_API_ONLY", set())
+    monkeypatch.setattr(source_s3, "_signed", {})
+    api_calls: list[str] = []
+    events = s3_client(config).meta.events
+
+    def hook(params, **_) -> None:
+        api_calls.append(params["url_path"])
+
+    assert read_all(f"s3://{s3_bucket}/data/blob.bin", 0, 100, config=config) == blob[:100]
+    [(key, (url, at))] = source_s3._signed.items()
+    head, _, sig = url.partition("X-Amz-Signature=")
+    source_s3._signed[key] = head + "X-Amz-Signature=" + "0" * 64 + sig[64:], at
+    events.register("before-call.s3.GetObject", hook)
+    try:
+        assert read_all(f"s3://{s3_bucket}/data/blob.bin", 100, 5000, config=config) == blob[100:5100]
+    finally:
+        events.unregister("before-call.s3.GetObject", hook)
+    assert api_calls == [] and not source_s3._API_ONLY
+    assert source_s3._signed[key][0] != head + "X-Amz-Signature=" + "0" * 64 + sig[64:]
+
+
 def test_s3_a_bucket_presigned_gets_cannot_reach_is_read_through_the_api(
         s3_env, s3_bucket: str, blob: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
     """A presigned GET refused where get_object then works (on AWS: a bucket in another region
@@ -376,14 +435,15 @@ def test_s3_a_bucket_presigned_gets_cannot_reach_is_read_through_the_api(
     signed = s3_client(config).generate_presigned_url("get_object", Params={"Bucket": s3_bucket, "Key": "k"})
     assert "X-Amz-Signature=" in signed, "presigned in SigV2, which AWS regions opened since 2014 refuse"
     monkeypatch.setattr(source_s3, "_API_ONLY", set())
+    monkeypatch.setattr(source_s3, "_signed", {})
     presigned: list[str] = []
     real = source_s3.S3Source._presigned
 
-    def wrongly_signed(self) -> str | None:
-        url = real(self)
+    def wrongly_signed(self, fresh: bool = False) -> tuple[str | None, bool]:
+        url, reused = real(self, fresh)
         presigned.append(url)
         head, _, sig = url.partition("X-Amz-Signature=")
-        return head + "X-Amz-Signature=" + ("0" * len(sig[:64])) + sig[64:]
+        return head + "X-Amz-Signature=" + ("0" * len(sig[:64])) + sig[64:], reused
 
     monkeypatch.setattr(source_s3.S3Source, "_presigned", wrongly_signed)
     assert read_all(f"s3://{s3_bucket}/data/blob.bin", 100, 5000, config=config) == blob[100:5100]

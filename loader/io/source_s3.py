@@ -4,7 +4,10 @@ Each range is a GET of a URL presigned for it (with the client's credentials of 
 urllib3, the library botocore itself sends with: measured, botocore's ``get_object`` costs about
 1.4 ms of CPU per request (event hooks, endpoint rules, response parsing), a presign and a plain
 GET about 0.7 ms. A read-ahead sends hundreds of ranged GETs per GB; with 2 DataLoader workers on
-2 cores that was 18% of samples/s (bench_remote_read, 3,000 samples, 20 ms first byte). An answer
+2 cores that was 18% of samples/s (bench_remote_read, 3,000 samples, 20 ms first byte). The
+presign itself is most of what is left (1.1 ms of CPU, botocore's signer in Python), and a
+presigned GET URL signs the host only, not the Range: an object's URL serves all of its ranges
+for a minute (``_REUSE_S``), one presign per object instead of one per range. An answer
 other than bytes, 412, 416 or a retryable status is asked again through ``get_object``, whose
 error codes (NoSuchKey, NoSuchBucket, AccessDenied, an expired token) name the cause. Where that
 call then works (a bucket in another region than the signature named, which botocore follows and
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import http.client
+import time
 from typing import Any
 
 from urllib3.exceptions import HTTPError
@@ -31,7 +35,15 @@ _RETRYABLE_CODES = frozenset({
     "ThrottlingException", "RequestTimeTooSkewed",
 })
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-_PRESIGNED_FOR_S = 300  # a presigned URL is used at once, for one GET; it need not live long
+_PRESIGNED_FOR_S = 300  # how long a presigned URL is valid
+# How long one is reused for this object's next ranges: each GET it starts has at least 4 minutes
+# of validity left, and botocore refreshes expiring credentials 10-15 minutes ahead, so the
+# credentials it was signed with outlive it too.
+_REUSE_S = 60.0
+_REUSE_MAX = 4096  # objects whose URLs are kept (a cache, dropped whole when full)
+# (client, bucket, key) -> (URL, monotonic time signed). The client is in the key: new settings or
+# credentials in the environment make a new client (s3_client), and with it new signatures.
+_signed: dict[tuple[Any, str, str], tuple[str, float]] = {}
 # (endpoint, bucket) whose presigned GETs failed where get_object then worked: read through the API.
 _API_ONLY: set[tuple[str | None, str]] = set()
 
@@ -72,13 +84,19 @@ class S3Source:
 
     def open(self, start: int, end: int | None, if_match: str | None) -> Opened | None:
         where = (s3_endpoint(self._config), self._bucket)
-        url = None if where in _API_ONLY else self._presigned()
-        if url is not None:
+        fresh = False
+        while where not in _API_ONLY:
+            url, reused = self._presigned(fresh)
+            if url is None:
+                break
             try:
                 return HttpSource(url, self._config, display_url=self.url, send_if_match=True).open(start, end, if_match)
             except (ObjectChangedError, TransientError):
                 raise
             except (FileNotFoundError, PermissionError, StreamError):
+                if reused:  # signed a while ago and refused now: sign anew before judging the bucket
+                    fresh = True
+                    continue
                 # Asked again through the API: its error code says why (and it re-signs). If it
                 # works, the presigned GET cannot reach this bucket: the API from now on.
                 opened = self._get_object(start, end, if_match)
@@ -86,17 +104,29 @@ class S3Source:
                 return opened
         return self._get_object(start, end, if_match)
 
-    def _presigned(self) -> str | None:
-        """This object's GET URL signed now; None when it cannot be (the API call then says why)
-        or when the endpoint is reached through an HTTP(S) proxy (``proxied``)."""
+    def _presigned(self, fresh: bool = False) -> tuple[str | None, bool]:
+        """(this object's GET URL, whether it was signed before this call): the one signed in the
+        last ``_REUSE_S`` seconds unless ``fresh``, else signed now. The URL is None when it
+        cannot be signed (the API call then says why) or when the endpoint is reached through an
+        HTTP(S) proxy (``proxied``)."""
         from botocore.exceptions import BotoCoreError, ClientError
 
-        try:
-            url = s3_client(self._config).generate_presigned_url(
-                "get_object", Params={"Bucket": self._bucket, "Key": self._key}, ExpiresIn=_PRESIGNED_FOR_S)
-        except (BotoCoreError, ClientError):
-            return None
-        return None if proxied(url) else url
+        client = s3_client(self._config)
+        key = (client, self._bucket, self._key)
+        now = time.monotonic()
+        kept = None if fresh else _signed.get(key)
+        if kept is not None and now - kept[1] < _REUSE_S:
+            url, reused = kept[0], True
+        else:
+            try:
+                url = client.generate_presigned_url(
+                    "get_object", Params={"Bucket": self._bucket, "Key": self._key}, ExpiresIn=_PRESIGNED_FOR_S)
+            except (BotoCoreError, ClientError):
+                return None, False
+            if len(_signed) >= _REUSE_MAX:
+                _signed.clear()
+            _signed[key], reused = (url, now), False
+        return (None if proxied(url) else url), reused
 
     def _get_object(self, start: int, end: int | None, if_match: str | None) -> Opened | None:
         from botocore.exceptions import (
