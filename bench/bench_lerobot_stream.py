@@ -39,7 +39,7 @@ process tree (sampled every 100 ms). ``float32 floor``: a DataLoader whose worke
 and only build and hand over batches of float32 (and uint8) frames of these shapes: the CPU that
 hand-over alone costs, and the rate it caps a 2-core machine at. The floor allocates a fresh
 shared-memory batch each time (what a plain DataLoader does); ours' workers recycle their batch
-buffers (``collate.BufferPool``), so ours can hand over below that floor.
+buffers (``loader.handoff.BufferPool``), so ours can hand over below that floor.
 
 Checked once per size (untimed): ours' items equal lerobot's ``LeRobotDataset`` items on a sample
 of frames (``tests.support.lerobot_oracle.assert_item_equal``: frames equal as uint8).

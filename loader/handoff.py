@@ -1,75 +1,205 @@
-"""What a DataLoader worker hands the training process: large buffers through shared memory.
+"""What DataLoader workers hand the training process: batches in recycled shared memory.
 
-A DataLoader worker's batch reaches the training process pickled through a pipe: the sample
-bytes are copied into the pickle, through the kernel's 64 KiB pipe in hundreds of hand-offs
-between the worker's feeder thread and the reader, and out of the pickle again. Measured with a
-bucket's read-ahead at 2 workers on 2 cores (bench_remote_read, 3,000 photographs), handing the
-batches over cost a quarter of the wall time: 1.43 s for the epoch with nothing handed over, 1.86
-through the pipe.
+Both readers' workers (``loader.wds`` twin tars, ``loader.lerobot.streaming``) hand a batch over
+in one buffer of shared memory taken from their ``BufferPool``, instead of pickled through the
+DataLoader's pipe (the bytes copied into the pickle, through the kernel's 64 KiB pipe in
+hundreds of hand-offs, and out of the pickle again) or as a fresh shared-memory file per batch
+(which costs more CPU than the copy: the kernel zeroes, maps, charges and frees every page on
+both sides). A worker keeps a few buffers (``slots``) and fills them again once the training
+process is done with them: ``flags[worker, slot]``, shared, is 1 while a slot is lent out, and
+the training process's ``BufferLender`` clears it. A buffer crosses to the training process
+once: the first batch in it carries it (PyTorch passes its file descriptor: a socket connection
+with an HMAC handshake on both sides), later ones only name it, and the training process keeps
+it mapped while its lender lives (``received_buffers``). With every slot lent, a batch gets a
+fresh buffer of its own, so a training loop that keeps batches is still right.
 
-``SharedPayload(obj)`` pickles ``obj`` with its large buffers (``bytes``, ``bytearray``, C-ordered
-numpy arrays of plain numbers, 16 KiB and up) written once into an anonymous shared-memory file
-(``memfd_create``) and the rest pickled as usual; the training process reads each buffer straight
-out of that file into its new object: one copy each side, no pipe. Unpickling gives back the
-original object, not a ``SharedPayload``. Torch tensors inside keep PyTorch's own sharing (the
-pickler is the DataLoader's, ``ForkingPickler``, with its reducers).
+Measured with the twin-tar reader from the bench's bucket at 2 workers on 2 cores
+(bench_remote_read, 3,000 photographs): handing the batches over cost 0.43 s of a 1.86 s epoch
+through the pipe, 0.14 s through recycled shared memory.
 
-Forked workers (``Channels``, made by the training process before the fork) each keep up to
-``SLOTS`` such files and write batch after batch into them: a fresh file per batch cost as much
-again, the kernel zeroing and charging every new page. A file's descriptor goes to the training
-process once, over a socket pair of that worker's, and the training process says on it when it
-has read a file, which the worker may then fill again; a worker with every file still unread
-makes a one-off file, which the training process closes after reading it. Workers started
-another way (spawn, forkserver) send a one-off file's descriptor per batch the way PyTorch sends
-a tensor's storage (``multiprocessing.reduction.DupFd``). Nothing has a name: nothing is left in
-``/dev/shm`` by a killed process, and the memory goes with the last descriptor. Elsewhere than
-Linux, or for a payload under 256 KiB, the batch is pickled inline, as is one whose file could
-not be made (said once per worker; the batch is never lost).
+What is in a buffer is the reader's business:
+
+* the LeRobot reader's batches are tensors (``PackedBatch`` in ``lerobot/streaming/collate.py``):
+  the training loop gets views of the buffer, and a slot is free again once every tensor of its
+  batch is gone (``BufferLender.lend`` / ``reclaim``);
+* any other batch (the twin-tar reader's lists of samples of ``bytes``) is a ``SharedPayload``:
+  it is pickled with its large buffers (``bytes``, ``bytearray``, C-ordered numpy arrays of
+  plain numbers, 16 KiB and up) written once into the slot and the rest pickled as usual, and
+  unpickling copies each one straight out of the slot into its new object, then frees the slot
+  at once (``BufferLender.release``): the training process gets its ``bytes``, as before.
+  A payload under 256 KiB, or packed outside a worker with a pool, is pickled inline.
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import itertools
-import logging
-import os
 import pickle
-import socket
-import struct
-import threading
-from multiprocessing.reduction import DupFd, ForkingPickler
+import weakref
+from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils.data import get_worker_info
 
-# A buffer smaller than this is pickled inline: a pread of its own costs more than the copy.
+# A buffer smaller than this is pickled inline: a copy of its own costs more than the pickle's.
 MIN_BUFFER = 16 << 10
-# A payload whose buffers add up to less than this is pickled inline (no file, no descriptor).
+# A payload whose buffers add up to less than this is pickled inline (no slot).
 MIN_TOTAL = 256 << 10
-_IOV_MAX = 1024  # buffers per writev (POSIX's minimum IOV_MAX is 16; Linux's is 1024)
-# Files a forked worker keeps and refills: the batches the DataLoader prefetches from it (its
-# prefetch_factor, 2 by default) and the one it is packing.
-SLOTS = 3
-_SLOT = struct.Struct("<q")  # a message on a worker's socket pair: a slot number (< 0: one-off)
-_RECV_TIMEOUT_S = 60.0  # a descriptor the worker sent before queueing the batch is there at once
-log = logging.getLogger(__name__)
-_warned = False
 
 
-def available() -> bool:
-    """Whether payloads can be handed through shared memory on this platform."""
-    return hasattr(os, "memfd_create")
+# -- recycled shared-memory buffers ----------------------------------------------------------------
 
+def empty_buffer(nbytes: int, *, shared: bool) -> torch.Tensor:
+    """An uninitialised uint8 tensor of ``nbytes``, in shared memory when ``shared`` (a
+    DataLoader worker), so handing it to the main process copies nothing."""
+    if not shared:
+        return torch.empty(nbytes, dtype=torch.uint8)
+    storage = torch.empty(0, dtype=torch.uint8)._typed_storage()._new_shared(nbytes)
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+@dataclass(frozen=True)
+class PooledBuffer:
+    """A batch's buffer taken from a worker's BufferPool: ``buffer`` (the batch's first bytes of
+    the slot's memory), the slot, the ``serial`` of the slot's memory (a grown slot gets a new
+    one) and whether this batch must carry it to the main process (``ship``: its first use)."""
+
+    buffer: torch.Tensor
+    slot: int | None
+    serial: int = 0
+    ship: bool = True
+
+
+class BufferPool:
+    """One worker's shared-memory batch buffers, reused once the main process has let go of
+    them. ``flags[row, slot]`` (shared with the main process) is 1 while slot's buffer is lent
+    out; the main process clears it (``BufferLender``). With every slot lent, a batch gets a
+    fresh buffer of its own (never recycled), so a training loop keeping batches is still right.
+    ``token`` names the lender whose main process keeps the slots' memory once shipped."""
+
+    def __init__(self, flags: torch.Tensor, row: int, token: int | None = None):
+        self.flags, self.row, self.token = flags, row, token
+        self.buffers: list[torch.Tensor | None] = [None] * int(flags.shape[1])
+        self.serials = [0] * int(flags.shape[1])
+        self.shipped = [False] * int(flags.shape[1])
+        self._serial = itertools.count(1)
+
+    def take(self, nbytes: int) -> PooledBuffer:
+        lent = self.flags[self.row].tolist()
+        free = [s for s, f in enumerate(lent) if not f]
+        if not free:
+            return PooledBuffer(empty_buffer(nbytes, shared=True), None)
+        # A free slot already big enough, else the first free one, grown (its old buffer freed).
+        slot = next((s for s in free if self.buffers[s] is not None and self.buffers[s].numel() >= nbytes), free[0])
+        buf = self.buffers[slot]
+        if buf is None or buf.numel() < nbytes:
+            self.buffers[slot] = buf = None
+            buf = self.buffers[slot] = empty_buffer(nbytes, shared=True)
+            self.serials[slot], self.shipped[slot] = next(self._serial), False
+        self.flags[self.row, slot] = 1
+        ship = self.token is None or not self.shipped[slot]
+        self.shipped[slot] = True
+        return PooledBuffer(buf[:nbytes], slot, self.serials[slot], ship)
+
+
+def worker_pool() -> BufferPool | None:
+    """This DataLoader worker's BufferPool (kept on its dataset copy, so persistent workers keep
+    it across epochs), or None outside a worker or without the loader's flags."""
+    info = get_worker_info()
+    flags = getattr(info.dataset, "_buffer_flags", None) if info is not None else None
+    if flags is None or info.id >= flags.shape[0]:
+        return None
+    pool = getattr(info.dataset, "_buffer_pool", None)
+    if pool is None or pool.flags is not flags:
+        pool = BufferPool(flags, info.id, getattr(info.dataset, "_buffer_token", None))
+        info.dataset._buffer_pool = pool
+    return pool
+
+
+# In the main process, per live BufferLender (by token): the workers' slot memory received so
+# far, {(worker row, slot): (serial, the slot's whole memory)}.
+received_buffers: dict[int, dict[tuple[int, int], tuple[int, torch.Tensor]]] = {}
+_lenders: weakref.WeakValueDictionary[int, BufferLender] = weakref.WeakValueDictionary()
+_TOKENS = itertools.count(1)
+
+
+class BufferLender:
+    """The main process's side of the workers' BufferPools: ``lend(batch)`` when a batch arrives,
+    ``reclaim()`` before waiting for the next one; a buffer is free again once its storage is
+    gone here (every tensor of the batch dropped), or at once for a pinned copy. While it lives,
+    the workers' slot memory shipped to this process stays mapped (``received_buffers[token]``)."""
+
+    def __init__(self, workers: int, slots: int):
+        self.flags = torch.zeros((max(1, workers), slots), dtype=torch.int32).share_memory_()
+        self._out: list[tuple[StorageWeakRef, int, int]] = []
+        self.token = next(_TOKENS)
+        received_buffers[self.token] = {}
+        _lenders[self.token] = self
+        weakref.finalize(self, received_buffers.pop, self.token, None)
+
+    def lend(self, batch: Any) -> None:
+        """``batch`` (a PackedBatch: its ``buffer``, ``slot``, ``pinned``) is the training loop's."""
+        if batch.slot is None:
+            return
+        row, slot = batch.slot
+        if batch.pinned:
+            self.flags[row, slot] = 0       # copied into pinned memory: the shared one is unread
+        else:
+            self._out.append((StorageWeakRef(batch.buffer.untyped_storage()), row, slot))
+
+    def reclaim(self) -> None:
+        keep = []
+        for ref, row, slot in self._out:
+            if ref.expired():
+                self.flags[row, slot] = 0
+            else:
+                keep.append((ref, row, slot))
+        self._out = keep
+
+
+    def release(self, row: int, slot: int) -> None:
+        """Slot ``slot`` of worker ``row`` is read (copied out): the worker may fill it again."""
+        self.flags[row, slot] = 0
+
+
+def received_memory(token: int, row: int, slot: int, serial: int, buffer: torch.Tensor | None,
+                    nbytes: int) -> torch.Tensor:
+    """A worker's pooled buffer arriving in the main process (its batch's unpickling): the first
+    ``nbytes`` of the slot's memory, kept when shipped (``buffer``), found when only named. The
+    view is a storage of its own over that memory (``torch.from_numpy``), so its weak reference
+    (BufferLender) expires exactly when nothing of the batch is left; it keeps the memory alive
+    even after the lender has gone."""
+    held = received_buffers.get(token)
+    if buffer is not None:
+        storage = buffer.untyped_storage()
+        memory = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),))
+        if held is not None:
+            held[row, slot] = (serial, memory)
+    else:
+        entry = None if held is None else held.get((row, slot))
+        if entry is None or entry[0] != serial:
+            raise RuntimeError(f"DataLoader worker {row} named batch buffer {slot} (serial {serial}) that this "
+                               "process does not hold: its lender is gone or the buffer never arrived; "
+                               "a batch must be read by the loader whose workers built it")
+        memory = entry[1]
+    return torch.from_numpy(memory.numpy()[:nbytes])
+
+
+
+# -- payloads of bytes: pickled around their large buffers, which go through a slot ----------------
 
 class SharedPayload:
-    """``obj`` packed for the training process: its large buffers already in shared memory.
+    """``obj`` packed for the training process: its large buffers already in a slot of this
+    worker's BufferPool (see the module's doc); unpickled, it is ``obj`` again.
 
     Packing happens here, in the worker's own thread, not when the DataLoader's queue pickles
     it in its feeder thread: an object that cannot be pickled then fails in the worker with
     PyTorch's traceback naming it (a feeder thread prints the error, drops the batch, and the
-    loader waits for it for ever), and a failure to make the shared memory falls back to the
-    pipe, said once, the batch never lost."""
+    loader waits for it for ever)."""
 
     __slots__ = ("_rebuild",)
 
@@ -77,44 +207,25 @@ class SharedPayload:
         pickler = _Collecting()
         pickler.dump(obj)
         skeleton, buffers = pickler.file.getvalue(), pickler.buffers
-        if pickler.total < MIN_TOTAL or not available():
+        pool = worker_pool() if pickler.total >= MIN_TOTAL else None
+        if pool is None:
             self._rebuild = _inline, (skeleton, buffers)
             return
-        sender = _sender_here()
-        if sender is not None:
-            try:
-                self._rebuild = sender.pack(skeleton, buffers, pickler.total)
-            except OSError as e:  # out of descriptors, or of memory
-                self._rebuild = _fall_back(e, skeleton, buffers)
-            return
-        try:
-            fd = _new_file()
-        except OSError as e:
-            self._rebuild = _fall_back(e, skeleton, buffers)
-            return
-        try:
-            _write_all(fd, buffers, pickler.total)
-            # The descriptor the way PyTorch sends a tensor's storage: a duplicate held by this
-            # process's resource sharer until the training process connects for it.
-            self._rebuild = _from_shared_memory, (DupFd(fd), skeleton)
-        except OSError as e:  # the file's pages, or the duplicate's descriptor
-            self._rebuild = _fall_back(e, skeleton, buffers)
-        finally:
-            os.close(fd)
+        taken = pool.take(pickler.total)
+        target = memoryview(taken.buffer.numpy())
+        at = 0
+        for b in buffers:
+            view = memoryview(b).cast("B")
+            target[at:at + len(view)] = view
+            at += len(view)
+        if taken.slot is None:  # every slot lent: a buffer of its own, carried with the batch
+            self._rebuild = _fresh_payload, (taken.buffer, skeleton)
+        else:
+            self._rebuild = _pooled_payload, (pool.token, pool.row, taken.slot, taken.serial,
+                                              taken.buffer if taken.ship else None, pickler.total, skeleton)
 
     def __reduce__(self):
         return self._rebuild
-
-
-def _fall_back(error: OSError, skeleton: bytes, buffers: list[Any]):
-    """The batch pickled inline, through the pipe, said once per process."""
-    global _warned
-    if not _warned:
-        _warned = True
-        log.warning("DataLoader worker %d hands its batches through the pipe, not shared memory: %s "
-                    "(memfd_create or a descriptor for it failed; raise the open-files limit, ulimit -n, "
-                    "or free memory)", os.getpid(), error)
-    return _inline, (skeleton, buffers)
 
 
 class _Collecting(ForkingPickler):
@@ -143,28 +254,6 @@ class _Collecting(ForkingPickler):
         return pid
 
 
-def _new_file() -> int:
-    return os.memfd_create("pid-platform-batch", os.MFD_CLOEXEC)
-
-
-def _write_all(fd: int, buffers: list[Any], total: int) -> None:
-    """Every buffer into ``fd`` from its start, one after another (a write may take less than
-    asked: go on)."""
-    views = [memoryview(b).cast("B") for b in buffers]
-    written = 0
-    while views:
-        n = os.pwritev(fd, views[:_IOV_MAX], written)
-        if n <= 0:
-            break
-        written += n
-        while views and n >= len(views[0]):
-            n -= len(views.pop(0))
-        if n:
-            views[0] = views[0][n:]
-    if written != total:
-        raise OSError(f"shared-memory hand-off wrote {written} of {total} bytes")
-
-
 class _Restoring(pickle.Unpickler):
     def __init__(self, skeleton: bytes, load):
         super().__init__(io.BytesIO(skeleton))
@@ -175,175 +264,28 @@ def _inline(skeleton: bytes, buffers: list[Any]) -> Any:
     return _Restoring(skeleton, lambda pid: buffers[pid[0]]).load()
 
 
-def _read_exactly(fd: int, pid: tuple) -> Any:
+def _copied_out(memory: np.ndarray, pid: tuple) -> Any:
+    """One large buffer of a payload, copied out of the slot into an object of its own."""
     _, offset, size, kind = pid
+    part = memory[offset:offset + size]
     if kind == "bytes":
-        data = os.pread(fd, size, offset)  # a new bytes object, filled by the kernel
-        got = len(data)
-    else:
-        data = bytearray(size) if kind == "bytearray" else np.empty(kind[1], dtype=kind[0])
-        got = os.preadv(fd, [memoryview(data).cast("B")], offset)
-    if got != size:
-        raise OSError(f"shared-memory hand-off: {got} of the {size} bytes at {offset} arrived")
-    return data
+        return part.tobytes()
+    if kind == "bytearray":
+        return bytearray(part)
+    return part.view(np.dtype(kind[0])).reshape(kind[1]).copy()
 
 
-def _from_shared_memory(handle: Any, skeleton: bytes) -> Any:
-    fd = handle.detach()
+def _fresh_payload(buffer: torch.Tensor, skeleton: bytes) -> Any:
+    memory = buffer.numpy()
+    return _Restoring(skeleton, lambda pid: _copied_out(memory, pid)).load()
+
+
+def _pooled_payload(token: int, row: int, slot: int, serial: int, buffer: torch.Tensor | None, nbytes: int,
+                    skeleton: bytes) -> Any:
+    memory = received_memory(token, row, slot, serial, buffer, nbytes).numpy()
     try:
-        return _Restoring(skeleton, lambda pid: _read_exactly(fd, pid)).load()
+        return _Restoring(skeleton, lambda pid: _copied_out(memory, pid)).load()
     finally:
-        os.close(fd)
-
-
-# -- forked workers: files kept and refilled, descriptors over a socket pair per worker -------------
-
-_tokens = itertools.count()
-_receivers: dict[int, dict[int, _Receiver]] = {}  # in the training process: token -> worker -> its end
-_forking: tuple[int, list[socket.socket]] | None = None  # what a worker forked now finds: token, ends
-_sender: _Sender | None = None  # in a worker: its end
-
-
-class Channels:
-    """One socket pair per DataLoader worker, made in the training process just before the
-    DataLoader forks them (``forked()`` once it has, ``close()`` when its iteration ends)."""
-
-    def __init__(self, workers: int):
-        global _forking
-        self.token = next(_tokens)
-        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(workers)]
-        for mine, _ in pairs:
-            mine.settimeout(_RECV_TIMEOUT_S)
-        self._worker_ends: list[socket.socket] = [theirs for _, theirs in pairs]
-        _receivers[self.token] = {i: _Receiver(mine, i) for i, (mine, _) in enumerate(pairs)}
-        _forking = self.token, self._worker_ends
-
-    def forked(self) -> None:
-        """The workers have their ends: this process's copies of them go (a worker's end closing
-        is then how its death shows)."""
-        global _forking
-        if _forking is not None and _forking[0] == self.token:
-            _forking = None
-        for end in self._worker_ends:
-            end.close()
-
-    def close(self) -> None:
-        self.forked()
-        for receiver in _receivers.pop(self.token, {}).values():
-            receiver.close()
-
-
-def _sender_here() -> _Sender | None:
-    """This worker's end, if the training process made it one before forking it."""
-    global _sender
-    if _sender is not None and _sender.pid == os.getpid():
-        return _sender
-    if _forking is None:
-        return None
-    from torch.utils.data import get_worker_info
-
-    info = get_worker_info()
-    if info is None or info.id >= len(_forking[1]):
-        return None
-    _sender = _Sender(_forking[0], info.id, _forking[1][info.id])
-    return _sender
-
-
-class _Sender:
-    """A worker's end: the files it keeps (slot -> descriptor), those the training process has
-    read (free), and how to fill one."""
-
-    def __init__(self, token: int, worker: int, sock: socket.socket):
-        self.pid = os.getpid()
-        self.token, self.worker, self.sock = token, worker, sock
-        self.files: dict[int, int] = {}
-        self.free: list[int] = []
-        self.one_offs = itertools.count(1)
-
-    def pack(self, skeleton: bytes, buffers: list[Any], total: int) -> tuple:
-        self._take_releases()
-        if self.free:
-            slot = self.free.pop()
-            fd = self.files[slot]
-        else:
-            slot = len(self.files) if len(self.files) < SLOTS else -next(self.one_offs)
-            fd = _new_file()
-            try:
-                socket.send_fds(self.sock, [_SLOT.pack(slot)], [fd])
-            except OSError:
-                os.close(fd)
-                raise
-            if slot >= 0:
-                self.files[slot] = fd
-        try:
-            _write_all(fd, buffers, total)
-        except OSError:
-            if slot >= 0:
-                self.free.append(slot)  # unread by anyone: free for the next batch
-            raise
-        finally:
-            if slot < 0:
-                os.close(fd)  # the training process has its own descriptor
-        if slot >= 0 and os.fstat(fd).st_size > total + (total >> 1):
-            os.ftruncate(fd, total)  # a batch much smaller than the file's last: give back the rest
-        return _from_slot, (self.token, self.worker, slot, skeleton)
-
-    def _take_releases(self) -> None:
-        while True:
-            try:
-                msg = self.sock.recv(_SLOT.size, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                return
-            if len(msg) != _SLOT.size:
-                return  # the training process closed its end
-            self.free.append(_SLOT.unpack(msg)[0])
-
-
-class _Receiver:
-    """The training process's end of one worker's pair: the descriptors of that worker's files."""
-
-    def __init__(self, sock: socket.socket, worker: int):
-        self.sock, self.worker = sock, worker
-        self.files: dict[int, int] = {}
-        self.lock = threading.Lock()  # the DataLoader unpickles in one thread, or its pin-memory thread
-
-    def read(self, slot: int, skeleton: bytes) -> Any:
-        with self.lock:
-            fd = self._file(slot)
-            try:
-                return _Restoring(skeleton, lambda pid: _read_exactly(fd, pid)).load()
-            finally:
-                if slot < 0:
-                    os.close(self.files.pop(slot))
-                else:
-                    # Read: the worker may fill it again (a worker gone has nothing to refill).
-                    with contextlib.suppress(OSError):
-                        self.sock.send(_SLOT.pack(slot), socket.MSG_DONTWAIT)
-
-    def _file(self, slot: int) -> int:
-        while slot not in self.files:
-            try:
-                msg, fds, _, _ = socket.recv_fds(self.sock, _SLOT.size, 1)
-            except TimeoutError:
-                raise RuntimeError(f"DataLoader worker {self.worker} queued a batch in shared-memory file {slot} "
-                                   f"but its descriptor did not come in {_RECV_TIMEOUT_S:g} s") from None
-            if not msg or not fds:
-                raise RuntimeError(f"DataLoader worker {self.worker} closed its shared-memory channel before "
-                                   f"handing over file {slot} (the worker died?)")
-            self.files[_SLOT.unpack(msg)[0]] = fds[0]
-        return self.files[slot]
-
-    def close(self) -> None:
-        with self.lock:
-            for fd in self.files.values():
-                os.close(fd)
-            self.files.clear()
-            self.sock.close()
-
-
-def _from_slot(token: int, worker: int, slot: int, skeleton: bytes) -> Any:
-    receivers = _receivers.get(token)
-    if receivers is None or worker not in receivers:
-        raise RuntimeError("a batch packed in shared memory for another process's DataLoader was unpickled here "
-                           "(the process that started the worker reads it, once)")
-    return receivers[worker].read(slot, skeleton)
+        lender = _lenders.get(token)
+        if lender is not None:
+            lender.release(row, slot)  # every buffer is copied out: the worker may fill it again

@@ -16,6 +16,7 @@ from loader.lerobot.streaming import StreamingLeRobotDataset, make_loader
 from loader.lerobot.streaming.collate import LocalBufferPool, PackedBatch, collate_items, raw_frames
 from loader.lerobot.streaming.items import frames_to_tensor
 from tests.support.lerobot_oracle import MapStyleOracle, assert_item_equal
+from tests.support.shipping import count_shipping
 from tests.test_lerobot_stream import lerobot_home  # noqa: F401  (autouse: the session's shared sidecar cache)
 
 REPO = "local/arm"
@@ -234,7 +235,7 @@ def test_batch_wait_and_refill_percentiles(lerobot_v3_root: Path, workers: int) 
 # -- recycled batch buffers ---------------------------------------------------------------------------
 
 def test_worker_buffers_are_reused_only_once_released() -> None:
-    from loader.lerobot.streaming.collate import BufferLender, BufferPool
+    from loader.handoff import BufferLender, BufferPool
 
     lender = BufferLender(workers=1, slots=2)
     pool = BufferPool(lender.flags, 0)
@@ -269,8 +270,8 @@ def test_a_recycled_buffer_crosses_to_the_main_process_once() -> None:
 
     import torch.multiprocessing  # noqa: F401  (registers the tensor reductions workers use)
 
-    from loader.lerobot.streaming import collate
-    from loader.lerobot.streaming.collate import BufferLender, BufferPool
+    from loader import handoff
+    from loader.handoff import BufferLender, BufferPool
 
     def cross(packed: PackedBatch) -> tuple[PackedBatch, int]:
         out = io.BytesIO()
@@ -303,7 +304,7 @@ def test_a_recycled_buffer_crosses_to_the_main_process_once() -> None:
     del lender
     import gc
     gc.collect()
-    assert token not in collate.received_buffers and kept.tolist() == [7] * 8
+    assert token not in handoff.received_buffers and kept.tolist() == [7] * 8
     # A batch naming memory this process never got is an error that says why, not other bytes.
     lender = BufferLender(workers=1, slots=1)
     stranger = PackedBatch(second.buffer, layout, (0, 0), token=lender.token, serial=99, ship=False)
@@ -315,33 +316,21 @@ def test_a_recycled_buffer_crosses_to_the_main_process_once() -> None:
 
 
 def test_workers_ship_each_buffer_once_across_persistent_epochs(lerobot_v3_root: Path) -> None:
+    from loader import handoff
     from loader.lerobot.streaming import collate
 
-    calls = {"ship": 0, "named": 0}
-    real = collate._received
-
-    def spy(token, row, slot, serial, buffer, nbytes, layout):
-        calls["ship" if buffer is not None else "named"] += 1
-        return real(token, row, slot, serial, buffer, nbytes, layout)
-
-    # The workers pickle the function by name and the main process looks it up by name: the spy
-    # stands in under the real one's name in both.
-    spy.__module__, spy.__qualname__ = real.__module__, real.__qualname__
-    collate._received = spy
-    try:
+    with count_shipping(collate, "_received") as calls:
         loader = make_loader(stream(lerobot_v3_root), batch_size=2, num_workers=2, persistent_workers=True)
         firsts = [[int(i) for batch in loader for i in batch["index"]] for _ in range(2)]
-    finally:
-        collate._received = real
     assert all(sorted(f) == sorted(firsts[0]) for f in firsts)
     slots = 2 * (1 + 3)                              # workers x (prefetch_factor + 3)
     assert 0 < calls["ship"] <= slots and calls["named"] > calls["ship"]
     token = loader._lender.token
-    assert token in collate.received_buffers
+    assert token in handoff.received_buffers
     del loader
     import gc
     gc.collect()
-    assert token not in collate.received_buffers
+    assert token not in handoff.received_buffers
 
 
 @pytest.mark.parametrize("pin", [False, True])

@@ -1,23 +1,22 @@
-"""Batches handed from DataLoader workers through shared memory (loader.handoff): they arrive as
-they left, the bytes never ride the pipe, and no descriptor or memory stays behind."""
+"""Payloads handed from DataLoader workers through recycled shared memory (loader.handoff): they
+arrive as they left, their large buffers never ride the pipe, a slot crosses once and is freed
+as soon as its bytes are copied out."""
 
 from __future__ import annotations
 
-import os
+import gc
 import pickle
-import socket
-import sys
 from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
 import pytest
 import torch
+import torch.multiprocessing  # noqa: F401  (registers the tensor reductions workers use)
 from torch.utils.data import DataLoader, IterableDataset
 
 from loader import handoff
-from loader.handoff import SharedPayload
-
-pytestmark = pytest.mark.skipif(not handoff.available(), reason="memfd_create is Linux's")
+from loader.handoff import BufferLender, BufferPool, SharedPayload
+from tests.support.shipping import count_shipping
 
 
 def _payload(seed: int) -> dict:
@@ -55,55 +54,65 @@ def _same(a, b) -> None:
         assert a == b
 
 
-def _memfds() -> list[str]:
-    out = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if "pid-platform-batch" in target:
-            out.append(target)
-    return out
+def _key_seed(batch: dict) -> int:
+    return int(batch["samples"][0]["__key__"][1:].split("-")[0])
 
 
-def test_a_payload_round_trips_and_its_buffers_stay_out_of_the_pickle():
+@pytest.fixture
+def pool(monkeypatch):
+    """A worker's pool of two slots and its lender, in this process: packing uses the pool as a
+    DataLoader worker's would, unpickling finds the lender as the training process does."""
+    lender = BufferLender(workers=1, slots=2)
+    pool = BufferPool(lender.flags, 0, lender.token)
+    monkeypatch.setattr(handoff, "worker_pool", lambda: pool)
+    yield pool, lender
+
+
+def test_a_payload_crosses_in_a_slot_that_is_free_again_once_read(pool):
+    pool, lender = pool
     payload = _payload(1)
     wire = ForkingPickler.dumps(SharedPayload(payload))
+    assert lender.flags.tolist() == [[1, 0]]  # lent while the batch is on its way
     large = sum(len(s["jpg"]) + s["arr"].nbytes + len(s["ba"]) for s in payload["samples"])
-    # What rides the pipe: the structure, the small buffers and the descriptor's address.
+    # What rides the pipe: the structure, the small buffers, and the slot's memory by descriptor.
     assert len(wire) < 120_000 < large
-    for s in payload["samples"]:
-        assert s["jpg"] not in bytes(wire)
+    assert all(s["jpg"] not in bytes(wire) for s in payload["samples"])
     back = pickle.loads(wire)
     _same(payload, back)
-    assert _memfds() == []  # the worker's copy and the reader's both closed: the memory is freed
+    assert lender.flags.tolist() == [[0, 0]]  # copied out: the worker may fill it again
+    # The next batch goes into the same slot and only names it: the memory is already here.
+    again = ForkingPickler.dumps(SharedPayload(_payload(2)))
+    assert len(again) < len(wire) - 100 and lender.flags.tolist() == [[1, 0]]
+    _same(_payload(2), pickle.loads(again))
 
 
-def test_a_small_payload_is_pickled_inline_without_a_file(monkeypatch):
-    made = []
-    real = os.memfd_create
-    monkeypatch.setattr(os, "memfd_create", lambda *a: made.append(a) or real(*a))
+def test_with_every_slot_lent_a_payload_gets_a_buffer_of_its_own(pool):
+    pool, lender = pool
+    lender.flags.fill_(1)  # the training loop has not read the last two batches yet
+    payload = _payload(3)
+    _same(payload, pickle.loads(ForkingPickler.dumps(SharedPayload(payload))))
+    assert lender.flags.tolist() == [[1, 1]]  # theirs untouched
+
+
+def test_a_small_payload_or_one_outside_a_worker_is_pickled_inline(pool, monkeypatch):
+    pool, lender = pool
     payload = {"jpg": b"x" * 50_000, "txt": b"caption"}
     wire = ForkingPickler.dumps(SharedPayload(payload))
-    assert b"x" * 50_000 in bytes(wire) and made == []
+    assert b"x" * 50_000 in bytes(wire) and lender.flags.tolist() == [[0, 0]]
     _same(payload, pickle.loads(wire))
-
-
-def test_when_no_shared_memory_can_be_made_the_batch_goes_inline_not_lost(monkeypatch):
-    def refuse(*_):
-        raise OSError(24, "Too many open files")
-
-    monkeypatch.setattr(os, "memfd_create", refuse)
-    payload = _payload(2)
-    wire = ForkingPickler.dumps(SharedPayload(payload))
-    assert payload["samples"][0]["jpg"] in bytes(wire)
-    _same(payload, pickle.loads(wire))
+    monkeypatch.setattr(handoff, "worker_pool", lambda: None)  # no DataLoader worker with a lender
+    big = _payload(4)
+    wire = ForkingPickler.dumps(SharedPayload(big))
+    assert big["samples"][0]["jpg"] in bytes(wire)
+    _same(big, pickle.loads(wire))
 
 
 class _Batches(IterableDataset):
-    def __init__(self, n: int = 12):
+    """What ResumableLoader hands its DataLoader: a dataset carrying the lender's flags."""
+
+    def __init__(self, n: int, lender: BufferLender):
         self.n = n
+        self._buffer_flags, self._buffer_token = lender.flags, lender.token
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
@@ -111,99 +120,36 @@ class _Batches(IterableDataset):
             yield SharedPayload(_payload(i))
 
 
-def _through_forked_workers(batches: int = 12) -> tuple[list, list[int]]:
-    """Batches from two forked workers with the training process's channels, as ResumableLoader
-    makes them; (the batches, the slot of each shared-memory file descriptor received)."""
-    received: list[int] = []
-    real = socket.recv_fds
-
-    def counting(sock, bufsize, maxfds, flags=0):
-        msg, fds, fl, addr = real(sock, bufsize, maxfds, flags)
-        received.append(handoff._SLOT.unpack(msg)[0])
-        return msg, fds, fl, addr
-
-    channels = handoff.Channels(2)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(socket, "recv_fds", counting)
-            blocks = iter(DataLoader(_Batches(batches), batch_size=None, num_workers=2, multiprocessing_context="fork"))
-            channels.forked()
-            got = list(blocks)
-    finally:
-        channels.close()
-    return got, received
-
-
-def test_batches_from_forked_workers_arrive_whole_through_files_they_refill(monkeypatch):
-    read_here = []
-    real = handoff._read_exactly
-
-    def counting(fd, pid):
-        read_here.append(os.getpid())
-        return real(fd, pid)
-
-    # Only the training process reads the shared memory: patched here, it counts those reads.
-    monkeypatch.setattr(handoff, "_read_exactly", counting)
-    got, files = _through_forked_workers(24)
-    # 8 jpg + 8 arr + 8 ba, the tuple's bytes and the strided array's (numpy pickles a copy of it
-    # as bytes) per batch came out of shared memory, here.
-    assert len(got) == 24 and read_here == [os.getpid()] * 24 * 26
-    for batch in got:
-        _same(_payload(_key_seed(batch)), batch)
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_batches_from_two_workers_arrive_whole_and_each_slot_crosses_once(context):
+    slots = 3
+    lender = BufferLender(2, slots)
+    with count_shipping(handoff, "_pooled_payload") as calls:
+        got = list(DataLoader(_Batches(24, lender), batch_size=None, num_workers=2, multiprocessing_context=context))
     assert sorted(_key_seed(b) for b in got) == list(range(24))
-    # Each worker sent the descriptors of its kept files once (3 at most), not one per batch.
-    assert sorted(f for f in files if f >= 0) <= sorted([0, 1, 2] * 2) and len(files) <= 2 * handoff.SLOTS
-    assert _memfds() == [] and handoff._receivers == {}
-
-
-def test_a_worker_whose_files_are_all_unread_hands_one_off_files_the_reader_closes(monkeypatch):
-    monkeypatch.setattr(handoff, "SLOTS", 0)  # inherited by the forked workers: no file is kept
-    got, files = _through_forked_workers(10)
-    assert sorted(_key_seed(b) for b in got) == list(range(10))
     for batch in got:
         _same(_payload(_key_seed(batch)), batch)
-    assert len(files) == 10 and all(f < 0 for f in files)
-    assert _memfds() == []
-
-
-def test_batches_from_two_forked_workers_without_channels_arrive_whole(monkeypatch):
-    """Workers forked by a DataLoader nobody made channels for (a plain DataLoader over a dataset
-    that packs) send a one-off file per batch the way PyTorch sends a storage."""
-    read_here = []
-    real = handoff._read_exactly
-
-    def counting(fd, pid):
-        read_here.append(os.getpid())
-        return real(fd, pid)
-
-    monkeypatch.setattr(handoff, "_read_exactly", counting)
-    loader = DataLoader(_Batches(), batch_size=None, num_workers=2, multiprocessing_context="fork")
-    got = list(loader)
-    assert len(got) == 12 and read_here == [os.getpid()] * 12 * 26
-    for batch in got:
-        _same(_payload(_key_seed(batch)), batch)
-    assert _memfds() == []
+    assert 0 < calls["ship"] <= 2 * slots and calls["named"] >= 24 - 2 * slots
+    assert lender.flags.sum().item() == 0  # every slot read and freed
+    token = lender.token
+    del lender
+    gc.collect()
+    assert token not in handoff.received_buffers  # the kept mappings go with their lender
 
 
 class _Unpicklable(IterableDataset):
+    def __init__(self, lender: BufferLender):
+        self._buffer_flags, self._buffer_token = lender.flags, lender.token
+
     def __iter__(self):
         yield SharedPayload({"jpg": b"x" * 300_000, "handle": lambda: None})
 
 
 def test_a_batch_that_cannot_be_pickled_fails_in_the_worker_naming_it():
-    loader = DataLoader(_Unpicklable(), batch_size=None, num_workers=1, multiprocessing_context="fork", timeout=60)
-    with pytest.raises(Exception, match="(?s)Caught .* in DataLoader worker process 0.*lambda"):
-        list(loader)
-
-
-def _key_seed(batch: dict) -> int:
-    return int(batch["samples"][0]["__key__"][1:].split("-")[0])
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="spawn start is checked on Linux only")
-def test_batches_from_spawned_workers_arrive_whole():
-    loader = DataLoader(_Batches(), batch_size=None, num_workers=2, multiprocessing_context="spawn")
-    got = list(loader)
-    assert sorted(_key_seed(b) for b in got) == list(range(12))
-    for batch in got:
-        _same(_payload(_key_seed(batch)), batch)
+    batches = iter(DataLoader(_Unpicklable(BufferLender(1, 3)), batch_size=None, num_workers=1,
+                              multiprocessing_context="fork", timeout=60))
+    try:
+        with pytest.raises(Exception, match="(?s)Caught .* in DataLoader worker process 0.*lambda"):
+            next(batches)
+    finally:
+        batches._shutdown_workers()  # the exception's traceback keeps the iterator (and its worker)

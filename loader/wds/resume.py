@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from loader import handoff
-from loader.handoff import SharedPayload
+from loader.handoff import BufferLender, SharedPayload
 from loader.wds.dataset import Block, TwinTarDataset
 from loader.wds.distributed import all_gather_objects
 from loader.wds.epoch_plan import EpochPlan, merge_intervals
@@ -63,8 +62,9 @@ class _Blocks(IterableDataset):
         if get_worker_info() is None:
             yield from self.dataset.blocks()
             return
-        # In a worker: the batch's bytes go to the training process through shared memory, not
-        # pickled through the DataLoader's pipe (loader.handoff); it arrives as it was.
+        # In a worker: the batch's bytes go to the training process through a recycled
+        # shared-memory buffer, not pickled through the DataLoader's pipe (loader.handoff); it
+        # arrives as it was.
         for block in self.dataset.blocks():
             block.payload = SharedPayload(block.payload)
             yield block
@@ -125,26 +125,21 @@ class ResumableLoader:
         sl.start_index = 0  # the loader's own progress says what is read
         kwargs = dict(self.dataloader_kwargs)
         kwargs["worker_init_fn"] = worker_init(kwargs.get("worker_init_fn"))  # workers die with us
-        channels = None
         if self.num_workers and _forks(kwargs.get("multiprocessing_context")):
             self.dataset.before_fork()
-            if handoff.available():  # the batches' shared-memory files, refilled (loader.handoff)
-                channels = handoff.Channels(self.num_workers)
-        loader = DataLoader(
-            _Blocks(self.dataset), batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **kwargs,
-        )
+        blocks_ds = _Blocks(self.dataset)
+        if self.num_workers:
+            # The workers' recycled batch buffers (loader.handoff): a slot per batch in flight
+            # from a worker, the one it is filling and a spare. A slot is freed as soon as its
+            # batch's bytes are copied out, while the batch is unpickled.
+            lender = BufferLender(self.num_workers, int(kwargs.get("prefetch_factor") or 2) + 2)
+            blocks_ds._buffer_flags, blocks_ds._buffer_token = lender.flags, lender.token
+        loader = DataLoader(blocks_ds, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **kwargs)
         self._fold_stats()
         if self.num_workers == 0:
             # In-process: the dataset's own counters are the live ones.
             self._live_stats = _InProcess(self.dataset)
-        try:
-            blocks = iter(loader)  # the workers start here
-            if channels is not None:
-                channels.forked()
-            yield from self._hand_out(blocks, sl)
-        finally:
-            if channels is not None:
-                channels.close()
+        yield from self._hand_out(iter(loader), sl)
 
     def _hand_out(self, blocks: Iterator[Block], sl: Any) -> Iterator[Any]:
         batched = self.dataset.batch_size is not None

@@ -8,32 +8,28 @@ until the batch is built; each frame is then written once, converted on the way
 (``video.write_frames``), into the batch. Every other key goes through ``default_collate``, so
 a batch has the keys, order, dtypes and shapes ``default_collate`` over the items gives.
 
-In a DataLoader worker the batch buffers are recycled (``BufferPool``): a fresh shared-memory
-buffer per batch costs more CPU than decoding its frames (the kernel zeroes, maps and frees
-every page on both sides: measured 1.05 CPU-ms per 320x240 float32 frame handed over from 2
-workers, 0.30 with reused buffers). The main process tells a worker a buffer is free again once
-no tensor of its batch is left (``BufferLender``). The training process building its own
-batches (num_workers=0) recycles them the same way (``LocalBufferPool``).
-
-A recycled buffer crosses to the main process once: the first batch in it carries the buffer
-(PyTorch passes its file descriptor), later ones only name it (``PackedBatch.__reduce__``), and
-the main process keeps it mapped while its lender lives (``received_buffers``). Passing the
-descriptor per batch cost a socket connection with an HMAC handshake on both sides and a fresh
-mapping in the main process per batch, about the CPU of handing 16 uint8 320x240 frames over.
+In a DataLoader worker the batch buffers are recycled, and cross to the main process once
+(``loader.handoff``: ``BufferPool``, ``BufferLender``, the mechanism both readers' workers hand
+their batches through): a fresh shared-memory buffer per batch costs more CPU than decoding its
+frames (measured 1.05 CPU-ms per 320x240 float32 frame handed over from 2 workers, 0.30 with
+reused buffers). Here a batch is tensors: the main process tells a worker a buffer is free again
+once no tensor of its batch is left (``BufferLender.lend``/``reclaim``); later batches in a slot
+only name it (``PackedBatch.__reduce__``). The training process building its own batches
+(num_workers=0) recycles them the same way (``LocalBufferPool``).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils.data import default_collate, get_worker_info
+from torch.utils.data import default_collate
+
+from loader.handoff import empty_buffer, received_memory, worker_pool
 
 from .items import frames_to_tensor
 from .video import Frames, frames_shape, write_frames
@@ -70,59 +66,6 @@ _ALIGN = 64
 
 def _aligned(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
-
-
-def empty_buffer(nbytes: int, *, shared: bool) -> torch.Tensor:
-    """An uninitialised uint8 tensor of ``nbytes``, in shared memory when ``shared`` (a
-    DataLoader worker), so handing it to the main process copies nothing."""
-    if not shared:
-        return torch.empty(nbytes, dtype=torch.uint8)
-    storage = torch.empty(0, dtype=torch.uint8)._typed_storage()._new_shared(nbytes)
-    return torch.empty(0, dtype=torch.uint8).set_(storage)
-
-
-@dataclass(frozen=True)
-class PooledBuffer:
-    """A batch's buffer taken from a worker's BufferPool: ``buffer`` (the batch's first bytes of
-    the slot's memory), the slot, the ``serial`` of the slot's memory (a grown slot gets a new
-    one) and whether this batch must carry it to the main process (``ship``: its first use)."""
-
-    buffer: torch.Tensor
-    slot: int | None
-    serial: int = 0
-    ship: bool = True
-
-
-class BufferPool:
-    """One worker's shared-memory batch buffers, reused once the main process has let go of
-    them. ``flags[row, slot]`` (shared with the main process) is 1 while slot's buffer is lent
-    out; the main process clears it (``BufferLender``). With every slot lent, a batch gets a
-    fresh buffer of its own (never recycled), so a training loop keeping batches is still right.
-    ``token`` names the lender whose main process keeps the slots' memory once shipped."""
-
-    def __init__(self, flags: torch.Tensor, row: int, token: int | None = None):
-        self.flags, self.row, self.token = flags, row, token
-        self.buffers: list[torch.Tensor | None] = [None] * int(flags.shape[1])
-        self.serials = [0] * int(flags.shape[1])
-        self.shipped = [False] * int(flags.shape[1])
-        self._serial = itertools.count(1)
-
-    def take(self, nbytes: int) -> PooledBuffer:
-        lent = self.flags[self.row].tolist()
-        free = [s for s, f in enumerate(lent) if not f]
-        if not free:
-            return PooledBuffer(empty_buffer(nbytes, shared=True), None)
-        # A free slot already big enough, else the first free one, grown (its old buffer freed).
-        slot = next((s for s in free if self.buffers[s] is not None and self.buffers[s].numel() >= nbytes), free[0])
-        buf = self.buffers[slot]
-        if buf is None or buf.numel() < nbytes:
-            self.buffers[slot] = buf = None
-            buf = self.buffers[slot] = empty_buffer(nbytes, shared=True)
-            self.serials[slot], self.shipped[slot] = next(self._serial), False
-        self.flags[self.row, slot] = 1
-        ship = self.token is None or not self.shipped[slot]
-        self.shipped[slot] = True
-        return PooledBuffer(buf[:nbytes], slot, self.serials[slot], ship)
 
 
 class LocalBufferPool:
@@ -164,58 +107,6 @@ class LocalBufferPool:
         return out
 
 
-def worker_pool() -> BufferPool | None:
-    """This DataLoader worker's BufferPool (kept on its dataset copy, so persistent workers keep
-    it across epochs), or None outside a worker or without the loader's flags."""
-    info = get_worker_info()
-    flags = getattr(info.dataset, "_buffer_flags", None) if info is not None else None
-    if flags is None or info.id >= flags.shape[0]:
-        return None
-    pool = getattr(info.dataset, "_buffer_pool", None)
-    if pool is None or pool.flags is not flags:
-        pool = BufferPool(flags, info.id, getattr(info.dataset, "_buffer_token", None))
-        info.dataset._buffer_pool = pool
-    return pool
-
-
-# In the main process, per live BufferLender (by token): the workers' slot memory received so
-# far, {(worker row, slot): (serial, the slot's whole memory)}.
-received_buffers: dict[int, dict[tuple[int, int], tuple[int, torch.Tensor]]] = {}
-_TOKENS = itertools.count(1)
-
-
-class BufferLender:
-    """The main process's side of the workers' BufferPools: ``lend(batch)`` when a batch arrives,
-    ``reclaim()`` before waiting for the next one; a buffer is free again once its storage is
-    gone here (every tensor of the batch dropped), or at once for a pinned copy. While it lives,
-    the workers' slot memory shipped to this process stays mapped (``received_buffers[token]``)."""
-
-    def __init__(self, workers: int, slots: int):
-        self.flags = torch.zeros((max(1, workers), slots), dtype=torch.int32).share_memory_()
-        self._out: list[tuple[StorageWeakRef, int, int]] = []
-        self.token = next(_TOKENS)
-        received_buffers[self.token] = {}
-        weakref.finalize(self, received_buffers.pop, self.token, None)
-
-    def lend(self, batch: PackedBatch) -> None:
-        if batch.slot is None:
-            return
-        row, slot = batch.slot
-        if batch.pinned:
-            self.flags[row, slot] = 0       # copied into pinned memory: the shared one is unread
-        else:
-            self._out.append((StorageWeakRef(batch.buffer.untyped_storage()), row, slot))
-
-    def reclaim(self) -> None:
-        keep = []
-        for ref, row, slot in self._out:
-            if ref.expired():
-                self.flags[row, slot] = 0
-            else:
-                keep.append((ref, row, slot))
-        self._out = keep
-
-
 @dataclass
 class PackedBatch:
     """A batch whose tensors all live in one buffer: a DataLoader worker hands it over as ONE
@@ -255,26 +146,10 @@ class PackedBatch:
 
 def _received(token: int, row: int, slot: int, serial: int, buffer: torch.Tensor | None, nbytes: int,
               layout: list) -> PackedBatch:
-    """A worker's pooled batch arriving in the main process (PackedBatch's unpickling): keep the
-    slot's memory when shipped, find it when only named. The batch's buffer is a storage of its
-    own over that memory (``torch.from_numpy``), so its weak reference (BufferLender) expires
-    exactly when the training loop has dropped every tensor of the batch; its tensors keep the
-    memory alive even after the lender has gone."""
-    held = received_buffers.get(token)
-    if buffer is not None:
-        storage = buffer.untyped_storage()
-        memory = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),))
-        if held is not None:
-            held[row, slot] = (serial, memory)
-    else:
-        entry = None if held is None else held.get((row, slot))
-        if entry is None or entry[0] != serial:
-            raise RuntimeError(f"DataLoader worker {row} named batch buffer {slot} (serial {serial}) that this "
-                               "process does not hold: its lender is gone or the buffer never arrived; "
-                               "a batch must be read by the loader whose workers built it")
-        memory = entry[1]
-    view = torch.from_numpy(memory.numpy()[:nbytes])
-    return PackedBatch(view, layout, (row, slot))
+    """A worker's pooled batch arriving in the main process (PackedBatch's unpickling): its tensors
+    are views of the slot's memory (``handoff.received_memory``), which they keep alive even
+    after the lender has gone."""
+    return PackedBatch(received_memory(token, row, slot, serial, buffer, nbytes), layout, (row, slot))
 
 
 def collate_items(items: Sequence[dict[str, Any]], video_keys: Sequence[str], *, frame_dtype: str,

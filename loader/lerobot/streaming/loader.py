@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader
 
+from loader.handoff import BufferLender
 from loader.workers import worker_init
 
-from .collate import BufferLender, PackedBatch
+from .collate import PackedBatch
 from .control import control_block, write_control
 from .dataset import STAT_FIELDS, StreamingLeRobotDataset, _all_gather_ints
 from .monitor import refill_percentiles, wait_percentiles
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 
 # Batches each worker builds ahead when the workers collate (make_loader without a collate_fn):
-# PyTorch's default is 2. A worker's batch buffers are recycled (collate.BufferPool), so every
+# PyTorch's default is 2. A worker's batch buffers are recycled (handoff.BufferPool), so every
 # batch a worker may have built ahead is a buffer it keeps mapped for good: at 640x480, 8 items
 # of 2 float32 cameras, 59 MB. With 1, a worker cycles through 2 buffers (the batch in flight,
 # the one the training loop holds) instead of 3. A caller's prefetch_factor always wins.
