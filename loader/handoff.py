@@ -29,13 +29,16 @@ What is in a buffer is the reader's business:
   plain numbers, 16 KiB and up) written once into the slot and the rest pickled as usual, and
   unpickling copies each one straight out of the slot into its new object, then frees the slot
   at once (``BufferLender.release``): the training process gets its ``bytes``, as before.
-  A payload under 256 KiB, or packed outside a worker with a pool, is pickled inline.
+  A payload under 256 KiB, or packed outside a worker with a pool, is pickled inline, and so is
+  one for which no shared memory could be had (``/dev/shm`` full, as in a container started
+  without ``--shm-size``): said once per worker, the batch never lost.
 """
 
 from __future__ import annotations
 
 import io
 import itertools
+import logging
 import pickle
 import weakref
 from dataclasses import dataclass
@@ -51,6 +54,8 @@ from torch.utils.data import get_worker_info
 MIN_BUFFER = 16 << 10
 # A payload whose buffers add up to less than this is pickled inline (no slot).
 MIN_TOTAL = 256 << 10
+log = logging.getLogger(__name__)
+_said = False  # this worker has said that /dev/shm had no room (once per process)
 
 
 # -- recycled shared-memory buffers ----------------------------------------------------------------
@@ -213,7 +218,12 @@ class SharedPayload:
         if pool is None:
             self._rebuild = _inline, (skeleton, buffers)
             return
-        taken = pool.take(pickler.total)
+        try:
+            taken = pool.take(pickler.total)
+        except (RuntimeError, OSError) as e:  # PyTorch's "unable to allocate shared memory": /dev/shm full
+            _say_once(e)
+            self._rebuild = _inline, (skeleton, buffers)
+            return
         target = memoryview(taken.buffer.numpy())
         at = 0
         for b in buffers:
@@ -228,6 +238,15 @@ class SharedPayload:
 
     def __reduce__(self):
         return self._rebuild
+
+
+def _say_once(error: Exception) -> None:
+    global _said
+    if not _said:
+        _said = True
+        log.warning("DataLoader worker %s hands its batches through the pipe, not shared memory: %s (PyTorch's "
+                    "shared memory lives in /dev/shm: give it room for prefetch_factor + 2 batches per worker, "
+                    "e.g. docker run --shm-size)", get_worker_info().id if get_worker_info() else "-", error)
 
 
 class _Collecting(ForkingPickler):

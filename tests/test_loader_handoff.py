@@ -107,6 +107,25 @@ def test_a_small_payload_or_one_outside_a_worker_is_pickled_inline(pool, monkeyp
     _same(big, pickle.loads(wire))
 
 
+def test_with_no_shared_memory_to_be_had_a_payload_goes_inline_said_once(pool, monkeypatch, caplog):
+    pool, lender = pool
+
+    # A stand-in for a full /dev/shm (a test cannot shrink the machine's): PyTorch's own error.
+    def full(nbytes, *, shared):
+        raise RuntimeError("unable to allocate shared memory(shm) for file </torch_1_2_3>: No space left on device (28)")
+
+    monkeypatch.setattr(handoff, "empty_buffer", full)
+    monkeypatch.setattr(handoff, "_said", False)
+    for seed in (5, 6):
+        payload = _payload(seed)
+        wire = ForkingPickler.dumps(SharedPayload(payload))
+        assert payload["samples"][0]["jpg"] in bytes(wire)
+        _same(payload, pickle.loads(wire))
+    assert lender.flags.tolist() == [[0, 0]]
+    said = [r.getMessage() for r in caplog.records if r.name == "loader.handoff"]
+    assert len(said) == 1 and "/dev/shm" in said[0] and "No space left" in said[0]
+
+
 class _Batches(IterableDataset):
     """What ResumableLoader hands its DataLoader: a dataset carrying the lender's flags."""
 
