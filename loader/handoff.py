@@ -148,6 +148,11 @@ class BufferLender:
         _lenders[self.token] = self
         weakref.finalize(self, received_buffers.pop, self.token, None)
 
+    def attach(self, dataset: Any) -> None:
+        """Give ``dataset`` (what the DataLoader hands its workers) this lender's flags and token:
+        ``worker_pool()`` in each worker makes its BufferPool from them."""
+        dataset._buffer_flags, dataset._buffer_token = self.flags, self.token
+
     def lend(self, batch: Any) -> None:
         """``batch`` (a PackedBatch: its ``buffer``, ``slot``, ``pinned``) is the training loop's."""
         if batch.slot is None:
@@ -166,7 +171,6 @@ class BufferLender:
             else:
                 keep.append((ref, row, slot))
         self._out = keep
-
 
     def release(self, row: int, slot: int) -> None:
         """Slot ``slot`` of worker ``row`` is read (copied out): the worker may fill it again."""
@@ -194,7 +198,6 @@ def received_memory(token: int, row: int, slot: int, serial: int, buffer: torch.
                                "a batch must be read by the loader whose workers built it")
         memory = entry[1]
     return torch.from_numpy(memory.numpy()[:nbytes])
-
 
 
 # -- payloads of bytes: pickled around their large buffers, which go through a slot ----------------
@@ -244,9 +247,10 @@ def _say_once(error: Exception) -> None:
     global _said
     if not _said:
         _said = True
+        info = get_worker_info()
         log.warning("DataLoader worker %s hands its batches through the pipe, not shared memory: %s (PyTorch's "
                     "shared memory lives in /dev/shm: give it room for prefetch_factor + 2 batches per worker, "
-                    "e.g. docker run --shm-size)", get_worker_info().id if get_worker_info() else "-", error)
+                    "e.g. docker run --shm-size)", info.id if info else "-", error)
 
 
 class _Collecting(ForkingPickler):
@@ -296,16 +300,20 @@ def _copied_out(memory: np.ndarray, pid: tuple) -> Any:
     return part.view(np.dtype(kind[0])).reshape(kind[1]).copy()
 
 
+def _restored(memory: torch.Tensor, skeleton: bytes) -> Any:
+    """The payload, its large buffers copied out of ``memory`` (a slot's, or a buffer of its own)."""
+    view = memory.numpy()
+    return _Restoring(skeleton, lambda pid: _copied_out(view, pid)).load()
+
+
 def _fresh_payload(buffer: torch.Tensor, skeleton: bytes) -> Any:
-    memory = buffer.numpy()
-    return _Restoring(skeleton, lambda pid: _copied_out(memory, pid)).load()
+    return _restored(buffer, skeleton)
 
 
 def _pooled_payload(token: int, row: int, slot: int, serial: int, buffer: torch.Tensor | None, nbytes: int,
                     skeleton: bytes) -> Any:
-    memory = received_memory(token, row, slot, serial, buffer, nbytes).numpy()
     try:
-        return _Restoring(skeleton, lambda pid: _copied_out(memory, pid)).load()
+        return _restored(received_memory(token, row, slot, serial, buffer, nbytes), skeleton)
     finally:
         lender = _lenders.get(token)
         if lender is not None:

@@ -131,7 +131,7 @@ class _Batches(IterableDataset):
 
     def __init__(self, n: int, lender: BufferLender):
         self.n = n
-        self._buffer_flags, self._buffer_token = lender.flags, lender.token
+        lender.attach(self)
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
@@ -158,7 +158,7 @@ def test_batches_from_two_workers_arrive_whole_and_each_slot_crosses_once(contex
 
 class _Unpicklable(IterableDataset):
     def __init__(self, lender: BufferLender):
-        self._buffer_flags, self._buffer_token = lender.flags, lender.token
+        lender.attach(self)
 
     def __iter__(self):
         yield SharedPayload({"jpg": b"x" * 300_000, "handle": lambda: None})

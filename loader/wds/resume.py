@@ -133,17 +133,14 @@ class ResumableLoader:
             # from a worker, the one it is filling and a spare. A slot is freed as soon as its
             # batch's bytes are copied out, while the batch is unpickled.
             lender = BufferLender(self.num_workers, int(kwargs.get("prefetch_factor") or 2) + 2)
-            blocks_ds._buffer_flags, blocks_ds._buffer_token = lender.flags, lender.token
+            lender.attach(blocks_ds)  # kept by this generator's frame while its batches arrive
         loader = DataLoader(blocks_ds, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **kwargs)
         self._fold_stats()
         if self.num_workers == 0:
             # In-process: the dataset's own counters are the live ones.
             self._live_stats = _InProcess(self.dataset)
-        yield from self._hand_out(iter(loader), sl)
-
-    def _hand_out(self, blocks: Iterator[Block], sl: Any) -> Iterator[Any]:
         batched = self.dataset.batch_size is not None
-        for block in blocks:
+        for block in loader:
             if self.num_workers:
                 worker_id, snapshot = block.stats
                 self._live_stats[worker_id] = snapshot

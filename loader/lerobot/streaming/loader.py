@@ -74,8 +74,10 @@ class _CountingLoader:
                 if self._batches_in_dataset and self.num_workers:
                     lender = BufferLender(self.num_workers, int(kwargs.get("prefetch_factor") or 2) + 3)
                 self._lender = lender
-                ds._buffer_flags = None if lender is None else lender.flags
-                ds._buffer_token = None if lender is None else lender.token
+                if lender is not None:
+                    lender.attach(ds)
+                else:
+                    ds._buffer_flags = ds._buffer_token = None  # no pool: batches built in this process
                 loader = DataLoader(ds, batch_size=None if self._batches_in_dataset else self.batch_size,
                                     num_workers=self.num_workers, **kwargs)
                 if self._persistent:
