@@ -412,9 +412,9 @@ def test_s3_a_reused_url_refused_is_signed_anew_not_taken_for_an_unreachable_buc
         api_calls.append(params["url_path"])
 
     assert read_all(f"s3://{s3_bucket}/data/blob.bin", 0, 100, config=config) == blob[:100]
-    [(key, (url, at))] = source_s3._signed.items()
+    [(key, (url, at, through_proxy))] = source_s3._signed.items()
     head, _, sig = url.partition("X-Amz-Signature=")
-    source_s3._signed[key] = head + "X-Amz-Signature=" + "0" * 64 + sig[64:], at
+    source_s3._signed[key] = head + "X-Amz-Signature=" + "0" * 64 + sig[64:], at, through_proxy
     events.register("before-call.s3.GetObject", hook)
     try:
         assert read_all(f"s3://{s3_bucket}/data/blob.bin", 100, 5000, config=config) == blob[100:5100]
@@ -488,6 +488,28 @@ def test_s3_behind_a_real_http_proxy_goes_through_it(s3_env, s3_bucket: str, blo
     assert read_all(f"s3://{s3_bucket}/data/blob.bin", 100, 50_000, config=config) == blob[100:50_100]
     gets = [url for method, url in proxy.requests if method == "GET"]
     assert gets and all(url.startswith(s3_env.endpoint_url) and "X-Amz-Signature" not in url for url in gets), gets
+
+
+def test_s3_a_proxy_set_after_an_objects_url_was_signed_takes_effect_at_the_next_range(
+        s3_env, s3_bucket: str, blob: bytes, forward_proxy, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether a presigned URL goes around a proxy is decided once per signature, kept with it
+    for its minute of reuse: HTTP_PROXY set after the object's first range (the same process,
+    the same object, within the minute) still sends its next range through the proxy, since
+    the proxy variables are part of what picks the client, and so the signature."""
+    import loader.io.source_s3 as source_s3
+
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(source_s3, "_signed", {})
+    config = s3_config(s3_env.endpoint_url)
+    assert read_all(f"s3://{s3_bucket}/data/blob.bin", 0, 1000, config=config) == blob[:1000]
+    [(_, (_, _, through_proxy))] = source_s3._signed.items()
+    assert through_proxy is False
+    proxy = forward_proxy()
+    monkeypatch.setenv("HTTP_PROXY", proxy.url)
+    assert read_all(f"s3://{s3_bucket}/data/blob.bin", 1000, 20_000, config=config) == blob[1000:21_000]
+    gets = [url for method, url in proxy.requests if method == "GET"]
+    assert gets and all("X-Amz-Signature" not in url for url in gets), gets
 
 
 # -- hf:// (the local HTTP server is a STAND-IN for the Hub's resolve endpoint) -------------------

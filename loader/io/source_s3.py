@@ -41,9 +41,11 @@ _PRESIGNED_FOR_S = 300  # how long a presigned URL is valid
 # credentials it was signed with outlive it too.
 _REUSE_S = 60.0
 _REUSE_MAX = 4096  # objects whose URLs are kept (a cache, dropped whole when full)
-# (client, bucket, key) -> (URL, monotonic time signed). The client is in the key: new settings or
-# credentials in the environment make a new client (s3_client), and with it new signatures.
-_signed: dict[tuple[Any, str, str], tuple[str, float]] = {}
+# (client, bucket, key) -> (URL, monotonic time signed, whether it goes through a proxy). The
+# client is in the key: new settings, credentials or proxy variables in the environment make a
+# new client (s3_client), and with it new signatures and a new look at the proxy variables
+# (``proxied`` reads the whole environment: 60 us, once per object instead of once per range).
+_signed: dict[tuple[Any, str, str], tuple[str, float, bool]] = {}
 # (endpoint, bucket) whose presigned GETs failed where get_object then worked: read through the API.
 _API_ONLY: set[tuple[str | None, str]] = set()
 
@@ -116,7 +118,8 @@ class S3Source:
         now = time.monotonic()
         kept = None if fresh else _signed.get(key)
         if kept is not None and now - kept[1] < _REUSE_S:
-            url, reused = kept[0], True
+            url, _, through_proxy = kept
+            reused = True
         else:
             try:
                 url = client.generate_presigned_url(
@@ -125,8 +128,9 @@ class S3Source:
                 return None, False
             if len(_signed) >= _REUSE_MAX:
                 _signed.clear()
-            _signed[key], reused = (url, now), False
-        return (None if proxied(url) else url), reused
+            through_proxy = proxied(url)
+            _signed[key], reused = (url, now, through_proxy), False
+        return (None if through_proxy else url), reused
 
     def _get_object(self, start: int, end: int | None, if_match: str | None) -> Opened | None:
         from botocore.exceptions import (
