@@ -37,7 +37,15 @@
 * **Timed:** ``--rounds`` rounds; in each, every (workers, decode) row runs each contender once, the
   order rotating round by round. Samples/s and MB/s (tar bytes of the samples / wall seconds), CPU
   seconds per 1000 samples (the process and its workers and curl children), bytes fetched per
-  sample. Medians over rounds; ratios are medians of the within-round ratios.
+  sample. Medians over rounds; ratios are medians of the within-round ratios. Beside them, what the
+  storage cost the same 2 CPUs during each run ("server + proxy CPU-s / 1000 samples": SeaweedFS's
+  and the proxy's CPU time, from ``/proc``): a cloud bucket and its network take none of the
+  reader's CPU, so where a reader is CPU-bound (workers, decode) this is time the bench takes from
+  it and a real bucket would not. SeaweedFS reads a whole stored chunk (4 MiB) for every ranged
+  GET, so its share grows with the number of GETs, not only with the bytes.
+* **The proxy's own rate:** before the rounds, a few 8 MiB ranged GETs over one connection say
+  what one connection really carries through it (its pacing and Python forwarding cost keep it
+  under ``--cap-mbps``); reported, no target.
 * **Targets** (per delay, workers, decode): ours >= 1.0x LitData and >= 1.0x webdataset samples/s;
   ours >= 0.8x the floor with no decode; ours' bytes fetched <= 1.05x the bytes it handed out.
 """
@@ -92,6 +100,35 @@ def run_child(py: Path, argv: list[str], env: dict) -> dict:
     if out.returncode or not lines:
         raise RuntimeError(f"child {argv} failed (rc {out.returncode}):\n{out.stderr[-4000:]}")
     return json.loads(lines[-1][len("RESULT "):])
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process ``pid`` has used so far; 0 off Linux."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def connection_rate(client, bucket: str, key: str, size: int, tries: int = 3) -> tuple[float, float]:
+    """(MB/s, first byte ms): the median of ``tries`` GETs of 8 MiB (or the object) over one
+    connection of ``client`` (the proxy's): what one connection carries through it."""
+    import time
+
+    n = min(size, 8 << 20)
+    rates, firsts = [], []
+    for _ in range(tries):
+        t0 = time.perf_counter()
+        body = client.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{n - 1}")["Body"]
+        got = len(body.read(1))
+        first = time.perf_counter() - t0
+        while chunk := body.read(1 << 20):
+            got += len(chunk)
+        rates.append(got / 1e6 / (time.perf_counter() - t0))
+        firsts.append(first * 1000)
+    return sorted(rates)[tries // 2], sorted(firsts)[tries // 2]
 
 
 def prepare(work: Path, args, log=print):
@@ -213,6 +250,10 @@ def main() -> None:
                 proxied = boto3_client(server, proxy.url)
                 wds_urls = [proxied.generate_presigned_url("get_object", Params={
                     "Bucket": "bench", "Key": f"wds/{Path(t).name}"}, ExpiresIn=24 * 3600) for t in wds_tars]
+                big = max(floor, key=lambda f: f[2])
+                rate, first_ms = connection_rate(proxied, *big)
+                print(f"proxy at {delay} ms: one connection carries {rate:.0f} MB/s on an 8 MiB range (cap "
+                      f"{args.cap_mbps:g} MB/s), first byte after {first_ms:.0f} ms", flush=True)
                 spec = cache_root / f"spec-{delay}.json"
                 spec.write_text(json.dumps({"ours": manifests, "wds": wds_urls, "litdata": "s3://bench/litdata",
                                             "floor": floor, "discover": discover, "samples": n}))
@@ -230,8 +271,10 @@ def main() -> None:
                     if discover:
                         argv.append("--discover")
                     before = proxy.forwarded()
+                    storage_cpu = process_cpu_s(server.process.pid) + process_cpu_s(proxy.proc.pid)
                     res = run_child(py, argv + (["--check"] if check else []), env)
                     res["forwarded"] = proxy.forwarded() - before
+                    res["storage_cpu"] = process_cpu_s(server.process.pid) + process_cpu_s(proxy.proc.pid) - storage_cpu
                     return res
 
                 if not checks:

@@ -32,9 +32,9 @@ def peak_rss(x: dict, workers: int) -> float:
 def report(results: dict, delays, rows, contenders, n: int, tar_bytes: int, checks: dict) -> None:
     med = statistics.median
     print()
-    print("| delay | workers | decode | reader | samples/s | MB/s | CPU-s / 1000 samples | fetched MB / 1000 samples "
-          "| peak RSS MB per reading process | ours / reader |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| delay | workers | decode | reader | samples/s | MB/s | CPU-s / 1000 samples | server + proxy CPU-s / 1000 "
+          "samples | fetched MB / 1000 samples | peak RSS MB per reading process | ours / reader |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     verdicts, likes = [], []
     for delay in delays:
         fl = results[(delay, "floor")]
@@ -44,7 +44,7 @@ def report(results: dict, delays, rows, contenders, n: int, tar_bytes: int, chec
             for name in contenders:
                 runs = results[(delay, w, d, name)]
                 if any(x.get("timed_out") for x in runs):  # no rate to compare: said, not guessed
-                    print(f"| {delay} ms | {w} | {d} | {name} | timed out | | | | | |")
+                    print(f"| {delay} ms | {w} | {d} | {name} | timed out | | | | | | |")
                     if name not in ("ours", "ours, no read-ahead"):
                         verdicts.append((False, f"ours >= 1.0x {name} samples/s at {delay} ms, {w} workers, "
                                          f"decode {d}", f"{name} timed out after {CHILD_TIMEOUT_S} s"))
@@ -52,10 +52,11 @@ def report(results: dict, delays, rows, contenders, n: int, tar_bytes: int, chec
                 rate = med(x["samples"] / x["wall"] for x in runs)
                 mbs = med(tar_bytes / 1e6 / x["wall"] for x in runs)
                 cpu = med(x["cpu"] / max(1, x["samples"]) * 1000 for x in runs)
+                storage = med(x.get("storage_cpu", 0.0) / max(1, x["samples"]) * 1000 for x in runs)
                 fetched = med(x["forwarded"] / max(1, x["samples"]) * 1000 / 1e6 for x in runs)
                 ratio = med(o["samples"] / o["wall"] / max(1e-9, x["samples"] / x["wall"]) for o, x in zip(ours, runs, strict=True))
                 rss = max(peak_rss(x, w) for x in runs)
-                print(f"| {delay} ms | {w} | {d} | {name} | {rate:.0f} | {mbs:.0f} | {cpu:.2f} | {fetched:.1f} | {rss:.0f} | "
+                print(f"| {delay} ms | {w} | {d} | {name} | {rate:.0f} | {mbs:.0f} | {cpu:.2f} | {storage:.2f} | {fetched:.1f} | {rss:.0f} | "
                       f"{'' if name == 'ours' else f'{ratio:.2f}x'} |")
                 if name not in ("ours", "ours, no read-ahead"):
                     verdicts.append((ratio >= 1.0, f"ours >= 1.0x {name} samples/s at {delay} ms, {w} workers, decode {d}",
@@ -92,6 +93,7 @@ def report(results: dict, delays, rows, contenders, n: int, tar_bytes: int, chec
         for w, name, runs in floors:
             print(f"| {delay} ms | {w} | - | {name} | {med(n / x['wall'] for x in runs):.0f} | "
                   f"{med(tar_bytes / 1e6 / x['wall'] for x in runs):.0f} | {med(x['cpu'] / n * 1000 for x in runs):.2f} | "
+                  f"{med(x.get('storage_cpu', 0.0) / n * 1000 for x in runs):.2f} | "
                   f"{med(x['forwarded'] / n * 1000 / 1e6 for x in runs):.1f} | {max(peak_rss(x, 0 if w == '-' else w) for x in runs):.0f} | |")
     seq = [x for (delay, *rest), runs in results.items() if rest[-1:] == ["ours"] and rest[0] == 0 for x in runs]
     if seq:
