@@ -59,6 +59,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -115,8 +116,6 @@ def process_cpu_s(pid: int) -> float:
 def connection_rate(client, bucket: str, key: str, size: int, tries: int = 3) -> tuple[float, float]:
     """(MB/s, first byte ms): the median of ``tries`` GETs of 8 MiB (or the object) over one
     connection of ``client`` (the proxy's): what one connection carries through it."""
-    import time
-
     n = min(size, 8 << 20)
     rates, firsts = [], []
     for _ in range(tries):

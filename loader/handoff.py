@@ -153,6 +153,11 @@ class BufferLender:
         ``worker_pool()`` in each worker makes its BufferPool from them."""
         dataset._buffer_flags, dataset._buffer_token = self.flags, self.token
 
+    @staticmethod
+    def detach(dataset: Any) -> None:
+        """Take any lender's flags and token off ``dataset``: its batches are built without a pool."""
+        dataset._buffer_flags = dataset._buffer_token = None
+
     def lend(self, batch: Any) -> None:
         """``batch`` (a PackedBatch: its ``buffer``, ``slot``, ``pinned``) is the training loop's."""
         if batch.slot is None:
@@ -234,7 +239,7 @@ class SharedPayload:
             target[at:at + len(view)] = view
             at += len(view)
         if taken.slot is None:  # every slot lent: a buffer of its own, carried with the batch
-            self._rebuild = _fresh_payload, (taken.buffer, skeleton)
+            self._rebuild = _restored, (taken.buffer, skeleton)
         else:
             self._rebuild = _pooled_payload, (pool.token, pool.row, taken.slot, taken.serial,
                                               taken.buffer if taken.ship else None, pickler.total, skeleton)
@@ -304,10 +309,6 @@ def _restored(memory: torch.Tensor, skeleton: bytes) -> Any:
     """The payload, its large buffers copied out of ``memory`` (a slot's, or a buffer of its own)."""
     view = memory.numpy()
     return _Restoring(skeleton, lambda pid: _copied_out(view, pid)).load()
-
-
-def _fresh_payload(buffer: torch.Tensor, skeleton: bytes) -> Any:
-    return _restored(buffer, skeleton)
 
 
 def _pooled_payload(token: int, row: int, slot: int, serial: int, buffer: torch.Tensor | None, nbytes: int,

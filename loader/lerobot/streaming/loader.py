@@ -77,7 +77,7 @@ class _CountingLoader:
                 if lender is not None:
                     lender.attach(ds)
                 else:
-                    ds._buffer_flags = ds._buffer_token = None  # no pool: batches built in this process
+                    BufferLender.detach(ds)  # no pool: batches built in this process
                 loader = DataLoader(ds, batch_size=None if self._batches_in_dataset else self.batch_size,
                                     num_workers=self.num_workers, **kwargs)
                 if self._persistent:
