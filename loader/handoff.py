@@ -7,17 +7,20 @@ hundreds of hand-offs, and out of the pickle again) or as a fresh shared-memory 
 (which costs more CPU than the copy: the kernel zeroes, maps, charges and frees every page on
 both sides). A worker keeps a few buffers (``slots``) and fills them again once the training
 process is done with them: ``flags[worker, slot]``, shared, is 1 while a slot is lent out, and
-the training process's ``BufferLender`` clears it. A buffer crosses to the training process
-once: the first batch in it carries it (PyTorch passes its file descriptor: a socket connection
-with an HMAC handshake on both sides), later ones only name it, and the training process keeps
-it mapped while its lender lives (``received_buffers``). With every slot lent, a batch gets a
-fresh buffer of its own, so a training loop that keeps batches is still right.
+the training process's ``BufferLender`` clears it. The slots are fixed places in one shared
+mapping (``SlotArena``: a memfd, sparse) that the training process makes before its workers
+start, so a batch only names its slot: no memory, no file descriptor crosses per batch. With
+every slot lent (or a batch over a slot's reserve), a batch gets a fresh buffer of its own,
+carried across as PyTorch carries a shared tensor, so a training loop that keeps batches is
+still right.
 
 Measured with the twin-tar reader from the bench's bucket at 2 workers on 2 cores
 (bench_remote_read's data, 3,000 photographs, decode none, runs of old and new code alternated,
 8 pairs, twice): through the pipe an epoch took 1.10x and 1.12x as long, with 1.1x the CPU; an
 epoch whose workers hand nothing over was still 0.14-0.25 s shorter (the copies out of the
 slots into the training process's new ``bytes``, whose pages the kernel faults in afresh).
+Slots that each crossed once (a PyTorch shared-memory file carried by its first batch) against
+the arena, 12 pairs alternated: 1.58 s against 1.45 s an epoch (see ``SlotArena``).
 
 What is in a buffer is the reader's business:
 
@@ -30,8 +33,8 @@ What is in a buffer is the reader's business:
   unpickling copies each one straight out of the slot into its new object, then frees the slot
   at once (``BufferLender.release``): the training process gets its ``bytes``, as before.
   A payload under 256 KiB, or packed outside a worker with a pool, is pickled inline, and so is
-  one for which no shared memory could be had (``/dev/shm`` full, as in a container started
-  without ``--shm-size``): said once per worker, the batch never lost.
+  one that needed a buffer of its own where no shared memory could be had (``/dev/shm`` full,
+  as in a container started without ``--shm-size``): said once per worker, the batch never lost.
 """
 
 from __future__ import annotations
@@ -39,10 +42,12 @@ from __future__ import annotations
 import io
 import itertools
 import logging
+import mmap
+import os
 import pickle
 import weakref
 from dataclasses import dataclass
-from multiprocessing.reduction import ForkingPickler
+from multiprocessing.reduction import DupFd, ForkingPickler
 from typing import Any
 
 import numpy as np
@@ -58,7 +63,77 @@ log = logging.getLogger(__name__)
 _said = False  # this worker has said that /dev/shm had no room (once per process)
 
 
-# -- recycled shared-memory buffers ----------------------------------------------------------------
+# -- the slots: fixed places in one shared mapping the workers inherit -----------------------------
+
+# Address space per slot. Only the pages a batch writes take memory (a memfd is sparse, and its
+# pages are charged when first written), so this is a ceiling on a batch, not a cost: a batch
+# larger than this gets a buffer of its own. Workers x slots x this is mapped in each process.
+SLOT_RESERVE = 1 << 30
+
+
+class SlotArena:
+    """Every worker's batch slots: ``rows`` x ``slots`` places of ``reserve`` bytes in one shared
+    mapping of a memfd, made by the training process before its workers start. A forked worker
+    inherits the mapping; a spawned one receives the descriptor once, when it unpickles its
+    dataset. So no batch carries memory or a file descriptor, and the main process maps
+    nothing while batches arrive.
+
+    Instrumented (bench_remote_read's data, 2 workers from the bucket, 2 cores): with each slot a
+    PyTorch shared-memory file that its first batch carried across, that batch's hand-over took
+    35-100 ms instead of 1-5 (a socket connection to the worker and an HMAC handshake on both
+    sides, while the worker's fetch threads held its GIL), and the workers stalled behind it
+    (PyTorch sends each worker ``prefetch_factor`` indices until the first batch is taken). A
+    memfd is also not ``/dev/shm``, whose size a container caps (64 MB unless ``--shm-size``)."""
+
+    def __init__(self, rows: int, slots: int, reserve: int = SLOT_RESERVE, *, fd: int | None = None):
+        self.rows, self.slots, self.reserve = rows, slots, reserve
+        size = rows * slots * reserve
+        if fd is None:
+            fd = os.memfd_create("pid-platform-batch-slots", os.MFD_CLOEXEC)
+            try:
+                os.ftruncate(fd, size)
+            except BaseException:
+                os.close(fd)
+                raise
+        self._fd = fd
+        try:
+            mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+        except BaseException:
+            os.close(fd)
+            raise
+        # numpy's view holds the mapping: views handed out keep it mapped after the arena is gone.
+        self._memory = np.frombuffer(mapping, dtype=np.uint8)
+        weakref.finalize(self, os.close, fd)
+
+    def view(self, row: int, slot: int, nbytes: int) -> torch.Tensor:
+        """The first ``nbytes`` of worker ``row``'s slot ``slot``: a uint8 tensor whose storage
+        is its own (``torch.from_numpy``), so a weak reference to it expires exactly when
+        nothing viewing it is left."""
+        if not (0 <= row < self.rows and 0 <= slot < self.slots and 0 <= nbytes <= self.reserve):
+            raise ValueError(f"batch slot ({row}, {slot}) of {nbytes} bytes is outside this loader's "
+                             f"{self.rows} x {self.slots} slots of {self.reserve} bytes")
+        at = (row * self.slots + slot) * self.reserve
+        return torch.from_numpy(self._memory[at:at + nbytes])
+
+    def __reduce__(self):
+        # Only a spawned (or forkserver) worker's start pickles it: the descriptor goes along.
+        return _arena_from, (DupFd(self._fd), self.rows, self.slots, self.reserve)
+
+
+def _arena_from(fd: Any, rows: int, slots: int, reserve: int) -> SlotArena:
+    return SlotArena(rows, slots, reserve, fd=fd.detach())
+
+
+def _new_arena(rows: int, slots: int, reserve: int) -> SlotArena | None:
+    """A SlotArena, or None where no memfd can be had (not Linux, or out of descriptors): then
+    every batch gets a buffer of its own, as with every slot lent (said once)."""
+    try:
+        return SlotArena(rows, slots, reserve)
+    except (AttributeError, OSError) as e:  # AttributeError: no os.memfd_create here
+        log.warning("DataLoader workers hand each batch in a shared-memory buffer of its own, not in recycled "
+                    "slots: no memfd for them (%s)", e)
+        return None
+
 
 def empty_buffer(nbytes: int, *, shared: bool) -> torch.Tensor:
     """An uninitialised uint8 tensor of ``nbytes``, in shared memory when ``shared`` (a
@@ -71,46 +146,32 @@ def empty_buffer(nbytes: int, *, shared: bool) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class PooledBuffer:
-    """A batch's buffer taken from a worker's BufferPool: ``buffer`` (the batch's first bytes of
-    the slot's memory), the slot, the ``serial`` of the slot's memory (a grown slot gets a new
-    one) and whether this batch must carry it to the main process (``ship``: its first use)."""
+    """A batch's buffer taken from a worker's BufferPool: ``buffer`` (a view of a slot of the
+    arena, ``slot`` its index) or, with every slot lent or a batch over the slot's reserve, a
+    shared-memory buffer of its own (``slot`` None) that the batch carries across."""
 
     buffer: torch.Tensor
     slot: int | None
-    serial: int = 0
-    ship: bool = True
 
 
 class BufferPool:
-    """One worker's shared-memory batch buffers, reused once the main process has let go of
-    them. ``flags[row, slot]`` (shared with the main process) is 1 while slot's buffer is lent
-    out; the main process clears it (``BufferLender``). With every slot lent, a batch gets a
-    fresh buffer of its own (never recycled), so a training loop keeping batches is still right.
-    ``token`` names the lender whose main process keeps the slots' memory once shipped."""
+    """One worker's batch slots, reused once the main process has let go of them.
+    ``flags[row, slot]`` (shared with the main process) is 1 while slot's buffer is lent out; the
+    main process clears it (``BufferLender``). With every slot lent, a batch gets a fresh buffer
+    of its own (never recycled), so a training loop keeping batches is still right. ``token``
+    names the lender whose main process reads the slots."""
 
-    def __init__(self, flags: torch.Tensor, row: int, token: int | None = None):
-        self.flags, self.row, self.token = flags, row, token
-        self.buffers: list[torch.Tensor | None] = [None] * int(flags.shape[1])
-        self.serials = [0] * int(flags.shape[1])
-        self.shipped = [False] * int(flags.shape[1])
-        self._serial = itertools.count(1)
+    def __init__(self, flags: torch.Tensor, row: int, token: int | None = None, arena: SlotArena | None = None):
+        self.flags, self.row, self.token, self.arena = flags, row, token, arena
 
     def take(self, nbytes: int) -> PooledBuffer:
-        lent = self.flags[self.row].tolist()
-        free = [s for s, f in enumerate(lent) if not f]
-        if not free:
-            return PooledBuffer(empty_buffer(nbytes, shared=True), None)
-        # A free slot already big enough, else the first free one, grown (its old buffer freed).
-        slot = next((s for s in free if self.buffers[s] is not None and self.buffers[s].numel() >= nbytes), free[0])
-        buf = self.buffers[slot]
-        if buf is None or buf.numel() < nbytes:
-            self.buffers[slot] = buf = None
-            buf = self.buffers[slot] = empty_buffer(nbytes, shared=True)
-            self.serials[slot], self.shipped[slot] = next(self._serial), False
-        self.flags[self.row, slot] = 1
-        ship = self.token is None or not self.shipped[slot]
-        self.shipped[slot] = True
-        return PooledBuffer(buf[:nbytes], slot, self.serials[slot], ship)
+        arena = self.arena
+        if arena is not None and nbytes <= arena.reserve:
+            free = [s for s, f in enumerate(self.flags[self.row].tolist()) if not f]
+            if free:
+                self.flags[self.row, free[0]] = 1
+                return PooledBuffer(arena.view(self.row, free[0], nbytes), free[0])
+        return PooledBuffer(empty_buffer(nbytes, shared=True), None)
 
 
 def worker_pool() -> BufferPool | None:
@@ -122,41 +183,40 @@ def worker_pool() -> BufferPool | None:
         return None
     pool = getattr(info.dataset, "_buffer_pool", None)
     if pool is None or pool.flags is not flags:
-        pool = BufferPool(flags, info.id, getattr(info.dataset, "_buffer_token", None))
+        pool = BufferPool(flags, info.id, getattr(info.dataset, "_buffer_token", None),
+                          getattr(info.dataset, "_buffer_arena", None))
         info.dataset._buffer_pool = pool
     return pool
 
 
-# In the main process, per live BufferLender (by token): the workers' slot memory received so
-# far, {(worker row, slot): (serial, the slot's whole memory)}.
-received_buffers: dict[int, dict[tuple[int, int], tuple[int, torch.Tensor]]] = {}
+# In the main process, the live BufferLenders by token: where an arriving batch's slot is read.
 _lenders: weakref.WeakValueDictionary[int, BufferLender] = weakref.WeakValueDictionary()
 _TOKENS = itertools.count(1)
 
 
 class BufferLender:
-    """The main process's side of the workers' BufferPools: ``lend(batch)`` when a batch arrives,
-    ``reclaim()`` before waiting for the next one; a buffer is free again once its storage is
-    gone here (every tensor of the batch dropped), or at once for a pinned copy. While it lives,
-    the workers' slot memory shipped to this process stays mapped (``received_buffers[token]``)."""
+    """The main process's side of the workers' BufferPools: their slots (``arena``, made here,
+    before the workers start) and flags; ``lend(batch)`` when a batch arrives, ``reclaim()``
+    before waiting for the next one; a slot is free again once its storage is gone here (every
+    tensor of the batch dropped), or at once for a pinned copy."""
 
-    def __init__(self, workers: int, slots: int):
-        self.flags = torch.zeros((max(1, workers), slots), dtype=torch.int32).share_memory_()
+    def __init__(self, workers: int, slots: int, reserve: int = SLOT_RESERVE):
+        rows = max(1, workers)
+        self.flags = torch.zeros((rows, slots), dtype=torch.int32).share_memory_()
+        self.arena = _new_arena(rows, slots, reserve)
         self._out: list[tuple[StorageWeakRef, int, int]] = []
         self.token = next(_TOKENS)
-        received_buffers[self.token] = {}
         _lenders[self.token] = self
-        weakref.finalize(self, received_buffers.pop, self.token, None)
 
     def attach(self, dataset: Any) -> None:
-        """Give ``dataset`` (what the DataLoader hands its workers) this lender's flags and token:
-        ``worker_pool()`` in each worker makes its BufferPool from them."""
-        dataset._buffer_flags, dataset._buffer_token = self.flags, self.token
+        """Give ``dataset`` (what the DataLoader hands its workers) this lender's flags, slots and
+        token: ``worker_pool()`` in each worker makes its BufferPool from them."""
+        dataset._buffer_flags, dataset._buffer_token, dataset._buffer_arena = self.flags, self.token, self.arena
 
     @staticmethod
     def detach(dataset: Any) -> None:
-        """Take any lender's flags and token off ``dataset``: its batches are built without a pool."""
-        dataset._buffer_flags = dataset._buffer_token = None
+        """Take any lender's flags, slots and token off ``dataset``: its batches are built without a pool."""
+        dataset._buffer_flags = dataset._buffer_token = dataset._buffer_arena = None
 
     def lend(self, batch: Any) -> None:
         """``batch`` (a PackedBatch: its ``buffer``, ``slot``, ``pinned``) is the training loop's."""
@@ -182,27 +242,16 @@ class BufferLender:
         self.flags[row, slot] = 0
 
 
-def received_memory(token: int, row: int, slot: int, serial: int, buffer: torch.Tensor | None,
-                    nbytes: int) -> torch.Tensor:
-    """A worker's pooled buffer arriving in the main process (its batch's unpickling): the first
-    ``nbytes`` of the slot's memory, kept when shipped (``buffer``), found when only named. The
-    view is a storage of its own over that memory (``torch.from_numpy``), so its weak reference
-    (BufferLender) expires exactly when nothing of the batch is left; it keeps the memory alive
-    even after the lender has gone."""
-    held = received_buffers.get(token)
-    if buffer is not None:
-        storage = buffer.untyped_storage()
-        memory = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),))
-        if held is not None:
-            held[row, slot] = (serial, memory)
-    else:
-        entry = None if held is None else held.get((row, slot))
-        if entry is None or entry[0] != serial:
-            raise RuntimeError(f"DataLoader worker {row} named batch buffer {slot} (serial {serial}) that this "
-                               "process does not hold: its lender is gone or the buffer never arrived; "
-                               "a batch must be read by the loader whose workers built it")
-        memory = entry[1]
-    return torch.from_numpy(memory.numpy()[:nbytes])
+def received_memory(token: int, row: int, slot: int, nbytes: int) -> torch.Tensor:
+    """A worker's pooled batch arriving in the main process (its unpickling): the first ``nbytes``
+    of its slot, read in place (``SlotArena.view``: the tensor keeps the mapping alive even after
+    the lender has gone)."""
+    lender = _lenders.get(token)
+    if lender is None or lender.arena is None:
+        raise RuntimeError(f"DataLoader worker {row} named batch slot {slot} of a loader this process does "
+                           "not hold: its lender is gone; a batch must be read by the loader whose workers "
+                           "built it")
+    return lender.arena.view(row, slot, nbytes)
 
 
 # -- payloads of bytes: pickled around their large buffers, which go through a slot ----------------
@@ -241,8 +290,7 @@ class SharedPayload:
         if taken.slot is None:  # every slot lent: a buffer of its own, carried with the batch
             self._rebuild = _restored, (taken.buffer, skeleton)
         else:
-            self._rebuild = _pooled_payload, (pool.token, pool.row, taken.slot, taken.serial,
-                                              taken.buffer if taken.ship else None, pickler.total, skeleton)
+            self._rebuild = _pooled_payload, (pool.token, pool.row, taken.slot, pickler.total, skeleton)
 
     def __reduce__(self):
         return self._rebuild
@@ -311,10 +359,9 @@ def _restored(memory: torch.Tensor, skeleton: bytes) -> Any:
     return _Restoring(skeleton, lambda pid: _copied_out(view, pid)).load()
 
 
-def _pooled_payload(token: int, row: int, slot: int, serial: int, buffer: torch.Tensor | None, nbytes: int,
-                    skeleton: bytes) -> Any:
+def _pooled_payload(token: int, row: int, slot: int, nbytes: int, skeleton: bytes) -> Any:
     try:
-        return _restored(received_memory(token, row, slot, serial, buffer, nbytes), skeleton)
+        return _restored(received_memory(token, row, slot, nbytes), skeleton)
     finally:
         lender = _lenders.get(token)
         if lender is not None:

@@ -1,6 +1,7 @@
 """Payloads handed from DataLoader workers through recycled shared memory (loader.handoff): they
-arrive as they left, their large buffers never ride the pipe, a slot crosses once and is freed
-as soon as its bytes are copied out."""
+arrive as they left, their large buffers never ride the pipe, a batch only names its slot (the
+training process made the slots before its workers started), and a slot is freed as soon as its
+bytes are copied out."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from loader import handoff
 from loader.handoff import BufferLender, BufferPool, SharedPayload
-from tests.support.shipping import count_shipping
+from tests.support.shipping import count_calls
 
 
 def _payload(seed: int) -> dict:
@@ -63,27 +64,37 @@ def pool(monkeypatch):
     """A worker's pool of two slots and its lender, in this process: packing uses the pool as a
     DataLoader worker's would, unpickling finds the lender as the training process does."""
     lender = BufferLender(workers=1, slots=2)
-    pool = BufferPool(lender.flags, 0, lender.token)
+    pool = BufferPool(lender.flags, 0, lender.token, lender.arena)
     monkeypatch.setattr(handoff, "worker_pool", lambda: pool)
     yield pool, lender
 
 
-def test_a_payload_crosses_in_a_slot_that_is_free_again_once_read(pool):
+def test_a_payload_goes_in_a_slot_read_in_place_and_free_again_once_read(pool):
     pool, lender = pool
     payload = _payload(1)
     wire = ForkingPickler.dumps(SharedPayload(payload))
     assert lender.flags.tolist() == [[1, 0]]  # lent while the batch is on its way
     large = sum(len(s["jpg"]) + s["arr"].nbytes + len(s["ba"]) for s in payload["samples"])
-    # What rides the pipe: the structure, the small buffers, and the slot's memory by descriptor.
+    # What rides the pipe: the structure, the small buffers, and the slot's name.
     assert len(wire) < 120_000 < large
     assert all(s["jpg"] not in bytes(wire) for s in payload["samples"])
     back = pickle.loads(wire)
     _same(payload, back)
     assert lender.flags.tolist() == [[0, 0]]  # copied out: the worker may fill it again
-    # The next batch goes into the same slot and only names it: the memory is already here.
+    # The next batch goes into the same slot, at the same place of the lender's arena.
     again = ForkingPickler.dumps(SharedPayload(_payload(2)))
-    assert len(again) < len(wire) - 100 and lender.flags.tolist() == [[1, 0]]
+    assert abs(len(again) - len(wire)) < 1_000 and lender.flags.tolist() == [[1, 0]]
     _same(_payload(2), pickle.loads(again))
+
+
+def test_a_batch_over_a_slots_reserve_gets_a_buffer_of_its_own(monkeypatch):
+    lender = BufferLender(workers=1, slots=2, reserve=64 << 10)
+    pool = BufferPool(lender.flags, 0, lender.token, lender.arena)
+    monkeypatch.setattr(handoff, "worker_pool", lambda: pool)
+    payload = _payload(7)
+    _same(payload, pickle.loads(ForkingPickler.dumps(SharedPayload(payload))))
+    assert lender.flags.tolist() == [[0, 0]]  # no slot was taken
+    assert pool.take(64 << 10).slot == 0 and pool.take((64 << 10) + 1).slot is None
 
 
 def test_with_every_slot_lent_a_payload_gets_a_buffer_of_its_own(pool):
@@ -109,6 +120,7 @@ def test_a_small_payload_or_one_outside_a_worker_is_pickled_inline(pool, monkeyp
 
 def test_with_no_shared_memory_to_be_had_a_payload_goes_inline_said_once(pool, monkeypatch, caplog):
     pool, lender = pool
+    lender.flags.fill_(1)  # every slot lent: a batch needs a buffer of its own
 
     # A stand-in for a full /dev/shm (a test cannot shrink the machine's): PyTorch's own error.
     def full(nbytes, *, shared):
@@ -121,9 +133,26 @@ def test_with_no_shared_memory_to_be_had_a_payload_goes_inline_said_once(pool, m
         wire = ForkingPickler.dumps(SharedPayload(payload))
         assert payload["samples"][0]["jpg"] in bytes(wire)
         _same(payload, pickle.loads(wire))
-    assert lender.flags.tolist() == [[0, 0]]
+    assert lender.flags.tolist() == [[1, 1]]  # theirs untouched
     said = [r.getMessage() for r in caplog.records if r.name == "loader.handoff"]
     assert len(said) == 1 and "/dev/shm" in said[0] and "No space left" in said[0]
+
+
+def test_without_a_memfd_every_batch_gets_a_buffer_of_its_own_said(monkeypatch, caplog):
+    def no_memfd(*args):
+        raise OSError(24, "Too many open files")  # what memfd_create says out of descriptors
+
+    monkeypatch.setattr(handoff.os, "memfd_create", no_memfd)
+    lender = BufferLender(workers=1, slots=2)
+    assert lender.arena is None
+    said = [r.getMessage() for r in caplog.records if r.name == "loader.handoff"]
+    assert len(said) == 1 and "no memfd" in said[0] and "Too many open files" in said[0]
+    pool = BufferPool(lender.flags, 0, lender.token, lender.arena)
+    monkeypatch.setattr(handoff, "worker_pool", lambda: pool)
+    payload = _payload(8)
+    with count_calls(handoff, "_restored") as own:
+        _same(payload, pickle.loads(ForkingPickler.dumps(SharedPayload(payload))))
+    assert own["calls"] == 1 and lender.flags.tolist() == [[0, 0]]
 
 
 class _Batches(IterableDataset):
@@ -140,20 +169,22 @@ class _Batches(IterableDataset):
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_batches_from_two_workers_arrive_whole_and_each_slot_crosses_once(context):
+def test_batches_from_two_workers_arrive_whole_and_only_name_their_slots(context):
+    # Forked workers inherit the lender's slots; spawned ones get its memfd once, as they start.
     slots = 3
     lender = BufferLender(2, slots)
-    with count_shipping(handoff, "_pooled_payload") as calls:
+    with count_calls(handoff, "_pooled_payload") as named, count_calls(handoff, "_restored") as restored:
         got = list(DataLoader(_Batches(24, lender), batch_size=None, num_workers=2, multiprocessing_context=context))
     assert sorted(_key_seed(b) for b in got) == list(range(24))
     for batch in got:
         _same(_payload(_key_seed(batch)), batch)
-    assert 0 < calls["ship"] <= 2 * slots and calls["named"] >= 24 - 2 * slots
+    # A worker has at most prefetch_factor batches on their way and one being packed: a slot each.
+    assert named["calls"] == 24 and restored["calls"] == 24  # _pooled_payload restores through it
     assert lender.flags.sum().item() == 0  # every slot read and freed
     token = lender.token
     del lender
     gc.collect()
-    assert token not in handoff.received_buffers  # the kept mappings go with their lender
+    assert token not in handoff._lenders
 
 
 class _Unpicklable(IterableDataset):

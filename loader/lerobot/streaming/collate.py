@@ -8,13 +8,13 @@ until the batch is built; each frame is then written once, converted on the way
 (``video.write_frames``), into the batch. Every other key goes through ``default_collate``, so
 a batch has the keys, order, dtypes and shapes ``default_collate`` over the items gives.
 
-In a DataLoader worker the batch buffers are recycled, and cross to the main process once
+In a DataLoader worker the batch buffers are recycled slots that the main process reads in place
 (``loader.handoff``: ``BufferPool``, ``BufferLender``, the mechanism both readers' workers hand
 their batches through): a fresh shared-memory buffer per batch costs more CPU than decoding its
 frames (measured 1.05 CPU-ms per 320x240 float32 frame handed over from 2 workers, 0.30 with
 reused buffers). Here a batch is tensors: the main process tells a worker a buffer is free again
-once no tensor of its batch is left (``BufferLender.lend``/``reclaim``); later batches in a slot
-only name it (``PackedBatch.__reduce__``). The training process building its own batches
+once no tensor of its batch is left (``BufferLender.lend``/``reclaim``); a batch in a slot only
+names it (``PackedBatch.__reduce__``). The training process building its own batches
 (num_workers=0) recycles them the same way (``LocalBufferPool``).
 """
 
@@ -118,16 +118,13 @@ class PackedBatch:
     layout: list[tuple[str, int, torch.dtype, tuple[int, ...]] | tuple[str, None, None, Any]]
     slot: tuple[int, int] | None = None     # (worker, slot) of a BufferPool buffer
     pinned: bool = False
-    token: int | None = None                # the BufferLender whose main process keeps the slot
-    serial: int = 0                         # of the slot's memory (PooledBuffer.serial)
-    ship: bool = True                       # carry the buffer itself (else only name it)
+    token: int | None = None                # the BufferLender whose main process reads the slot
 
     def __reduce__(self):
         if self.slot is None or self.token is None or self.pinned:
             return (PackedBatch, (self.buffer, self.layout, self.slot, self.pinned))
         row, slot = self.slot
-        buffer = self.buffer if self.ship else None
-        return (_received, (self.token, row, slot, self.serial, buffer, self.buffer.numel(), self.layout))
+        return (_received, (self.token, row, slot, self.buffer.numel(), self.layout))
 
     def unpack(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -144,12 +141,11 @@ class PackedBatch:
         return PackedBatch(pinned, self.layout, self.slot, pinned=True)
 
 
-def _received(token: int, row: int, slot: int, serial: int, buffer: torch.Tensor | None, nbytes: int,
-              layout: list) -> PackedBatch:
+def _received(token: int, row: int, slot: int, nbytes: int, layout: list) -> PackedBatch:
     """A worker's pooled batch arriving in the main process (PackedBatch's unpickling): its tensors
     are views of the slot's memory (``handoff.received_memory``), which they keep alive even
     after the lender has gone."""
-    return PackedBatch(received_memory(token, row, slot, serial, buffer, nbytes), layout, (row, slot))
+    return PackedBatch(received_memory(token, row, slot, nbytes), layout, (row, slot))
 
 
 def collate_items(items: Sequence[dict[str, Any]], video_keys: Sequence[str], *, frame_dtype: str,
@@ -207,7 +203,7 @@ def collate_items(items: Sequence[dict[str, Any]], video_keys: Sequence[str], *,
     if slot is None:
         packed = PackedBatch(buffer, layout)
     else:
-        packed = PackedBatch(buffer, layout, (pool.row, slot), token=pool.token, serial=taken.serial, ship=taken.ship)
+        packed = PackedBatch(buffer, layout, (pool.row, slot), token=pool.token)
     return packed if shared else packed.unpack()
 
 
