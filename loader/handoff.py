@@ -102,6 +102,7 @@ class SlotArena:
             os.close(fd)
             raise
         # numpy's view holds the mapping: views handed out keep it mapped after the arena is gone.
+        self._map = mapping
         self._memory = np.frombuffer(mapping, dtype=np.uint8)
         weakref.finalize(self, os.close, fd)
 
@@ -114,6 +115,13 @@ class SlotArena:
                              f"{self.rows} x {self.slots} slots of {self.reserve} bytes")
         at = (row * self.slots + slot) * self.reserve
         return torch.from_numpy(self._memory[at:at + nbytes])
+
+    def forget(self, row: int, slot: int) -> None:
+        """Hand slot ``slot`` of worker ``row``'s pages back to the system (it reads as zeros
+        after): a batch the training loop keeps (a LeRobot batch's tensors) holds the whole
+        mapping, which would otherwise keep every slot's pages with it."""
+        at = (row * self.slots + slot) * self.reserve
+        self._map.madvise(mmap.MADV_REMOVE, at, self.reserve)
 
     def __reduce__(self):
         # Only a spawned (or forkserver) worker's start pickles it: the descriptor goes along.
@@ -207,6 +215,8 @@ class BufferLender:
         self._out: list[tuple[StorageWeakRef, int, int]] = []
         self.token = next(_TOKENS)
         _lenders[self.token] = self
+        if self.arena is not None:
+            weakref.finalize(self, _forget_unlent, self.arena, self.flags)
 
     def attach(self, dataset: Any) -> None:
         """Give ``dataset`` (what the DataLoader hands its workers) this lender's flags, slots and
@@ -240,6 +250,15 @@ class BufferLender:
     def release(self, row: int, slot: int) -> None:
         """Slot ``slot`` of worker ``row`` is read (copied out): the worker may fill it again."""
         self.flags[row, slot] = 0
+
+
+def _forget_unlent(arena: SlotArena, flags: torch.Tensor) -> None:
+    """The lender is gone (its epoch is over): the pages of every slot no batch holds go back
+    now, not when the last batch the training loop kept lets go of the mapping."""
+    for row, lent in enumerate(flags.tolist()):
+        for slot, held in enumerate(lent):
+            if not held:
+                arena.forget(row, slot)
 
 
 def received_memory(token: int, row: int, slot: int, nbytes: int) -> torch.Tensor:

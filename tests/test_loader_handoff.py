@@ -118,6 +118,27 @@ def test_a_small_payload_or_one_outside_a_worker_is_pickled_inline(pool, monkeyp
     _same(big, pickle.loads(wire))
 
 
+def test_a_kept_batch_keeps_its_slot_and_the_others_go_back_with_the_lender():
+    # A LeRobot batch is views of its slot, which hold the lender's whole mapping; once the lender
+    # is gone, every slot no batch holds is handed back (a hole in a memfd reads as zeros).
+    lender = BufferLender(workers=2, slots=2, reserve=1 << 16)
+    pool = BufferPool(lender.flags, 1, lender.token, lender.arena)
+    kept = pool.take(1000)
+    kept.buffer.fill_(7)                    # lent: the training loop holds it
+    done = pool.take(1000)
+    done.buffer.fill_(9)
+    lender.release(1, done.slot)            # read and let go of
+    memory = lender.arena._memory           # the whole mapping, as every view of it holds it
+
+    def slot_of(row: int, slot: int) -> np.ndarray:
+        return memory[(row * 2 + slot) << 16:][:1000]
+
+    assert slot_of(1, done.slot).size == 1000 and (slot_of(1, done.slot) == 9).all()
+    del lender, pool
+    gc.collect()
+    assert (slot_of(1, done.slot) == 0).all() and (slot_of(1, kept.slot) == 7).all() and (kept.buffer == 7).all()
+
+
 def test_with_no_shared_memory_to_be_had_a_payload_goes_inline_said_once(pool, monkeypatch, caplog):
     pool, lender = pool
     lender.flags.fill_(1)  # every slot lent: a batch needs a buffer of its own
