@@ -706,7 +706,10 @@ class TwinReader:
         def pull(n: int) -> None:
             nonlocal seq, ended
             for _ in range(n):
-                if ended or len(window) >= PREPARE_BATCHES or (self._ahead and not self._ahead.has_room()):
+                # A full budget stops planning further ahead, never the next batch: with an empty
+                # window the plan would end there, its remaining batches silently never read (seen
+                # under S3 503s: the budget still held by retried ranges when the window emptied).
+                if ended or len(window) >= PREPARE_BATCHES or (window and self._ahead and not self._ahead.has_room()):
                     return
                 pb = next(it, None)
                 if pb is None:
