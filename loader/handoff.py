@@ -113,15 +113,17 @@ class SlotArena:
         if not (0 <= row < self.rows and 0 <= slot < self.slots and 0 <= nbytes <= self.reserve):
             raise ValueError(f"batch slot ({row}, {slot}) of {nbytes} bytes is outside this loader's "
                              f"{self.rows} x {self.slots} slots of {self.reserve} bytes")
-        at = (row * self.slots + slot) * self.reserve
+        at = self._at(row, slot)
         return torch.from_numpy(self._memory[at:at + nbytes])
 
     def forget(self, row: int, slot: int) -> None:
         """Hand slot ``slot`` of worker ``row``'s pages back to the system (it reads as zeros
         after): a batch the training loop keeps (a LeRobot batch's tensors) holds the whole
         mapping, which would otherwise keep every slot's pages with it."""
-        at = (row * self.slots + slot) * self.reserve
-        self._map.madvise(mmap.MADV_REMOVE, at, self.reserve)
+        self._map.madvise(mmap.MADV_REMOVE, self._at(row, slot), self.reserve)
+
+    def _at(self, row: int, slot: int) -> int:
+        return (row * self.slots + slot) * self.reserve
 
     def __reduce__(self):
         # Only a spawned (or forkserver) worker's start pickles it: the descriptor goes along.
