@@ -44,8 +44,10 @@
   it and a real bucket would not. SeaweedFS reads a whole stored chunk (4 MiB) for every ranged
   GET, so its share grows with the number of GETs, not only with the bytes.
 * **The proxy's own rate:** before the rounds, a few 8 MiB ranged GETs over one connection say
-  what one connection really carries through it (its pacing and Python forwarding cost keep it
-  under ``--cap-mbps``); reported, no target.
+  what one connection really carries through it, its first-byte delay included (8 MiB at 50 MB/s
+  after 20 ms: 44 MB/s); reported, no target. ``tests/test_bench_shaping_proxy.py`` holds it to
+  its cap. (The asyncio proxy before it carried 25-30 MB/s under a 50 MB/s cap: every run of this
+  bench before 2026-12-06 measured connections at about half the stated cap.)
 * **Targets** (per delay, workers, decode): ours >= 1.0x LitData and >= 1.0x webdataset samples/s;
   ours >= 0.8x the floor with no decode; ours' bytes fetched <= 1.05x the bytes it handed out.
 """
