@@ -16,8 +16,9 @@ import pytest
 from loader.io import ObjectChangedError, StreamConfig, StreamStats
 from loader.io.read_ahead import RAMP_PIECES, ReadAhead
 from loader.wds.discovery import find_manifests
-from loader.wds.errors import ShardReadError
+from loader.wds.errors import EpochEndedEarlyError, ShardReadError
 from loader.wds.pipeline import build_dataset, make_loader
+from loader.wds.twin_reader import TwinReader
 from tests.support.fault_proxy import PASS, drop, stall, unavailable
 from tests.support.loader_data import shared_build
 from tests.support.seaweedfs import upload_tree
@@ -140,6 +141,31 @@ def test_a_full_budget_delays_the_plan_but_never_ends_it(built: Path, s3_env, mo
     expected = batches_seen(_loader(str(built), OFF, 0))
     monkeypatch.setattr(ReadAhead, "has_room", lambda self: False)
     assert batches_seen(_loader(urls, SMALL, 0)) == expected
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_reader_that_ends_its_plan_early_fails_the_epoch_naming_the_unread_batches(
+        built: Path, workers: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner bug above, made on purpose: each reader drops the last batch of its plan.
+    The epoch does not end quietly short (it did, before the loader counted its blocks): it
+    raises, naming the batches never read, after handing out every batch that was read."""
+    expected = batches_seen(_loader(str(built), OFF, 0))
+    plan_ahead = TwinReader.plan_ahead
+
+    def ends_early(self, batches):
+        planned = list(batches)
+        return plan_ahead(self, iter(planned[:-1]))
+
+    monkeypatch.setattr(TwinReader, "plan_ahead", ends_early)
+    seen: list[tuple] = []
+    with pytest.raises(EpochEndedEarlyError, match=r"never read \(batches \[") as err:
+        for b in _loader(str(built), OFF, workers):
+            seen.append(tuple((k, int(sid)) for k, sid in zip(b["__key__"], b["__sid__"].tolist(), strict=True)))
+    unread = list(range(len(expected)))[-max(1, workers):]
+    assert f"{len(unread)} of the {len(expected)} batches" in str(err.value)
+    assert f"batches {unread}" in str(err.value)
+    assert seen == [b for k, b in enumerate(expected) if k not in unread]
 
 
 @pytest.mark.timeout(240)

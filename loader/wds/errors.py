@@ -33,6 +33,10 @@ class ResumeStateError(LoaderError):
     """A resume state does not belong to this dataset or is malformed."""
 
 
+class EpochEndedEarlyError(LoaderError):
+    """A finite epoch's readers stopped before handing out every batch this rank's plan holds."""
+
+
 class CountMismatchError(ShardReadError):
     """A tar holds fewer or more samples than its manifest counts (a skip under shard_error_policy='skip')."""
 

@@ -21,7 +21,7 @@ from loader.handoff import BufferLender, SharedPayload
 from loader.wds.dataset import Block, TwinTarDataset
 from loader.wds.distributed import all_gather_objects
 from loader.wds.epoch_plan import EpochPlan, merge_intervals
-from loader.wds.errors import ResumeStateError
+from loader.wds.errors import EpochEndedEarlyError, ResumeStateError
 from loader.workers import worker_init
 
 STATE_VERSION = 2
@@ -140,7 +140,14 @@ class ResumableLoader:
             # In-process: the dataset's own counters are the live ones.
             self._live_stats = _InProcess(self.dataset)
         batched = self.dataset.batch_size is not None
+        # Every planned batch comes as one block, even one whose samples were all dropped (they
+        # are counted): fewer blocks means a reader ended its plan early, and samples were lost
+        # with nothing counted. It happened once (the twin-tar planner, under S3 503s).
+        epoch, first = self.epoch, sl.skip(self.epoch)[0]
+        received = np.zeros(0 if sl.infinite else max(0, sl.plan(epoch).batches_per_rank - first), dtype=bool)
         for block in loader:
+            if not sl.infinite:
+                received[block.index - first] = True
             if self.num_workers:
                 worker_id, snapshot = block.stats
                 self._live_stats[worker_id] = snapshot
@@ -154,6 +161,13 @@ class ResumableLoader:
                 yield sample
             self._advance(block, block.end)
         if not sl.infinite:
+            unread = (first + np.flatnonzero(~received)).tolist()
+            if unread:
+                raise EpochEndedEarlyError(
+                    f"epoch {epoch} ended with {len(unread)} of the {len(received)} batches this rank's plan "
+                    f"holds never read (batches {unread[:8]}{' ...' if len(unread) > 8 else ''}, "
+                    f"{self.num_workers} DataLoader workers): a reader stopped before its plan's end. "
+                    "This is a loader bug; report it with loader.stats")
             # This rank has read all of its share; the epoch is over for it.
             self.set_epoch(self.epoch + 1)
 
