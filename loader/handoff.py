@@ -135,13 +135,16 @@ def _arena_from(fd: Any, rows: int, slots: int, reserve: int) -> SlotArena:
 
 
 def _new_arena(rows: int, slots: int, reserve: int) -> SlotArena | None:
-    """A SlotArena, or None where no memfd can be had (not Linux, or out of descriptors): then
+    """A SlotArena, or None where no memfd can be had (not Linux, or out of descriptors) or it
+    cannot be mapped (an address-space limit, ``ulimit -v``, below rows x slots x reserve): then
     every batch gets a buffer of its own, as with every slot lent (said once)."""
     try:
         return SlotArena(rows, slots, reserve)
     except (AttributeError, OSError) as e:  # AttributeError: no os.memfd_create here
         log.warning("DataLoader workers hand each batch in a shared-memory buffer of its own, not in recycled "
-                    "slots: no memfd for them (%s)", e)
+                    "slots: no memfd of %d GiB mapped for them (%s; an address-space limit, ulimit -v, must "
+                    "leave room for %d workers x %d slots x %d MiB of reserve, which takes memory only as "
+                    "batches fill it)", rows * slots * reserve >> 30, e, rows, slots, reserve >> 20)
         return None
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import pickle
 from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -174,6 +175,30 @@ def test_without_a_memfd_every_batch_gets_a_buffer_of_its_own_said(monkeypatch, 
     with count_calls(handoff, "_restored") as own:
         _same(payload, pickle.loads(ForkingPickler.dumps(SharedPayload(payload))))
     assert own["calls"] == 1 and lender.flags.tolist() == [[0, 0]]
+
+
+def test_under_an_address_space_limit_the_slots_fall_back_to_buffers_of_their_own(caplog):
+    """A real ``ulimit -v`` (RLIMIT_AS) below the arena's reserve: mapping the memfd fails, the
+    lender says so once, naming the limit, and batches still arrive whole in buffers of their own."""
+    import resource
+
+    status = Path("/proc/self/status").read_text()
+    vm = next(int(line.split()[1]) << 10 for line in status.splitlines() if line.startswith("VmSize:"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (2 << 30), hard))  # 2 GiB to spare; the slots want 8
+    try:
+        lender = BufferLender(workers=2, slots=4)
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    assert lender.arena is None
+    said = [r.getMessage() for r in caplog.records if r.name == "loader.handoff"]
+    assert len(said) == 1 and "8 GiB" in said[0] and "ulimit -v" in said[0], said
+    with count_calls(handoff, "_pooled_payload") as named, count_calls(handoff, "_restored") as own:
+        got = list(DataLoader(_Batches(8, lender), batch_size=None, num_workers=2, multiprocessing_context="fork"))
+    assert sorted(_key_seed(b) for b in got) == list(range(8))
+    for batch in got:
+        _same(_payload(_key_seed(batch)), batch)
+    assert named["calls"] == 0 and own["calls"] == 8
 
 
 class _Batches(IterableDataset):
