@@ -47,11 +47,13 @@ def digest(s: dict) -> tuple[str, int, str]:
     return s["__key__"], s["__sid__"], h.hexdigest()
 
 
+def batch_keys(b: dict) -> tuple:
+    """A batch as its (key, sample id) pairs."""
+    return tuple((k, int(sid)) for k, sid in zip(b["__key__"], b["__sid__"].tolist(), strict=True))
+
+
 def batches_seen(loader) -> list[tuple]:
-    out = []
-    for b in loader:
-        out.append(tuple((k, int(sid)) for k, sid in zip(b["__key__"], b["__sid__"].tolist(), strict=True)))
-    return out
+    return [batch_keys(b) for b in loader]
 
 
 def _loader(spec, config: StreamConfig, workers: int, **kw):
@@ -71,7 +73,7 @@ def test_order_and_resume_are_the_same_with_read_ahead(built: Path, s3_env, work
     loader = _loader(urls, SMALL, workers, mode=mode)
     it, before = iter(loader), []
     for b in it:
-        before.append(tuple((k, int(sid)) for k, sid in zip(b["__key__"], b["__sid__"].tolist(), strict=True)))
+        before.append(batch_keys(b))
         if len(before) == 4:
             break
     state = loader.state_dict()
@@ -135,8 +137,6 @@ def test_a_full_budget_delays_the_plan_but_never_ends_it(built: Path, s3_env, mo
     it): every planned batch is still read, one at a time. The planner used to end the epoch
     when its window emptied while the budget was full: the rest of the plan was never read, and
     nothing said so (test_503s_give_the_same_samples lost its last 3 batches about once in 10)."""
-    from loader.io.read_ahead import ReadAhead
-
     _, urls = upload(s3_env, built, "ra-full-budget")
     expected = batches_seen(_loader(str(built), OFF, 0))
     monkeypatch.setattr(ReadAhead, "has_room", lambda self: False)
@@ -161,7 +161,7 @@ def test_a_reader_that_ends_its_plan_early_fails_the_epoch_naming_the_unread_bat
     seen: list[tuple] = []
     with pytest.raises(EpochEndedEarlyError, match=r"never read \(batches \[") as err:
         for b in _loader(str(built), OFF, workers):
-            seen.append(tuple((k, int(sid)) for k, sid in zip(b["__key__"], b["__sid__"].tolist(), strict=True)))
+            seen.append(batch_keys(b))
     unread = list(range(len(expected)))[-max(1, workers):]
     assert f"{len(unread)} of the {len(expected)} batches" in str(err.value)
     assert f"batches {unread}" in str(err.value)
