@@ -2,10 +2,11 @@
 a first-byte delay per response and a byte-rate cap per connection, loopback only.
 
 A thread per direction of each connection, and the response bytes moved socket to pipe to
-socket with ``os.splice`` (they never enter Python). The proxy it replaces was one asyncio loop
-forwarding 64 KiB reads: its pacing sleeps were rounded up to whole milliseconds (epoll's
-timeout), so one connection carried 25-30 MB/s under a 50 MB/s cap on an idle machine, and it
-spent about 0.5 CPU-s of the bench's two cores per 700 MB forwarded."""
+socket with ``os.splice`` (they never enter Python; Linux only, as the bench's ``/proc``
+readings are). The proxy it replaces was one asyncio loop forwarding 64 KiB reads: its pacing
+sleeps were rounded up to whole milliseconds (epoll's timeout), so one connection carried 25-30
+MB/s under a 50 MB/s cap on an idle machine, and it spent about 0.5 CPU-s of the bench's two
+cores per 700 MB forwarded."""
 
 from __future__ import annotations
 
@@ -105,7 +106,7 @@ def _forward_responses(server: socket.socket, client: socket.socket, request: _R
                        shaping: _Shaping) -> None:
     """Server to client, paced: each chunk leaves when the cap allows; the first of a response
     not before ``delay`` after its request."""
-    move = _Splice(server, client) if hasattr(os, "splice") else _Copy(server, client)
+    move = _Splice(server, client)
     free_at = 0.0
     try:
         while n := move.take(CHUNK):
@@ -144,24 +145,6 @@ class _Splice:
     def close(self) -> None:
         os.close(self.r)
         os.close(self.w)
-
-
-class _Copy:
-    """The same through user space, where ``os.splice`` is missing (not Linux)."""
-
-    def __init__(self, src: socket.socket, dst: socket.socket):
-        self.src, self.dst = src, dst
-        self.buffer = bytearray(CHUNK)
-        self.view = memoryview(self.buffer)
-
-    def take(self, n: int) -> int:
-        return self.src.recv_into(self.view[:n])
-
-    def give(self, n: int) -> None:
-        self.dst.sendall(self.view[:n])
-
-    def close(self) -> None:
-        pass
 
 
 class Proxy:
